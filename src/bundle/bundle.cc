@@ -1,0 +1,21 @@
+#include "src/bundle/bundle.h"
+
+namespace verifyd {
+
+OwnedBundle::OwnedBundle(const BundleView& v)
+    : q_(v.q, v.q + v.q_elems()),
+      kv_pool_(v.kv_pool, v.kv_pool + v.kv_elems()),
+      kv_indptr_(v.kv_indptr, v.kv_indptr + v.shape.batch + 1),
+      kv_indices_(v.kv_indices, v.kv_indices + v.shape.num_indices),
+      kv_lens_(v.kv_lens, v.kv_lens + v.shape.batch),
+      tree_mask_(v.tree_mask, v.tree_mask + v.mask_bytes()),
+      view_(v) {
+  view_.q = q_.data();
+  view_.kv_pool = kv_pool_.data();
+  view_.kv_indptr = kv_indptr_.data();
+  view_.kv_indices = kv_indices_.data();
+  view_.kv_lens = kv_lens_.data();
+  view_.tree_mask = tree_mask_.data();
+}
+
+}  // namespace verifyd

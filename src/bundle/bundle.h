@@ -1,0 +1,62 @@
+#pragma once
+// A verify-attention bundle on the host: the tensors of DESIGN §2 as typed views.
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kernels/verify_problem.h"
+
+namespace verifyd {
+
+// Non-owning, host memory. Only Validate() (bundle/validate.h) produces one that engines accept.
+struct BundleView {
+  kernels::ProblemShape shape;
+  const uint16_t* q = nullptr;           // bf16 [B*T, H, 576]
+  const uint16_t* kv_pool = nullptr;     // bf16 [num_pages, page_size, 576]
+  const int32_t* kv_indptr = nullptr;    // [B+1]
+  const int32_t* kv_indices = nullptr;   // [kv_indptr[B]]
+  const int32_t* kv_lens = nullptr;      // [B]
+  const uint8_t* tree_mask = nullptr;    // [B, T, T] bytes or [B, T, ceil(T/8)] bits
+  float sm_scale = 0.f;
+  int64_t max_kv_len = 0;    // filled by Validate()
+  int64_t total_kv_len = 0;  // filled by Validate()
+
+  int64_t rows() const { return int64_t{shape.batch} * shape.draft; }          // B*T
+  int64_t q_elems() const { return rows() * shape.heads * kernels::kHeadDimQK; }
+  int64_t o_elems() const { return rows() * shape.heads * kernels::kHeadDimV; }
+  int64_t lse_elems() const { return rows() * shape.heads; }
+  int64_t kv_elems() const {
+    return shape.num_pages * shape.page_size * kernels::kHeadDimQK;
+  }
+  int64_t mask_bytes() const {
+    return rows() * kernels::MaskRowBytes(shape.mask_format, shape.draft);
+  }
+  // Whether draft token i of request b may see draft token j.
+  bool MaskBit(int b, int i, int j) const {
+    const uint8_t* row = tree_mask + (int64_t{b} * shape.draft + i) *
+                                         kernels::MaskRowBytes(shape.mask_format, shape.draft);
+    return shape.mask_format == kernels::MaskFormat::kBytes ? row[j] != 0
+                                                            : ((row[j >> 3] >> (j & 7)) & 1) != 0;
+  }
+  // Pointer to the 576 dims of token t of request b.
+  const uint16_t* KvRow(int b, int64_t t) const {
+    const int64_t page = kv_indices[kv_indptr[b] + t / shape.page_size];
+    return kv_pool + (page * shape.page_size + t % shape.page_size) * kernels::kHeadDimQK;
+  }
+};
+
+// A deep copy of a bundle, for work that outlives the request that carried it.
+class OwnedBundle {
+ public:
+  explicit OwnedBundle(const BundleView& v);
+  const BundleView& view() const { return view_; }
+
+ private:
+  std::vector<uint16_t> q_, kv_pool_;
+  std::vector<int32_t> kv_indptr_, kv_indices_, kv_lens_;
+  std::vector<uint8_t> tree_mask_;
+  BundleView view_;
+};
+
+}  // namespace verifyd

@@ -1,0 +1,83 @@
+#pragma once
+// The engine interface: where a bundle's paths run (CPU or one CUDA device per worker).
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "src/bundle/bundle.h"
+#include "src/compare/compare.h"
+
+namespace verifyd {
+
+enum class Path { kReference = 0, kCustom = 1, kOracle = 2 };
+
+inline const char* PathName(Path p) {
+  switch (p) {
+    case Path::kReference: return "reference";
+    case Path::kCustom: return "custom";
+    case Path::kOracle: return "oracle";
+  }
+  return "unknown";
+}
+
+// Test-only fault injection into the custom path (flag --inject_custom_fault). Engines apply it
+// inside Run(kCustom) so that every layer above sees a real failing or wrong path.
+struct CustomFault {
+  enum class Kind { kNone, kError, kPerturb, kNan } kind = Kind::kNone;
+  double amount = 0;  // kPerturb: added to every output element (after bf16 rounding)
+};
+
+
+// One path's output on the host. Reference and custom fill `o` (bf16); the oracle fills `o_f32`.
+struct PathOutput {
+  std::vector<uint16_t> o;      // bf16 [B*T, H, 512]
+  std::vector<float> o_f32;     // fp32 [B*T, H, 512], oracle only
+  std::vector<float> lse;       // fp32 [B*T, H]
+  double seconds = 0;           // time the path itself took
+};
+
+// A bundle's inputs where the engine runs them, plus the outputs of the paths run on it.
+// Engines subclass it; the server only passes it back to the engine that made it.
+class PreparedBundle {
+ public:
+  virtual ~PreparedBundle() = default;
+  const kernels::ProblemShape& shape() const { return shape_; }
+
+ protected:
+  explicit PreparedBundle(const kernels::ProblemShape& s) : shape_(s) {}
+
+ private:
+  kernels::ProblemShape shape_;
+};
+
+struct EngineInfo {
+  std::string engine;   // "cpu" or "cuda"
+  std::string device;   // "cpu (8 threads)" or "NVIDIA H200"
+  int sm_count = 0;
+  std::string compute_capability;  // "9.0"; empty on CPU
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  virtual EngineInfo Info() const = 0;
+
+  // Takes what the paths need from a validated bundle. With `detach`, the result no longer
+  // refers to `bundle`'s memory (for work that outlives the request).
+  virtual absl::StatusOr<std::shared_ptr<PreparedBundle>> Prepare(const BundleView& bundle,
+                                                                  bool detach) = 0;
+  // Runs one path; its output stays in `b` until fetched or compared.
+  virtual absl::Status Run(Path path, PreparedBundle& b) = 0;
+  // Copies a path's output to the host.
+  virtual absl::Status Fetch(Path path, PreparedBundle& b, PathOutput* out) = 0;
+  // Diff of path `test` against path `ref` (both already run on `b`).
+  virtual absl::StatusOr<DiffStats> Compare(PreparedBundle& b, Path test, Path ref,
+                                            const Tolerance& tol) = 0;
+  // Test-only: makes later Run(kCustom) calls fail or go wrong as `fault` says.
+  virtual void InjectCustomFault(const CustomFault& fault) = 0;
+};
+
+}  // namespace verifyd
