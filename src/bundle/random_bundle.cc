@@ -1,0 +1,114 @@
+#include "src/bundle/random_bundle.h"
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <utility>
+
+#include "src/common/bf16.h"
+
+namespace verifyd {
+namespace {
+
+constexpr uint16_t kBf16Nan = 0x7fc0;
+
+// parent[i] for token i of one request's draft tail; parent[0] = -1 (the root).
+std::vector<int> MakeParents(TreeKind kind, int draft, std::mt19937_64& rng) {
+  std::vector<int> parent(draft, -1);
+  for (int i = 1; i < draft; ++i) {
+    if (kind == TreeKind::kChain) {
+      parent[i] = i - 1;
+    } else {
+      parent[i] = std::uniform_int_distribution<int>(0, i - 1)(rng);
+    }
+  }
+  return parent;
+}
+
+void SetMaskBit(kernels::MaskFormat f, uint8_t* row, int j) {
+  if (f == kernels::MaskFormat::kBytes) {
+    row[j] = 1;
+  } else {
+    row[j >> 3] |= static_cast<uint8_t>(1u << (j & 7));
+  }
+}
+
+}  // namespace
+
+RandomBundle::RandomBundle(const RandomBundleSpec& spec) : spec_(spec) {
+  using kernels::kHeadDimQK;
+  const int B = spec.batch, T = spec.draft, H = spec.heads, P = spec.page_size;
+  std::mt19937_64 rng(spec.seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+
+  kv_lens.resize(B);
+  for (int b = 0; b < B; ++b) {
+    int64_t prefix = spec.prefix_lens.empty() ? spec.prefix : spec.prefix_lens[b];
+    if (spec.empty_row && b == 0) prefix = 0;
+    kv_lens[b] = static_cast<int32_t>(prefix + T);
+  }
+
+  kv_indptr.assign(B + 1, 0);
+  for (int b = 0; b < B; ++b) {
+    kv_indptr[b + 1] = kv_indptr[b] + (kv_lens[b] + P - 1) / P;
+  }
+  const int64_t used_pages = kv_indptr[B];
+  const int64_t num_pages = std::max<int64_t>(1, used_pages + std::max(0, spec.extra_pages));
+
+  kv_pool.resize(num_pages * P * kHeadDimQK);
+  for (auto& x : kv_pool) x = FloatToBf16(normal(rng));
+
+  std::vector<int32_t> perm(num_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  kv_indices.assign(perm.begin(), perm.begin() + used_pages);
+
+  // Poison every slot outside the requests' tokens: a path that reads it outputs NaN.
+  std::vector<bool> used(num_pages * P, false);
+  for (int b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < kv_lens[b]; ++t) {
+      used[int64_t{kv_indices[kv_indptr[b] + t / P]} * P + t % P] = true;
+    }
+  }
+  for (int64_t slot = 0; slot < num_pages * P; ++slot) {
+    if (!used[slot]) {
+      std::fill_n(kv_pool.begin() + slot * kHeadDimQK, kHeadDimQK, kBf16Nan);
+    }
+  }
+
+  q.resize(int64_t{B} * T * H * kHeadDimQK);
+  for (auto& x : q) x = FloatToBf16(normal(rng) * spec.q_scale);
+
+  const int64_t row_bytes = kernels::MaskRowBytes(spec.mask_format, T);
+  tree_mask.assign(int64_t{B} * T * row_bytes, 0);
+  for (int b = 0; b < B; ++b) {
+    const std::vector<int> parent = MakeParents(spec.tree, T, rng);
+    for (int i = 0; i < T; ++i) {
+      uint8_t* row = tree_mask.data() + (int64_t{b} * T + i) * row_bytes;
+      for (int j = i; j >= 0; j = parent[j]) SetMaskBit(spec.mask_format, row, j);
+    }
+  }
+  if (spec.empty_row) {
+    uint8_t* row = tree_mask.data() + int64_t{T / 2} * row_bytes;
+    std::fill_n(row, row_bytes, 0);
+  }
+
+  view_.shape.batch = B;
+  view_.shape.draft = T;
+  view_.shape.heads = H;
+  view_.shape.page_size = P;
+  view_.shape.num_pages = num_pages;
+  view_.shape.num_indices = used_pages;
+  view_.shape.mask_format = spec.mask_format;
+  view_.q = q.data();
+  view_.kv_pool = kv_pool.data();
+  view_.kv_indptr = kv_indptr.data();
+  view_.kv_indices = kv_indices.data();
+  view_.kv_lens = kv_lens.data();
+  view_.tree_mask = tree_mask.data();
+  view_.sm_scale = spec.sm_scale;
+  view_.max_kv_len = *std::max_element(kv_lens.begin(), kv_lens.end());
+  view_.total_kv_len = std::accumulate(kv_lens.begin(), kv_lens.end(), int64_t{0});
+}
+
+}  // namespace verifyd
