@@ -1,0 +1,190 @@
+#include "src/bundle/request_codec.h"
+
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "src/bundle/validate.h"
+
+namespace verifyd {
+namespace {
+
+using kernels::kHeadDimQK;
+
+int64_t ElemSize(v1::DType d) {
+  switch (d) {
+    case v1::DTYPE_BF16: return 2;
+    case v1::DTYPE_F32: return 4;
+    case v1::DTYPE_I32: return 4;
+    case v1::DTYPE_U8: return 1;
+    default: return 0;
+  }
+}
+
+std::string ShapeStr(const v1::Tensor& t) {
+  return absl::StrCat("[", absl::StrJoin(t.shape(), ", "), "]");
+}
+
+// Checks presence, dtype, rank and byte size; returns the raw bytes.
+absl::StatusOr<const void*> Raw(const char* name, const v1::Tensor& t, v1::DType dtype, int rank) {
+  switch (t.contents_case()) {
+    case v1::Tensor::kRawContents: break;
+    case v1::Tensor::kShm:
+    case v1::Tensor::kCudaIpc:
+      return absl::UnimplementedError(
+          absl::StrCat(name, ": shared-memory and CUDA IPC tensors are not served yet; send "
+                             "raw_contents"));
+    default: return absl::InvalidArgumentError(absl::StrCat(name, ": missing tensor"));
+  }
+  if (t.dtype() != dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": dtype ", v1::DType_Name(t.dtype()),
+                                                   ", expected ", v1::DType_Name(dtype)));
+  }
+  if (t.shape_size() != rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": shape ", ShapeStr(t), " has rank ", t.shape_size(), ", expected ",
+                     rank));
+  }
+  int64_t n = ElemSize(dtype);
+  for (int64_t d : t.shape()) {
+    if (d < 0 || d > (int64_t{1} << 40)) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": bad dimension in shape ", ShapeStr(t)));
+    }
+    n *= d;
+  }
+  if (static_cast<int64_t>(t.raw_contents().size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": ", t.raw_contents().size(),
+                                                   " bytes for shape ", ShapeStr(t), ", expected ",
+                                                   n));
+  }
+  return static_cast<const void*>(t.raw_contents().data());
+}
+
+absl::Status DimIs(const char* name, const v1::Tensor& t, int axis, int64_t want,
+                   const char* what) {
+  if (t.shape(axis) != want) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": shape ", ShapeStr(t), " dim ", axis,
+                                                   " is ", t.shape(axis), ", expected ", want,
+                                                   " (", what, ")"));
+  }
+  return absl::OkStatus();
+}
+
+#define VERIFYD_ASSIGN_OR_RETURN(lhs, expr) \
+  auto lhs##_or = (expr);                   \
+  if (!lhs##_or.ok()) return lhs##_or.status(); \
+  lhs = *lhs##_or
+#define VERIFYD_RETURN_IF_ERROR(expr) \
+  if (absl::Status _st = (expr); !_st.ok()) return _st
+
+}  // namespace
+
+absl::StatusOr<BundleView> DecodeRequest(const v1::VerifyRequest& req) {
+  BundleView v;
+  const void* p;
+  // kv_lens fixes B; tree_mask fixes T; q fixes H; kv_pool fixes the pool.
+  VERIFYD_ASSIGN_OR_RETURN(p, Raw("kv_lens", req.kv_lens(), v1::DTYPE_I32, 1));
+  v.kv_lens = static_cast<const int32_t*>(p);
+  const int64_t batch = req.kv_lens().shape(0);
+  if (batch < 1 || batch > kernels::kMaxBatch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_lens: batch ", batch, " is outside [1, ", kernels::kMaxBatch, "]"));
+  }
+  VERIFYD_ASSIGN_OR_RETURN(p, Raw("kv_indptr", req.kv_indptr(), v1::DTYPE_I32, 1));
+  v.kv_indptr = static_cast<const int32_t*>(p);
+  VERIFYD_RETURN_IF_ERROR(DimIs("kv_indptr", req.kv_indptr(), 0, batch + 1, "B + 1"));
+  VERIFYD_ASSIGN_OR_RETURN(p, Raw("kv_indices", req.kv_indices(), v1::DTYPE_I32, 1));
+  v.kv_indices = static_cast<const int32_t*>(p);
+
+  if (req.mask_format() != v1::MASK_FORMAT_BYTES && req.mask_format() != v1::MASK_FORMAT_BITS) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mask_format: unknown value ", static_cast<int>(req.mask_format())));
+  }
+  const auto mask_format = req.mask_format() == v1::MASK_FORMAT_BITS ? kernels::MaskFormat::kBits
+                                                                     : kernels::MaskFormat::kBytes;
+  VERIFYD_ASSIGN_OR_RETURN(p, Raw("tree_mask", req.tree_mask(), v1::DTYPE_U8, 3));
+  v.tree_mask = static_cast<const uint8_t*>(p);
+  VERIFYD_RETURN_IF_ERROR(DimIs("tree_mask", req.tree_mask(), 0, batch, "B"));
+  const int64_t draft = req.tree_mask().shape(1);
+  if (draft < 1 || draft > kernels::kMaxDraft) {
+    return absl::InvalidArgumentError(absl::StrCat("tree_mask: draft length T = ", draft,
+                                                   " is outside [1, ", kernels::kMaxDraft, "]"));
+  }
+  VERIFYD_RETURN_IF_ERROR(DimIs("tree_mask", req.tree_mask(), 2,
+                                kernels::MaskRowBytes(mask_format, static_cast<int>(draft)),
+                                mask_format == kernels::MaskFormat::kBytes ? "T" : "ceil(T/8)"));
+
+  VERIFYD_ASSIGN_OR_RETURN(p, Raw("q", req.q(), v1::DTYPE_BF16, 3));
+  v.q = static_cast<const uint16_t*>(p);
+  VERIFYD_RETURN_IF_ERROR(DimIs("q", req.q(), 0, batch * draft, "B*T"));
+  VERIFYD_RETURN_IF_ERROR(DimIs("q", req.q(), 2, kHeadDimQK, "576 = 512 latent + 64 rope"));
+  const int64_t heads = req.q().shape(1);
+  if (heads < 1 || heads > kernels::kMaxHeads) {
+    return absl::InvalidArgumentError(absl::StrCat("q: heads H = ", heads, " is outside [1, ",
+                                                   kernels::kMaxHeads, "]"));
+  }
+  VERIFYD_ASSIGN_OR_RETURN(p, Raw("kv_pool", req.kv_pool(), v1::DTYPE_BF16, 3));
+  v.kv_pool = static_cast<const uint16_t*>(p);
+  VERIFYD_RETURN_IF_ERROR(DimIs("kv_pool", req.kv_pool(), 2, kHeadDimQK, "576"));
+  const int64_t page_size = req.kv_pool().shape(1);
+  if (page_size < 1 || page_size > kernels::kMaxPageSize) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv_pool: page_size ", page_size, " is not a power of two in [1, 128]"));
+  }
+
+  v.shape.batch = static_cast<int>(batch);
+  v.shape.draft = static_cast<int>(draft);
+  v.shape.heads = static_cast<int>(heads);
+  v.shape.page_size = static_cast<int>(page_size);
+  v.shape.num_pages = req.kv_pool().shape(0);
+  v.shape.num_indices = req.kv_indices().shape(0);
+  v.shape.mask_format = mask_format;
+  v.sm_scale = req.sm_scale();
+  VERIFYD_RETURN_IF_ERROR(ValidateBundle(v));
+  return v;
+}
+
+namespace {
+
+void SetRaw(v1::DType dtype, const std::vector<int64_t>& shape, const void* data, int64_t bytes,
+            v1::Tensor* t) {
+  t->set_dtype(dtype);
+  t->clear_shape();
+  for (int64_t d : shape) t->add_shape(d);
+  t->set_raw_contents(data, static_cast<size_t>(bytes));
+}
+
+int64_t Count(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+}  // namespace
+
+void EncodeBf16(const std::vector<int64_t>& shape, const uint16_t* data, v1::Tensor* t) {
+  SetRaw(v1::DTYPE_BF16, shape, data, Count(shape) * 2, t);
+}
+
+void EncodeF32(const std::vector<int64_t>& shape, const float* data, v1::Tensor* t) {
+  SetRaw(v1::DTYPE_F32, shape, data, Count(shape) * 4, t);
+}
+
+void EncodeRequest(const BundleView& v, v1::VerifyRequest* req) {
+  const auto& s = v.shape;
+  EncodeBf16({v.rows(), s.heads, kHeadDimQK}, v.q, req->mutable_q());
+  EncodeBf16({s.num_pages, s.page_size, kHeadDimQK}, v.kv_pool, req->mutable_kv_pool());
+  SetRaw(v1::DTYPE_I32, {s.batch + 1}, v.kv_indptr, (s.batch + 1) * 4, req->mutable_kv_indptr());
+  SetRaw(v1::DTYPE_I32, {s.num_indices}, v.kv_indices, s.num_indices * 4,
+         req->mutable_kv_indices());
+  SetRaw(v1::DTYPE_I32, {s.batch}, v.kv_lens, s.batch * 4, req->mutable_kv_lens());
+  const int64_t row_bytes = kernels::MaskRowBytes(s.mask_format, s.draft);
+  SetRaw(v1::DTYPE_U8, {s.batch, s.draft, row_bytes}, v.tree_mask, v.mask_bytes(),
+         req->mutable_tree_mask());
+  req->set_mask_format(s.mask_format == kernels::MaskFormat::kBits ? v1::MASK_FORMAT_BITS
+                                                                   : v1::MASK_FORMAT_BYTES);
+  req->set_sm_scale(v.sm_scale);
+}
+
+}  // namespace verifyd

@@ -1,0 +1,89 @@
+#include "src/bundle/validate.h"
+
+#include <cmath>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace verifyd {
+namespace {
+
+absl::Status Bad(const std::string& msg) { return absl::InvalidArgumentError(msg); }
+
+}  // namespace
+
+absl::Status ValidateBundle(BundleView& v) {
+  if (std::string why = kernels::CheckShape(v.shape); !why.empty()) return Bad(why);
+  const auto& s = v.shape;
+  if (!v.q || !v.kv_pool || !v.kv_indptr || !v.kv_lens || !v.tree_mask ||
+      (s.num_indices > 0 && !v.kv_indices)) {
+    return Bad("bundle: a tensor is missing");
+  }
+  if (!std::isfinite(v.sm_scale) || v.sm_scale <= 0.f) {
+    return Bad(absl::StrCat("sm_scale: ", v.sm_scale, " must be finite and > 0"));
+  }
+  if (v.kv_indptr[0] != 0) {
+    return Bad(absl::StrCat("kv_indptr[0]: ", v.kv_indptr[0], " must be 0"));
+  }
+  for (int b = 0; b < s.batch; ++b) {
+    if (v.kv_indptr[b + 1] < v.kv_indptr[b]) {
+      return Bad(absl::StrCat("kv_indptr[", b + 1, "]: ", v.kv_indptr[b + 1], " < kv_indptr[", b,
+                              "] = ", v.kv_indptr[b], " (must be non-decreasing)"));
+    }
+  }
+  if (v.kv_indptr[s.batch] != s.num_indices) {
+    return Bad(absl::StrCat("kv_indptr[", s.batch, "]: ", v.kv_indptr[s.batch],
+                            " does not match the length of kv_indices (", s.num_indices, ")"));
+  }
+  for (int64_t i = 0; i < s.num_indices; ++i) {
+    if (v.kv_indices[i] < 0 || v.kv_indices[i] >= s.num_pages) {
+      return Bad(absl::StrCat("kv_indices[", i, "]: page ", v.kv_indices[i],
+                              " is outside the pool's [0, ", s.num_pages, ")"));
+    }
+  }
+  int64_t max_len = 0, total = 0;
+  for (int b = 0; b < s.batch; ++b) {
+    const int64_t len = v.kv_lens[b];
+    if (len < s.draft) {
+      return Bad(absl::StrCat("kv_lens[", b, "]: ", len, " is less than the draft length T = ",
+                              s.draft, " (kv_lens counts prefix + T)"));
+    }
+    if (len - s.draft > kernels::kMaxPrefix) {
+      return Bad(absl::StrCat("kv_lens[", b, "]: prefix ", len - s.draft, " exceeds the limit ",
+                              kernels::kMaxPrefix));
+    }
+    const int64_t pages_needed = (len + s.page_size - 1) / s.page_size;
+    const int64_t pages_given = v.kv_indptr[b + 1] - v.kv_indptr[b];
+    if (pages_given < pages_needed) {
+      return Bad(absl::StrCat("kv_indptr: request ", b, " has ", pages_given, " pages but kv_lens[",
+                              b, "] = ", len, " needs ", pages_needed, " of page_size ",
+                              s.page_size));
+    }
+    max_len = std::max(max_len, len);
+    total += len;
+  }
+  const int64_t row_bytes = kernels::MaskRowBytes(s.mask_format, s.draft);
+  for (int64_t r = 0; r < v.rows(); ++r) {
+    const uint8_t* row = v.tree_mask + r * row_bytes;
+    const int b = static_cast<int>(r / s.draft), i = static_cast<int>(r % s.draft);
+    if (s.mask_format == kernels::MaskFormat::kBytes) {
+      for (int j = 0; j < s.draft; ++j) {
+        if (row[j] > 1) {
+          return Bad(absl::StrCat("tree_mask[", b, ",", i, ",", j, "]: ", int{row[j]},
+                                  " is not 0 or 1"));
+        }
+      }
+    } else if (s.draft % 8 != 0) {
+      const uint8_t pad = static_cast<uint8_t>(0xffu << (s.draft % 8));
+      if (row[row_bytes - 1] & pad) {
+        return Bad(absl::StrCat("tree_mask[", b, ",", i,
+                                "]: bits past T are set in the bit-packed row"));
+      }
+    }
+  }
+  v.max_kv_len = max_len;
+  v.total_kv_len = total;
+  return absl::OkStatus();
+}
+
+}  // namespace verifyd
