@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "src/bundle/validate.h"
+#include "src/common/status_macros.h"
 
 namespace verifyd {
 namespace {
@@ -70,13 +71,6 @@ absl::Status DimIs(const char* name, const v1::Tensor& t, int axis, int64_t want
   }
   return absl::OkStatus();
 }
-
-#define VERIFYD_ASSIGN_OR_RETURN(lhs, expr) \
-  auto lhs##_or = (expr);                   \
-  if (!lhs##_or.ok()) return lhs##_or.status(); \
-  lhs = *lhs##_or
-#define VERIFYD_RETURN_IF_ERROR(expr) \
-  if (absl::Status _st = (expr); !_st.ok()) return _st
 
 }  // namespace
 

@@ -1,0 +1,135 @@
+#include "src/compare/compare.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "src/common/bf16.h"
+
+namespace verifyd {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Both sides are equal when they are the same non-finite value (NaN vs NaN, +inf vs +inf).
+bool SameNonFinite(double t, double r) {
+  return (std::isnan(t) && std::isnan(r)) || (std::isinf(t) && t == r);
+}
+
+void CountNonFinite(double x, int64_t* nan, int64_t* inf) {
+  if (std::isnan(x)) ++*nan;
+  if (std::isinf(x)) ++*inf;
+}
+
+// ||a|| / ||b|| with 0/0 = 0 and x/0 = inf.
+double Ratio(double num, double den) {
+  if (den > 0) return num / den;
+  return num > 0 ? kInf : 0.0;
+}
+
+double LseMaxAbs(const float* test_lse, const float* ref_lse, int64_t n_lse) {
+  if (test_lse == nullptr || ref_lse == nullptr) return std::numeric_limits<double>::quiet_NaN();
+  double max_abs = 0;
+  for (int64_t i = 0; i < n_lse; ++i) {
+    const double t = test_lse[i], r = ref_lse[i];
+    double d;
+    if (t == r) {
+      d = 0;  // includes both -inf: rows that see nothing
+    } else if (!std::isfinite(t) || !std::isfinite(r)) {
+      d = kInf;
+    } else {
+      d = std::fabs(t - r);
+    }
+    if (d > max_abs) max_abs = d;
+  }
+  return max_abs;
+}
+
+template <typename RefAt>
+DiffStats CompareImpl(const uint16_t* test, RefAt ref_at, int64_t n, const float* test_lse,
+                      const float* ref_lse, int64_t n_lse, const Tolerance& tol) {
+  DiffStats d;
+  d.count = n;
+  double diff_sq = 0, ref_sq = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double t = Bf16ToFloat(test[i]);
+    const double r = ref_at(i);
+    CountNonFinite(t, &d.nan_test, &d.inf_test);
+    CountNonFinite(r, &d.nan_ref, &d.inf_ref);
+    if (!std::isfinite(t) || !std::isfinite(r)) {
+      // Kept out of the norms; a mismatch makes max_abs inf so that Judge() always breaches.
+      if (!SameNonFinite(t, r)) {
+        ++d.beyond_tol;
+        d.max_abs = kInf;
+      }
+      continue;
+    }
+    const double e = std::fabs(t - r);
+    diff_sq += e * e;
+    ref_sq += r * r;
+    if (e > d.max_abs) d.max_abs = e;
+    if (e > tol.atol + tol.rtol * std::fabs(r)) ++d.beyond_tol;
+  }
+  d.nmse = Ratio(diff_sq, ref_sq);
+  d.rel_l2 = std::sqrt(d.nmse);
+  d.lse_max_abs = LseMaxAbs(test_lse, ref_lse, n_lse);
+  return d;
+}
+
+void NonFiniteReason(const char* what, int64_t test, int64_t ref, std::vector<std::string>* why) {
+  if (test == ref) return;
+  if (ref == 0) {
+    why->push_back(absl::StrFormat("%s in test: %d", what, test));
+  } else if (test == 0) {
+    why->push_back(absl::StrFormat("%s in ref: %d", what, ref));
+  } else {
+    why->push_back(absl::StrFormat("%s in test: %d, in ref: %d", what, test, ref));
+  }
+}
+
+}  // namespace
+
+DiffStats CompareBf16(const uint16_t* test, const uint16_t* ref, int64_t n, const float* test_lse,
+                      const float* ref_lse, int64_t n_lse, const Tolerance& tol) {
+  return CompareImpl(
+      test, [ref](int64_t i) { return static_cast<double>(Bf16ToFloat(ref[i])); }, n, test_lse,
+      ref_lse, n_lse, tol);
+}
+
+DiffStats CompareBf16ToF32(const uint16_t* test, const float* ref, int64_t n, const float* test_lse,
+                           const float* ref_lse, int64_t n_lse, const Tolerance& tol) {
+  return CompareImpl(
+      test, [ref](int64_t i) { return static_cast<double>(ref[i]); }, n, test_lse, ref_lse, n_lse,
+      tol);
+}
+
+Verdict Judge(const DiffStats& d, const Tolerance& tol) {
+  std::vector<std::string> why;
+  const bool counts_differ = d.nan_test != d.nan_ref || d.inf_test != d.inf_ref;
+  NonFiniteReason("nan", d.nan_test, d.nan_ref, &why);
+  NonFiniteReason("inf", d.inf_test, d.inf_ref, &why);
+  if (!(d.rel_l2 <= tol.max_rel_l2)) {
+    why.push_back(absl::StrFormat("rel_l2 %.3g > %g", d.rel_l2, tol.max_rel_l2));
+  }
+  if (!(d.max_abs <= tol.max_abs)) {
+    if (!std::isinf(d.max_abs)) {
+      why.push_back(absl::StrFormat("max_abs %.3g > %g", d.max_abs, tol.max_abs));
+    } else if (!counts_differ) {
+      why.push_back("nan/inf positions differ");
+    }
+  }
+  if (d.beyond_tol > tol.max_beyond_tol) {
+    why.push_back(absl::StrFormat("beyond_tol %d > %d", d.beyond_tol, tol.max_beyond_tol));
+  }
+  if (!std::isnan(d.lse_max_abs) && d.lse_max_abs > tol.max_lse_abs) {
+    why.push_back(absl::StrFormat("lse max_abs %.3g > %g", d.lse_max_abs, tol.max_lse_abs));
+  }
+  Verdict v;
+  v.match = why.empty();
+  v.reason = absl::StrJoin(why, "; ");
+  return v;
+}
+
+}  // namespace verifyd
