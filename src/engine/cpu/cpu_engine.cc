@@ -1,0 +1,205 @@
+#include "src/engine/cpu/cpu_engine.h"
+
+#include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/task_arena.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "src/common/bf16.h"
+#include "src/engine/cpu/cpu_oracle.h"
+#include "src/engine/cpu/cpu_reference.h"
+
+namespace verifyd {
+namespace {
+
+// The bundle (borrowed or owned) and the outputs of the paths that ran on it.
+class CpuPreparedBundle : public PreparedBundle {
+ public:
+  CpuPreparedBundle(const BundleView& v, bool detach)
+      : PreparedBundle(v.shape),
+        owned_(detach ? std::make_unique<OwnedBundle>(v) : nullptr),
+        view_(detach ? owned_->view() : v) {}
+
+  const BundleView& view() const { return view_; }
+
+  void Store(Path p, PathOutput out) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    outputs_[p] = std::make_shared<const PathOutput>(std::move(out));
+  }
+  // Shared so that a concurrent re-run of the same path cannot free what a reader holds.
+  std::shared_ptr<const PathOutput> Get(Path p) const ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    auto it = outputs_.find(p);
+    return it == outputs_.end() ? nullptr : it->second;
+  }
+
+ private:
+  std::unique_ptr<OwnedBundle> owned_;
+  BundleView view_;
+  mutable absl::Mutex mu_;
+  std::map<Path, std::shared_ptr<const PathOutput>> outputs_ ABSL_GUARDED_BY(mu_);
+};
+
+class CpuEngine : public Engine {
+ public:
+  CpuEngine(int threads, const CpuCustomConfig& custom)
+      : threads_(threads > 0 ? threads
+                             : std::max(1, static_cast<int>(std::thread::hardware_concurrency()))),
+        arena_(threads_),
+        custom_(custom) {}
+
+  EngineInfo Info() const override {
+    EngineInfo info;
+    info.engine = "cpu";
+    info.device = absl::StrCat("cpu (", threads_, " threads)");
+    return info;
+  }
+
+  absl::StatusOr<std::shared_ptr<PreparedBundle>> Prepare(const BundleView& bundle,
+                                                          bool detach) override {
+    if (std::string why = kernels::CheckShape(bundle.shape); !why.empty()) {
+      return absl::InvalidArgumentError(why);
+    }
+    if (bundle.q == nullptr || bundle.kv_pool == nullptr || bundle.kv_indptr == nullptr ||
+        bundle.kv_indices == nullptr || bundle.kv_lens == nullptr || bundle.tree_mask == nullptr) {
+      return absl::InvalidArgumentError("bundle: a tensor is missing (null view)");
+    }
+    return std::make_shared<CpuPreparedBundle>(bundle, detach);
+  }
+
+  absl::Status Run(Path path, PreparedBundle& pb) override {
+    auto& b = static_cast<CpuPreparedBundle&>(pb);
+    const BundleView& v = b.view();
+    const auto start = std::chrono::steady_clock::now();
+    PathOutput out;
+    switch (path) {
+      case Path::kOracle: {
+        std::vector<double> o(v.o_elems()), lse(v.lse_elems());
+        ForEachBlock(v, [&](int bi, int h0, int h1) {
+          OracleRequestHeads(v, bi, h0, h1, o.data(), lse.data());
+        });
+        out.o_f32.assign(o.begin(), o.end());
+        out.lse.assign(lse.begin(), lse.end());
+        break;
+      }
+      case Path::kReference:
+        out.o.resize(v.o_elems());
+        out.lse.resize(v.lse_elems());
+        ForEachBlock(v, [&](int bi, int h0, int h1) {
+          ReferenceRequestHeads(v, bi, h0, h1, out.o.data(), out.lse.data());
+        });
+        break;
+      case Path::kCustom: {
+        const CustomFault fault = fault_snapshot();
+        if (fault.kind == CustomFault::Kind::kError) {
+          return absl::InternalError("injected custom-path fault");
+        }
+        out.o.resize(v.o_elems());
+        out.lse.resize(v.lse_elems());
+        ForEachBlock(v, [&](int bi, int h0, int h1) {
+          CustomRequestHeads(v, bi, h0, h1, custom_, out.o.data(), out.lse.data());
+        });
+        ApplyFault(fault, &out);
+        break;
+      }
+      default:
+        return absl::InvalidArgumentError(absl::StrCat("unknown path ", static_cast<int>(path)));
+    }
+    out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    b.Store(path, std::move(out));
+    return absl::OkStatus();
+  }
+
+  absl::Status Fetch(Path path, PreparedBundle& pb, PathOutput* out) override {
+    auto got = static_cast<CpuPreparedBundle&>(pb).Get(path);
+    if (got == nullptr) return NotRun(path);
+    *out = *got;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<DiffStats> Compare(PreparedBundle& pb, Path test, Path ref,
+                                    const Tolerance& tol) override {
+    auto& b = static_cast<CpuPreparedBundle&>(pb);
+    if (test == Path::kOracle) {
+      return absl::InvalidArgumentError("compare: the oracle can only be the reference side");
+    }
+    auto t = b.Get(test);
+    if (t == nullptr) return NotRun(test);
+    auto r = b.Get(ref);
+    if (r == nullptr) return NotRun(ref);
+    const BundleView& v = b.view();
+    const float* t_lse = t->lse.empty() ? nullptr : t->lse.data();
+    const float* r_lse = r->lse.empty() ? nullptr : r->lse.data();
+    const int64_t n_lse = (t_lse && r_lse) ? v.lse_elems() : 0;
+    if (ref == Path::kOracle) {
+      return CompareBf16ToF32(t->o.data(), r->o_f32.data(), v.o_elems(), t_lse, r_lse, n_lse, tol);
+    }
+    return CompareBf16(t->o.data(), r->o.data(), v.o_elems(), t_lse, r_lse, n_lse, tol);
+  }
+
+  void InjectCustomFault(const CustomFault& fault) override {
+    absl::MutexLock lock(&fault_mu_);
+    fault_ = fault;
+  }
+
+ private:
+  static absl::Status NotRun(Path p) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("path ", PathName(p), " has not run on this bundle"));
+  }
+
+  CustomFault fault_snapshot() const {
+    absl::MutexLock lock(&fault_mu_);
+    return fault_;
+  }
+
+  static void ApplyFault(const CustomFault& fault, PathOutput* out) {
+    if (fault.kind == CustomFault::Kind::kPerturb) {
+      for (auto& x : out->o) {
+        x = FloatToBf16(static_cast<float>(Bf16ToFloat(x) + fault.amount));
+      }
+    } else if (fault.kind == CustomFault::Kind::kNan && !out->o.empty()) {
+      out->o[0] = 0x7fc0;
+    }
+  }
+
+  // Calls fn(request, h0, h1) for blocks of heads so that there are about two blocks per
+  // worker, on this engine's arena (shared by concurrent calls; no threads made per call).
+  template <typename Fn>
+  void ForEachBlock(const BundleView& v, Fn&& fn) {
+    const int B = v.shape.batch, H = v.shape.heads;
+    const int blocks_per_request = std::clamp((2 * threads_ + B - 1) / B, 1, H);
+    const int head_block = (H + blocks_per_request - 1) / blocks_per_request;
+    const int per_request = (H + head_block - 1) / head_block;
+    arena_.execute([&] {
+      tbb::parallel_for(0, B * per_request, [&](int item) {
+        const int b = item / per_request;
+        const int h0 = (item % per_request) * head_block;
+        fn(b, h0, std::min(H, h0 + head_block));
+      });
+    });
+  }
+
+  const int threads_;
+  tbb::task_arena arena_;
+  const CpuCustomConfig custom_;
+  mutable absl::Mutex fault_mu_;
+  CustomFault fault_ ABSL_GUARDED_BY(fault_mu_);
+};
+
+}  // namespace
+
+std::unique_ptr<Engine> MakeCpuEngine(int threads, const CpuCustomConfig& custom) {
+  return std::make_unique<CpuEngine>(threads, custom);
+}
+
+}  // namespace verifyd

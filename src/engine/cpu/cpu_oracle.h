@@ -1,0 +1,22 @@
+#pragma once
+// The fp64 oracle of DESIGN §2 on the host: a two-pass softmax per query row in double, from the
+// bundle's bf16 inputs. It is the truth both the reference and the custom path are measured against.
+
+#include <vector>
+
+#include "src/bundle/bundle.h"
+
+namespace verifyd {
+
+// Heads [h0, h1) of draft token i of request b. o: [h1-h0, 512], lse: [h1-h0] (natural log).
+// A row that sees nothing gets zeros and lse -inf.
+void OracleTokenHeads(const BundleView& v, int b, int i, int h0, int h1, double* o, double* lse);
+
+// Heads [h0, h1) of every draft token of request b, written into the full outputs
+// o: [B*T, H, 512], lse: [B*T, H].
+void OracleRequestHeads(const BundleView& v, int b, int h0, int h1, double* o, double* lse);
+
+// The whole bundle on the calling thread. o: [B*T, H, 512], lse: [B*T, H].
+void RunOracle(const BundleView& v, std::vector<double>* o, std::vector<double>* lse);
+
+}  // namespace verifyd
