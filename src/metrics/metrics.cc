@@ -1,0 +1,184 @@
+#include "src/metrics/metrics.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace verifyd {
+namespace {
+
+using prometheus::Histogram;
+
+Histogram::BucketBoundaries LatencyBuckets() {  // 50 us .. ~100 s, x2
+  Histogram::BucketBoundaries b;
+  for (double v = 50e-6; v < 120; v *= 2) b.push_back(v);
+  return b;
+}
+
+Histogram::BucketBoundaries LogBuckets(double lo, double hi) {  // 3 per decade
+  Histogram::BucketBoundaries b;
+  for (double e = std::log10(lo); e <= std::log10(hi) + 1e-9; e += 1.0 / 3) {
+    b.push_back(std::pow(10.0, e));
+  }
+  return b;
+}
+
+}  // namespace
+
+// The metric table.
+Metrics::Metrics(const BuildInfo& info) : registry_(std::make_shared<prometheus::Registry>()) {
+  auto& r = *registry_;
+  requests_ = &prometheus::BuildCounter()
+                   .Name("verifyd_requests_total")
+                   .Help("Verify calls by served path and gRPC status code")
+                   .Register(r);
+  request_seconds_ = &prometheus::BuildHistogram()
+                          .Name("verifyd_request_duration_seconds")
+                          .Help("Server time of a Verify call, receive to response, by served path")
+                          .Register(r);
+  path_seconds_ = &prometheus::BuildHistogram()
+                       .Name("verifyd_path_duration_seconds")
+                       .Help("Time one path (reference, custom, oracle) took on one call")
+                       .Register(r);
+  shadow_overhead_seconds_ =
+      &prometheus::BuildHistogram()
+           .Name("verifyd_shadow_overhead_seconds")
+           .Help("Time added to a response to hand the non-served path off to the shadow queue")
+           .Register(r)
+           .Add({}, LatencyBuckets());
+  comparisons_ = &prometheus::BuildCounter()
+                      .Name("verifyd_comparisons_total")
+                      .Help("Custom-vs-reference comparisons by outcome "
+                            "(match, breach, error, timeout, skipped)")
+                      .Register(r);
+  diff_rel_l2_ = &prometheus::BuildHistogram()
+                      .Name("verifyd_diff_rel_l2")
+                      .Help("Relative L2 difference ||a-b||/||b|| by pair")
+                      .Register(r);
+  diff_max_abs_ = &prometheus::BuildHistogram()
+                       .Name("verifyd_diff_max_abs")
+                       .Help("Largest absolute element difference by pair")
+                       .Register(r);
+  mode_ = &prometheus::BuildGauge()
+               .Name("verifyd_mode")
+               .Help("1 for the mode being served (reference, shadow, canary, custom), else 0")
+               .Register(r);
+  canary_fraction_ = &prometheus::BuildGauge()
+                          .Name("verifyd_canary_fraction")
+                          .Help("Fraction of calls served by the custom path in canary mode")
+                          .Register(r)
+                          .Add({});
+  gate_ready_ = &prometheus::BuildGauge()
+                     .Name("verifyd_gate_ready")
+                     .Help("1 when the flip gate would let canary/custom through now")
+                     .Register(r)
+                     .Add({});
+  gate_clean_ = &prometheus::BuildGauge()
+                     .Name("verifyd_gate_clean_comparisons")
+                     .Help("Clean comparisons in a row, toward the gate's window")
+                     .Register(r)
+                     .Add({});
+  rollbacks_ = &prometheus::BuildCounter()
+                    .Name("verifyd_rollbacks_total")
+                    .Help("Automatic rollbacks to shadow by reason (tolerance, nan_inf, error, timeout)")
+                    .Register(r);
+  oracle_errors_ = &prometheus::BuildCounter()
+                        .Name("verifyd_oracle_errors_total")
+                        .Help("Sampled oracle runs that failed")
+                        .Register(r)
+                        .Add({});
+  shadow_queue_depth_ = &prometheus::BuildGauge()
+                             .Name("verifyd_shadow_queue_depth")
+                             .Help("Comparisons waiting to run off the critical path")
+                             .Register(r)
+                             .Add({});
+  captures_ = &prometheus::BuildCounter()
+                   .Name("verifyd_captures_total")
+                   .Help("Bundles written to the capture directory by trigger")
+                   .Register(r);
+  prometheus::BuildGauge()
+      .Name("verifyd_build_info")
+      .Help("Build and engine of this verifyd; always 1")
+      .Register(r)
+      .Add({{"version", info.version},
+            {"commit", info.commit},
+            {"engine", info.engine},
+            {"device", info.device},
+            {"compute_capability", info.compute_capability}})
+      .Set(1);
+  // Pre-create the common series so dashboards see zeros, not absent series.
+  for (const char* o : {"match", "breach", "error", "timeout", "skipped"}) {
+    comparisons_->Add({{"outcome", o}});
+  }
+  for (const char* p : {"custom_vs_reference", "custom_vs_oracle", "reference_vs_oracle"}) {
+    diff_rel_l2_->Add({{"pair", p}}, LogBuckets(1e-6, 10));
+    diff_max_abs_->Add({{"pair", p}}, LogBuckets(1e-5, 100));
+  }
+  for (const char* reason : {"tolerance", "nan_inf", "error", "timeout"}) {
+    rollbacks_->Add({{"reason", reason}});
+  }
+}
+
+void Metrics::Request(std::string_view served, absl::StatusCode code, double seconds) {
+  const std::string path(served);
+  requests_->Add({{"path", path}, {"code", absl::StatusCodeToString(code)}}).Increment();
+  request_seconds_->Add({{"path", path}}, LatencyBuckets()).Observe(seconds);
+}
+
+void Metrics::PathDuration(Path p, double seconds) {
+  path_seconds_->Add({{"path", PathName(p)}}, LatencyBuckets()).Observe(seconds);
+}
+
+void Metrics::ShadowOverhead(double seconds) { shadow_overhead_seconds_->Observe(seconds); }
+
+void Metrics::Comparison(OutcomeKind k) { comparisons_->Add({{"outcome", OutcomeName(k)}}).Increment(); }
+
+void Metrics::Diff(std::string_view pair, const DiffStats& d) {
+  const std::string p(pair);
+  // NaN/Inf diffs go to the +Inf bucket: Observe(NaN) would poison the sum.
+  auto clean = [](double v) { return std::isfinite(v) ? v : 1e30; };
+  diff_rel_l2_->Add({{"pair", p}}, LogBuckets(1e-6, 10)).Observe(clean(d.rel_l2));
+  diff_max_abs_->Add({{"pair", p}}, LogBuckets(1e-5, 100)).Observe(clean(d.max_abs));
+}
+
+void Metrics::SetMode(Mode m, double canary_fraction) {
+  for (Mode x : {Mode::kReference, Mode::kShadow, Mode::kCanary, Mode::kCustom}) {
+    mode_->Add({{"mode", ModeName(x)}}).Set(x == m ? 1 : 0);
+  }
+  canary_fraction_->Set(m == Mode::kCanary ? canary_fraction : 0);
+}
+
+void Metrics::SetGate(const GateStatus& g) {
+  gate_ready_->Set(g.ready ? 1 : 0);
+  gate_clean_->Set(static_cast<double>(g.clean));
+}
+
+void Metrics::Rollback(std::string_view reason) {
+  rollbacks_->Add({{"reason", std::string(reason)}}).Increment();
+}
+
+void Metrics::OracleError() { oracle_errors_->Increment(); }
+
+void Metrics::SetShadowQueueDepth(int64_t depth) {
+  shadow_queue_depth_->Set(static_cast<double>(depth));
+}
+
+void Metrics::Capture(std::string_view trigger) {
+  captures_->Add({{"trigger", std::string(trigger)}}).Increment();
+}
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
+    const std::string& address, std::shared_ptr<prometheus::Registry> registry) {
+  auto s = std::unique_ptr<MetricsServer>(new MetricsServer);
+  try {
+    s->exposer_ = std::make_unique<prometheus::Exposer>(address);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("metrics_address ", address, ": ", e.what()));
+  }
+  s->exposer_->RegisterCollectable(registry);
+  auto ports = s->exposer_->GetListeningPorts();
+  s->port_ = ports.empty() ? 0 : ports.front();
+  return s;
+}
+
+}  // namespace verifyd
