@@ -1,0 +1,155 @@
+// The comparison module on hand-computed cases: norms, tolerances, NaN/Inf, -inf lse, zero ref.
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "src/common/bf16.h"
+#include "src/compare/compare.h"
+
+namespace verifyd {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+
+std::vector<uint16_t> Bf16(const std::vector<float>& x) {
+  std::vector<uint16_t> out;
+  for (float f : x) out.push_back(FloatToBf16(f));
+  return out;
+}
+
+TEST(Compare, HandComputedNorms) {
+  // All values exact in bf16. diff = (0, 0.5, -1, 0): ||diff|| = sqrt(1.25), ||ref|| = sqrt(30).
+  const std::vector<float> ref = {1, 2, 3, 4};
+  const std::vector<uint16_t> test = Bf16({1, 2.5, 2, 4});
+  Tolerance tol;
+  tol.atol = 0.1;
+  tol.rtol = 0.2;  // element limits: 0.3, 0.5, 0.7, 0.9 -> only |-1| > 0.7 fails (0.5 == 0.5)
+  const DiffStats d = CompareBf16ToF32(test.data(), ref.data(), 4, nullptr, nullptr, 0, tol);
+  EXPECT_EQ(d.count, 4);
+  EXPECT_NEAR(d.rel_l2, std::sqrt(1.25 / 30.0), 1e-15);
+  EXPECT_NEAR(d.nmse, 1.25 / 30.0, 1e-15);
+  EXPECT_EQ(d.max_abs, 1.0);
+  EXPECT_EQ(d.beyond_tol, 1);
+  EXPECT_EQ(d.nan_test + d.inf_test + d.nan_ref + d.inf_ref, 0);
+  EXPECT_TRUE(std::isnan(d.lse_max_abs));  // not compared
+}
+
+TEST(Compare, Bf16AgainstBf16) {
+  const std::vector<uint16_t> ref = Bf16({0.5, -0.25, 8});
+  const std::vector<uint16_t> test = Bf16({0.5, -0.25, 8});
+  const DiffStats d = CompareBf16(test.data(), ref.data(), 3, nullptr, nullptr, 0, Tolerance{});
+  EXPECT_EQ(d.rel_l2, 0);
+  EXPECT_EQ(d.max_abs, 0);
+  EXPECT_TRUE(Judge(d, Tolerance{}).match);
+}
+
+TEST(Compare, ZeroReference) {
+  const std::vector<float> zero = {0, 0, 0};
+  const std::vector<uint16_t> same = Bf16({0, -0.0f, 0});
+  DiffStats d = CompareBf16ToF32(same.data(), zero.data(), 3, nullptr, nullptr, 0, Tolerance{});
+  EXPECT_EQ(d.rel_l2, 0);
+  EXPECT_EQ(d.nmse, 0);
+  EXPECT_TRUE(Judge(d, Tolerance{}).match);
+
+  const std::vector<uint16_t> off = Bf16({0, 0.5, 0});
+  d = CompareBf16ToF32(off.data(), zero.data(), 3, nullptr, nullptr, 0, Tolerance{});
+  EXPECT_TRUE(std::isinf(d.rel_l2));
+  EXPECT_TRUE(std::isinf(d.nmse));
+  EXPECT_EQ(d.max_abs, 0.5);
+  const Verdict v = Judge(d, Tolerance{});
+  EXPECT_FALSE(v.match);
+  EXPECT_NE(v.reason.find("rel_l2 inf > 0.01"), std::string::npos) << v.reason;
+}
+
+TEST(Compare, NanAndInfCountedPerSideAndKeptOutOfNorms) {
+  const std::vector<float> ref = {1, kNan, 2, kInf, 3};
+  const std::vector<uint16_t> test = Bf16({1, kNan, kNan, kInf, -kInf});
+  const DiffStats d = CompareBf16ToF32(test.data(), ref.data(), 5, nullptr, nullptr, 0, Tolerance{});
+  EXPECT_EQ(d.nan_test, 2);
+  EXPECT_EQ(d.inf_test, 2);
+  EXPECT_EQ(d.nan_ref, 1);
+  EXPECT_EQ(d.inf_ref, 1);
+  EXPECT_EQ(d.rel_l2, 0);  // only element 0 is finite on both sides
+  EXPECT_EQ(d.beyond_tol, 2);  // NaN vs 2 and -inf vs 3; matching NaN/inf pairs are equal
+  EXPECT_TRUE(std::isinf(d.max_abs));
+  const Verdict v = Judge(d, Tolerance{});
+  EXPECT_FALSE(v.match);
+  EXPECT_NE(v.reason.find("nan in test: 2, in ref: 1"), std::string::npos) << v.reason;
+  EXPECT_NE(v.reason.find("inf in test: 2, in ref: 1"), std::string::npos) << v.reason;
+}
+
+TEST(Compare, NanInTestOnlyGivesReadableReason) {
+  const std::vector<uint16_t> ref = Bf16({1, 2, 3});
+  const std::vector<uint16_t> test = Bf16({kNan, 2, 3});
+  const DiffStats d = CompareBf16(test.data(), ref.data(), 3, nullptr, nullptr, 0, Tolerance{});
+  EXPECT_EQ(d.nan_test, 1);
+  EXPECT_EQ(d.nan_ref, 0);
+  EXPECT_EQ(d.rel_l2, 0);
+  const Verdict v = Judge(d, Tolerance{});
+  EXPECT_FALSE(v.match);
+  EXPECT_EQ(v.reason.rfind("nan in test: 1", 0), 0u) << v.reason;
+}
+
+TEST(Compare, SameNanPositionsMatch) {
+  const std::vector<uint16_t> ref = Bf16({kNan, 2});
+  const std::vector<uint16_t> test = Bf16({kNan, 2});
+  const DiffStats d = CompareBf16(test.data(), ref.data(), 2, nullptr, nullptr, 0, Tolerance{});
+  EXPECT_EQ(d.nan_test, 1);
+  EXPECT_EQ(d.nan_ref, 1);
+  EXPECT_TRUE(Judge(d, Tolerance{}).match) << Judge(d, Tolerance{}).reason;
+}
+
+TEST(Compare, NanPositionsDifferWithEqualCounts) {
+  const std::vector<uint16_t> ref = Bf16({kNan, 2});
+  const std::vector<uint16_t> test = Bf16({1, kNan});
+  const DiffStats d = CompareBf16(test.data(), ref.data(), 2, nullptr, nullptr, 0, Tolerance{});
+  const Verdict v = Judge(d, Tolerance{});
+  EXPECT_FALSE(v.match);
+  EXPECT_NE(v.reason.find("nan/inf positions differ"), std::string::npos) << v.reason;
+}
+
+TEST(Compare, LseNegInfRowsAndMismatch) {
+  const std::vector<uint16_t> o = Bf16({1});
+  const std::vector<float> of = {1};
+  const std::vector<float> ref_lse = {-kInf, 1.0f, 2.0f};
+  std::vector<float> test_lse = {-kInf, 1.25f, 2.0f};
+  DiffStats d = CompareBf16ToF32(o.data(), of.data(), 1, test_lse.data(), ref_lse.data(), 3,
+                                 Tolerance{});
+  EXPECT_EQ(d.lse_max_abs, 0.25);  // both -inf: equal
+  Verdict v = Judge(d, Tolerance{});
+  EXPECT_FALSE(v.match);
+  EXPECT_NE(v.reason.find("lse max_abs 0.25 > 0.01"), std::string::npos) << v.reason;
+
+  test_lse = {0.0f, 1.0f, 2.0f};  // -inf on one side only
+  d = CompareBf16ToF32(o.data(), of.data(), 1, test_lse.data(), ref_lse.data(), 3, Tolerance{});
+  EXPECT_TRUE(std::isinf(d.lse_max_abs));
+  EXPECT_FALSE(Judge(d, Tolerance{}).match);
+
+  test_lse = ref_lse;
+  d = CompareBf16ToF32(o.data(), of.data(), 1, test_lse.data(), ref_lse.data(), 3, Tolerance{});
+  EXPECT_EQ(d.lse_max_abs, 0);
+  EXPECT_TRUE(Judge(d, Tolerance{}).match);
+}
+
+TEST(Compare, JudgeReasons) {
+  DiffStats d;
+  d.count = 10;
+  d.rel_l2 = 0.031;
+  d.max_abs = 0.5;
+  d.beyond_tol = 3;
+  Tolerance tol;
+  const Verdict v = Judge(d, tol);
+  EXPECT_FALSE(v.match);
+  EXPECT_EQ(v.reason, "rel_l2 0.031 > 0.01; max_abs 0.5 > 0.25; beyond_tol 3 > 0");
+  tol.max_rel_l2 = 0.05;
+  tol.max_abs = 1;
+  tol.max_beyond_tol = 3;
+  EXPECT_TRUE(Judge(d, tol).match);
+  EXPECT_EQ(Judge(d, tol).reason, "");
+}
+
+}  // namespace
+}  // namespace verifyd

@@ -1,0 +1,291 @@
+// The CPU reference and custom paths against the fp64 oracle on random bundles (fixed seeds).
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "src/bundle/random_bundle.h"
+#include "src/common/bf16.h"
+#include "src/compare/compare.h"
+#include "src/engine/cpu/cpu_custom.h"
+#include "src/engine/cpu/cpu_engine.h"
+#include "src/engine/cpu/cpu_oracle.h"
+#include "src/engine/cpu/cpu_reference.h"
+
+namespace verifyd {
+namespace {
+
+// rel-L2 against the fp64 oracle. bf16 rounding of the output alone gives ~1.5e-3; the custom
+// path adds bf16 probabilities in P·V and fp32 accumulation.
+constexpr double kCustomMaxRelL2 = 1e-2;
+constexpr double kReferenceMaxRelL2 = 4e-3;
+constexpr double kLseMaxAbs = 1e-3;
+
+// Small tiles and chunks so that short KV sequences cross tile and split boundaries.
+constexpr CpuCustomConfig kSmallTiles{/*tile_tokens=*/16, /*min_chunk_tokens=*/32,
+                                      /*max_splits=*/4};
+
+struct Outputs {
+  std::vector<double> oracle_o, oracle_lse;
+  std::vector<uint16_t> ref_o, custom_o;
+  std::vector<float> ref_lse, custom_lse;
+};
+
+Outputs RunAll(const BundleView& v, const CpuCustomConfig& c) {
+  Outputs out;
+  RunOracle(v, &out.oracle_o, &out.oracle_lse);
+  RunReference(v, &out.ref_o, &out.ref_lse);
+  RunCustom(v, c, &out.custom_o, &out.custom_lse);
+  return out;
+}
+
+DiffStats VsOracle(const std::vector<uint16_t>& o, const std::vector<float>& lse,
+                   const Outputs& out) {
+  std::vector<float> ref(out.oracle_o.begin(), out.oracle_o.end());
+  std::vector<float> ref_lse(out.oracle_lse.begin(), out.oracle_lse.end());
+  return CompareBf16ToF32(o.data(), ref.data(), static_cast<int64_t>(o.size()), lse.data(),
+                          ref_lse.data(), static_cast<int64_t>(lse.size()), Tolerance{});
+}
+
+// Worst rel-L2 seen by ExpectCloseToOracle, printed at the end of the sweep.
+struct Worst {
+  double reference = 0, custom = 0, custom_vs_reference = 0;
+};
+
+void ExpectCloseToOracle(const RandomBundleSpec& spec, const CpuCustomConfig& c,
+                         Worst* worst = nullptr) {
+  SCOPED_TRACE(::testing::Message() << "seed " << spec.seed << " T " << spec.draft << " prefix "
+                                    << spec.prefix << " page " << spec.page_size);
+  RandomBundle rb(spec);
+  const Outputs out = RunAll(rb.view(), c);
+  const DiffStats ref = VsOracle(out.ref_o, out.ref_lse, out);
+  const DiffStats cus = VsOracle(out.custom_o, out.custom_lse, out);
+  // NaN/Inf first: a read of a poisoned pool slot shows up here.
+  EXPECT_EQ(ref.nan_test + ref.inf_test, 0);
+  EXPECT_EQ(cus.nan_test + cus.inf_test, 0);
+  EXPECT_EQ(ref.nan_ref + ref.inf_ref, 0);
+  EXPECT_LT(ref.rel_l2, kReferenceMaxRelL2);
+  EXPECT_LT(cus.rel_l2, kCustomMaxRelL2);
+  EXPECT_LE(ref.lse_max_abs, kLseMaxAbs);
+  EXPECT_LE(cus.lse_max_abs, kLseMaxAbs);
+  const DiffStats pair =
+      CompareBf16(out.custom_o.data(), out.ref_o.data(), static_cast<int64_t>(out.ref_o.size()),
+                  nullptr, nullptr, 0, Tolerance{});
+  EXPECT_EQ(pair.nan_test + pair.nan_ref, 0);
+  EXPECT_LT(pair.rel_l2, kCustomMaxRelL2);
+  if (worst != nullptr) {
+    worst->reference = std::max(worst->reference, ref.rel_l2);
+    worst->custom = std::max(worst->custom, cus.rel_l2);
+    worst->custom_vs_reference = std::max(worst->custom_vs_reference, pair.rel_l2);
+  }
+}
+
+TEST(CpuPaths, OddSizesAgainstOracle) {
+  uint64_t seed = 100;
+  Worst worst;
+  for (int draft : {1, 3, 17}) {
+    for (int64_t kv_len : {1, 54, 97}) {
+      if (kv_len < draft) continue;
+      for (int page : {1, 16, 64}) {
+        for (TreeKind tree : {TreeKind::kChain, TreeKind::kRandomTree}) {
+          RandomBundleSpec s;
+          s.batch = 2;
+          s.draft = draft;
+          s.heads = 3;
+          s.page_size = page;
+          s.prefix = kv_len - draft;
+          s.tree = tree;
+          s.seed = ++seed;
+          ExpectCloseToOracle(s, kSmallTiles, &worst);
+        }
+      }
+    }
+  }
+  std::printf("seeds 101..%llu: worst rel_l2 vs oracle: reference %.3g, custom %.3g; "
+              "custom vs reference %.3g\n",
+              static_cast<unsigned long long>(seed), worst.reference, worst.custom,
+              worst.custom_vs_reference);
+}
+
+TEST(CpuPaths, DefaultTilesAndPerRequestPrefixes) {
+  RandomBundleSpec s;
+  s.batch = 3;
+  s.draft = 17;
+  s.heads = 4;
+  s.page_size = 16;
+  s.prefix_lens = {0, 300, 97};
+  s.seed = 7;
+  ExpectCloseToOracle(s, CpuCustomConfig{});
+}
+
+TEST(CpuPaths, LargeLogits) {
+  RandomBundleSpec s;
+  s.batch = 2;
+  s.draft = 8;
+  s.heads = 4;
+  s.page_size = 32;
+  s.prefix = 129;
+  s.q_scale = 8.f;
+  s.seed = 16;
+  ExpectCloseToOracle(s, kSmallTiles);
+}
+
+TEST(CpuPaths, FullyMaskedRowIsZeroWithNegInfLse) {
+  RandomBundleSpec s;
+  s.batch = 2;
+  s.draft = 17;
+  s.heads = 3;
+  s.page_size = 16;
+  s.prefix = 40;
+  s.empty_row = true;  // request 0: prefix 0, row T/2 sees nothing
+  s.seed = 21;
+  RandomBundle rb(s);
+  const BundleView& v = rb.view();
+  const Outputs out = RunAll(v, kSmallTiles);
+  const int empty = s.draft / 2;
+  for (int h = 0; h < s.heads; ++h) {
+    const int64_t row = int64_t{empty} * s.heads + h;
+    EXPECT_EQ(out.oracle_lse[row], -INFINITY);
+    EXPECT_EQ(out.ref_lse[row], -INFINITY);
+    EXPECT_EQ(out.custom_lse[row], -INFINITY);
+    for (int d = 0; d < kernels::kHeadDimV; ++d) {
+      const int64_t k = row * kernels::kHeadDimV + d;
+      ASSERT_EQ(out.oracle_o[k], 0.0);
+      ASSERT_EQ(out.ref_o[k], 0) << "reference o[" << k << "]";
+      ASSERT_EQ(out.custom_o[k], 0) << "custom o[" << k << "]";
+    }
+  }
+  const DiffStats cus = VsOracle(out.custom_o, out.custom_lse, out);
+  EXPECT_EQ(cus.nan_test + cus.inf_test, 0);
+  EXPECT_LT(cus.rel_l2, kCustomMaxRelL2);
+  EXPECT_EQ(cus.lse_max_abs, cus.lse_max_abs);  // compared, not NaN
+  EXPECT_LE(cus.lse_max_abs, kLseMaxAbs);
+}
+
+TEST(CpuPaths, BitPackedMaskMatchesBytes) {
+  for (uint64_t seed : {31, 32}) {
+    RandomBundleSpec s;
+    s.batch = 2;
+    s.draft = 17;
+    s.heads = 2;
+    s.page_size = 16;
+    s.prefix = 20;
+    s.seed = seed;
+    RandomBundle bytes(s);
+    s.mask_format = kernels::MaskFormat::kBits;
+    RandomBundle bits(s);
+    const Outputs a = RunAll(bytes.view(), kSmallTiles);
+    const Outputs b = RunAll(bits.view(), kSmallTiles);
+    EXPECT_EQ(a.oracle_o, b.oracle_o);
+    EXPECT_EQ(a.ref_o, b.ref_o);
+    EXPECT_EQ(a.custom_o, b.custom_o);
+    EXPECT_EQ(a.custom_lse, b.custom_lse);
+  }
+}
+
+TEST(CpuPaths, SplitsDoNotChangeTheAnswerMuch) {
+  RandomBundleSpec s;
+  s.batch = 1;
+  s.draft = 3;
+  s.heads = 2;
+  s.page_size = 64;
+  s.prefix = 500;
+  s.seed = 41;
+  RandomBundle rb(s);
+  std::vector<uint16_t> one, many;
+  std::vector<float> lse_one, lse_many;
+  RunCustom(rb.view(), CpuCustomConfig{64, 1 << 20, 1}, &one, &lse_one);
+  RunCustom(rb.view(), CpuCustomConfig{16, 16, 64}, &many, &lse_many);
+  const DiffStats d = CompareBf16(many.data(), one.data(), static_cast<int64_t>(one.size()),
+                                  lse_many.data(), lse_one.data(),
+                                  static_cast<int64_t>(lse_one.size()), Tolerance{});
+  EXPECT_EQ(d.nan_test + d.nan_ref, 0);
+  EXPECT_LT(d.rel_l2, kCustomMaxRelL2);
+  EXPECT_LT(d.lse_max_abs, 1e-4);
+}
+
+TEST(CpuEngine, RunsFetchesAndCompares) {
+  RandomBundleSpec s;
+  s.batch = 3;
+  s.draft = 5;
+  s.heads = 5;
+  s.page_size = 16;
+  s.prefix = 70;
+  s.seed = 51;
+  RandomBundle rb(s);
+  auto engine = MakeCpuEngine(2, kSmallTiles);
+  EXPECT_EQ(engine->Info().engine, "cpu");
+  EXPECT_EQ(engine->Info().device, "cpu (2 threads)");
+  auto pb = engine->Prepare(rb.view(), /*detach=*/true);
+  ASSERT_TRUE(pb.ok()) << pb.status();
+  PathOutput fetched;
+  EXPECT_EQ(engine->Fetch(Path::kCustom, **pb, &fetched).code(),
+            absl::StatusCode::kFailedPrecondition);
+  for (Path p : {Path::kOracle, Path::kReference, Path::kCustom}) {
+    ASSERT_TRUE(engine->Run(p, **pb).ok()) << PathName(p);
+  }
+  // The engine's parallel run equals the serial one.
+  std::vector<uint16_t> o;
+  std::vector<float> lse;
+  RunCustom(rb.view(), kSmallTiles, &o, &lse);
+  ASSERT_TRUE(engine->Fetch(Path::kCustom, **pb, &fetched).ok());
+  EXPECT_EQ(fetched.o, o);
+  EXPECT_EQ(fetched.lse, lse);
+  EXPECT_GT(fetched.seconds, 0);
+  ASSERT_TRUE(engine->Fetch(Path::kOracle, **pb, &fetched).ok());
+  EXPECT_EQ(fetched.o_f32.size(), static_cast<size_t>(rb.view().o_elems()));
+
+  auto d = engine->Compare(**pb, Path::kCustom, Path::kOracle, Tolerance{});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_LT(d->rel_l2, kCustomMaxRelL2);
+  EXPECT_TRUE(Judge(*d, Tolerance{}).match) << Judge(*d, Tolerance{}).reason;
+  d = engine->Compare(**pb, Path::kCustom, Path::kReference, Tolerance{});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_LT(d->rel_l2, kCustomMaxRelL2);
+  EXPECT_FALSE(engine->Compare(**pb, Path::kOracle, Path::kCustom, Tolerance{}).ok());
+}
+
+TEST(CpuEngine, InjectedFaults) {
+  RandomBundleSpec s;
+  s.batch = 1;
+  s.draft = 3;
+  s.heads = 2;
+  s.prefix = 10;
+  s.seed = 61;
+  RandomBundle rb(s);
+  auto engine = MakeCpuEngine(1);
+  auto pb = engine->Prepare(rb.view(), /*detach=*/false);
+  ASSERT_TRUE(pb.ok());
+  ASSERT_TRUE(engine->Run(Path::kReference, **pb).ok());
+
+  engine->InjectCustomFault({CustomFault::Kind::kError, 0});
+  const absl::Status st = engine->Run(Path::kCustom, **pb);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(st.message(), "injected custom-path fault");
+
+  engine->InjectCustomFault({CustomFault::Kind::kNan, 0});
+  ASSERT_TRUE(engine->Run(Path::kCustom, **pb).ok());
+  auto d = engine->Compare(**pb, Path::kCustom, Path::kReference, Tolerance{});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->nan_test, 1);
+  EXPECT_FALSE(Judge(*d, Tolerance{}).match);
+
+  engine->InjectCustomFault({CustomFault::Kind::kPerturb, 0.5});
+  ASSERT_TRUE(engine->Run(Path::kCustom, **pb).ok());
+  d = engine->Compare(**pb, Path::kCustom, Path::kReference, Tolerance{});
+  ASSERT_TRUE(d.ok());
+  EXPECT_GT(d->max_abs, 0.4);
+  EXPECT_FALSE(Judge(*d, Tolerance{}).match);
+
+  engine->InjectCustomFault({});
+  ASSERT_TRUE(engine->Run(Path::kCustom, **pb).ok());
+  d = engine->Compare(**pb, Path::kCustom, Path::kReference, Tolerance{});
+  ASSERT_TRUE(d.ok());
+  EXPECT_TRUE(Judge(*d, Tolerance{}).match) << Judge(*d, Tolerance{}).reason;
+}
+
+}  // namespace
+}  // namespace verifyd
