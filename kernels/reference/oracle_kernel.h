@@ -1,0 +1,16 @@
+#pragma once
+// The sampled fp32 oracle on the GPU: the simplest kernel that computes DESIGN §2 in fp32 from
+// the bf16 inputs, one thread block per query row. Slow by design; it shares nothing with the
+// reference or custom paths.
+
+#include <cuda_runtime.h>
+
+#include "kernels/verify_problem.h"
+
+namespace verifyd::kernels {
+
+// Reads p's inputs (p.o and p.lse are ignored); writes o_f32 fp32 [B*T, H, 512] and
+// lse fp32 [B*T, H] (-inf where a row sees nothing; lse may be null). No workspace.
+cudaError_t LaunchOracle(const VerifyProblem& p, float* o_f32, float* lse, cudaStream_t stream);
+
+}  // namespace verifyd::kernels
