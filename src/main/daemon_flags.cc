@@ -1,0 +1,144 @@
+#include "src/main/daemon_flags.h"
+
+#include <fstream>
+#include <sstream>
+#include <string_view>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::vector<std::string>, listen, {"127.0.0.1:50051"},
+          "Data-plane address, HOST:PORT or unix:PATH; repeat or comma-separate for several. "
+          "Port 0 picks a free port (logged).");
+ABSL_FLAG(std::string, admin_listen, "unix:verifyd-admin.sock",
+          "Admin address: unix:PATH (mode 0600) or HOST:PORT with --admin_token_file");
+ABSL_FLAG(std::string, admin_token_file, "", "File holding the admin bearer token (TCP admin)");
+ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9464",
+          "Prometheus /metrics address HOST:PORT; empty disables");
+ABSL_FLAG(std::string, state_dir, "verifyd-state", "Directory for the mode and the audit log");
+ABSL_FLAG(std::string, engine, "auto", "auto (CUDA when a GPU is visible), cpu or cuda");
+ABSL_FLAG(int, cpu_threads, 0, "CPU engine threads; 0 = all cores");
+ABSL_FLAG(std::vector<std::string>, devices, {}, "CUDA devices to serve; empty = all visible");
+ABSL_FLAG(int64_t, cuda_pool_mb, 8192, "CUDA memory pool per device, MiB");
+ABSL_FLAG(int64_t, max_message_mb, 2048, "Largest gRPC message accepted or sent, MiB");
+ABSL_FLAG(int64_t, gate_window, 1000, "Clean comparisons in a row needed to flip to canary/custom");
+ABSL_FLAG(int64_t, rollback_breaches, 3, "Breaches within --rollback_window that roll back");
+ABSL_FLAG(int64_t, rollback_window, 1000, "Sampled comparisons the rollback counts over");
+ABSL_FLAG(double, oracle_sample_rate, 0.001, "Fraction of comparisons that also run the oracle");
+ABSL_FLAG(int, shadow_threads, 1, "Threads running comparisons off the critical path");
+ABSL_FLAG(int, shadow_queue, 64, "Comparisons that may wait; beyond it they are skipped");
+ABSL_FLAG(double, atol, 1e-2, "Element tolerance: |custom - ref| <= atol + rtol*|ref|");
+ABSL_FLAG(double, rtol, 2e-2, "Element tolerance, relative part");
+ABSL_FLAG(double, max_rel_l2, 1e-2, "Breach when ||custom - ref|| / ||ref|| exceeds it");
+ABSL_FLAG(double, max_abs, 0.25, "Breach when the largest element difference exceeds it");
+ABSL_FLAG(int64_t, max_beyond_tol, 0, "Breach when more elements than this fail atol/rtol");
+ABSL_FLAG(double, custom_timeout_ms, 0, "A custom path slower than this is a breach; 0 = none");
+ABSL_FLAG(uint64_t, seed, 0x5eed, "Seed of sampling draws for calls without a request id");
+ABSL_FLAG(std::string, inject_custom_fault, "",
+          "TEST ONLY: make the custom path fail: error | nan | perturb:AMOUNT");
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error");
+
+namespace verifyd {
+namespace {
+
+absl::StatusOr<CustomFault> ParseFault(const std::string& s) {
+  CustomFault f;
+  if (s.empty()) return f;
+  if (s == "error") {
+    f.kind = CustomFault::Kind::kError;
+  } else if (s == "nan") {
+    f.kind = CustomFault::Kind::kNan;
+  } else if (absl::StartsWith(s, "perturb:") && absl::SimpleAtod(s.substr(8), &f.amount)) {
+    f.kind = CustomFault::Kind::kPerturb;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "inject_custom_fault: '", s, "' is not error, nan or perturb:AMOUNT"));
+  }
+  return f;
+}
+
+// absl keeps only the last --listen; collect every occurrence so the flag can repeat.
+std::vector<std::string> AllListen(int argc, char** argv) {
+  std::vector<std::string> out;
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view a = argv[i];
+    if (absl::ConsumePrefix(&a, "--listen=") || absl::ConsumePrefix(&a, "-listen=")) {
+      for (auto part : absl::StrSplit(a, ',', absl::SkipEmpty())) out.emplace_back(part);
+    } else if ((a == "--listen" || a == "-listen") && i + 1 < argc) {
+      for (auto part : absl::StrSplit(argv[++i], ',', absl::SkipEmpty())) out.emplace_back(part);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<DaemonOptions> ParseDaemonFlags(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "verifyd: shadow-verifies a custom MLA tree-verify attention kernel against a reference.\n"
+      "  verifyd --listen=127.0.0.1:50051 --state_dir=DIR [--engine=auto|cpu|cuda]");
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) {
+    return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", rest[1], "'"));
+  }
+  auto level = spdlog::level::from_str(absl::GetFlag(FLAGS_log_level));
+  spdlog::set_level(level);
+
+  DaemonOptions o;
+  o.listen = AllListen(argc, argv);
+  if (o.listen.empty()) o.listen = absl::GetFlag(FLAGS_listen);
+  o.admin_listen = absl::GetFlag(FLAGS_admin_listen);
+  if (const std::string f = absl::GetFlag(FLAGS_admin_token_file); !f.empty()) {
+    std::ifstream in(f);
+    if (!in) return absl::NotFoundError(absl::StrCat("admin_token_file: cannot read ", f));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    o.admin_token = std::string(absl::StripAsciiWhitespace(ss.str()));
+    if (o.admin_token.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("admin_token_file: ", f, " is empty"));
+    }
+  }
+  o.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  o.state_dir = absl::GetFlag(FLAGS_state_dir);
+  o.engine.kind = absl::GetFlag(FLAGS_engine);
+  o.engine.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  for (const std::string& d : absl::GetFlag(FLAGS_devices)) {
+    int id;
+    if (!absl::SimpleAtoi(d, &id) || id < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("devices: '", d, "' is not a device index"));
+    }
+    o.engine.devices.push_back(id);
+  }
+  o.engine.cuda_pool_bytes = absl::GetFlag(FLAGS_cuda_pool_mb) << 20;
+  o.max_message_bytes = absl::GetFlag(FLAGS_max_message_mb) << 20;
+  o.controller.gate_window = absl::GetFlag(FLAGS_gate_window);
+  o.controller.rollback_breaches = absl::GetFlag(FLAGS_rollback_breaches);
+  o.controller.rollback_window = absl::GetFlag(FLAGS_rollback_window);
+  o.controller.seed = absl::GetFlag(FLAGS_seed);
+  o.handler.oracle_sample_rate = absl::GetFlag(FLAGS_oracle_sample_rate);
+  o.handler.tolerance.atol = absl::GetFlag(FLAGS_atol);
+  o.handler.tolerance.rtol = absl::GetFlag(FLAGS_rtol);
+  o.handler.tolerance.max_rel_l2 = absl::GetFlag(FLAGS_max_rel_l2);
+  o.handler.tolerance.max_abs = absl::GetFlag(FLAGS_max_abs);
+  o.handler.tolerance.max_beyond_tol = absl::GetFlag(FLAGS_max_beyond_tol);
+  o.handler.custom_timeout_seconds = absl::GetFlag(FLAGS_custom_timeout_ms) / 1000.0;
+  o.handler.seed = absl::GetFlag(FLAGS_seed) ^ 0x0c1e;
+  o.shadow_threads = absl::GetFlag(FLAGS_shadow_threads);
+  o.shadow_queue = absl::GetFlag(FLAGS_shadow_queue);
+  if (o.shadow_threads < 1) return absl::InvalidArgumentError("shadow_threads: must be >= 1");
+  if (o.shadow_queue < 1) return absl::InvalidArgumentError("shadow_queue: must be >= 1");
+  if (o.controller.gate_window < 1) return absl::InvalidArgumentError("gate_window: must be >= 1");
+  auto fault = ParseFault(absl::GetFlag(FLAGS_inject_custom_fault));
+  if (!fault.ok()) return fault.status();
+  o.inject_custom_fault = *fault;
+  return o;
+}
+
+}  // namespace verifyd

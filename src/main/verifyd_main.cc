@@ -1,0 +1,39 @@
+// verifyd: parse flags, start the daemon, wait for SIGINT/SIGTERM or a fatal engine fault.
+
+#include <csignal>
+#include <cstdio>
+#include <thread>
+
+#include "spdlog/spdlog.h"
+#include "src/main/daemon_flags.h"
+#include "src/server/daemon.h"
+
+int main(int argc, char** argv) {
+  absl::StatusOr<verifyd::DaemonOptions> opts = verifyd::ParseDaemonFlags(argc, argv);
+  if (!opts.ok()) {
+    std::fprintf(stderr, "verifyd: %s\n", std::string(opts.status().message()).c_str());
+    return 2;
+  }
+  // Block the stop signals in every thread; one thread waits for them.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  auto daemon = verifyd::Daemon::Start(*opts);
+  if (!daemon.ok()) {
+    spdlog::critical("{}", std::string(daemon.status().message()));
+    return 1;
+  }
+  std::thread([&stop, d = daemon->get()] {
+    int sig = 0;
+    sigwait(&stop, &sig);
+    spdlog::info("signal {}: shutting down", sig);
+    d->Shutdown();
+  }).detach();
+  const int code = (*daemon)->Wait();
+  daemon->reset();
+  spdlog::info("verifyd stopped");
+  return code;
+}

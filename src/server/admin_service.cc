@@ -1,0 +1,111 @@
+#include "src/server/admin_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "src/server/verify_service.h"
+
+namespace verifyd {
+namespace {
+
+// Constant-time equality, so the token cannot be guessed byte by byte from timings.
+bool SameSecret(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+v1::Mode ToProto(Mode m) { return static_cast<v1::Mode>(static_cast<int>(m) + 1); }
+
+std::optional<Mode> FromProto(v1::Mode m) {
+  if (m < v1::MODE_REFERENCE || m > v1::MODE_CUSTOM) return std::nullopt;
+  return static_cast<Mode>(static_cast<int>(m) - 1);
+}
+
+}  // namespace
+
+grpc::Status AdminServiceImpl::Authorize(grpc::ServerContext* ctx) const {
+  if (ctx_.token.empty()) return grpc::Status::OK;
+  const std::string want = "Bearer " + ctx_.token;
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "authorization: missing bearer token (verifyctl --admin_token_file)");
+  }
+  const std::string got(it->second.data(), it->second.size());
+  if (!SameSecret(got, want)) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "authorization: bad bearer token");
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::GetStatus(grpc::ServerContext* ctx, const v1::GetStatusRequest*,
+                                         v1::GetStatusResponse* resp) {
+  if (grpc::Status a = Authorize(ctx); !a.ok()) return a;
+  const ControllerSnapshot s = ctx_.controller->Snapshot();
+  resp->set_mode(ToProto(s.state.mode));
+  resp->set_canary_fraction(s.state.canary_fraction);
+  resp->set_sample_rate(s.state.mode == Mode::kCustom ? s.state.custom_sample_rate
+                                                      : s.state.shadow_sample_rate);
+  auto* g = resp->mutable_gate();
+  g->set_ready(s.gate.ready);
+  g->set_clean(s.gate.clean);
+  g->set_needed(s.gate.needed);
+  g->set_reason(s.gate.reason);
+  g->set_last_breach(s.gate.last_breach);
+  auto* r = resp->mutable_recent();
+  r->set_comparisons(s.recent.comparisons);
+  r->set_breaches(s.recent.breaches);
+  r->set_rel_l2_mean(s.recent.rel_l2_mean);
+  r->set_rel_l2_max(s.recent.rel_l2_max);
+  r->set_max_abs_max(s.recent.max_abs_max);
+  r->set_oracle_samples(s.recent.oracle_samples);
+  r->set_custom_vs_oracle_rel_l2(s.recent.custom_vs_oracle);
+  r->set_reference_vs_oracle_rel_l2(s.recent.reference_vs_oracle);
+  auto* e = resp->mutable_engine();
+  e->set_engine(ctx_.engine.engine);
+  e->set_device(ctx_.engine.device);
+  e->set_sm_count(ctx_.engine.sm_count);
+  e->set_compute_capability(ctx_.engine.compute_capability);
+  if (ctx_.counters) *resp->mutable_counters() = ctx_.counters();
+  resp->mutable_counters()->set_rollbacks(s.rollbacks);
+  resp->set_last_rollback_reason(s.last_rollback_reason);
+  for (const AuditEntry& a : ctx_.controller->RecentAudit(10)) {
+    auto* pa = resp->add_recent_audit();
+    pa->set_time(a.time);
+    pa->set_from(ToProto(a.from));
+    pa->set_to(ToProto(a.to));
+    pa->set_canary_fraction(a.canary_fraction);
+    pa->set_reason(a.reason);
+    pa->set_forced(a.forced);
+    pa->set_who(a.who);
+  }
+  resp->set_version(ctx_.build.version);
+  resp->set_commit(ctx_.build.commit);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::SetMode(grpc::ServerContext* ctx, const v1::SetModeRequest* req,
+                                       v1::SetModeResponse* resp) {
+  if (grpc::Status a = Authorize(ctx); !a.ok()) return a;
+  std::optional<Mode> mode = FromProto(req->mode());
+  if (!mode) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("mode: ", v1::Mode_Name(req->mode()), " is not a mode"));
+  }
+  ModeChange c;
+  c.mode = *mode;
+  c.canary_fraction = req->canary_fraction();
+  c.reason = req->reason();
+  c.force = req->force();
+  c.who = req->who().empty() ? ctx->peer() : req->who();
+  absl::StatusOr<PersistedState> st = ctx_.controller->SetMode(c);
+  if (!st.ok()) return ToGrpc(st.status());
+  ctx_.metrics->SetMode(st->mode, st->canary_fraction);
+  resp->set_mode(ToProto(st->mode));
+  resp->set_canary_fraction(st->canary_fraction);
+  resp->set_forced(req->force());
+  return grpc::Status::OK;
+}
+
+}  // namespace verifyd

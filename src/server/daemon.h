@@ -1,0 +1,87 @@
+#pragma once
+// The whole daemon, wired: engine, mode controller, metrics, shadow runner, the data-plane and
+// admin gRPC servers and /metrics. main() only parses flags into DaemonOptions; tests start it
+// in-process on port 0.
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "src/compare/compare.h"
+#include "src/control/mode_controller.h"
+#include "src/engine/engine.h"
+#include "src/metrics/metrics.h"
+#include "src/server/engine_factory.h"
+#include "src/server/shadow_runner.h"
+#include "src/server/verify_handler.h"
+
+namespace grpc {
+class Server;
+class HealthCheckServiceInterface;
+}  // namespace grpc
+
+namespace verifyd {
+
+class AdminServiceImpl;
+class VerifyServiceImpl;
+
+struct DaemonOptions {
+  std::vector<std::string> listen = {"127.0.0.1:50051"};  // HOST:PORT or unix:PATH
+  std::string admin_listen = "unix:verifyd-admin.sock";
+  std::string admin_token;                                  // required for a TCP admin listener
+  std::string metrics_address = "127.0.0.1:9464";           // empty: no /metrics
+  std::string state_dir = "verifyd-state";
+  EngineOptions engine;
+  int64_t max_message_bytes = int64_t{2} << 30;  // 1 GiB bundles with room to spare
+  ControllerOptions controller;
+  HandlerOptions handler;
+  int shadow_threads = 1;
+  int shadow_queue = 64;
+  CustomFault inject_custom_fault;  // test only
+};
+
+class Daemon {
+ public:
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(DaemonOptions opts);
+  ~Daemon();
+
+  // Bound addresses, port 0 resolved ("127.0.0.1:41234", "unix:/tmp/x.sock").
+  const std::vector<std::string>& listen_addresses() const { return listen_addresses_; }
+  const std::string& admin_address() const { return admin_address_; }
+  int metrics_port() const;
+
+  // Blocks until Shutdown() is called or the engine faulted. Returns the exit code.
+  int Wait();
+  void Shutdown();
+  // Marks health NOT_SERVING, records the fault so a restart comes back in shadow, and makes
+  // Wait() return non-zero.
+  void OnFatal(const absl::Status& st);
+
+  ModeController& controller() { return *controller_; }
+  ShadowRunner& shadow() { return *shadow_; }
+  Engine& engine() { return *engine_; }
+  VerifyHandler& handler() { return *handler_; }
+  Metrics& metrics() { return *metrics_; }
+
+ private:
+  Daemon() = default;
+  DaemonOptions opts_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<ModeController> controller_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<MetricsServer> metrics_server_;
+  std::unique_ptr<ShadowRunner> shadow_;
+  std::unique_ptr<VerifyHandler> handler_;
+  std::unique_ptr<VerifyServiceImpl> verify_service_;
+  std::unique_ptr<AdminServiceImpl> admin_service_;
+  std::unique_ptr<grpc::Server> data_server_, admin_server_;
+  std::vector<std::string> listen_addresses_;
+  std::string admin_address_;
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int exit_code_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace verifyd

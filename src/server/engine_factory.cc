@@ -1,0 +1,42 @@
+#include "src/server/engine_factory.h"
+
+#include "absl/strings/str_cat.h"
+#include "src/engine/cpu/cpu_engine.h"
+#ifdef VERIFYD_HAVE_CUDA
+#include "src/engine/cuda/cuda_engine.h"
+#endif
+
+namespace verifyd {
+
+bool HaveCudaEngine() {
+#ifdef VERIFYD_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const EngineOptions& opts) {
+  if (opts.kind != "auto" && opts.kind != "cpu" && opts.kind != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("engine: '", opts.kind, "' is not one of auto, cpu, cuda"));
+  }
+#ifdef VERIFYD_HAVE_CUDA
+  if (opts.kind == "cuda" || (opts.kind == "auto" && VisibleCudaDevices() > 0)) {
+    if (VisibleCudaDevices() == 0) {
+      return absl::FailedPreconditionError("engine: cuda requested but no GPU is visible");
+    }
+    CudaEngineOptions c;
+    c.devices = opts.devices;
+    c.pool_bytes = opts.cuda_pool_bytes;
+    return MakeCudaEngine(c);
+  }
+#else
+  if (opts.kind == "cuda") {
+    return absl::FailedPreconditionError("engine: this build has no CUDA engine (no nvcc)");
+  }
+#endif
+  return MakeCpuEngine(opts.cpu_threads);
+}
+
+}  // namespace verifyd

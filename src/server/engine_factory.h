@@ -1,0 +1,25 @@
+#pragma once
+// --engine=auto|cpu|cuda: CUDA when a GPU is visible (auto), else the embedded CPU engine.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "src/engine/engine.h"
+
+namespace verifyd {
+
+struct EngineOptions {
+  std::string kind = "auto";  // auto, cpu, cuda
+  int cpu_threads = 0;        // 0 = all cores
+  std::vector<int> devices;   // CUDA devices; empty = all visible
+  int64_t cuda_pool_bytes = int64_t{8} << 30;
+};
+
+absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const EngineOptions& opts);
+
+// Whether this build has the CUDA engine.
+bool HaveCudaEngine();
+
+}  // namespace verifyd

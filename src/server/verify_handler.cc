@@ -1,0 +1,252 @@
+#include "src/server/verify_handler.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+#include "src/bundle/request_codec.h"
+
+namespace verifyd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+v1::PathKind ToProto(Path p) {
+  switch (p) {
+    case Path::kReference: return v1::PATH_REFERENCE;
+    case Path::kCustom: return v1::PATH_CUSTOM;
+    case Path::kOracle: return v1::PATH_ORACLE;
+  }
+  return v1::PATH_UNSPECIFIED;
+}
+
+v1::Mode ToProto(Mode m) { return static_cast<v1::Mode>(static_cast<int>(m) + 1); }
+
+void FillComparison(const DiffStats& d, const Verdict& v, v1::Comparison* c) {
+  c->set_test(v1::PATH_CUSTOM);
+  c->set_ref(v1::PATH_REFERENCE);
+  c->set_count(d.count);
+  c->set_rel_l2(d.rel_l2);
+  c->set_max_abs(d.max_abs);
+  c->set_nmse(d.nmse);
+  c->set_beyond_tol(d.beyond_tol);
+  c->set_nan_test(d.nan_test);
+  c->set_inf_test(d.inf_test);
+  c->set_nan_ref(d.nan_ref);
+  c->set_inf_ref(d.inf_ref);
+  c->set_lse_max_abs(d.lse_max_abs);
+  c->set_match(v.match);
+  c->set_reason(v.reason);
+}
+
+// DataLoss is how engines report a fault that poisons the device context.
+bool IsFatal(const absl::Status& st) { return st.code() == absl::StatusCode::kDataLoss; }
+
+}  // namespace
+
+VerifyHandler::VerifyHandler(Engine* engine, ModeController* controller, Metrics* metrics,
+                             ShadowRunner* shadow, HandlerOptions opts, FatalHandler on_fatal)
+    : engine_(engine),
+      controller_(controller),
+      metrics_(metrics),
+      shadow_(shadow),
+      opts_(opts),
+      on_fatal_(std::move(on_fatal)),
+      tolerance_(opts.tolerance),
+      rng_(opts.seed) {}
+
+void VerifyHandler::SetCapture(CaptureWanted wanted, CaptureSink sink) {
+  capture_wanted_ = std::move(wanted);
+  capture_sink_ = std::move(sink);
+}
+
+void VerifyHandler::SetTolerance(const Tolerance& t) {
+  absl::MutexLock l(&mu_);
+  tolerance_ = t;
+}
+
+Tolerance VerifyHandler::tolerance() const {
+  absl::MutexLock l(&mu_);
+  return tolerance_;
+}
+
+bool VerifyHandler::DrawOracle() {
+  absl::MutexLock l(&mu_);
+  return std::uniform_real_distribution<double>(0, 1)(rng_) < opts_.oracle_sample_rate;
+}
+
+void VerifyHandler::Fatal(const absl::Status& st) {
+  spdlog::critical("fatal engine error: {}", st.ToString());
+  if (on_fatal_) on_fatal_(st);
+}
+
+absl::Status VerifyHandler::Handle(const v1::VerifyRequest& req, v1::VerifyResponse* resp) {
+  const auto t0 = Clock::now();
+  absl::StatusOr<BundleView> view = DecodeRequest(req);
+  if (!view.ok()) {
+    metrics_->Request("none", view.status().code(), Since(t0));
+    return view.status();
+  }
+  const double decode_s = Since(t0);
+  const Plan plan = controller_->Decide(req.request_id());
+  const bool sync = plan.run_other && req.compare_sync();
+  const bool async = plan.run_other && !sync;
+  const bool capture = plan.run_other && capture_wanted_ && capture_wanted_(true);
+
+  auto t1 = Clock::now();
+  absl::StatusOr<std::shared_ptr<PreparedBundle>> prepared = engine_->Prepare(*view, async);
+  if (!prepared.ok()) {
+    metrics_->Request("none", prepared.status().code(), Since(t0));
+    return prepared.status();
+  }
+  PreparedBundle& b = **prepared;
+  const double prepare_s = Since(t1);
+
+  // The served path. A custom-path failure falls back to the reference, never fails the call.
+  Path served = plan.served;
+  t1 = Clock::now();
+  absl::Status st = engine_->Run(served, b);
+  if (!st.ok() && served == Path::kCustom) {
+    if (IsFatal(st)) Fatal(st);
+    metrics_->Comparison(OutcomeKind::kError);
+    controller_->Record({OutcomeKind::kError, plan.mode, st.ToString(), std::nullopt});
+    spdlog::warn("custom path failed while serving; serving the reference: {}", st.ToString());
+    served = Path::kReference;
+    st = engine_->Run(served, b);
+  }
+  if (!st.ok()) {
+    if (IsFatal(st)) Fatal(st);
+    metrics_->Request(PathName(served), st.code(), Since(t0));
+    return st;
+  }
+  const double served_s = Since(t1);
+  metrics_->PathDuration(served, served_s);
+
+  t1 = Clock::now();
+  PathOutput out;
+  if (st = engine_->Fetch(served, b, &out); !st.ok()) {
+    if (IsFatal(st)) Fatal(st);
+    metrics_->Request(PathName(served), st.code(), Since(t0));
+    return st;
+  }
+  const double fetch_s = Since(t1);
+  const auto& s = view->shape;
+  EncodeBf16({view->rows(), s.heads, kernels::kHeadDimV}, out.o.data(), resp->mutable_o());
+  if (req.want_lse()) EncodeF32({view->rows(), s.heads}, out.lse.data(), resp->mutable_lse());
+  resp->set_request_id(req.request_id());
+  resp->set_served_path(ToProto(served));
+  resp->set_mode(ToProto(plan.mode));
+
+  // The other path, when this call is sampled for a comparison.
+  const bool fell_back = served != plan.served;
+  if (plan.run_other && !fell_back) {
+    std::shared_ptr<const OwnedBundle> host_copy;
+    if (capture) host_copy = std::make_shared<const OwnedBundle>(*view);
+    if (sync) {
+      Outcome o = CompareAndRecord(b, plan, std::move(host_copy));
+      if (o.stats) {
+        Verdict v{o.kind == OutcomeKind::kMatch, o.reason};
+        FillComparison(*o.stats, v, resp->mutable_comparison());
+      }
+    } else {
+      const auto t2 = Clock::now();
+      std::shared_ptr<PreparedBundle> keep = *prepared;
+      const bool queued = shadow_->TrySubmit([this, keep, plan, host_copy]() mutable {
+        CompareAndRecord(*keep, plan, std::move(host_copy));
+        metrics_->SetShadowQueueDepth(shadow_->depth() - 1);
+      });
+      if (!queued) metrics_->Comparison(OutcomeKind::kSkipped);
+      metrics_->SetShadowQueueDepth(shadow_->depth());
+      metrics_->ShadowOverhead(prepare_s + Since(t2));
+    }
+  }
+
+  auto* timing = resp->mutable_timing();
+  timing->set_decode_seconds(decode_s);
+  timing->set_prepare_seconds(prepare_s);
+  timing->set_served_seconds(served_s);
+  timing->set_fetch_seconds(fetch_s);
+  timing->set_total_seconds(Since(t0));
+  metrics_->Request(PathName(served), absl::StatusCode::kOk, Since(t0));
+  return absl::OkStatus();
+}
+
+Outcome VerifyHandler::CompareAndRecord(PreparedBundle& b, const Plan& plan,
+                                        std::shared_ptr<const OwnedBundle> host_copy) {
+  const Path other = plan.served == Path::kCustom ? Path::kReference : Path::kCustom;
+  const Tolerance tol = tolerance();
+  Outcome o;
+  o.mode = plan.mode;
+  const auto t = Clock::now();
+  absl::Status st = engine_->Run(other, b);
+  const double other_s = Since(t);
+  if (!st.ok()) {
+    if (IsFatal(st)) Fatal(st);
+    o.kind = OutcomeKind::kError;
+    o.reason = absl::StrCat(PathName(other), " path: ", st.ToString());
+  } else {
+    metrics_->PathDuration(other, other_s);
+    absl::StatusOr<DiffStats> d = engine_->Compare(b, Path::kCustom, Path::kReference, tol);
+    if (!d.ok()) {
+      o.kind = OutcomeKind::kError;
+      o.reason = absl::StrCat("compare: ", d.status().ToString());
+    } else {
+      o.stats = *d;
+      metrics_->Diff("custom_vs_reference", *d);
+      Verdict v = Judge(*d, tol);
+      o.kind = v.match ? OutcomeKind::kMatch : OutcomeKind::kBreach;
+      o.reason = v.reason;
+      const double custom_s = other == Path::kCustom ? other_s : 0;
+      if (v.match && opts_.custom_timeout_seconds > 0 && custom_s > opts_.custom_timeout_seconds) {
+        o.kind = OutcomeKind::kTimeout;
+        o.reason = absl::StrCat("custom path took ", custom_s, " s > ",
+                                opts_.custom_timeout_seconds, " s");
+      }
+    }
+  }
+  bool has_oracle = false;
+  if (o.stats && DrawOracle()) {
+    if (absl::Status os = engine_->Run(Path::kOracle, b); os.ok()) {
+      auto c = engine_->Compare(b, Path::kCustom, Path::kOracle, tol);
+      auto r = engine_->Compare(b, Path::kReference, Path::kOracle, tol);
+      if (c.ok() && r.ok()) {
+        has_oracle = true;
+        metrics_->Diff("custom_vs_oracle", *c);
+        metrics_->Diff("reference_vs_oracle", *r);
+        controller_->RecordOracle(c->rel_l2, r->rel_l2);
+      } else {
+        metrics_->OracleError();
+      }
+    } else {
+      metrics_->OracleError();
+    }
+  }
+  metrics_->Comparison(o.kind);
+  if (o.kind != OutcomeKind::kMatch) {
+    spdlog::warn("comparison {} in {} mode: {}", OutcomeName(o.kind), ModeName(o.mode), o.reason);
+  }
+  if (std::optional<std::string> rb = controller_->Record(o)) {
+    metrics_->Rollback(*rb);
+  }
+  const ControllerSnapshot snap = controller_->Snapshot();
+  metrics_->SetGate(snap.gate);
+  metrics_->SetMode(snap.state.mode, snap.state.canary_fraction);
+
+  if (host_copy && capture_sink_) {
+    ComparisonRecord rec;
+    rec.bundle = std::move(host_copy);
+    rec.plan = plan;
+    rec.outcome = o;
+    engine_->Fetch(Path::kReference, b, &rec.reference).IgnoreError();
+    engine_->Fetch(Path::kCustom, b, &rec.custom).IgnoreError();
+    if (has_oracle) rec.has_oracle = engine_->Fetch(Path::kOracle, b, &rec.oracle).ok();
+    capture_sink_(std::move(rec));
+  }
+  return o;
+}
+
+}  // namespace verifyd

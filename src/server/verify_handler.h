@@ -1,0 +1,75 @@
+#pragma once
+// One Verify call from decoded request to response, shared by the unary RPC and the stream:
+// decode and validate, plan by mode, run the served path, hand the other path and the
+// comparison to the shadow runner (or run them first when asked), record the outcome.
+
+#include <functional>
+#include <memory>
+#include <random>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "src/compare/compare.h"
+#include "src/control/mode_controller.h"
+#include "src/engine/engine.h"
+#include "src/metrics/metrics.h"
+#include "src/server/shadow_runner.h"
+#include "verifyd/v1/verify.pb.h"
+
+namespace verifyd {
+
+struct HandlerOptions {
+  Tolerance tolerance;
+  double oracle_sample_rate = 0.001;   // fraction of comparisons that also run the oracle
+  double custom_timeout_seconds = 0;   // a custom path slower than this is a breach; 0 = none
+  uint64_t seed = 0x0c1e;              // oracle sampling draws
+};
+
+// Everything a comparison produced, for capture.
+struct ComparisonRecord {
+  std::shared_ptr<const OwnedBundle> bundle;  // set only while capture is armed
+  Plan plan;
+  Outcome outcome;
+  PathOutput reference, custom, oracle;  // host copies, filled only for capture
+  bool has_oracle = false;
+};
+
+class VerifyHandler {
+ public:
+  // A fatal engine error (a sticky CUDA fault): the daemon stops serving and exits.
+  using FatalHandler = std::function<void(const absl::Status&)>;
+  // Whether to keep host copies for the capture of this comparison, and where to send them.
+  using CaptureWanted = std::function<bool(bool breach_possible)>;
+  using CaptureSink = std::function<void(ComparisonRecord&&)>;
+
+  VerifyHandler(Engine* engine, ModeController* controller, Metrics* metrics,
+                ShadowRunner* shadow, HandlerOptions opts, FatalHandler on_fatal);
+
+  void SetCapture(CaptureWanted wanted, CaptureSink sink);
+  absl::Status Handle(const v1::VerifyRequest& req, v1::VerifyResponse* resp);
+  const HandlerOptions& options() const { return opts_; }
+  void SetTolerance(const Tolerance& t);
+
+ private:
+  // Runs the non-served path on `b`, compares custom against reference, records the outcome.
+  Outcome CompareAndRecord(PreparedBundle& b, const Plan& plan,
+                           std::shared_ptr<const OwnedBundle> host_copy);
+  bool DrawOracle();
+  Tolerance tolerance() const;
+  void Fatal(const absl::Status& st);
+
+  Engine* engine_;
+  ModeController* controller_;
+  Metrics* metrics_;
+  ShadowRunner* shadow_;
+  HandlerOptions opts_;
+  FatalHandler on_fatal_;
+  CaptureWanted capture_wanted_;
+  CaptureSink capture_sink_;
+  mutable absl::Mutex mu_;
+  Tolerance tolerance_ ABSL_GUARDED_BY(mu_);
+  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace verifyd
