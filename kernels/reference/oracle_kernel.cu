@@ -17,9 +17,7 @@ __device__ __forceinline__ float Bf16(uint16_t v) {
 }
 
 // NaN-propagating max: a NaN score must reach the output rather than vanish in fmaxf.
-__device__ __forceinline__ float MaxNan(float a, float b) {
-  return (isnan(b) || b > a) ? b : a;
-}
+__device__ __forceinline__ float MaxNan(float a, float b) { return (isnan(b) || b > a) ? b : a; }
 
 // One block per query row g = (b*T + t)*H + h: online softmax over the row's visible keys in
 // tiles of kTile; warps score the keys, every thread owns kDimsPerThread output dims.

@@ -64,9 +64,9 @@ struct SoftmaxArgs {
   int64_t mask_row_bytes;
   int draft, heads;
   int b0;
-  int64_t r0;          // first query row of the chunk inside a request's T*H rows
-  int64_t rows;        // query rows per request in this chunk
-  int64_t kv_stride;   // Lp
+  int64_t r0;         // first query row of the chunk inside a request's T*H rows
+  int64_t rows;       // query rows per request in this chunk
+  int64_t kv_stride;  // Lp
   float sm_scale;
 };
 
@@ -81,8 +81,7 @@ __global__ void __launch_bounds__(kSoftmaxThreads) MaskedSoftmaxKernel(SoftmaxAr
   const int t = static_cast<int>(m / a.heads);
   const int64_t kv_len = min(int64_t{a.kv_lens[b]}, a.kv_stride);
   const int64_t prefix = int64_t{a.kv_lens[b]} - a.draft;
-  const uint8_t* mask_row =
-      a.tree_mask + (int64_t{b} * a.draft + t) * a.mask_row_bytes;
+  const uint8_t* mask_row = a.tree_mask + (int64_t{b} * a.draft + t) * a.mask_row_bytes;
   const int64_t offset = (int64_t{req} * a.rows + r) * a.kv_stride;
   const float* srow = a.scores + offset;
   uint16_t* prow = a.probs + offset;
@@ -111,7 +110,8 @@ __global__ void __launch_bounds__(kSoftmaxThreads) MaskedSoftmaxKernel(SoftmaxAr
   __shared__ int row_any;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int off = 16; off > 0; off /= 2) {
-    MaxSum o{__shfl_down_sync(0xffffffffu, st.max, off), __shfl_down_sync(0xffffffffu, st.sum, off)};
+    MaxSum o{__shfl_down_sync(0xffffffffu, st.max, off),
+             __shfl_down_sync(0xffffffffu, st.sum, off)};
     st = Merge(st, o);
   }
   const int warp_has = __any_sync(0xffffffffu, any);
@@ -166,11 +166,15 @@ int Log2(int x) {
 
 cudaError_t FromCublas(cublasStatus_t st) {
   switch (st) {
-    case CUBLAS_STATUS_SUCCESS: return cudaSuccess;
-    case CUBLAS_STATUS_ALLOC_FAILED: return cudaErrorMemoryAllocation;
-    case CUBLAS_STATUS_INVALID_VALUE: return cudaErrorInvalidValue;
+    case CUBLAS_STATUS_SUCCESS:
+      return cudaSuccess;
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return cudaErrorMemoryAllocation;
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return cudaErrorInvalidValue;
     case CUBLAS_STATUS_NOT_SUPPORTED:
-    case CUBLAS_STATUS_ARCH_MISMATCH: return cudaErrorNotSupported;
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return cudaErrorNotSupported;
     default: {
       // An execution failure leaves its CUDA error behind; report that one when there is one.
       const cudaError_t e = cudaGetLastError();
@@ -195,8 +199,7 @@ cudaError_t LaunchReferencePlanned(const VerifyProblem& p, const ReferencePlan& 
   if (!CheckShape(s).empty() || p.q == nullptr || p.kv_pool == nullptr || p.o == nullptr ||
       p.kv_indptr == nullptr || p.kv_indices == nullptr || p.kv_lens == nullptr ||
       p.tree_mask == nullptr || p.max_kv_len < s.draft || plan.requests < 1 || plan.rows < 1 ||
-      plan.kv_stride < p.max_kv_len || workspace == nullptr ||
-      workspace_bytes < plan.total_bytes) {
+      plan.kv_stride < p.max_kv_len || workspace == nullptr || workspace_bytes < plan.total_bytes) {
     return cudaErrorInvalidValue;
   }
   auto* ws = static_cast<char*>(workspace);
@@ -208,8 +211,8 @@ cudaError_t LaunchReferencePlanned(const VerifyProblem& p, const ReferencePlan& 
   if (cublasStatus_t st = cublasSetStream(handle, stream); st != CUBLAS_STATUS_SUCCESS) {
     return FromCublas(st);
   }
-  if (cublasStatus_t st = cublasSetWorkspace(handle, ws + plan.cublas_offset,
-                                             kReferenceCublasWorkspace);
+  if (cublasStatus_t st =
+          cublasSetWorkspace(handle, ws + plan.cublas_offset, kReferenceCublasWorkspace);
       st != CUBLAS_STATUS_SUCCESS) {
     return FromCublas(st);
   }
@@ -245,21 +248,31 @@ cudaError_t LaunchReferencePlanned(const VerifyProblem& p, const ReferencePlan& 
           rows * lp, n_req, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
       if (st != CUBLAS_STATUS_SUCCESS) return FromCublas(st);
 
-      const SoftmaxArgs args{scores,   probs,   p.lse, p.kv_lens,
-                             p.tree_mask, s.mask_format, MaskRowBytes(s.mask_format, s.draft),
-                             s.draft,  s.heads, b0,    r0,
-                             rows,     lp,      p.sm_scale};
-      MaskedSoftmaxKernel<<<dim3(static_cast<unsigned>(rows), n_req), kSoftmaxThreads, 0,
-                            stream>>>(args);
+      const SoftmaxArgs args{scores,
+                             probs,
+                             p.lse,
+                             p.kv_lens,
+                             p.tree_mask,
+                             s.mask_format,
+                             MaskRowBytes(s.mask_format, s.draft),
+                             s.draft,
+                             s.heads,
+                             b0,
+                             r0,
+                             rows,
+                             lp,
+                             p.sm_scale};
+      MaskedSoftmaxKernel<<<dim3(static_cast<unsigned>(rows), n_req), kSoftmaxThreads, 0, stream>>>(
+          args);
       if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
 
       // Row-major O [rows, 512] = P [rows, Lp] V [Lp, 512]; V is K's first 512 dims (ld 576).
       uint16_t* o0 = p.o + (int64_t{b0} * m_total + r0) * kHeadDimV;
       st = cublasGemmStridedBatchedEx(
-          handle, CUBLAS_OP_N, CUBLAS_OP_N, kHeadDimV, static_cast<int>(rows),
-          static_cast<int>(lp), &one, kbuf, CUDA_R_16BF, kHeadDimQK, lp * kHeadDimQK, probs,
-          CUDA_R_16BF, static_cast<int>(lp), rows * lp, &zero, o0, CUDA_R_16BF, kHeadDimV,
-          m_total * kHeadDimV, n_req, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+          handle, CUBLAS_OP_N, CUBLAS_OP_N, kHeadDimV, static_cast<int>(rows), static_cast<int>(lp),
+          &one, kbuf, CUDA_R_16BF, kHeadDimQK, lp * kHeadDimQK, probs, CUDA_R_16BF,
+          static_cast<int>(lp), rows * lp, &zero, o0, CUDA_R_16BF, kHeadDimV, m_total * kHeadDimV,
+          n_req, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
       if (st != CUBLAS_STATUS_SUCCESS) return FromCublas(st);
     }
   }

@@ -20,10 +20,10 @@ inline constexpr size_t kReferenceCublasWorkspace = size_t{32} << 20;
 // One chunk is `requests` requests x `rows` query rows (of the T*H rows of a request).
 // When a whole request does not fit, `requests` is 1 and the request's rows are split.
 struct ReferencePlan {
-  int64_t kv_stride = 0;     // padded KV length Lp (>= max_kv_len, multiple of 32)
-  int64_t rows_total = 0;    // M = T*H query rows per request
-  int requests = 0;          // requests per chunk
-  int64_t rows = 0;          // query rows per chunk and request
+  int64_t kv_stride = 0;   // padded KV length Lp (>= max_kv_len, multiple of 32)
+  int64_t rows_total = 0;  // M = T*H query rows per request
+  int requests = 0;        // requests per chunk
+  int64_t rows = 0;        // query rows per chunk and request
   // Byte offsets into the workspace, each 256-aligned.
   size_t cublas_offset = 0;  // cuBLAS workspace
   size_t k_offset = 0;       // bf16 [requests, Lp, 576] gathered K (V = first 512 dims)

@@ -1,0 +1,342 @@
+#include "src/engine/cuda/cuda_engine.h"
+
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/reference/compare_kernels.h"
+#include "kernels/reference/oracle_kernel.h"
+#include "kernels/reference/output_fault_kernels.h"
+#include "kernels/reference/reference_attention.h"
+#include "src/common/status_macros.h"
+#include "src/engine/cuda/cuda_prepared_bundle.h"
+#include "src/engine/cuda/cuda_status.h"
+#include "src/engine/cuda/device_worker.h"
+
+namespace verifyd {
+namespace {
+
+absl::Status NotRun(Path p) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("path ", PathName(p), " has not run on this bundle"));
+}
+
+// Device memory from the worker's pool for the duration of one path's launch, given back
+// stream-ordered on the same stream (after every kernel that uses it).
+class ScopedWorkspace {
+ public:
+  explicit ScopedWorkspace(cudaStream_t stream) : stream_(stream) {}
+  ~ScopedWorkspace() {
+    if (ptr_ != nullptr) cudaFreeAsync(ptr_, stream_);
+  }
+  absl::Status Allocate(DeviceWorker& w, size_t bytes, absl::string_view where) {
+    if (bytes == 0) return absl::OkStatus();
+    absl::Status st = w.Check(cudaMallocFromPoolAsync(&ptr_, bytes, w.pool(), stream_), where);
+    if (!st.ok()) ptr_ = nullptr;
+    bytes_ = bytes;
+    return st;
+  }
+  void* get() const { return ptr_; }
+  size_t bytes() const { return ptr_ != nullptr ? bytes_ : 0; }
+
+ private:
+  cudaStream_t stream_;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+absl::Status RunReference(CudaPreparedBundle& b) {
+  DeviceWorker& w = b.worker();
+  Lane& lane = b.lane();
+  const cudaStream_t s = lane.served;
+  const char* where = "reference path";
+  // Same stream as the upload: the inputs are there in stream order.
+  VERIFYD_ASSIGN_OR_RETURN(const DevicePathOutput out, b.Outputs(Path::kReference, s));
+  kernels::VerifyProblem p = b.problem();
+  p.o = static_cast<uint16_t*>(out.o);
+  p.lse = out.lse;
+  ScopedWorkspace ws(s);
+  VERIFYD_RETURN_IF_ERROR(ws.Allocate(w, kernels::ReferenceWorkspaceBytes(p), where));
+  {
+    absl::MutexLock lock(&lane.blas_mu);
+    VERIFYD_RETURN_IF_ERROR(w.Check(cudaEventRecord(out.start, s), where));
+    VERIFYD_RETURN_IF_ERROR(
+        w.Check(kernels::LaunchReference(p, ws.get(), ws.bytes(), lane.blas, s), where));
+    VERIFYD_RETURN_IF_ERROR(w.Check(cudaEventRecord(out.done, s), where));
+  }
+  b.MarkRan(Path::kReference);
+  return absl::OkStatus();
+}
+
+absl::Status LaunchCustomPath(CudaPreparedBundle& b, const kernels::CustomConfig& config,
+                              const CustomFault& fault, const DevicePathOutput& out) {
+  DeviceWorker& w = b.worker();
+  const cudaStream_t s = b.lane().shadow;
+  const char* where = "custom path";
+  kernels::VerifyProblem p = b.problem();
+  p.o = static_cast<uint16_t*>(out.o);
+  p.lse = out.lse;
+  ScopedWorkspace ws(s);
+  VERIFYD_RETURN_IF_ERROR(ws.Allocate(w, kernels::CustomWorkspaceBytes(p, config), where));
+  VERIFYD_RETURN_IF_ERROR(w.Check(cudaEventRecord(out.start, s), where));
+  VERIFYD_RETURN_IF_ERROR(
+      w.Check(kernels::LaunchCustom(p, config, ws.get(), ws.bytes(), s), where));
+  const int64_t n = b.o_elems();
+  if (fault.kind == CustomFault::Kind::kPerturb) {
+    VERIFYD_RETURN_IF_ERROR(
+        w.Check(kernels::LaunchAddToBf16(p.o, n, static_cast<float>(fault.amount), s), where));
+  } else if (fault.kind == CustomFault::Kind::kNan) {
+    VERIFYD_RETURN_IF_ERROR(w.Check(kernels::LaunchFillNanBf16(p.o, n > 0 ? 1 : 0, s), where));
+  }
+  return w.Check(cudaEventRecord(out.done, s), where);
+}
+
+absl::Status RunCustom(CudaPreparedBundle& b, const kernels::CustomConfig& config,
+                       const CustomFault& fault) {
+  if (fault.kind == CustomFault::Kind::kError) {
+    return absl::InternalError("injected custom-path fault");
+  }
+  DeviceWorker& w = b.worker();
+  const cudaStream_t s = b.lane().shadow;
+  const char* where = "custom path";
+  VERIFYD_RETURN_IF_ERROR(w.Check(cudaStreamWaitEvent(s, b.inputs_ready(), 0), where));
+  VERIFYD_ASSIGN_OR_RETURN(const DevicePathOutput out, b.Outputs(Path::kCustom, s));
+  absl::Status st = LaunchCustomPath(b, config, fault, out);
+  if (absl::Status rec = b.RecordShadowUse(); st.ok()) st = rec;
+  VERIFYD_RETURN_IF_ERROR(st);
+  // Waiting here ties an asynchronous fault of the custom kernel to this call.
+  VERIFYD_RETURN_IF_ERROR(w.Check(cudaEventSynchronize(out.done), where));
+  b.MarkRan(Path::kCustom);
+  return absl::OkStatus();
+}
+
+absl::Status RunOracle(CudaPreparedBundle& b) {
+  DeviceWorker& w = b.worker();
+  const cudaStream_t s = b.lane().shadow;
+  const char* where = "oracle path";
+  VERIFYD_RETURN_IF_ERROR(w.Check(cudaStreamWaitEvent(s, b.inputs_ready(), 0), where));
+  VERIFYD_ASSIGN_OR_RETURN(const DevicePathOutput out, b.Outputs(Path::kOracle, s));
+  absl::Status st = w.Check(cudaEventRecord(out.start, s), where);
+  if (st.ok()) {
+    st = w.Check(kernels::LaunchOracle(b.problem(), static_cast<float*>(out.o), out.lse, s), where);
+  }
+  if (st.ok()) st = w.Check(cudaEventRecord(out.done, s), where);
+  if (absl::Status rec = b.RecordShadowUse(); st.ok()) st = rec;
+  VERIFYD_RETURN_IF_ERROR(st);
+  b.MarkRan(Path::kOracle);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int VisibleCudaDevices() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+CudaEngine::CudaEngine(const CudaEngineOptions& options) : options_(options) {}
+
+CudaEngine::~CudaEngine() = default;
+
+absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const CudaEngineOptions& options) {
+  const int visible = VisibleCudaDevices();
+  if (visible == 0) return absl::FailedPreconditionError("cuda engine: no CUDA device is visible");
+  std::vector<int> devices = options.devices;
+  if (devices.empty()) {
+    for (int d = 0; d < visible; ++d) devices.push_back(d);
+  }
+  std::unique_ptr<CudaEngine> engine(new CudaEngine(options));
+  for (int d : devices) {
+    if (d < 0 || d >= visible) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("devices: ", d, " is outside the visible [0, ", visible, ")"));
+    }
+    VERIFYD_ASSIGN_OR_RETURN(
+        auto worker, DeviceWorker::Create(d, options.memory_pool_bytes, options.lanes_per_device));
+    engine->workers_.push_back(std::move(worker));
+  }
+  return engine;
+}
+
+EngineInfo CudaEngine::Info() const {
+  EngineInfo info;
+  info.engine = "cuda";
+  const cudaDeviceProp& p = workers_.front()->props();
+  info.device = p.name;
+  if (workers_.size() > 1) absl::StrAppend(&info.device, " x", workers_.size());
+  info.sm_count = p.multiProcessorCount;
+  info.compute_capability = absl::StrCat(p.major, ".", p.minor);
+  return info;
+}
+
+absl::StatusOr<std::shared_ptr<PreparedBundle>> CudaEngine::Prepare(const BundleView& bundle,
+                                                                    bool /*detach*/) {
+  // Prepare copies the inputs to the device before returning, so nothing refers to `bundle`
+  // afterwards whether detached or not.
+  const unsigned i = next_device_.fetch_add(1, std::memory_order_relaxed);
+  return PrepareOn(static_cast<int>(i % workers_.size()), bundle);
+}
+
+absl::StatusOr<std::shared_ptr<PreparedBundle>> CudaEngine::PrepareOn(int device_index,
+                                                                      const BundleView& bundle) {
+  if (device_index < 0 || device_index >= num_devices()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device: index ", device_index, " is outside [0, ", num_devices(), ")"));
+  }
+  if (std::string why = kernels::CheckShape(bundle.shape); !why.empty()) {
+    return absl::InvalidArgumentError(why);
+  }
+  if (bundle.q == nullptr || bundle.kv_pool == nullptr || bundle.kv_indptr == nullptr ||
+      (bundle.shape.num_indices > 0 && bundle.kv_indices == nullptr) || bundle.kv_lens == nullptr ||
+      bundle.tree_mask == nullptr) {
+    return absl::InvalidArgumentError("bundle: a tensor is missing (null view)");
+  }
+  if (bundle.max_kv_len < bundle.shape.draft || bundle.total_kv_len < bundle.max_kv_len) {
+    return absl::InvalidArgumentError(
+        "bundle: max_kv_len/total_kv_len are not filled in (the bundle was not validated)");
+  }
+  DeviceWorker& w = *workers_[device_index];
+  VERIFYD_RETURN_IF_ERROR(w.Activate());
+  auto b = std::make_shared<CudaPreparedBundle>(w, w.NextLane(), bundle);
+  VERIFYD_RETURN_IF_ERROR(b->Upload(bundle));
+  return b;
+}
+
+absl::Status CudaEngine::Run(Path path, PreparedBundle& pb) {
+  auto& b = static_cast<CudaPreparedBundle&>(pb);
+  VERIFYD_RETURN_IF_ERROR(b.worker().Activate());
+  switch (path) {
+    case Path::kReference:
+      return RunReference(b);
+    case Path::kCustom:
+      return RunCustom(b, options_.custom, fault());
+    case Path::kOracle:
+      return RunOracle(b);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown path ", static_cast<int>(path)));
+}
+
+absl::Status CudaEngine::Fetch(Path path, PreparedBundle& pb, PathOutput* out) {
+  auto& b = static_cast<CudaPreparedBundle&>(pb);
+  DeviceWorker& w = b.worker();
+  VERIFYD_RETURN_IF_ERROR(w.Activate());
+  const DevicePathOutput st = b.State(path);
+  if (!st.ran) return NotRun(path);
+  const bool served = path == Path::kReference;
+  const cudaStream_t s = served ? b.lane().served : b.lane().shadow;
+  Staging& staging = served ? b.lane().output_served : b.lane().output_shadow;
+  const std::string where = absl::StrCat(PathName(path), " path (fetching its output)");
+  const size_t o_bytes = size_t(b.o_elems()) * (path == Path::kOracle ? 4 : 2);
+  const size_t lse_bytes = size_t(b.lse_elems()) * 4;
+  {
+    absl::MutexLock lock(&staging.mu);
+    VERIFYD_RETURN_IF_ERROR(w.Check(staging.buffer.Reserve(o_bytes + lse_bytes), where));
+    char* host = staging.buffer.data();
+    absl::Status copy =
+        w.Check(cudaMemcpyAsync(host, st.o, o_bytes, cudaMemcpyDeviceToHost, s), where);
+    if (copy.ok()) {
+      copy = w.Check(cudaMemcpyAsync(host + o_bytes, st.lse, lse_bytes, cudaMemcpyDeviceToHost, s),
+                     where);
+    }
+    if (copy.ok()) copy = w.Check(cudaEventRecord(staging.copied, s), where);
+    if (!served) {
+      if (absl::Status rec = b.RecordShadowUse(); copy.ok()) copy = rec;
+    }
+    VERIFYD_RETURN_IF_ERROR(copy);
+    VERIFYD_RETURN_IF_ERROR(w.Check(cudaEventSynchronize(staging.copied), where));
+    out->o.clear();
+    out->o_f32.clear();
+    if (path == Path::kOracle) {
+      out->o_f32.resize(b.o_elems());
+      std::memcpy(out->o_f32.data(), host, o_bytes);
+    } else {
+      out->o.resize(b.o_elems());
+      std::memcpy(out->o.data(), host, o_bytes);
+    }
+    out->lse.resize(b.lse_elems());
+    std::memcpy(out->lse.data(), host + o_bytes, lse_bytes);
+  }
+  float ms = 0;
+  VERIFYD_RETURN_IF_ERROR(w.Check(cudaEventElapsedTime(&ms, st.start, st.done), where));
+  out->seconds = ms * 1e-3;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DiffStats> CudaEngine::Compare(PreparedBundle& pb, Path test, Path ref,
+                                              const Tolerance& tol) {
+  auto& b = static_cast<CudaPreparedBundle&>(pb);
+  DeviceWorker& w = b.worker();
+  VERIFYD_RETURN_IF_ERROR(w.Activate());
+  if (test == Path::kOracle) {
+    return absl::InvalidArgumentError("compare: the oracle can only be the reference side");
+  }
+  const DevicePathOutput t = b.State(test);
+  if (!t.ran) return NotRun(test);
+  const DevicePathOutput r = b.State(ref);
+  if (!r.ran) return NotRun(ref);
+  Lane& lane = b.lane();
+  const cudaStream_t s = lane.shadow;
+  const std::string where =
+      absl::StrCat("comparing the ", PathName(test), " and ", PathName(ref), " outputs");
+  absl::MutexLock lock(&lane.compare_mu);
+  absl::Status st = w.Check(cudaStreamWaitEvent(s, t.done, 0), where);
+  if (st.ok()) st = w.Check(cudaStreamWaitEvent(s, r.done, 0), where);
+  if (st.ok()) {
+    const kernels::DeviceValues tv{t.o, kernels::ElemType::kBf16};
+    const kernels::DeviceValues rv{
+        r.o, ref == Path::kOracle ? kernels::ElemType::kF32 : kernels::ElemType::kBf16};
+    st = w.Check(kernels::LaunchCompare(tv, rv, b.o_elems(), t.lse, r.lse, b.lse_elems(), tol.atol,
+                                        tol.rtol, lane.compare_workspace,
+                                        kernels::CompareWorkspaceBytes(), lane.compare_device, s),
+                 where);
+  }
+  if (st.ok()) {
+    st = w.Check(cudaMemcpyAsync(lane.compare_host, lane.compare_device,
+                                 sizeof(kernels::DeviceDiffStats), cudaMemcpyDeviceToHost, s),
+                 where);
+  }
+  if (st.ok()) st = w.Check(cudaEventRecord(lane.compare_done, s), where);
+  if (absl::Status rec = b.RecordShadowUse(); st.ok()) st = rec;
+  VERIFYD_RETURN_IF_ERROR(st);
+  VERIFYD_RETURN_IF_ERROR(w.Check(cudaEventSynchronize(lane.compare_done), where));
+  const kernels::DeviceDiffStats& h = *lane.compare_host;
+  DiffStats d;
+  d.count = h.count;
+  d.rel_l2 = h.rel_l2;
+  d.max_abs = h.max_abs;
+  d.nmse = h.nmse;
+  d.beyond_tol = h.beyond_tol;
+  d.nan_test = h.nan_test;
+  d.inf_test = h.inf_test;
+  d.nan_ref = h.nan_ref;
+  d.inf_ref = h.inf_ref;
+  d.lse_max_abs = h.lse_max_abs;
+  return d;
+}
+
+void CudaEngine::InjectCustomFault(const CustomFault& fault) {
+  absl::MutexLock lock(&fault_mu_);
+  fault_ = fault;
+}
+
+CustomFault CudaEngine::fault() const {
+  absl::MutexLock lock(&fault_mu_);
+  return fault_;
+}
+
+std::unique_ptr<Engine> MakeCudaEngine(const CudaEngineOptions& options, absl::Status* error) {
+  auto engine = CudaEngine::Create(options);
+  if (!engine.ok()) {
+    if (error != nullptr) *error = engine.status();
+    return nullptr;
+  }
+  if (error != nullptr) *error = absl::OkStatus();
+  return *std::move(engine);
+}
+
+}  // namespace verifyd

@@ -1,0 +1,70 @@
+#pragma once
+// The CUDA engine: one worker per GPU, each with lanes of two streams (served path, shadow
+// path), a stream-ordered memory pool and reused pinned staging. Reference = K gather + cuBLAS +
+// masked softmax, custom = the fused paged kernel, oracle = the fp32 kernel; Compare reduces on
+// the device and brings back only the statistics.
+
+#include <atomic>
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/custom/custom_attention.h"
+#include "src/engine/engine.h"
+
+namespace verifyd {
+
+struct CudaEngineOptions {
+  std::vector<int> devices;                    // CUDA device ordinals; empty = every visible GPU
+  size_t memory_pool_bytes = size_t{8} << 30;  // per GPU: cap on the pool and what it keeps
+  int lanes_per_device = 4;                    // stream pairs per GPU: calls that overlap
+  kernels::CustomConfig custom;                // tiles and KV-split planning of the custom path
+};
+
+// GPUs the CUDA runtime sees; 0 when there are none or the driver cannot be loaded.
+int VisibleCudaDevices();
+
+class DeviceWorker;
+
+class CudaEngine : public Engine {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaEngine>> Create(const CudaEngineOptions& options);
+  ~CudaEngine() override;
+
+  EngineInfo Info() const override;
+  // Spreads bundles over the devices in turn; PrepareOn picks one (index into the devices).
+  absl::StatusOr<std::shared_ptr<PreparedBundle>> Prepare(const BundleView& bundle,
+                                                          bool detach) override;
+  absl::StatusOr<std::shared_ptr<PreparedBundle>> PrepareOn(int device_index,
+                                                            const BundleView& bundle);
+  // Reference runs on the served stream and returns once launched; custom runs on the shadow
+  // stream and returns when it finished, so that its CUDA errors surface here; the oracle runs on
+  // the shadow stream and returns once launched.
+  absl::Status Run(Path path, PreparedBundle& b) override;
+  absl::Status Fetch(Path path, PreparedBundle& b, PathOutput* out) override;
+  absl::StatusOr<DiffStats> Compare(PreparedBundle& b, Path test, Path ref,
+                                    const Tolerance& tol) override;
+  void InjectCustomFault(const CustomFault& fault) override;
+
+  int num_devices() const { return static_cast<int>(workers_.size()); }
+
+ private:
+  explicit CudaEngine(const CudaEngineOptions& options);
+  CustomFault fault() const;
+
+  const CudaEngineOptions options_;
+  std::vector<std::unique_ptr<DeviceWorker>> workers_;
+  std::atomic<unsigned> next_device_{0};
+  mutable absl::Mutex fault_mu_;
+  CustomFault fault_ ABSL_GUARDED_BY(fault_mu_);
+};
+
+// The engine, or null with *error (when given) saying why (no GPU, driver, pool creation).
+std::unique_ptr<Engine> MakeCudaEngine(const CudaEngineOptions& options,
+                                       absl::Status* error = nullptr);
+
+}  // namespace verifyd

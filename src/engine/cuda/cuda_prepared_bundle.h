@@ -1,0 +1,66 @@
+#pragma once
+// A bundle's inputs on one GPU (one device copy that every path reads) and the outputs and
+// timing events of the paths that ran on it. Device memory comes from the worker's pool and goes
+// back to it, stream-ordered, when the last reference to the bundle is dropped.
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/verify_problem.h"
+#include "src/engine/cuda/device_worker.h"
+#include "src/engine/engine.h"
+
+namespace verifyd {
+
+// One path's device output: o bf16 [B*T, H, 512] (fp32 for the oracle), lse fp32 [B*T, H].
+struct DevicePathOutput {
+  void* o = nullptr;
+  float* lse = nullptr;
+  cudaEvent_t start = nullptr;  // timing events around the path's kernels
+  cudaEvent_t done = nullptr;
+  bool ran = false;
+};
+
+class CudaPreparedBundle : public PreparedBundle {
+ public:
+  CudaPreparedBundle(DeviceWorker& worker, Lane& lane, const BundleView& v);
+  ~CudaPreparedBundle() override;
+
+  DeviceWorker& worker() const { return worker_; }
+  Lane& lane() const { return lane_; }
+  // Device pointers of the inputs; o and lse are left null for each path to fill in.
+  const kernels::VerifyProblem& problem() const { return problem_; }
+  cudaEvent_t inputs_ready() const { return inputs_ready_; }
+  int64_t o_elems() const { return o_elems_; }
+  int64_t lse_elems() const { return lse_elems_; }
+
+  // Copies the bundle through the lane's pinned staging into one pool allocation, on the served
+  // stream; returns before the copy ends (inputs_ready() marks it).
+  absl::Status Upload(const BundleView& v);
+
+  // The path's output buffers and events, allocated on `stream` the first time.
+  absl::StatusOr<DevicePathOutput> Outputs(Path p, cudaStream_t stream) ABSL_LOCKS_EXCLUDED(mu_);
+  void MarkRan(Path p) ABSL_LOCKS_EXCLUDED(mu_);
+  // A copy of the path's state; ran == false until MarkRan.
+  DevicePathOutput State(Path p) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Records that work on the shadow stream touched this bundle (freeing waits for it).
+  absl::Status RecordShadowUse() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  DeviceWorker& worker_;
+  Lane& lane_;
+  kernels::VerifyProblem problem_;
+  int64_t o_elems_ = 0, lse_elems_ = 0;
+  void* inputs_ = nullptr;
+  cudaEvent_t inputs_ready_ = nullptr;
+
+  mutable absl::Mutex mu_;
+  DevicePathOutput paths_[3] ABSL_GUARDED_BY(mu_);
+  cudaEvent_t shadow_last_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
+}  // namespace verifyd

@@ -1,0 +1,131 @@
+#include "src/engine/cuda/device_worker.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "src/engine/cuda/cuda_status.h"
+
+namespace verifyd {
+namespace {
+
+absl::Status CublasStatus(cublasStatus_t st, absl::string_view where) {
+  if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(where, ": cuBLAS error ", cublasGetStatusName(st)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DeviceWorker>> DeviceWorker::Create(int device, size_t pool_bytes,
+                                                                   int lanes) {
+  std::unique_ptr<DeviceWorker> w(new DeviceWorker(device));
+  if (absl::Status st = w->Init(pool_bytes, lanes); !st.ok()) return st;
+  return w;
+}
+
+absl::Status DeviceWorker::Init(size_t pool_bytes, int lanes) {
+  const std::string where = absl::StrCat("starting the CUDA worker for device ", device_);
+  if (absl::Status st = Check(cudaSetDevice(device_), where); !st.ok()) return st;
+  if (absl::Status st = Check(cudaGetDeviceProperties(&props_, device_), where); !st.ok()) {
+    return st;
+  }
+  cudaMemPoolProps pp{};
+  pp.allocType = cudaMemAllocationTypePinned;
+  pp.location.type = cudaMemLocationTypeDevice;
+  pp.location.id = device_;
+  pp.maxSize = pool_bytes;  // 0: the driver's default, no cap of ours
+  if (absl::Status st = Check(cudaMemPoolCreate(&pool_, &pp), where); !st.ok()) return st;
+  // Keep up to pool_bytes cached between calls: later allocations are served from the pool.
+  uint64_t keep = pool_bytes > 0 ? pool_bytes : ~uint64_t{0};
+  if (absl::Status st =
+          Check(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep), where);
+      !st.ok()) {
+    return st;
+  }
+  for (int i = 0; i < std::max(lanes, 1); ++i) {
+    auto lane = std::make_unique<Lane>();
+    Lane& l = *lane;
+    lanes_.push_back(std::move(lane));  // owned from here on, so the destructor frees it
+    absl::Status st = Check(cudaStreamCreateWithFlags(&l.served, cudaStreamNonBlocking), where);
+    if (st.ok()) st = Check(cudaStreamCreateWithFlags(&l.shadow, cudaStreamNonBlocking), where);
+    for (cudaEvent_t* e :
+         {&l.input.copied, &l.output_served.copied, &l.output_shadow.copied, &l.compare_done}) {
+      if (st.ok()) st = Check(cudaEventCreateWithFlags(e, cudaEventDisableTiming), where);
+    }
+    absl::MutexLock blas_lock(&l.blas_mu);
+    absl::MutexLock compare_lock(&l.compare_mu);
+    if (st.ok()) st = CublasStatus(cublasCreate(&l.blas), where);
+    if (st.ok()) {
+      st = Check(cudaMalloc(&l.compare_workspace, kernels::CompareWorkspaceBytes()), where);
+    }
+    if (st.ok()) {
+      st = Check(
+          cudaMalloc(reinterpret_cast<void**>(&l.compare_device), sizeof(kernels::DeviceDiffStats)),
+          where);
+    }
+    if (st.ok()) {
+      st = Check(cudaHostAlloc(reinterpret_cast<void**>(&l.compare_host),
+                               sizeof(kernels::DeviceDiffStats), cudaHostAllocDefault),
+                 where);
+    }
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+DeviceWorker::~DeviceWorker() {
+  cudaSetDevice(device_);
+  for (auto& lane : lanes_) {
+    Lane& l = *lane;
+    if (l.served != nullptr) cudaStreamSynchronize(l.served);
+    if (l.shadow != nullptr) cudaStreamSynchronize(l.shadow);
+    {
+      absl::MutexLock lock(&l.blas_mu);
+      if (l.blas != nullptr) cublasDestroy(l.blas);
+    }
+    {
+      absl::MutexLock lock(&l.compare_mu);
+      if (l.compare_workspace != nullptr) cudaFree(l.compare_workspace);
+      if (l.compare_device != nullptr) cudaFree(l.compare_device);
+      if (l.compare_host != nullptr) cudaFreeHost(l.compare_host);
+    }
+    for (cudaEvent_t e :
+         {l.input.copied, l.output_served.copied, l.output_shadow.copied, l.compare_done}) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+    if (l.served != nullptr) cudaStreamDestroy(l.served);
+    if (l.shadow != nullptr) cudaStreamDestroy(l.shadow);
+  }
+  lanes_.clear();
+  if (pool_ != nullptr) cudaMemPoolDestroy(pool_);
+  cudaGetLastError();  // nothing to report from a destructor
+}
+
+Lane& DeviceWorker::NextLane() {
+  return *lanes_[next_lane_.fetch_add(1, std::memory_order_relaxed) % lanes_.size()];
+}
+
+absl::Status DeviceWorker::Activate() const {
+  if (lost_.load(std::memory_order_acquire)) {
+    absl::MutexLock lock(&lost_mu_);
+    return absl::DataLossError(lost_reason_);
+  }
+  if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
+    return CudaStatus(e, "selecting the device", device_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceWorker::Check(cudaError_t e, absl::string_view where) {
+  bool sticky = false;
+  absl::Status st = CudaStatus(e, where, device_, &sticky);
+  if (sticky) {
+    absl::MutexLock lock(&lost_mu_);
+    if (!lost_.load(std::memory_order_relaxed)) {
+      lost_reason_ = std::string(st.message());
+      lost_.store(true, std::memory_order_release);
+    }
+  }
+  return st;
+}
+
+}  // namespace verifyd

@@ -1,0 +1,82 @@
+#pragma once
+// One GPU's share of the CUDA engine: its stream-ordered memory pool and a few lanes. A lane is a
+// pair of streams (served path, shadow path) with the cuBLAS handle and pinned staging buffers
+// that go with them; bundles are spread over the lanes so that concurrent calls overlap.
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/reference/compare_kernels.h"
+#include "src/engine/cuda/pinned_buffer.h"
+
+namespace verifyd {
+
+// A pinned buffer and the event after which the last copy through it is done.
+struct Staging {
+  absl::Mutex mu;
+  PinnedBuffer buffer ABSL_GUARDED_BY(mu);
+  cudaEvent_t copied = nullptr;  // recorded after each copy; used under mu
+};
+
+struct Lane {
+  cudaStream_t served = nullptr;  // the reference path and the input copies
+  cudaStream_t shadow = nullptr;  // the custom path, the oracle and the comparisons
+
+  absl::Mutex blas_mu;  // a cuBLAS handle is not safe for concurrent calls
+  cublasHandle_t blas ABSL_GUARDED_BY(blas_mu) = nullptr;  // bound to `served` per launch
+
+  Staging input;          // host -> device copies of bundles
+  Staging output_served;  // device -> host copies of outputs on `served`
+  Staging output_shadow;  // ... on `shadow`
+
+  absl::Mutex compare_mu;  // one comparison at a time per lane: shared partials and result
+  void* compare_workspace ABSL_GUARDED_BY(compare_mu) = nullptr;  // device
+  kernels::DeviceDiffStats* compare_device ABSL_GUARDED_BY(compare_mu) = nullptr;
+  kernels::DeviceDiffStats* compare_host ABSL_GUARDED_BY(compare_mu) = nullptr;  // pinned
+  cudaEvent_t compare_done = nullptr;
+};
+
+class DeviceWorker {
+ public:
+  static absl::StatusOr<std::unique_ptr<DeviceWorker>> Create(int device, size_t pool_bytes,
+                                                              int lanes);
+  DeviceWorker(const DeviceWorker&) = delete;
+  DeviceWorker& operator=(const DeviceWorker&) = delete;
+  ~DeviceWorker();
+
+  int device() const { return device_; }
+  const cudaDeviceProp& props() const { return props_; }
+  cudaMemPool_t pool() const { return pool_; }
+  Lane& NextLane();
+
+  // Makes this device current on the calling thread; DATA_LOSS once the context is lost.
+  absl::Status Activate() const;
+  // CudaStatus(e, where) that also remembers a lost context, failing every later call.
+  absl::Status Check(cudaError_t e, absl::string_view where);
+
+ private:
+  explicit DeviceWorker(int device) : device_(device) {}
+  absl::Status Init(size_t pool_bytes, int lanes);
+
+  const int device_;
+  cudaDeviceProp props_{};
+  cudaMemPool_t pool_ = nullptr;
+  std::vector<std::unique_ptr<Lane>> lanes_;
+  std::atomic<unsigned> next_lane_{0};
+  std::atomic<bool> lost_{false};
+  mutable absl::Mutex lost_mu_;
+  std::string lost_reason_ ABSL_GUARDED_BY(lost_mu_);
+};
+
+}  // namespace verifyd
