@@ -67,12 +67,13 @@ TEST(Compare, ZeroReference) {
 TEST(Compare, NanAndInfCountedPerSideAndKeptOutOfNorms) {
   const std::vector<float> ref = {1, kNan, 2, kInf, 3};
   const std::vector<uint16_t> test = Bf16({1, kNan, kNan, kInf, -kInf});
-  const DiffStats d = CompareBf16ToF32(test.data(), ref.data(), 5, nullptr, nullptr, 0, Tolerance{});
+  const DiffStats d =
+      CompareBf16ToF32(test.data(), ref.data(), 5, nullptr, nullptr, 0, Tolerance{});
   EXPECT_EQ(d.nan_test, 2);
   EXPECT_EQ(d.inf_test, 2);
   EXPECT_EQ(d.nan_ref, 1);
   EXPECT_EQ(d.inf_ref, 1);
-  EXPECT_EQ(d.rel_l2, 0);  // only element 0 is finite on both sides
+  EXPECT_EQ(d.rel_l2, 0);      // only element 0 is finite on both sides
   EXPECT_EQ(d.beyond_tol, 2);  // NaN vs 2 and -inf vs 3; matching NaN/inf pairs are equal
   EXPECT_TRUE(std::isinf(d.max_abs));
   const Verdict v = Judge(d, Tolerance{});
@@ -116,8 +117,8 @@ TEST(Compare, LseNegInfRowsAndMismatch) {
   const std::vector<float> of = {1};
   const std::vector<float> ref_lse = {-kInf, 1.0f, 2.0f};
   std::vector<float> test_lse = {-kInf, 1.25f, 2.0f};
-  DiffStats d = CompareBf16ToF32(o.data(), of.data(), 1, test_lse.data(), ref_lse.data(), 3,
-                                 Tolerance{});
+  DiffStats d =
+      CompareBf16ToF32(o.data(), of.data(), 1, test_lse.data(), ref_lse.data(), 3, Tolerance{});
   EXPECT_EQ(d.lse_max_abs, 0.25);  // both -inf: equal
   Verdict v = Judge(d, Tolerance{});
   EXPECT_FALSE(v.match);

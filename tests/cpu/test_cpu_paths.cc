@@ -104,10 +104,11 @@ TEST(CpuPaths, OddSizesAgainstOracle) {
       }
     }
   }
-  std::printf("seeds 101..%llu: worst rel_l2 vs oracle: reference %.3g, custom %.3g; "
-              "custom vs reference %.3g\n",
-              static_cast<unsigned long long>(seed), worst.reference, worst.custom,
-              worst.custom_vs_reference);
+  std::printf(
+      "seeds 101..%llu: worst rel_l2 vs oracle: reference %.3g, custom %.3g; "
+      "custom vs reference %.3g\n",
+      static_cast<unsigned long long>(seed), worst.reference, worst.custom,
+      worst.custom_vs_reference);
 }
 
 TEST(CpuPaths, DefaultTilesAndPerRequestPrefixes) {
@@ -199,9 +200,9 @@ TEST(CpuPaths, SplitsDoNotChangeTheAnswerMuch) {
   std::vector<float> lse_one, lse_many;
   RunCustom(rb.view(), CpuCustomConfig{64, 1 << 20, 1}, &one, &lse_one);
   RunCustom(rb.view(), CpuCustomConfig{16, 16, 64}, &many, &lse_many);
-  const DiffStats d = CompareBf16(many.data(), one.data(), static_cast<int64_t>(one.size()),
-                                  lse_many.data(), lse_one.data(),
-                                  static_cast<int64_t>(lse_one.size()), Tolerance{});
+  const DiffStats d =
+      CompareBf16(many.data(), one.data(), static_cast<int64_t>(one.size()), lse_many.data(),
+                  lse_one.data(), static_cast<int64_t>(lse_one.size()), Tolerance{});
   EXPECT_EQ(d.nan_test + d.nan_ref, 0);
   EXPECT_LT(d.rel_l2, kCustomMaxRelL2);
   EXPECT_LT(d.lse_max_abs, 1e-4);

@@ -25,7 +25,7 @@ float DotF32(const float* a, const float* b) {
 
 // One KV split's result for the M = T * heads rows of a request: normalized o and its lse.
 struct Partial {
-  std::vector<float> o;  // [M, 512]
+  std::vector<float> o;             // [M, 512]
   std::vector<SoftmaxState> state;  // [M]
 };
 

@@ -70,7 +70,8 @@ class CpuEngine : public Engine {
       return absl::InvalidArgumentError(why);
     }
     if (bundle.q == nullptr || bundle.kv_pool == nullptr || bundle.kv_indptr == nullptr ||
-        bundle.kv_indices == nullptr || bundle.kv_lens == nullptr || bundle.tree_mask == nullptr) {
+        (bundle.kv_indices == nullptr && bundle.shape.num_indices > 0) ||
+        bundle.kv_lens == nullptr || bundle.tree_mask == nullptr) {
       return absl::InvalidArgumentError("bundle: a tensor is missing (null view)");
     }
     return std::make_shared<CpuPreparedBundle>(bundle, detach);

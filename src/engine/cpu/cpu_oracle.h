@@ -1,6 +1,7 @@
 #pragma once
 // The fp64 oracle of DESIGN §2 on the host: a two-pass softmax per query row in double, from the
-// bundle's bf16 inputs. It is the truth both the reference and the custom path are measured against.
+// bundle's bf16 inputs. It is the truth both the reference and the custom path are measured
+// against.
 
 #include <vector>
 
