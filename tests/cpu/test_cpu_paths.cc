@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -247,6 +249,45 @@ TEST(CpuEngine, RunsFetchesAndCompares) {
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_LT(d->rel_l2, kCustomMaxRelL2);
   EXPECT_FALSE(engine->Compare(**pb, Path::kOracle, Path::kCustom, Tolerance{}).ok());
+}
+
+TEST(CpuEngine, ConcurrentRequestsGiveTheSerialAnswer) {
+  auto engine = MakeCpuEngine(2, kSmallTiles);
+  constexpr int kRequests = 4;
+  std::vector<std::unique_ptr<RandomBundle>> bundles;
+  for (int k = 0; k < kRequests; ++k) {
+    RandomBundleSpec s;
+    s.batch = 1 + k % 2;
+    s.draft = 3 + 2 * k;
+    s.heads = 3;
+    s.page_size = 16;
+    s.prefix = 40 + 13 * k;
+    s.seed = 70 + k;
+    bundles.push_back(std::make_unique<RandomBundle>(s));
+  }
+  std::vector<PathOutput> custom(kRequests), reference(kRequests);
+  std::vector<std::thread> threads;
+  for (int k = 0; k < kRequests; ++k) {
+    threads.emplace_back([&, k] {
+      auto pb = engine->Prepare(bundles[k]->view(), /*detach=*/true);
+      ASSERT_TRUE(pb.ok());
+      // Two paths of the same bundle at once, as shadow mode runs them.
+      std::thread side([&] { ASSERT_TRUE(engine->Run(Path::kCustom, **pb).ok()); });
+      ASSERT_TRUE(engine->Run(Path::kReference, **pb).ok());
+      side.join();
+      ASSERT_TRUE(engine->Fetch(Path::kCustom, **pb, &custom[k]).ok());
+      ASSERT_TRUE(engine->Fetch(Path::kReference, **pb, &reference[k]).ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int k = 0; k < kRequests; ++k) {
+    std::vector<uint16_t> o;
+    std::vector<float> lse;
+    RunCustom(bundles[k]->view(), kSmallTiles, &o, &lse);
+    EXPECT_EQ(custom[k].o, o) << "request " << k;
+    RunReference(bundles[k]->view(), &o, &lse);
+    EXPECT_EQ(reference[k].o, o) << "request " << k;
+  }
 }
 
 TEST(CpuEngine, InjectedFaults) {
