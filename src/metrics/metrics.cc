@@ -1,8 +1,12 @@
 #include "src/metrics/metrics.h"
 
 #include <cmath>
+#include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "httplib.h"
+#include "prometheus/text_serializer.h"
 
 namespace verifyd {
 namespace {
@@ -167,17 +171,44 @@ void Metrics::Capture(std::string_view trigger) {
   captures_->Add({{"trigger", std::string(trigger)}}).Increment();
 }
 
+struct MetricsServer::Impl {
+  httplib::Server http;
+  std::thread thread;
+};
+
+MetricsServer::MetricsServer() : impl_(std::make_unique<Impl>()) {}
+
+MetricsServer::~MetricsServer() {
+  impl_->http.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     const std::string& address, std::shared_ptr<prometheus::Registry> registry) {
-  auto s = std::unique_ptr<MetricsServer>(new MetricsServer);
-  try {
-    s->exposer_ = std::make_unique<prometheus::Exposer>(address);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("metrics_address ", address, ": ", e.what()));
+  const size_t colon = address.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
+      port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics_address: '", address, "' is not HOST:PORT"));
   }
-  s->exposer_->RegisterCollectable(registry);
-  auto ports = s->exposer_->GetListeningPorts();
-  s->port_ = ports.empty() ? 0 : ports.front();
+  std::string host = address.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  std::unique_ptr<MetricsServer> s(new MetricsServer);
+  s->impl_->http.Get("/metrics", [registry](const httplib::Request&, httplib::Response& res) {
+    res.set_content(prometheus::TextSerializer().Serialize(registry->Collect()),
+                    "text/plain; version=0.0.4; charset=utf-8");
+  });
+  s->impl_->http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("verifyd: metrics at /metrics\n", "text/plain");
+  });
+  s->port_ = port == 0 ? s->impl_->http.bind_to_any_port(host)
+                       : (s->impl_->http.bind_to_port(host, port) ? port : -1);
+  if (s->port_ <= 0) {
+    return absl::UnavailableError(absl::StrCat("metrics_address: cannot bind ", address));
+  }
+  Impl* impl = s->impl_.get();
+  impl->thread = std::thread([impl] { impl->http.listen_after_bind(); });
   return s;
 }
 

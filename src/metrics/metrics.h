@@ -10,7 +10,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "prometheus/counter.h"
-#include "prometheus/exposer.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
@@ -64,15 +63,20 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* captures_;
 };
 
-// Serves a registry on http://ADDRESS/metrics. Port 0 picks a free port.
+// Serves a registry in the Prometheus text format on http://ADDRESS/metrics (cpp-httplib: its
+// threads have ordinary stacks, which the CUDA libraries' static TLS needs). Port 0 picks a free
+// port.
 class MetricsServer {
  public:
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
       const std::string& address, std::shared_ptr<prometheus::Registry> registry);
+  ~MetricsServer();
   int port() const { return port_; }
 
  private:
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  MetricsServer();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
   int port_ = 0;
 };
 

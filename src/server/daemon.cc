@@ -115,6 +115,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
     actx.metrics = d->metrics_.get();
     actx.engine = info;
     actx.build = build;
+    actx.counters = [self] { return self->handler_->counters(); };
     actx.token = IsUnix(opts.admin_listen) ? "" : opts.admin_token;
     d->admin_service_ = std::make_unique<AdminServiceImpl>(std::move(actx));
     grpc::ServerBuilder b;

@@ -28,8 +28,11 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const EngineOptions& opts) {
     }
     CudaEngineOptions c;
     c.devices = opts.devices;
-    c.pool_bytes = opts.cuda_pool_bytes;
-    return MakeCudaEngine(c);
+    c.memory_pool_bytes = static_cast<size_t>(opts.cuda_pool_bytes);
+    c.custom = kernels::CustomConfigFromEnv();
+    auto e = CudaEngine::Create(c);
+    if (!e.ok()) return e.status();
+    return std::unique_ptr<Engine>(std::move(*e));
   }
 #else
   if (opts.kind == "cuda") {

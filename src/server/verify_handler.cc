@@ -84,7 +84,38 @@ void VerifyHandler::Fatal(const absl::Status& st) {
   if (on_fatal_) on_fatal_(st);
 }
 
+v1::Counters VerifyHandler::counters() const {
+  v1::Counters c;
+  c.set_requests(requests_.load());
+  c.set_request_errors(request_errors_.load());
+  c.set_served_reference(served_reference_.load());
+  c.set_served_custom(served_custom_.load());
+  c.set_comparisons_match(match_.load());
+  c.set_comparisons_breach(breach_.load());
+  c.set_comparisons_error(error_.load());
+  c.set_comparisons_skipped(skipped_.load());
+  return c;
+}
+
+void VerifyHandler::Count(OutcomeKind k) {
+  metrics_->Comparison(k);
+  switch (k) {
+    case OutcomeKind::kMatch: ++match_; break;
+    case OutcomeKind::kBreach: ++breach_; break;
+    case OutcomeKind::kError:
+    case OutcomeKind::kTimeout: ++error_; break;
+    case OutcomeKind::kSkipped: ++skipped_; break;
+  }
+}
+
 absl::Status VerifyHandler::Handle(const v1::VerifyRequest& req, v1::VerifyResponse* resp) {
+  ++requests_;
+  absl::Status st = Serve(req, resp);
+  if (!st.ok()) ++request_errors_;
+  return st;
+}
+
+absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyResponse* resp) {
   const auto t0 = Clock::now();
   absl::StatusOr<BundleView> view = DecodeRequest(req);
   if (!view.ok()) {
@@ -112,7 +143,7 @@ absl::Status VerifyHandler::Handle(const v1::VerifyRequest& req, v1::VerifyRespo
   absl::Status st = engine_->Run(served, b);
   if (!st.ok() && served == Path::kCustom) {
     if (IsFatal(st)) Fatal(st);
-    metrics_->Comparison(OutcomeKind::kError);
+    Count(OutcomeKind::kError);
     controller_->Record({OutcomeKind::kError, plan.mode, st.ToString(), std::nullopt});
     spdlog::warn("custom path failed while serving; serving the reference: {}", st.ToString());
     served = Path::kReference;
@@ -159,7 +190,7 @@ absl::Status VerifyHandler::Handle(const v1::VerifyRequest& req, v1::VerifyRespo
         CompareAndRecord(*keep, plan, std::move(host_copy));
         metrics_->SetShadowQueueDepth(shadow_->depth() - 1);
       });
-      if (!queued) metrics_->Comparison(OutcomeKind::kSkipped);
+      if (!queued) Count(OutcomeKind::kSkipped);
       metrics_->SetShadowQueueDepth(shadow_->depth());
       metrics_->ShadowOverhead(prepare_s + Since(t2));
     }
@@ -171,6 +202,7 @@ absl::Status VerifyHandler::Handle(const v1::VerifyRequest& req, v1::VerifyRespo
   timing->set_served_seconds(served_s);
   timing->set_fetch_seconds(fetch_s);
   timing->set_total_seconds(Since(t0));
+  ++(served == Path::kCustom ? served_custom_ : served_reference_);
   metrics_->Request(PathName(served), absl::StatusCode::kOk, Since(t0));
   return absl::OkStatus();
 }
@@ -225,7 +257,7 @@ Outcome VerifyHandler::CompareAndRecord(PreparedBundle& b, const Plan& plan,
       metrics_->OracleError();
     }
   }
-  metrics_->Comparison(o.kind);
+  Count(o.kind);
   if (o.kind != OutcomeKind::kMatch) {
     spdlog::warn("comparison {} in {} mode: {}", OutcomeName(o.kind), ModeName(o.mode), o.reason);
   }

@@ -3,6 +3,7 @@
 // decode and validate, plan by mode, run the served path, hand the other path and the
 // comparison to the shadow runner (or run them first when asked), record the outcome.
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <random>
@@ -15,6 +16,7 @@
 #include "src/engine/engine.h"
 #include "src/metrics/metrics.h"
 #include "src/server/shadow_runner.h"
+#include "verifyd/v1/admin.pb.h"
 #include "verifyd/v1/verify.pb.h"
 
 namespace verifyd {
@@ -49,9 +51,12 @@ class VerifyHandler {
   void SetCapture(CaptureWanted wanted, CaptureSink sink);
   absl::Status Handle(const v1::VerifyRequest& req, v1::VerifyResponse* resp);
   const HandlerOptions& options() const { return opts_; }
+  // Totals since start, for the admin status.
+  v1::Counters counters() const;
   void SetTolerance(const Tolerance& t);
 
  private:
+  absl::Status Serve(const v1::VerifyRequest& req, v1::VerifyResponse* resp);
   // Runs the non-served path on `b`, compares custom against reference, records the outcome.
   Outcome CompareAndRecord(PreparedBundle& b, const Plan& plan,
                            std::shared_ptr<const OwnedBundle> host_copy);
@@ -67,6 +72,9 @@ class VerifyHandler {
   FatalHandler on_fatal_;
   CaptureWanted capture_wanted_;
   CaptureSink capture_sink_;
+  void Count(OutcomeKind k);
+  std::atomic<int64_t> requests_{0}, request_errors_{0}, served_reference_{0}, served_custom_{0};
+  std::atomic<int64_t> match_{0}, breach_{0}, error_{0}, skipped_{0};
   mutable absl::Mutex mu_;
   Tolerance tolerance_ ABSL_GUARDED_BY(mu_);
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);

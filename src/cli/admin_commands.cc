@@ -1,0 +1,164 @@
+#include "src/cli/admin_commands.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <iostream>
+
+#include "absl/strings/ascii.h"
+#include "fmt/format.h"
+#include "verifyd/v1/admin.grpc.pb.h"
+
+namespace verifyd::cli {
+namespace {
+
+std::string ModeStr(v1::Mode m) {
+  std::string s = v1::Mode_Name(m);
+  return absl::AsciiStrToLower(s.substr(5));  // MODE_SHADOW -> shadow
+}
+
+std::string Who() {
+  const char* user = std::getenv("USER");
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  return fmt::format("{}@{}", user ? user : "unknown", host);
+}
+
+std::string Num(double v) { return std::isfinite(v) ? fmt::format("{:.3g}", v) : "-"; }
+
+nlohmann::json NumJson(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); }
+
+}  // namespace
+
+int RunStatus(const GlobalOptions& g) {
+  auto stub = v1::AdminService::NewStub(MakeChannel(g.admin));
+  v1::GetStatusResponse s;
+  auto ctx = MakeContext(g, true);
+  grpc::Status st = stub->GetStatus(ctx.get(), v1::GetStatusRequest(), &s);
+  if (!st.ok()) return Fail(g, "status", st);
+  const auto& r = s.recent();
+  const auto& c = s.counters();
+  if (g.json) {
+    nlohmann::json audit = nlohmann::json::array();
+    for (const auto& a : s.recent_audit()) {
+      audit.push_back({{"time", a.time()}, {"from", ModeStr(a.from())}, {"to", ModeStr(a.to())},
+                       {"canary_fraction", a.canary_fraction()}, {"reason", a.reason()},
+                       {"forced", a.forced()}, {"who", a.who()}});
+    }
+    PrintJson({{"mode", ModeStr(s.mode())},
+               {"canary_fraction", s.canary_fraction()},
+               {"sample_rate", s.sample_rate()},
+               {"gate", {{"ready", s.gate().ready()}, {"clean", s.gate().clean()},
+                         {"needed", s.gate().needed()}, {"reason", s.gate().reason()},
+                         {"last_breach", s.gate().last_breach()}}},
+               {"recent", {{"comparisons", r.comparisons()}, {"breaches", r.breaches()},
+                           {"rel_l2_mean", r.rel_l2_mean()}, {"rel_l2_max", r.rel_l2_max()},
+                           {"max_abs_max", r.max_abs_max()},
+                           {"oracle_samples", r.oracle_samples()},
+                           {"custom_vs_oracle_rel_l2", NumJson(r.custom_vs_oracle_rel_l2())},
+                           {"reference_vs_oracle_rel_l2",
+                            NumJson(r.reference_vs_oracle_rel_l2())}}},
+               {"counters", {{"requests", c.requests()}, {"request_errors", c.request_errors()},
+                             {"served_reference", c.served_reference()},
+                             {"served_custom", c.served_custom()},
+                             {"comparisons_match", c.comparisons_match()},
+                             {"comparisons_breach", c.comparisons_breach()},
+                             {"comparisons_error", c.comparisons_error()},
+                             {"comparisons_skipped", c.comparisons_skipped()},
+                             {"rollbacks", c.rollbacks()}}},
+               {"last_rollback_reason", s.last_rollback_reason()},
+               {"engine", {{"engine", s.engine().engine()}, {"device", s.engine().device()},
+                           {"sm_count", s.engine().sm_count()},
+                           {"compute_capability", s.engine().compute_capability()}}},
+               {"version", s.version()},
+               {"commit", s.commit()},
+               {"audit", audit}});
+    return 0;
+  }
+  std::string mode = ModeStr(s.mode());
+  if (s.mode() == v1::MODE_CANARY) mode += fmt::format(" (fraction {})", s.canary_fraction());
+  std::cout << fmt::format("mode        {}   sample rate {}\n", mode, s.sample_rate());
+  std::cout << fmt::format("engine      {} on {}{}   verifyd {} ({})\n", s.engine().engine(),
+                           s.engine().device(),
+                           s.engine().compute_capability().empty()
+                               ? ""
+                               : fmt::format(", sm_{}", s.engine().compute_capability()),
+                           s.version(), s.commit());
+  std::cout << fmt::format("gate        {}: {} of {} clean in a row{}\n",
+                           s.gate().ready() ? "ready" : "NOT ready", s.gate().clean(),
+                           s.gate().needed(),
+                           s.gate().last_breach().empty()
+                               ? ""
+                               : "; last breach " + s.gate().last_breach());
+  std::cout << fmt::format("requests    {} ({} errors), served reference {}, custom {}\n",
+                           c.requests(), c.request_errors(), c.served_reference(),
+                           c.served_custom());
+  std::cout << fmt::format("comparisons match {}, breach {}, error {}, skipped {}\n",
+                           c.comparisons_match(), c.comparisons_breach(), c.comparisons_error(),
+                           c.comparisons_skipped());
+  std::cout << fmt::format(
+      "recent {}   rel-L2 custom vs reference mean {} max {}, max-abs {}; breaches {}\n",
+      r.comparisons(), Num(r.rel_l2_mean()), Num(r.rel_l2_max()), Num(r.max_abs_max()),
+      r.breaches());
+  std::cout << fmt::format(
+      "oracle ({} samples)   rel-L2 custom vs oracle {}   reference vs oracle {}   custom vs "
+      "reference {}\n",
+      r.oracle_samples(), Num(r.custom_vs_oracle_rel_l2()), Num(r.reference_vs_oracle_rel_l2()),
+      Num(r.rel_l2_mean()));
+  std::cout << fmt::format("rollbacks   {}{}\n", c.rollbacks(),
+                           s.last_rollback_reason().empty() ? ""
+                                                            : "   last: " + s.last_rollback_reason());
+  if (s.recent_audit_size() > 0) std::cout << "audit (newest last)\n";
+  for (const auto& a : s.recent_audit()) {
+    std::cout << fmt::format("  {}  {} -> {}{}  by {}: {}\n", a.time(), ModeStr(a.from()),
+                             ModeStr(a.to()), a.forced() ? " (forced)" : "", a.who(), a.reason());
+  }
+  return 0;
+}
+
+int RunFlip(const GlobalOptions& g, const FlipOptions& f) {
+  v1::SetModeRequest req;
+  if (f.mode == "custom") {
+    req.set_mode(v1::MODE_CUSTOM);
+  } else if (f.mode == "canary") {
+    req.set_mode(v1::MODE_CANARY);
+    if (!(f.fraction > 0 && f.fraction <= 1)) {
+      return Fail(g, "flip", "--fraction: canary needs a fraction in (0, 1]");
+    }
+  } else if (f.mode == "shadow") {
+    req.set_mode(v1::MODE_SHADOW);
+  } else if (f.mode == "reference") {
+    req.set_mode(v1::MODE_REFERENCE);
+  } else {
+    return Fail(g, "flip", "mode '" + f.mode + "' is not custom, canary, shadow or reference");
+  }
+  if (f.reason.empty()) return Fail(g, "flip", "--reason: say why (it goes to the audit log)");
+  req.set_canary_fraction(f.fraction);
+  req.set_reason(f.reason);
+  req.set_force(f.force);
+  req.set_who(Who());
+  auto stub = v1::AdminService::NewStub(MakeChannel(g.admin));
+  v1::SetModeResponse resp;
+  auto ctx = MakeContext(g, true);
+  grpc::Status st = stub->SetMode(ctx.get(), req, &resp);
+  if (!st.ok()) return Fail(g, "flip", st);
+  if (g.json) {
+    PrintJson({{"mode", ModeStr(resp.mode())},
+               {"canary_fraction", resp.canary_fraction()},
+               {"forced", resp.forced()}});
+  } else {
+    std::cout << "mode is now " << ModeStr(resp.mode())
+              << (resp.mode() == v1::MODE_CANARY
+                      ? fmt::format(" (fraction {})", resp.canary_fraction())
+                      : "")
+              << (resp.forced() ? " (forced, recorded)" : "") << "\n";
+  }
+  return 0;
+}
+
+int RunRollback(const GlobalOptions& g, const std::string& reason) {
+  return RunFlip(g, {"shadow", 0, reason.empty() ? "manual rollback" : reason, false});
+}
+
+}  // namespace verifyd::cli

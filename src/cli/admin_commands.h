@@ -1,0 +1,22 @@
+#pragma once
+// verifyctl status | flip | rollback: the admin service from the command line.
+
+#include <string>
+
+#include "src/cli/cli_common.h"
+
+namespace verifyd::cli {
+
+struct FlipOptions {
+  std::string mode;   // custom, canary, shadow, reference
+  double fraction = 0;
+  std::string reason;
+  bool force = false;
+};
+
+int RunStatus(const GlobalOptions& g);
+int RunFlip(const GlobalOptions& g, const FlipOptions& f);
+// Back to shadow with the given reason.
+int RunRollback(const GlobalOptions& g, const std::string& reason);
+
+}  // namespace verifyd::cli

@@ -1,0 +1,166 @@
+#include "src/cli/send_command.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "fmt/format.h"
+#include "src/bundle/random_bundle.h"
+#include "src/bundle/request_codec.h"
+#include "verifyd/v1/verify.grpc.pb.h"
+
+namespace verifyd::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5));
+  return v[i];
+}
+
+struct Tally {
+  std::mutex mu;
+  std::vector<double> latency_s;
+  std::vector<double> server_s;
+  std::map<std::string, int64_t> served;
+  std::map<std::string, int64_t> errors;
+  std::string first_error;
+
+  void Ok(double lat, const v1::VerifyResponse& r) {
+    std::lock_guard<std::mutex> l(mu);
+    latency_s.push_back(lat);
+    server_s.push_back(r.timing().total_seconds());
+    served[r.served_path() == v1::PATH_CUSTOM ? "custom" : "reference"]++;
+  }
+  void Err(int code, const std::string& msg) {
+    std::lock_guard<std::mutex> l(mu);
+    errors[std::to_string(code)]++;
+    if (first_error.empty()) first_error = msg;
+  }
+};
+
+}  // namespace
+
+int RunSend(const GlobalOptions& g, const SendOptions& s) {
+  std::vector<int64_t> dims;
+  for (auto part : absl::StrSplit(s.shape, ',')) {
+    int64_t v;
+    if (!absl::SimpleAtoi(part, &v)) return Fail(g, "send", "--shape: expected B,T,H,PREFIX");
+    dims.push_back(v);
+  }
+  if (dims.size() != 4) return Fail(g, "send", "--shape: expected B,T,H,PREFIX");
+  if (s.count < 1 || s.concurrency < 1) {
+    return Fail(g, "send", "--count and --concurrency must be >= 1");
+  }
+  if (s.tree != "tree" && s.tree != "chain") return Fail(g, "send", "--tree: tree or chain");
+
+  // Encode a few distinct bundles once; the workers reuse them.
+  const int distinct = static_cast<int>(std::clamp<int64_t>(s.distinct, 1, s.count));
+  std::vector<v1::VerifyRequest> requests(distinct);
+  int64_t bundle_bytes = 0;
+  for (int i = 0; i < distinct; ++i) {
+    RandomBundleSpec spec;
+    spec.batch = static_cast<int>(dims[0]);
+    spec.draft = static_cast<int>(dims[1]);
+    spec.heads = static_cast<int>(dims[2]);
+    spec.prefix = dims[3];
+    spec.page_size = s.page_size;
+    spec.tree = s.tree == "chain" ? TreeKind::kChain : TreeKind::kRandomTree;
+    spec.seed = s.seed + i;
+    RandomBundle b(spec);
+    EncodeRequest(b.view(), &requests[i]);
+    requests[i].set_want_lse(s.want_lse);
+    requests[i].set_compare_sync(s.compare_sync);
+    bundle_bytes = requests[i].ByteSizeLong();
+  }
+
+  auto channel = MakeChannel(g.target);
+  auto stub = v1::VerifyService::NewStub(channel);
+  Tally tally;
+  std::atomic<int64_t> next{0};
+  const auto t0 = Clock::now();
+  auto worker = [&] {
+    std::unique_ptr<grpc::ClientContext> sctx;
+    std::unique_ptr<grpc::ClientReaderWriter<v1::VerifyRequest, v1::VerifyResponse>> stream;
+    if (s.stream) {
+      sctx = MakeContext(g, false);
+      sctx->set_deadline(std::chrono::system_clock::time_point::max());
+      stream = stub->VerifyStream(sctx.get());
+    }
+    for (int64_t n; (n = next.fetch_add(1)) < s.count;) {
+      v1::VerifyRequest req = requests[n % distinct];
+      if (!s.request_id_prefix.empty()) req.set_request_id(fmt::format("{}-{}", s.request_id_prefix, n));
+      v1::VerifyResponse resp;
+      const auto t = Clock::now();
+      if (stream) {
+        if (!stream->Write(req) || !stream->Read(&resp)) {
+          tally.Err(14, "stream broke");
+          return;
+        }
+        if (resp.error_code() != 0) {
+          tally.Err(resp.error_code(), resp.error_message());
+          continue;
+        }
+      } else {
+        auto ctx = MakeContext(g, false);
+        grpc::Status st = stub->Verify(ctx.get(), req, &resp);
+        if (!st.ok()) {
+          tally.Err(st.error_code(), st.error_message());
+          continue;
+        }
+      }
+      tally.Ok(std::chrono::duration<double>(Clock::now() - t).count(), resp);
+    }
+    if (stream) {
+      stream->WritesDone();
+      stream->Finish().ok();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int i = 0; i < s.concurrency; ++i) threads.emplace_back(worker);
+  for (auto& t : threads) t.join();
+  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+
+  int64_t nerr = 0;
+  for (const auto& [k, v] : tally.errors) nerr += v;
+  const auto& lat = tally.latency_s;
+  const double p50 = Percentile(lat, 0.5), p90 = Percentile(lat, 0.9), p99 = Percentile(lat, 0.99);
+  const double mx = lat.empty() ? 0 : *std::max_element(lat.begin(), lat.end());
+  const double srv50 = Percentile(tally.server_s, 0.5);
+  if (g.json) {
+    PrintJson({{"shape", s.shape}, {"page_size", s.page_size}, {"count", s.count},
+               {"concurrency", s.concurrency}, {"stream", s.stream},
+               {"bundle_bytes", bundle_bytes}, {"ok", static_cast<int64_t>(lat.size())},
+               {"errors", tally.errors}, {"first_error", tally.first_error},
+               {"served", tally.served}, {"wall_seconds", wall},
+               {"calls_per_second", lat.size() / wall},
+               {"latency_seconds", {{"p50", p50}, {"p90", p90}, {"p99", p99}, {"max", mx}}},
+               {"server_seconds_p50", srv50}});
+  } else {
+    std::cout << fmt::format("sent {} x {} ({:.1f} MB each, page_size {}) to {}, concurrency {}{}\n",
+                             s.count, s.shape, bundle_bytes / 1e6, s.page_size, g.target,
+                             s.concurrency, s.stream ? ", streaming" : "");
+    std::cout << fmt::format("ok {}  errors {}  {:.1f} calls/s over {:.2f} s\n", lat.size(), nerr,
+                             lat.size() / wall, wall);
+    std::cout << fmt::format(
+        "latency ms  p50 {:.2f}  p90 {:.2f}  p99 {:.2f}  max {:.2f}   (server p50 {:.2f})\n",
+        p50 * 1e3, p90 * 1e3, p99 * 1e3, mx * 1e3, srv50 * 1e3);
+    std::cout << "served";
+    for (const auto& [k, v] : tally.served) std::cout << fmt::format("  {} {}", k, v);
+    std::cout << "\n";
+    if (nerr) std::cout << "first error: " << tally.first_error << "\n";
+  }
+  return nerr == 0 ? 0 : 1;
+}
+
+}  // namespace verifyd::cli

@@ -1,0 +1,27 @@
+#pragma once
+// verifyctl send: a traffic generator of random bundles with a latency summary.
+
+#include <cstdint>
+#include <string>
+
+#include "src/cli/cli_common.h"
+
+namespace verifyd::cli {
+
+struct SendOptions {
+  std::string shape = "4,16,8,4096";  // B,T,H,PREFIX
+  int page_size = 64;
+  int64_t count = 20;
+  int concurrency = 1;
+  std::string tree = "tree";  // tree or chain
+  uint64_t seed = 1;
+  int distinct = 4;           // distinct random bundles, reused round-robin
+  bool stream = false;        // one bidirectional stream per worker instead of unary calls
+  bool want_lse = false;
+  bool compare_sync = false;
+  std::string request_id_prefix;  // request ids PREFIX-N (canary stays stable per id)
+};
+
+int RunSend(const GlobalOptions& g, const SendOptions& s);
+
+}  // namespace verifyd::cli

@@ -1,0 +1,58 @@
+// verifyctl: operate verifyd (status, flip, rollback) and send it traffic.
+
+#include "CLI/CLI.hpp"
+#include "src/cli/admin_commands.h"
+#include "src/cli/send_command.h"
+
+int main(int argc, char** argv) {
+  using namespace verifyd::cli;
+  CLI::App app{"verifyctl: operate verifyd and send it traffic"};
+  app.require_subcommand(1);
+  GlobalOptions g;
+  app.add_option("--target", g.target, "verifyd data plane, HOST:PORT or unix:PATH")
+      ->capture_default_str();
+  app.add_option("--admin", g.admin, "verifyd admin, unix:PATH or HOST:PORT")
+      ->capture_default_str();
+  app.add_option("--admin_token_file", g.admin_token_file, "bearer token for a TCP admin");
+  app.add_option("--timeout", g.timeout_s, "seconds per call")->capture_default_str();
+  app.add_flag("--json", g.json, "machine-readable output");
+
+  auto* status = app.add_subcommand("status", "mode, gate readiness, diffs, counters, audit");
+  status->add_flag("--json", g.json, "machine-readable output");
+
+  FlipOptions flip;
+  auto* f = app.add_subcommand("flip", "change what is served: custom | canary | shadow | reference");
+  f->add_option("mode", flip.mode, "custom, canary, shadow or reference")->required();
+  f->add_option("--fraction", flip.fraction, "canary: fraction of calls served by custom");
+  f->add_option("--reason", flip.reason, "why (recorded in the audit log)");
+  f->add_flag("--force", flip.force, "skip the flip gate (recorded)");
+  f->add_flag("--json", g.json, "machine-readable output");
+
+  std::string rollback_reason;
+  auto* rb = app.add_subcommand("rollback", "back to shadow now");
+  rb->add_option("--reason", rollback_reason, "why (recorded in the audit log)");
+  rb->add_flag("--json", g.json, "machine-readable output");
+
+  SendOptions send;
+  auto* s = app.add_subcommand("send", "send random bundles and print a latency summary");
+  s->add_option("--shape", send.shape, "B,T,H,PREFIX")->capture_default_str();
+  s->add_option("--page_size", send.page_size, "tokens per KV page")->capture_default_str();
+  s->add_option("--count", send.count, "calls to send")->capture_default_str();
+  s->add_option("--concurrency", send.concurrency, "calls in flight")->capture_default_str();
+  s->add_option("--tree", send.tree, "tree (random draft tree) or chain")->capture_default_str();
+  s->add_option("--seed", send.seed, "seed of the first bundle")->capture_default_str();
+  s->add_option("--distinct", send.distinct, "distinct bundles reused round-robin")
+      ->capture_default_str();
+  s->add_option("--request_id_prefix", send.request_id_prefix, "request ids PREFIX-N");
+  s->add_flag("--stream", send.stream, "use the bidirectional stream");
+  s->add_flag("--want_lse", send.want_lse, "ask for lse too");
+  s->add_flag("--compare_sync", send.compare_sync, "compare before responding");
+  s->add_flag("--json", g.json, "machine-readable output");
+
+  CLI11_PARSE(app, argc, argv);
+  if (*status) return RunStatus(g);
+  if (*f) return RunFlip(g, flip);
+  if (*rb) return RunRollback(g, rollback_reason);
+  if (*s) return RunSend(g, send);
+  return 2;
+}
