@@ -1,0 +1,484 @@
+// The CUDA engine's reference, custom and oracle paths against the CPU fp64 oracle on a cut of
+// the shape grid and on every golden case; the on-device comparison against the host one; fault
+// injection; concurrent use. Skips without a GPU.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "src/bundle/random_bundle.h"
+#include "src/bundle/validate.h"
+#include "src/common/bf16.h"
+#include "src/compare/compare.h"
+#include "src/engine/cpu/cpu_engine.h"
+#include "src/engine/cuda/cuda_engine.h"
+#include "src/io/bundle_file.h"
+#include "tests/cuda_engine/gpu_test_support.h"
+
+namespace verifyd {
+namespace {
+
+namespace fs = std::filesystem;
+using kernels::MaskFormat;
+
+Engine* Gpu() {
+  static std::unique_ptr<Engine> engine = [] {
+    absl::Status st;
+    CudaEngineOptions options;
+    options.memory_pool_bytes = size_t{16} << 30;
+    auto e = MakeCudaEngine(options, &st);
+    if (e == nullptr) std::fprintf(stderr, "MakeCudaEngine: %s\n", st.ToString().c_str());
+    return e;
+  }();
+  return engine.get();
+}
+
+Engine* Cpu() {
+  static std::unique_ptr<Engine> engine = MakeCpuEngine(0);
+  return engine.get();
+}
+
+#define REQUIRE_GPU_ENGINE()    \
+  do {                          \
+    VERIFYD_SKIP_WITHOUT_GPU(); \
+    ASSERT_NE(Gpu(), nullptr);  \
+  } while (0)
+
+// Worst numbers over the suite, printed at the end.
+struct Worst {
+  double reference = 0, custom = 0, oracle = 0, ref_lse = 0, custom_lse = 0, oracle_lse = 0;
+  int cases = 0, custom_failures = 0;
+};
+Worst g_worst;
+
+class PrintWorst : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    if (g_worst.cases == 0) return;
+    std::printf(
+        "cuda engine vs fp64 oracle over %d cases: worst rel_l2 reference %.3g, custom %.3g, "
+        "oracle %.3g; worst lse max_abs reference %.3g, custom %.3g, oracle %.3g; custom path "
+        "failures %d\n",
+        g_worst.cases, g_worst.reference, g_worst.custom, g_worst.oracle, g_worst.ref_lse,
+        g_worst.custom_lse, g_worst.oracle_lse, g_worst.custom_failures);
+  }
+};
+const auto* const g_env = ::testing::AddGlobalTestEnvironment(new PrintWorst);
+
+struct Truth {
+  const float* o;    // fp32 [B*T, H, 512]
+  const float* lse;  // fp32 [B*T, H]
+};
+
+// Runs the three GPU paths on `v` and checks each against `truth` (the fp64 oracle), the rows
+// that see nothing, and the on-device comparisons against the host ones.
+void CheckGpuPaths(const BundleView& v, const Truth& truth, const std::string& label,
+                   double oracle_max_rel = kOracleMaxRelL2) {
+  SCOPED_TRACE(label);
+  Engine& gpu = *Gpu();
+  auto pb = gpu.Prepare(v, /*detach=*/false);
+  ASSERT_TRUE(pb.ok()) << pb.status();
+  PreparedBundle& b = **pb;
+  PathOutput ref, cus, orc;
+  ASSERT_TRUE(gpu.Run(Path::kReference, b).ok());
+  ASSERT_TRUE(gpu.Fetch(Path::kReference, b, &ref).ok());
+  ASSERT_TRUE(gpu.Run(Path::kOracle, b).ok());
+  ASSERT_TRUE(gpu.Fetch(Path::kOracle, b, &orc).ok());
+  const absl::Status custom_run = gpu.Run(Path::kCustom, b);
+  const bool have_custom = custom_run.ok() && gpu.Fetch(Path::kCustom, b, &cus).ok();
+  EXPECT_TRUE(custom_run.ok()) << custom_run;
+  if (!have_custom) ++g_worst.custom_failures;
+
+  const int64_t n = v.o_elems(), n_lse = v.lse_elems();
+  ASSERT_EQ(static_cast<int64_t>(ref.o.size()), n);
+  ASSERT_EQ(static_cast<int64_t>(orc.o_f32.size()), n);
+
+  // NaN/Inf first: a read of a NaN-poisoned pool slot shows up here.
+  const Tolerance tol;
+  const DiffStats r =
+      CompareBf16ToF32(ref.o.data(), truth.o, n, ref.lse.data(), truth.lse, n_lse, tol);
+  EXPECT_EQ(r.nan_test + r.inf_test, 0) << "reference";
+  EXPECT_EQ(r.nan_ref + r.inf_ref, 0) << "oracle";
+  int64_t orc_bad = 0;
+  for (float x : orc.o_f32) orc_bad += !std::isfinite(x);
+  EXPECT_EQ(orc_bad, 0) << "gpu oracle";
+  EXPECT_LT(r.rel_l2, kReferenceMaxRelL2) << "reference";
+  EXPECT_LE(r.lse_max_abs, kLseMaxAbs) << "reference lse";
+  const double orc_rel = RelL2(orc.o_f32, truth.o, n);
+  const double orc_lse = LseMaxAbs(orc.lse, truth.lse, n_lse);
+  EXPECT_LT(orc_rel, oracle_max_rel) << "gpu oracle";
+  EXPECT_LE(orc_lse, kOracleLseMaxAbs) << "gpu oracle lse";
+
+  DiffStats c;
+  if (have_custom) {
+    c = CompareBf16ToF32(cus.o.data(), truth.o, n, cus.lse.data(), truth.lse, n_lse, tol);
+    EXPECT_EQ(c.nan_test + c.inf_test, 0) << "custom";
+    EXPECT_LT(c.rel_l2, kCustomMaxRelL2) << "custom";
+    EXPECT_LE(c.lse_max_abs, kLseMaxAbs) << "custom lse";
+  }
+
+  // Rows that see nothing: lse -inf and zero output on every path.
+  int empty_rows = 0;
+  for (int64_t row = 0; row < n_lse; ++row) {
+    if (truth.lse[row] != -INFINITY) continue;
+    ++empty_rows;
+    EXPECT_EQ(ref.lse[row], -INFINITY) << "reference row " << row;
+    EXPECT_EQ(orc.lse[row], -INFINITY) << "oracle row " << row;
+    if (have_custom) {
+      EXPECT_EQ(cus.lse[row], -INFINITY) << "custom row " << row;
+    }
+    for (int d = 0; d < kernels::kHeadDimV; ++d) {
+      const int64_t k = row * kernels::kHeadDimV + d;
+      ASSERT_EQ(Bf16ToFloat(ref.o[k]), 0.f) << "reference row " << row;
+      ASSERT_EQ(orc.o_f32[k], 0.f) << "oracle row " << row;
+      if (have_custom) {
+        ASSERT_EQ(Bf16ToFloat(cus.o[k]), 0.f) << "custom row " << row;
+      }
+    }
+  }
+
+  // The on-device reduction equals the host comparison of the same outputs.
+  auto dev_ref_orc = gpu.Compare(b, Path::kReference, Path::kOracle, tol);
+  ASSERT_TRUE(dev_ref_orc.ok()) << dev_ref_orc.status();
+  ExpectSameStats(*dev_ref_orc, CompareBf16ToF32(ref.o.data(), orc.o_f32.data(), n, ref.lse.data(),
+                                                 orc.lse.data(), n_lse, tol));
+  if (have_custom) {
+    auto dev_cus_ref = gpu.Compare(b, Path::kCustom, Path::kReference, tol);
+    ASSERT_TRUE(dev_cus_ref.ok()) << dev_cus_ref.status();
+    ExpectSameStats(*dev_cus_ref, CompareBf16(cus.o.data(), ref.o.data(), n, cus.lse.data(),
+                                              ref.lse.data(), n_lse, tol));
+    auto dev_cus_orc = gpu.Compare(b, Path::kCustom, Path::kOracle, tol);
+    ASSERT_TRUE(dev_cus_orc.ok()) << dev_cus_orc.status();
+    ExpectSameStats(*dev_cus_orc, CompareBf16ToF32(cus.o.data(), orc.o_f32.data(), n,
+                                                   cus.lse.data(), orc.lse.data(), n_lse, tol));
+  }
+
+  ++g_worst.cases;
+  g_worst.reference = std::max(g_worst.reference, r.rel_l2);
+  g_worst.ref_lse = std::max(g_worst.ref_lse, r.lse_max_abs);
+  g_worst.oracle = std::max(g_worst.oracle, orc_rel);
+  g_worst.oracle_lse = std::max(g_worst.oracle_lse, orc_lse);
+  if (have_custom) {
+    g_worst.custom = std::max(g_worst.custom, c.rel_l2);
+    g_worst.custom_lse = std::max(g_worst.custom_lse, c.lse_max_abs);
+  }
+  std::printf(
+      "%s: rel_l2 reference %.3g custom %s oracle %.2g | lse reference %.2g custom %s oracle "
+      "%.2g | empty rows %d | ms reference %.3f custom %s oracle %.3f\n",
+      label.c_str(), r.rel_l2, have_custom ? std::to_string(c.rel_l2).c_str() : "n/a", orc_rel,
+      r.lse_max_abs, have_custom ? std::to_string(c.lse_max_abs).c_str() : "n/a", orc_lse,
+      empty_rows, ref.seconds * 1e3,
+      have_custom ? std::to_string(cus.seconds * 1e3).c_str() : "n/a", orc.seconds * 1e3);
+}
+
+// The fp64 oracle of the CPU engine, stored as fp32.
+struct CpuTruth {
+  PathOutput out;
+  Truth truth() const { return {out.o_f32.data(), out.lse.data()}; }
+};
+
+CpuTruth CpuOracle(const BundleView& v) {
+  CpuTruth t;
+  auto pb = Cpu()->Prepare(v, false);
+  EXPECT_TRUE(pb.ok()) << pb.status();
+  if (!pb.ok()) return t;
+  EXPECT_TRUE(Cpu()->Run(Path::kOracle, **pb).ok());
+  EXPECT_TRUE(Cpu()->Fetch(Path::kOracle, **pb, &t.out).ok());
+  return t;
+}
+
+std::string Describe(const RandomBundleSpec& s) {
+  std::string prefixes;
+  for (int64_t p : s.prefix_lens) prefixes += (prefixes.empty() ? "" : "_") + std::to_string(p);
+  if (prefixes.empty()) prefixes = std::to_string(s.prefix);
+  return "B" + std::to_string(s.batch) + "_T" + std::to_string(s.draft) + "_H" +
+         std::to_string(s.heads) + "_page" + std::to_string(s.page_size) + "_prefix" + prefixes +
+         (s.tree == TreeKind::kChain ? "_chain" : "_tree") +
+         (s.mask_format == MaskFormat::kBits ? "_bits" : "_bytes") +
+         (s.empty_row ? "_emptyrow" : "") + "_seed" + std::to_string(s.seed);
+}
+
+// T {1,3,17,64} x H {8,16,128} x page {1,16,64}, the prefix cycling through {0,54,4096} where
+// the CPU oracle stays cheap (query rows x keys), chains and random trees, byte and bit masks,
+// an empty row every fifth case; two requests with different prefix lengths.
+std::vector<RandomBundleSpec> GridCut() {
+  constexpr int64_t kCpuRowKeys = int64_t{8} << 20;
+  std::vector<RandomBundleSpec> specs;
+  int i = 0;
+  for (int t : {1, 3, 17, 64}) {
+    for (int h : {8, 16, 128}) {
+      for (int page : {1, 16, 64}) {
+        RandomBundleSpec s;
+        s.batch = 2;
+        s.draft = t;
+        s.heads = h;
+        s.page_size = page;
+        int64_t prefix = std::vector<int64_t>{0, 54, 4096}[i % 3];
+        if (int64_t{2} * t * h * (prefix + t) > kCpuRowKeys) prefix = 54;
+        s.prefix_lens = {prefix, std::max<int64_t>(0, prefix - 7)};
+        s.tree = i % 2 == 0 ? TreeKind::kRandomTree : TreeKind::kChain;
+        s.mask_format = (i / 2) % 2 == 0 ? MaskFormat::kBytes : MaskFormat::kBits;
+        s.empty_row = i % 5 == 0;
+        s.seed = 1000 + i;
+        specs.push_back(s);
+        ++i;
+      }
+    }
+  }
+  return specs;
+}
+
+class GridCase : public ::testing::TestWithParam<RandomBundleSpec> {};
+
+TEST_P(GridCase, AllPathsMatchTheFp64Oracle) {
+  REQUIRE_GPU_ENGINE();
+  RandomBundle rb(GetParam());
+  const CpuTruth t = CpuOracle(rb.view());
+  ASSERT_FALSE(t.out.o_f32.empty());
+  CheckGpuPaths(rb.view(), t.truth(), Describe(GetParam()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, GridCase, ::testing::ValuesIn(GridCut()),
+                         [](const auto& info) { return Describe(info.param); });
+
+// Shapes too large for the CPU oracle within the suite's time: the GPU paths against the GPU
+// fp32 oracle (itself held to the fp64 oracle above).
+TEST(LargeShapes, ReferenceAndCustomMatchTheGpuOracle) {
+  REQUIRE_GPU_ENGINE();
+  std::vector<RandomBundleSpec> specs(4);
+  specs[0].batch = 2, specs[0].draft = 64, specs[0].heads = 128, specs[0].page_size = 64;
+  specs[0].prefix = 4096, specs[0].seed = 71;
+  specs[1].batch = 3, specs[1].draft = 17, specs[1].heads = 128, specs[1].page_size = 16;
+  specs[1].prefix_lens = {4096, 97, 1}, specs[1].mask_format = MaskFormat::kBits;
+  specs[1].seed = 72;
+  specs[2].batch = 4, specs[2].draft = 1, specs[2].heads = 128, specs[2].page_size = 64;
+  specs[2].prefix = 32768, specs[2].seed = 73;
+  specs[3].batch = 1, specs[3].draft = 256, specs[3].heads = 16, specs[3].page_size = 1;
+  specs[3].prefix = 1000, specs[3].empty_row = true, specs[3].seed = 74;
+  for (const RandomBundleSpec& s : specs) {
+    RandomBundle rb(s);
+    const BundleView& v = rb.view();
+    auto pb = Gpu()->Prepare(v, false);
+    ASSERT_TRUE(pb.ok()) << pb.status();
+    PathOutput orc;
+    ASSERT_TRUE(Gpu()->Run(Path::kOracle, **pb).ok());
+    ASSERT_TRUE(Gpu()->Fetch(Path::kOracle, **pb, &orc).ok());
+    // fp32 vs fp32 here: the bound is the GPU oracle's own error, not the fp64 one's.
+    CheckGpuPaths(v, Truth{orc.o_f32.data(), orc.lse.data()}, "large " + Describe(s), 1e-7);
+  }
+}
+
+std::vector<std::string> GoldenCases() {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(fs::path(VERIFYD_TEST_DATA) / "golden", ec)) {
+    if (e.path().extension() == ".safetensors") names.push_back(e.path().stem().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+class Golden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Golden, AllPathsMatchTheStoredOracle) {
+  REQUIRE_GPU_ENGINE();
+  const std::string path =
+      (fs::path(VERIFYD_TEST_DATA) / "golden" / (GetParam() + ".safetensors")).string();
+  auto file = LoadBundleFile(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  BundleView v = file->view;
+  const absl::Status valid = ValidateBundle(v);
+  ASSERT_TRUE(valid.ok()) << valid;
+  ASSERT_NE(file->o_expected, nullptr);
+  ASSERT_NE(file->lse_expected, nullptr);
+  CheckGpuPaths(v, Truth{file->o_expected->as<float>(), file->lse_expected->as<float>()},
+                "golden " + GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, Golden, ::testing::ValuesIn(GoldenCases()),
+                         [](const auto& info) { return info.param; });
+
+TEST(GoldenFiles, Present) {
+  EXPECT_GE(GoldenCases().size(), 6u) << "golden cases missing under " << VERIFYD_TEST_DATA;
+}
+
+TEST(CudaEngine, InfoNamesTheDevice) {
+  REQUIRE_GPU_ENGINE();
+  const EngineInfo info = Gpu()->Info();
+  EXPECT_EQ(info.engine, "cuda");
+  EXPECT_FALSE(info.device.empty());
+  EXPECT_GT(info.sm_count, 0);
+  EXPECT_FALSE(info.compute_capability.empty());
+  std::printf("engine %s, device %s, %d SMs, compute capability %s, %d visible GPU(s)\n",
+              info.engine.c_str(), info.device.c_str(), info.sm_count,
+              info.compute_capability.c_str(), VisibleCudaDevices());
+}
+
+TEST(CudaEngine, RefusesUnvalidatedBundlesAndPathsThatHaveNotRun) {
+  REQUIRE_GPU_ENGINE();
+  RandomBundleSpec s;
+  s.draft = 3;
+  s.prefix = 10;
+  s.seed = 5;
+  RandomBundle rb(s);
+  BundleView unvalidated = rb.view();
+  unvalidated.max_kv_len = 0;
+  EXPECT_EQ(Gpu()->Prepare(unvalidated, false).status().code(), absl::StatusCode::kInvalidArgument);
+  BundleView bad_shape = rb.view();
+  bad_shape.shape.heads = 0;
+  EXPECT_EQ(Gpu()->Prepare(bad_shape, false).status().code(), absl::StatusCode::kInvalidArgument);
+
+  auto pb = Gpu()->Prepare(rb.view(), false);
+  ASSERT_TRUE(pb.ok()) << pb.status();
+  PathOutput out;
+  EXPECT_EQ(Gpu()->Fetch(Path::kCustom, **pb, &out).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Gpu()->Compare(**pb, Path::kCustom, Path::kReference, Tolerance{}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(Gpu()->Run(Path::kReference, **pb).ok());
+  ASSERT_TRUE(Gpu()->Run(Path::kOracle, **pb).ok());
+  EXPECT_EQ(Gpu()->Compare(**pb, Path::kOracle, Path::kReference, Tolerance{}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Restores the engine's fault setting at the end of a test.
+struct FaultGuard {
+  ~FaultGuard() {
+    if (VisibleGpus() > 0 && Gpu() != nullptr) Gpu()->InjectCustomFault(CustomFault{});
+  }
+};
+
+class FaultInjection : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    VERIFYD_SKIP_WITHOUT_GPU();
+    ASSERT_NE(Gpu(), nullptr);
+    RandomBundleSpec s;
+    s.batch = 2;
+    s.draft = 5;
+    s.heads = 16;
+    s.page_size = 16;
+    s.prefix = 70;
+    s.seed = 9;
+    rb_ = std::make_unique<RandomBundle>(s);
+    auto pb = Gpu()->Prepare(rb_->view(), false);
+    ASSERT_TRUE(pb.ok()) << pb.status();
+    pb_ = *pb;
+    ASSERT_TRUE(Gpu()->Run(Path::kReference, *pb_).ok());
+  }
+  std::unique_ptr<RandomBundle> rb_;
+  std::shared_ptr<PreparedBundle> pb_;
+  FaultGuard guard_;
+};
+
+TEST_F(FaultInjection, ErrorFailsTheCustomRunOnly) {
+  CustomFault f;
+  f.kind = CustomFault::Kind::kError;
+  Gpu()->InjectCustomFault(f);
+  const absl::Status st = Gpu()->Run(Path::kCustom, *pb_);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInternal) << st;
+  EXPECT_NE(st.message().find("injected"), std::string::npos) << st;
+  PathOutput ref;
+  EXPECT_TRUE(Gpu()->Fetch(Path::kReference, *pb_, &ref).ok());
+  EXPECT_EQ(Gpu()->Compare(*pb_, Path::kCustom, Path::kReference, Tolerance{}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // Cleared: the same bundle runs the custom path again.
+  Gpu()->InjectCustomFault(CustomFault{});
+  EXPECT_TRUE(Gpu()->Run(Path::kCustom, *pb_).ok());
+}
+
+TEST_F(FaultInjection, PerturbShowsInTheDeviceComparison) {
+  CustomFault f;
+  f.kind = CustomFault::Kind::kPerturb;
+  f.amount = 0.5;
+  Gpu()->InjectCustomFault(f);
+  ASSERT_TRUE(Gpu()->Run(Path::kCustom, *pb_).ok());
+  auto d = Gpu()->Compare(*pb_, Path::kCustom, Path::kReference, Tolerance{});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_GT(d->max_abs, 0.4);
+  EXPECT_LT(d->max_abs, 0.7);
+  EXPECT_GT(d->beyond_tol, d->count / 2);
+  EXPECT_FALSE(Judge(*d, Tolerance{}).match);
+  PathOutput cus, ref;
+  ASSERT_TRUE(Gpu()->Fetch(Path::kCustom, *pb_, &cus).ok());
+  ASSERT_TRUE(Gpu()->Fetch(Path::kReference, *pb_, &ref).ok());
+  ExpectSameStats(*d, CompareBf16(cus.o.data(), ref.o.data(), static_cast<int64_t>(ref.o.size()),
+                                  cus.lse.data(), ref.lse.data(),
+                                  static_cast<int64_t>(ref.lse.size()), Tolerance{}));
+}
+
+TEST_F(FaultInjection, NanIsCountedAndBreaches) {
+  CustomFault f;
+  f.kind = CustomFault::Kind::kNan;
+  Gpu()->InjectCustomFault(f);
+  ASSERT_TRUE(Gpu()->Run(Path::kCustom, *pb_).ok());
+  auto d = Gpu()->Compare(*pb_, Path::kCustom, Path::kReference, Tolerance{});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->nan_test, 1);
+  EXPECT_EQ(d->nan_ref, 0);
+  EXPECT_TRUE(std::isinf(d->max_abs));
+  const Verdict v = Judge(*d, Tolerance{});
+  EXPECT_FALSE(v.match);
+  EXPECT_NE(v.reason.find("nan"), std::string::npos) << v.reason;
+}
+
+// Many gRPC threads share one engine: every thread's results equal the single-threaded ones.
+TEST(CudaEngine, ConcurrentCallsGiveTheSameResults) {
+  REQUIRE_GPU_ENGINE();
+  constexpr int kBundles = 6, kThreads = 8, kRounds = 3;
+  std::vector<std::unique_ptr<RandomBundle>> bundles;
+  std::vector<PathOutput> expected(kBundles);
+  for (int i = 0; i < kBundles; ++i) {
+    RandomBundleSpec s;
+    s.batch = 1 + i % 3;
+    s.draft = 1 + 7 * i;
+    s.heads = i % 2 ? 16 : 128;
+    s.page_size = 1 << ((i % 4) * 2);
+    s.prefix = 33 + 301 * i;
+    s.seed = 500 + i;
+    bundles.push_back(std::make_unique<RandomBundle>(s));
+    auto pb = Gpu()->Prepare(bundles.back()->view(), false);
+    ASSERT_TRUE(pb.ok()) << pb.status();
+    ASSERT_TRUE(Gpu()->Run(Path::kReference, **pb).ok());
+    ASSERT_TRUE(Gpu()->Fetch(Path::kReference, **pb, &expected[i]).ok());
+  }
+  std::vector<int> mismatches(kThreads, 0), errors(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < kRounds; ++round) {
+        const int i = (t + round) % kBundles;
+        auto pb = Gpu()->Prepare(bundles[i]->view(), false);
+        if (!pb.ok()) {
+          ++errors[t];
+          continue;
+        }
+        PathOutput ref;
+        if (!Gpu()->Run(Path::kReference, **pb).ok() ||
+            !Gpu()->Fetch(Path::kReference, **pb, &ref).ok()) {
+          ++errors[t];
+          continue;
+        }
+        if (ref.o != expected[i].o) ++mismatches[t];
+        // The shadow side as the server runs it: custom, then the device comparison.
+        if (Gpu()->Run(Path::kCustom, **pb).ok()) {
+          auto d = Gpu()->Compare(**pb, Path::kCustom, Path::kReference, Tolerance{});
+          if (!d.ok() || d->nan_test + d->nan_ref > 0) ++errors[t];
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(errors[t], 0) << "thread " << t;
+    EXPECT_EQ(mismatches[t], 0) << "thread " << t;
+  }
+}
+
+}  // namespace
+}  // namespace verifyd
