@@ -113,7 +113,9 @@ absl::StatusOr<std::vector<Entry>> ParseHeader(std::string_view header, uint64_t
       e.tensor.shape.push_back(d.get<int64_t>());
     }
     const std::optional<int64_t> numel = Numel(e.tensor.shape);
-    if (!numel) return Corrupt(what, absl::StrCat(where, " has bad shape ", shape.dump()));
+    if (!numel || *numel > std::numeric_limits<int64_t>::max() / DTypeSize(*dtype)) {
+      return Corrupt(what, absl::StrCat(where, " has bad shape ", shape.dump()));
+    }
     const nlohmann::json& off = v["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
         !off[1].is_number_unsigned()) {

@@ -181,6 +181,36 @@ TEST_F(SafetensorsTest, CorruptFilesGiveClearErrors) {
   bad_dtype += header2 + "x";
   WriteAll(Path("bad_dtype"), bad_dtype);
   ExpectDataLoss(Path("bad_dtype"), "unsupported dtype \"Q7\"");
+
+  // 2^61 F64 elements would wrap a 64-bit byte count to 0.
+  const std::string header3 =
+      R"({"t":{"dtype":"F64","shape":[2305843009213693952],"data_offsets":[0,0]}})";
+  std::string huge(8, '\0');
+  const uint64_t n3 = header3.size();
+  std::memcpy(huge.data(), &n3, 8);
+  huge += header3;
+  WriteAll(Path("huge"), huge);
+  ExpectDataLoss(Path("huge"), "bad shape");
+}
+
+TEST_F(SafetensorsTest, EveryTruncationAndHeaderByteFlipIsHandled) {
+  Sample s;
+  auto good = SerializeSafetensors(s.refs, {{"case", "x"}});
+  ASSERT_TRUE(good.ok());
+  uint64_t header_len;
+  std::memcpy(&header_len, good->data(), 8);
+  for (size_t len = 0; len < good->size(); ++len) {
+    auto f = ParseSafetensors(std::string_view(*good).substr(0, len), "cut");
+    ASSERT_EQ(f.status().code(), absl::StatusCode::kDataLoss) << "length " << len;
+  }
+  for (size_t pos = 0; pos < 8 + header_len; ++pos) {
+    for (char c : {'\0', '"', '9', '}', '\xff'}) {
+      std::string bytes = *good;
+      bytes[pos] = c;
+      auto f = ParseSafetensors(bytes, "flip");
+      ASSERT_TRUE(f.ok() || f.status().code() == absl::StatusCode::kDataLoss) << f.status();
+    }
+  }
 }
 
 // python3 with numpy, or "" when there is none.
