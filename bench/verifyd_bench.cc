@@ -1,0 +1,305 @@
+// verifyd-bench: times the custom kernel (both tile configurations) and, when built, the GPU
+// reference path on the verify shapes of issue 3, against the GEMM and copy ceilings measured
+// in the same run. Median of per-launch CUDA-event times, rotating input sets that together
+// exceed the L2 cache several times. Writes <date>-<commit>-<device>.{md,json} to --out.
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "bench/bench_report.h"
+#include "bench/bench_timing.h"
+#include "bench/ceilings.h"
+#include "kernels/custom/custom_attention.h"
+#include "kernels/custom/custom_launch_plan.h"
+#include "src/bundle/random_bundle.h"
+#include "src/compare/compare.h"
+#if VERIFYD_BENCH_HAVE_REFERENCE
+#include "kernels/reference/reference_attention.h"
+#endif
+
+#ifndef VERIFYD_GIT_COMMIT
+#define VERIFYD_GIT_COMMIT "unknown"
+#endif
+
+namespace verifyd::bench {
+namespace {
+
+struct Shape {
+  int batch, draft, heads;
+  int64_t prefix;
+};
+
+// (B, T, H, prefix) of issue 3.
+constexpr Shape kShapes[] = {{1, 16, 8, 4096},  {8, 16, 8, 4096},   {32, 16, 8, 8192},
+                             {4, 16, 64, 8192}, {4, 128, 8, 4096},  {1, 1024, 8, 2048},
+                             {16, 8, 16, 32768}, {64, 4, 16, 2048}};
+
+template <typename T>
+struct DevPtr {
+  T* p = nullptr;
+  size_t bytes = 0;
+  ~DevPtr() {
+    if (p != nullptr) cudaFree(p);
+  }
+  cudaError_t Alloc(size_t n) {
+    bytes = std::max<size_t>(n * sizeof(T), 16);
+    return cudaMalloc(&p, bytes);
+  }
+};
+
+// One copy of a bundle's inputs and outputs on the device.
+struct InputSet {
+  DevPtr<uint16_t> q, kv, o;
+  DevPtr<int32_t> indptr, indices, lens;
+  DevPtr<uint8_t> mask;
+  DevPtr<float> lse;
+  kernels::VerifyProblem problem;
+};
+
+cudaError_t Upload(const BundleView& v, InputSet* s) {
+  auto up = [](auto& d, const auto* src, size_t n) {
+    cudaError_t e = d.Alloc(n);
+    if (e == cudaSuccess && n > 0) {
+      e = cudaMemcpy(d.p, src, n * sizeof(*src), cudaMemcpyHostToDevice);
+    }
+    return e;
+  };
+  cudaError_t e;
+  if ((e = up(s->q, v.q, v.q_elems())) != cudaSuccess) return e;
+  if ((e = up(s->kv, v.kv_pool, v.kv_elems())) != cudaSuccess) return e;
+  if ((e = up(s->indptr, v.kv_indptr, v.shape.batch + 1)) != cudaSuccess) return e;
+  if ((e = up(s->indices, v.kv_indices, v.shape.num_indices)) != cudaSuccess) return e;
+  if ((e = up(s->lens, v.kv_lens, v.shape.batch)) != cudaSuccess) return e;
+  if ((e = up(s->mask, v.tree_mask, v.mask_bytes())) != cudaSuccess) return e;
+  if ((e = s->o.Alloc(v.o_elems())) != cudaSuccess) return e;
+  if ((e = s->lse.Alloc(v.lse_elems())) != cudaSuccess) return e;
+  kernels::VerifyProblem& p = s->problem;
+  p.shape = v.shape;
+  p.q = s->q.p;
+  p.kv_pool = s->kv.p;
+  p.kv_indptr = s->indptr.p;
+  p.kv_indices = s->indices.p;
+  p.kv_lens = s->lens.p;
+  p.tree_mask = s->mask.p;
+  p.sm_scale = v.sm_scale;
+  p.max_kv_len = v.max_kv_len;
+  p.total_kv_len = v.total_kv_len;
+  p.o = s->o.p;
+  p.lse = s->lse.p;
+  return cudaSuccess;
+}
+
+std::string Today() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[16];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm);
+  return buf;
+}
+
+// "NVIDIA H200" -> "h200"
+std::string DeviceSlug(const std::string& name) {
+  std::string s = name;
+  if (s.rfind("NVIDIA ", 0) == 0) s = s.substr(7);
+  std::string out;
+  for (char c : s) {
+    if (std::isalnum(static_cast<unsigned char>(c))) {
+      out += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    } else if (!out.empty() && out.back() != '-') {
+      out += '-';
+    }
+  }
+  while (!out.empty() && out.back() == '-') out.pop_back();
+  return out.empty() ? "gpu" : out;
+}
+
+struct Options {
+  std::string out_dir = ".";
+  std::string commit = VERIFYD_GIT_COMMIT;
+  std::vector<int> pages = {1, 64};
+  std::vector<std::string> paths = {"custom", "custom-sm120cfg", "reference"};
+  double seconds_per_row = 0.25;
+  int max_shapes = 0;
+};
+
+int Run(const Options& opt) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+    std::fprintf(stderr, "verifyd-bench: no CUDA device\n");
+    return 2;
+  }
+  cudaSetDevice(0);
+  BenchReport report;
+  report.device = prop.name;
+  report.commit = opt.commit;
+  report.date = Today();
+  report.sms = prop.multiProcessorCount;
+  cublasHandle_t handle;
+  if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "verifyd-bench: cublasCreate failed\n");
+    return 2;
+  }
+  report.ceilings = MeasureCeilings(handle);
+  std::printf("ceilings: GEMM %.1f TFLOP/s, copy %.0f GB/s %s\n", report.ceilings.gemm_tflops,
+              report.ceilings.copy_gbps, report.ceilings.error.c_str());
+  cudaStream_t stream;
+  cudaStreamCreate(&stream);
+
+  const bool want_ref = std::find(opt.paths.begin(), opt.paths.end(), "reference") !=
+                        opt.paths.end();
+  int shapes_done = 0;
+  std::vector<BenchRow> ref_rows;
+  for (int page : opt.pages) {
+    for (const Shape& sh : kShapes) {
+      if (opt.max_shapes > 0 && shapes_done >= opt.max_shapes) break;
+      ++shapes_done;
+      RandomBundleSpec spec;
+      spec.batch = sh.batch;
+      spec.draft = sh.draft;
+      spec.heads = sh.heads;
+      spec.page_size = page;
+      spec.prefix = sh.prefix;
+      spec.tree = TreeKind::kRandomTree;
+      spec.seed = 1000 + shapes_done;
+      const RandomBundle bundle(spec);
+      const BundleView& v = bundle.view();
+
+      const double flops = 2.0 * sh.draft * sh.heads * double(v.total_kv_len) *
+                           (kernels::kHeadDimQK + kernels::kHeadDimV);
+      const double bytes = double(v.total_kv_len) * kernels::kHeadDimQK * 2 +
+                           double(v.q_elems()) * 2 + double(v.o_elems()) * 2;
+      const double t_flop_ms = flops / (report.ceilings.gemm_tflops * 1e12) * 1e3;
+      const double t_byte_ms = bytes / (report.ceilings.copy_gbps * 1e9) * 1e3;
+
+      // Enough distinct copies that one pass over them is >= 4x the L2 cache.
+      const double set_bytes = double(v.kv_elems()) * 2 + double(v.q_elems()) * 2 +
+                               double(v.o_elems()) * 2;
+      const int sets = std::clamp(static_cast<int>(std::ceil(4.0 * prop.l2CacheSize / set_bytes)),
+                                  2, 16);
+      std::vector<std::unique_ptr<InputSet>> in;
+      bool ok = true;
+      for (int k = 0; k < sets && ok; ++k) {
+        in.push_back(std::make_unique<InputSet>());
+        ok = Upload(v, in.back().get()) == cudaSuccess;
+      }
+      if (!ok) {
+        std::fprintf(stderr, "upload failed for B=%d T=%d H=%d\n", sh.batch, sh.draft, sh.heads);
+        continue;
+      }
+
+      std::vector<uint16_t> ref_o;
+      auto run_path = [&](const std::string& path) {
+        BenchRow row;
+        row.path = path;
+        row.batch = sh.batch;
+        row.draft = sh.draft;
+        row.heads = sh.heads;
+        row.prefix = sh.prefix;
+        row.page_size = page;
+        row.floor_ms = std::max(t_flop_ms, t_byte_ms);
+        row.compute_bound = t_flop_ms >= t_byte_ms;
+        DevPtr<uint8_t> ws;
+        std::function<cudaError_t(int)> launch;
+        kernels::CustomConfig cfg;
+        if (path == "custom" || path == "custom-sm120cfg") {
+          cfg.small_smem = path == "custom-sm120cfg";
+          kernels::CustomPlan plan;
+          if (kernels::ResolveCustomPlan(in[0]->problem, cfg, &plan) == cudaSuccess) {
+            row.splits = plan.splits;
+          }
+          const size_t wsb = kernels::CustomWorkspaceBytes(in[0]->problem, cfg);
+          if (ws.Alloc(wsb) != cudaSuccess) row.error = "workspace";
+          launch = [&, wsb](int i) {
+            return kernels::LaunchCustom(in[i % sets]->problem, cfg, ws.p, wsb, stream);
+          };
+        } else {
+#if VERIFYD_BENCH_HAVE_REFERENCE
+          const size_t wsb = kernels::ReferenceWorkspaceBytes(in[0]->problem);
+          if (ws.Alloc(wsb) != cudaSuccess) row.error = "workspace";
+          launch = [&, wsb](int i) {
+            return kernels::LaunchReference(in[i % sets]->problem, ws.p, wsb, handle, stream);
+          };
+#else
+          row.error = "reference path not built";
+#endif
+        }
+        if (row.error.empty()) {
+          // One timed launch sizes the repetition count.
+          const double probe = MedianMs(stream, 1, 1, launch);
+          const int reps = probe > 0 ? std::clamp(static_cast<int>(opt.seconds_per_row * 1e3 /
+                                                                   probe),
+                                                  10, 200)
+                                     : 1;
+          row.ms = probe > 0 ? MedianMs(stream, 2, reps, launch) : -1;
+          if (row.ms <= 0) row.error = cudaGetErrorString(cudaGetLastError());
+        }
+        if (row.ms > 0) {
+          row.tflops = flops / (row.ms * 1e-3) / 1e12;
+          row.gbps = bytes / (row.ms * 1e-3) / 1e9;
+          // Output of set 0 from its last launch, against the reference's.
+          std::vector<uint16_t> o(v.o_elems());
+          cudaMemcpy(o.data(), in[0]->o.p, o.size() * 2, cudaMemcpyDeviceToHost);
+          if (path == "reference") {
+            ref_o = std::move(o);
+          } else if (!ref_o.empty()) {
+            const DiffStats d = CompareBf16(o.data(), ref_o.data(), int64_t(o.size()), nullptr,
+                                            nullptr, 0, Tolerance{});
+            row.rel_l2_vs_reference = d.rel_l2;
+          }
+        }
+        std::printf("%-16s B=%-3d T=%-4d H=%-3d prefix=%-6lld page=%-3d %9.4f ms %7.1f TFLOP/s "
+                    "%6.0f GB/s floor %.4f ms ratio %.2f splits %d %s\n",
+                    path.c_str(), sh.batch, sh.draft, sh.heads, static_cast<long long>(sh.prefix),
+                    page, row.ms, row.tflops, row.gbps, row.floor_ms,
+                    row.ms > 0 ? row.ms / row.floor_ms : 0.0, row.splits, row.error.c_str());
+        std::fflush(stdout);
+        return row;
+      };
+      // The reference runs first so that the custom rows can report their difference to it.
+      BenchRow ref_row;
+      if (want_ref) ref_row = run_path("reference");
+      for (const std::string& path : opt.paths) {
+        if (path != "reference") report.rows.push_back(run_path(path));
+      }
+      if (want_ref) ref_rows.push_back(ref_row);
+    }
+  }
+  report.rows.insert(report.rows.end(), ref_rows.begin(), ref_rows.end());
+  cublasDestroy(handle);
+
+  const std::string base = opt.out_dir + "/" + report.date + "-" + report.commit + "-" +
+                           DeviceSlug(report.device);
+  std::ofstream(base + ".md") << ToMarkdown(report);
+  std::ofstream(base + ".json") << ToJson(report);
+  std::printf("\n%s\nwrote %s.{md,json}\n", ToMarkdown(report).c_str(), base.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace verifyd::bench
+
+int main(int argc, char** argv) {
+  verifyd::bench::Options opt;
+  CLI::App app{"verifyd-bench: the custom kernel and the reference path vs the H200 roofline"};
+  app.add_option("--out", opt.out_dir, "directory for <date>-<commit>-<device>.{md,json}");
+  app.add_option("--commit", opt.commit, "commit the binaries were built from");
+  app.add_option("--pages", opt.pages, "page sizes to run");
+  app.add_option("--paths", opt.paths, "custom, custom-sm120cfg, reference");
+  app.add_option("--seconds-per-row", opt.seconds_per_row, "timing budget per row");
+  app.add_option("--max-shapes", opt.max_shapes, "stop after this many (shape, page) pairs");
+  CLI11_PARSE(app, argc, argv);
+  return verifyd::bench::Run(opt);
+}

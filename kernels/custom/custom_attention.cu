@@ -1,0 +1,187 @@
+#include "kernels/custom/custom_attention.h"
+
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "kernels/custom/custom_launch_plan.h"
+#include "kernels/custom/custom_plan.h"
+#include "kernels/custom/fused_verify_kernel.cuh"
+#include "kernels/custom/kernel_params.h"
+#include "kernels/custom/split_combine_kernel.cuh"
+#include "kernels/custom/tile_config.cuh"
+
+namespace verifyd::kernels {
+namespace {
+
+using custom::HopperTiles;
+using custom::KernelParams;
+using custom::Sm120Tiles;
+
+// The planner's view of the tiles must be the kernels' own.
+template <class Cfg>
+constexpr bool SameShape(CustomTileShape s) {
+  return s.rows == Cfg::kRows && s.tokens == Cfg::kTokens && s.stages == Cfg::kStages &&
+         s.threads == Cfg::kThreads && s.smem_bytes == Cfg::kSmemBytes;
+}
+static_assert(SameShape<HopperTiles>(HopperTileShape()), "Hopper tile shape");
+static_assert(SameShape<Sm120Tiles>(Sm120TileShape()), "sm_120 tile shape");
+
+// What a launch needs to know about a device, read once per device: the kernels' shared-memory
+// attribute is set at the same time.
+struct DeviceFacts {
+  bool ready = false;
+  cudaError_t error = cudaSuccess;
+  int sms = 0;
+  bool hopper_tiles_fit = false;
+  int ctas_hopper = 0;
+  int ctas_sm120 = 0;
+};
+
+constexpr int kMaxDevices = 64;
+
+cudaError_t QueryDevice(int dev, DeviceFacts* f) {
+  cudaError_t e = cudaDeviceGetAttribute(&f->sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e != cudaSuccess) return e;
+  int optin = 0;
+  e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (e != cudaSuccess) return e;
+  f->hopper_tiles_fit = static_cast<size_t>(optin) >= HopperTiles::kSmemBytes;
+  if (f->hopper_tiles_fit) {
+    auto* k = custom::FusedVerifyKernel<HopperTiles>;
+    e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(HopperTiles::kSmemBytes));
+    if (e != cudaSuccess) return e;
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f->ctas_hopper, k, HopperTiles::kThreads,
+                                                      HopperTiles::kSmemBytes);
+    if (e != cudaSuccess) return e;
+  }
+  auto* k = custom::FusedVerifyKernel<Sm120Tiles>;
+  e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(Sm120Tiles::kSmemBytes));
+  if (e != cudaSuccess) return e;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f->ctas_sm120, k, Sm120Tiles::kThreads,
+                                                       Sm120Tiles::kSmemBytes);
+}
+
+cudaError_t CurrentDeviceFacts(DeviceFacts* out) {
+  static std::mutex mu;
+  static std::array<DeviceFacts, kMaxDevices> facts;
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  if (dev < 0 || dev >= kMaxDevices) return cudaErrorInvalidDevice;
+  std::lock_guard<std::mutex> lock(mu);
+  DeviceFacts& f = facts[dev];
+  if (!f.ready) {
+    f.error = QueryDevice(dev, &f);
+    f.ready = true;
+  }
+  *out = f;
+  return f.error;
+}
+
+struct ResolvedPlan {
+  CustomPlan plan;
+  cudaError_t error = cudaSuccess;
+};
+
+ResolvedPlan Resolve(const VerifyProblem& p, const CustomConfig& c) {
+  ResolvedPlan r;
+  DeviceFacts f;
+  r.error = CurrentDeviceFacts(&f);
+  if (r.error != cudaSuccess) return r;
+  const bool small = c.small_smem || !f.hopper_tiles_fit;
+  const int sms = c.num_sms > 0 ? c.num_sms : f.sms;
+  const int ctas = small ? f.ctas_sm120 : f.ctas_hopper;
+  if (ctas < 1) {
+    r.error = cudaErrorInvalidConfiguration;
+    return r;
+  }
+  r.plan = PlanCustom(p, small, sms, ctas, c.force_splits);
+  return r;
+}
+
+int Log2(int v) {
+  int s = 0;
+  while ((1 << s) < v) ++s;
+  return s;
+}
+
+template <class Cfg>
+cudaError_t LaunchPlanned(const VerifyProblem& p, const CustomPlan& plan, void* workspace,
+                          cudaStream_t stream) {
+  KernelParams k{};
+  k.q = p.q;
+  k.kv_pool = p.kv_pool;
+  k.kv_indptr = p.kv_indptr;
+  k.kv_indices = p.kv_indices;
+  k.kv_lens = p.kv_lens;
+  k.tree_mask = p.tree_mask;
+  k.draft = p.shape.draft;
+  k.heads = p.shape.heads;
+  k.rows = p.shape.draft * p.shape.heads;
+  k.page_shift = Log2(p.shape.page_size);
+  k.mask_bits = p.shape.mask_format == MaskFormat::kBits ? 1 : 0;
+  k.mask_row_bytes = static_cast<int>(MaskRowBytes(p.shape.mask_format, p.shape.draft));
+  k.scale_log2 = p.sm_scale * 1.4426950408889634f;
+  k.splits = plan.splits;
+  k.tiles_per_split = static_cast<int>(plan.tiles_per_split);
+  k.o = p.o;
+  k.lse = p.lse;
+  k.rows_total = int64_t{k.rows} * p.shape.batch;
+  if (plan.splits > 1) {
+    k.o_partial = static_cast<float*>(workspace);
+    k.lse_partial =
+        reinterpret_cast<float*>(static_cast<char*>(workspace) + plan.partial_lse_offset);
+  }
+  const dim3 grid(plan.row_blocks, plan.splits, p.shape.batch);
+  custom::FusedVerifyKernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(k);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess || plan.splits == 1) return e;
+  const int64_t blocks =
+      (k.rows_total + custom::kCombineRowsPerBlock - 1) / custom::kCombineRowsPerBlock;
+  custom::CombineSplitsKernel<<<static_cast<unsigned>(blocks),
+                                dim3(128, custom::kCombineRowsPerBlock), 0, stream>>>(k,
+                                                                                      Cfg::kTokens);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+CustomConfig CustomConfigFromEnv() {
+  CustomConfig c;
+  const char* v = std::getenv("VERIFYD_FORCE_SM120_CONFIG");
+  c.small_smem = v != nullptr && std::strcmp(v, "1") == 0;
+  return c;
+}
+
+cudaError_t ResolveCustomPlan(const VerifyProblem& p, const CustomConfig& c, CustomPlan* plan) {
+  const ResolvedPlan r = Resolve(p, c);
+  if (r.error == cudaSuccess) *plan = r.plan;
+  return r.error;
+}
+
+size_t CustomWorkspaceBytes(const VerifyProblem& p, const CustomConfig& c) {
+  const ResolvedPlan r = Resolve(p, c);
+  return r.error == cudaSuccess ? r.plan.workspace_bytes : 0;
+}
+
+cudaError_t LaunchCustom(const VerifyProblem& p, const CustomConfig& c, void* workspace,
+                         size_t workspace_bytes, cudaStream_t stream) {
+  if (!CheckShape(p.shape).empty() || p.max_kv_len < p.shape.draft ||
+      p.max_kv_len > kMaxPrefix + kMaxDraft) {
+    return cudaErrorInvalidValue;
+  }
+  const ResolvedPlan r = Resolve(p, c);
+  if (r.error != cudaSuccess) return r.error;
+  if (r.plan.workspace_bytes > 0 &&
+      (workspace == nullptr || workspace_bytes < r.plan.workspace_bytes)) {
+    return cudaErrorInvalidValue;
+  }
+  return r.plan.small_tiles ? LaunchPlanned<Sm120Tiles>(p, r.plan, workspace, stream)
+                            : LaunchPlanned<HopperTiles>(p, r.plan, workspace, stream);
+}
+
+}  // namespace verifyd::kernels

@@ -1,0 +1,339 @@
+#pragma once
+// The fused paged MLA tree-verify attention kernel.
+//
+// grid (ceil(T*H / kRows), splits, B), block Cfg::kThreads. CTA (mb, s, b) computes query rows
+// [mb*kRows, (mb+1)*kRows) of request b (row = token * H + head) against KV tiles
+// [s*tiles_per_split, (s+1)*tiles_per_split) of that request:
+//   q [B*T*H, 576] bf16, kv_pool [pages*page_size, 576] bf16 (gathered through kv_indices),
+//   o [B*T*H, 512] bf16 + lse [B*T*H] f32 when splits == 1, else fp32 partials for the combine.
+// Every KV tile is read from memory once per CTA and used for Q·Kᵀ (576 dims) and P·V (its
+// first 512 dims). Only tiles that reach the draft tail read the tree mask.
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/custom/device_primitives.cuh"
+#include "kernels/custom/kernel_params.h"
+#include "kernels/custom/tile_config.cuh"
+
+namespace verifyd::kernels::custom {
+
+__device__ __forceinline__ float FastExp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Issues cp.async for kNumRows rows of 576 bf16 into a swizzled tile. `row_src(r, &valid)`
+// gives row r's global address (any mapped address when !valid: the row is zero-filled).
+// Eight threads share a row, so a warp reads four rows' 128-byte runs per instruction.
+template <class Cfg, int kNumRows, class RowSrc>
+__device__ __forceinline__ void LoadRows(uint32_t tile, int tid, RowSrc row_src) {
+  constexpr int kRowsPerPass = Cfg::kThreads / 8;
+  const int sub = tid & 7;
+#pragma unroll
+  for (int pass = 0; pass < kNumRows / kRowsPerPass; ++pass) {
+    const int r = pass * kRowsPerPass + (tid >> 3);
+    bool valid;
+    const uint16_t* src = row_src(r, &valid);
+    const uint32_t dst = tile + r * Cfg::kRowBytes + ((sub ^ (r & 7)) << 4);
+#pragma unroll
+    for (int c = 0; c < Cfg::kChunksPerRow / 8; ++c) {
+      CpAsync16(dst + c * 128, src + (c * 8 + sub) * 8, valid);
+    }
+  }
+}
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const KernelParams p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  constexpr int kRows = Cfg::kRows, kTokens = Cfg::kTokens, kStages = Cfg::kStages;
+  constexpr int kRowBytes = Cfg::kRowBytes;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, tq = lane & 3;
+  const int b = blockIdx.z, split = blockIdx.y;
+  const int m0 = blockIdx.x * kRows;
+
+  const int kv_len = p.kv_lens[b];
+  const int prefix = kv_len - p.draft;
+  const int num_tiles = (kv_len + kTokens - 1) / kTokens;
+  const int tile_begin = split * p.tiles_per_split;
+  const int tile_end = min(num_tiles, tile_begin + p.tiles_per_split);
+  if (tile_begin >= tile_end) return;  // a split past this request's (shorter) KV
+  const int m_valid = min(kRows, p.rows - m0);
+  const int64_t row0 = int64_t{b} * p.rows + m0;
+  const int32_t* pages = p.kv_indices + p.kv_indptr[b];
+  const int page_mask = (1 << p.page_shift) - 1;
+
+  const uint32_t q_s = SmemAddress(smem + Cfg::kQOffset);
+  const uint32_t kv_s = SmemAddress(smem + Cfg::kKvOffset);
+  const uint32_t p_s = SmemAddress(smem + Cfg::kPOffset);
+  uint32_t* p_words = reinterpret_cast<uint32_t*>(smem + Cfg::kPOffset);
+  float* red = reinterpret_cast<float*>(smem + Cfg::kRedOffset);        // [2][kRows]
+  float* row_scale = reinterpret_cast<float*>(smem + Cfg::kScaleOffset);  // [kRows]
+  uint16_t* mask_s = reinterpret_cast<uint16_t*>(smem + Cfg::kMaskOffset);
+
+  LoadRows<Cfg, kRows>(q_s, tid, [&](int r, bool* valid) {
+    *valid = r < m_valid;
+    return p.q + (*valid ? (row0 + r) * kHeadDimQK : 0);
+  });
+  auto load_tile = [&](int tile, int stage) {
+    const int k0 = tile * kTokens;
+    LoadRows<Cfg, kTokens>(kv_s + stage * Cfg::kStageBytes, tid, [&](int r, bool* valid) {
+      const int t = k0 + r;
+      *valid = t < kv_len;
+      const int tt = *valid ? t : kv_len - 1;
+      const int64_t slot = (int64_t{pages[tt >> p.page_shift]} << p.page_shift) + (tt & page_mask);
+      return p.kv_pool + slot * kHeadDimQK;
+    });
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (tile_begin + s < tile_end) load_tile(tile_begin + s, s);
+    CpAsyncCommit();
+  }
+
+  // S role: rows s_row + g and s_row + g + 8, keys s_key .. s_key + kTokens/2.
+  const int s_group = warp % Cfg::kRowGroups, s_half = warp / Cfg::kRowGroups;
+  const int s_row = s_group * 16, s_key = s_half * (kTokens / 2);
+  // PV role: rows v_row .. v_row + 32, output dims v_dim .. v_dim + 128.
+  const int v_pair = warp % Cfg::kRowPairs, v_quarter = warp / Cfg::kRowPairs;
+  const int v_row = v_pair * 32, v_dim = v_quarter * 128;
+
+  // Byte offsets of this lane's 16-byte chunk inside a 128-byte swizzle group, for the four
+  // even chunk positions 2j (+1 for the lanes that read the upper 8 columns).
+  const int x = lane & 7;
+  uint32_t off_hi16[4], off_b[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    off_hi16[j] = ((2 * j + (lane >> 4)) ^ x) << 4;
+    off_b[j] = ((2 * j + ((lane >> 3) & 1)) ^ x) << 4;
+  }
+
+  int tok_local[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = min(s_row + g + 8 * i, m_valid - 1);
+    tok_local[i] = (m0 + r) / p.heads - m0 / p.heads;
+  }
+  float m_run[2] = {-INFINITY, -INFINITY};
+  float l_run[2] = {0.f, 0.f};
+  float o_acc[2][16][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o_acc[mt][nt][e] = 0.f;
+
+  const uint32_t a_base = q_s + (s_row + (lane & 15)) * kRowBytes;
+  const int b_row = Cfg::kNTilesS % 2 == 0 ? s_key + (lane & 7) + ((lane >> 4) << 3)
+                                           : s_key + (lane & 7);
+  const int v_key = (lane & 7) + ((lane >> 3) & 1) * 8;
+  const int m_first = m0 / p.heads;
+
+  for (int tile = tile_begin; tile < tile_end; ++tile) {
+    const int it = tile - tile_begin;
+    const int stage = it % kStages;
+    const int k0 = tile * kTokens;
+    const bool tail = k0 + kTokens > prefix;
+    if (tail) {
+      // Visibility bits of this tile's keys for each token of the CTA's rows: prefix keys are
+      // visible, tail keys per tree_mask, keys past kv_len not.
+      for (int e = tid; e < kRows * Cfg::kMaskWords; e += Cfg::kThreads) {
+        const int tl = e / Cfg::kMaskWords, w = e % Cfg::kMaskWords;
+        const int tok = min(m_first + tl, p.draft - 1);
+        const uint8_t* mrow = p.tree_mask + (int64_t{b} * p.draft + tok) * p.mask_row_bytes;
+        uint32_t bits = 0;
+#pragma unroll
+        for (int k = 0; k < 16; ++k) {
+          const int j = k0 + w * 16 + k - prefix;
+          bool vis = j < 0;
+          if (j >= 0 && j < p.draft) {
+            vis = p.mask_bits ? ((mrow[j >> 3] >> (j & 7)) & 1) != 0 : mrow[j] != 0;
+          }
+          bits |= uint32_t{vis} << k;
+        }
+        mask_s[e] = static_cast<uint16_t>(bits);
+      }
+    }
+    CpAsyncWait<kStages - 2>();
+    __syncthreads();  // tile `it` landed; everyone is done with the previous tile's buffers
+    {
+      const int next = tile + kStages - 1;
+      if (next < tile_end) load_tile(next, (it + kStages - 1) % kStages);
+      CpAsyncCommit();
+    }
+    const uint32_t kv_tile = kv_s + stage * Cfg::kStageBytes;
+
+    // ---- S = Q Kᵀ for 16 rows x kTokens/2 keys, all 576 dims.
+    float s[Cfg::kNTilesS][4];
+#pragma unroll
+    for (int j = 0; j < Cfg::kNTilesS; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
+    if (s_row < m_valid) {
+      const uint32_t b_base = kv_tile + b_row * kRowBytes;
+#pragma unroll
+      for (int kk = 0; kk < Cfg::kKSteps; ++kk) {
+        const uint32_t koff = (kk >> 2) * 128;
+        uint32_t a[4];
+        LdMatrixX4(a, a_base + koff + off_hi16[kk & 3]);
+        if constexpr (Cfg::kNTilesS % 2 == 0) {
+#pragma unroll
+          for (int jp = 0; jp < Cfg::kNTilesS / 2; ++jp) {
+            uint32_t bb[4];
+            LdMatrixX4(bb, b_base + jp * 16 * kRowBytes + koff + off_b[kk & 3]);
+            MmaBf16(s[2 * jp], a, bb[0], bb[1]);
+            MmaBf16(s[2 * jp + 1], a, bb[2], bb[3]);
+          }
+        } else {
+          uint32_t bb[2];
+          LdMatrixX2(bb, b_base + koff + off_b[kk & 3]);
+          MmaBf16(s[0], a, bb[0], bb[1]);
+        }
+      }
+    }
+
+    // ---- Online softmax (log2 domain). Masked keys become -inf.
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < Cfg::kNTilesS; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int ri = e >> 1;
+        const int col = s_key + j * 8 + 2 * tq + (e & 1);
+        float v = s[j][e] * p.scale_log2;
+        if (tail) {
+          const uint32_t w = mask_s[tok_local[ri] * Cfg::kMaskWords + (col >> 4)];
+          if (((w >> (col & 15)) & 1u) == 0) v = -INFINITY;
+        }
+        s[j][e] = v;
+        mx[ri] = fmaxf(mx[ri], v);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+      if (tq == 0) red[s_half * kRows + s_row + g + 8 * i] = mx[i];
+    }
+    NamedBarrier(1 + s_group, 64);
+    float m_use[2], alpha[2], rowsum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float other = red[(1 - s_half) * kRows + s_row + g + 8 * i];
+      const float m_new = fmaxf(m_run[i], fmaxf(mx[i], other));
+      // A row with nothing visible yet keeps m = -inf; exp2(-inf - 0) = 0 keeps it NaN-free.
+      m_use[i] = m_new == -INFINITY ? 0.f : m_new;
+      alpha[i] = FastExp2(m_run[i] - m_use[i]);
+      m_run[i] = m_new;
+    }
+#pragma unroll
+    for (int j = 0; j < Cfg::kNTilesS; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pv = FastExp2(s[j][e] - m_use[e >> 1]);
+        s[j][e] = pv;
+        rowsum[e >> 1] += pv;
+      }
+      const int col = s_key + j * 8 + 2 * tq;
+      p_words[((s_row + g) * Cfg::kPStride + col) >> 1] = PackBf16x2(s[j][0], s[j][1]);
+      p_words[((s_row + g + 8) * Cfg::kPStride + col) >> 1] = PackBf16x2(s[j][2], s[j][3]);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      l_run[i] = l_run[i] * alpha[i] + rowsum[i];
+      if (s_half == 0 && tq == 0) row_scale[s_row + g + 8 * i] = alpha[i];
+    }
+    __syncthreads();  // P and the row scales are visible to the PV warps
+
+    // ---- O = O * alpha + P V for 32 rows x 128 dims.
+    if (v_row < m_valid) {
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        const float a0 = row_scale[v_row + mt * 16 + g];
+        const float a1 = row_scale[v_row + mt * 16 + g + 8];
+#pragma unroll
+        for (int nt = 0; nt < 16; ++nt) {
+          o_acc[mt][nt][0] *= a0;
+          o_acc[mt][nt][1] *= a0;
+          o_acc[mt][nt][2] *= a1;
+          o_acc[mt][nt][3] *= a1;
+        }
+      }
+      const bool mt1 = v_row + 16 < m_valid;
+#pragma unroll
+      for (int ks = 0; ks < kTokens / 16; ++ks) {
+        uint32_t pa[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          LdMatrixX4(pa[mt], p_s + ((v_row + mt * 16 + (lane & 15)) * Cfg::kPStride + ks * 16 +
+                                    (lane >> 4) * 8) * 2);
+        }
+        const uint32_t v_base = kv_tile + (ks * 16 + v_key) * kRowBytes + v_dim * 2;
+#pragma unroll
+        for (int np = 0; np < 8; ++np) {
+          uint32_t vb[4];
+          LdMatrixX4Trans(vb, v_base + (np >> 2) * 128 + off_hi16[np & 3]);
+          MmaBf16(o_acc[0][2 * np], pa[0], vb[0], vb[1]);
+          MmaBf16(o_acc[0][2 * np + 1], pa[0], vb[2], vb[3]);
+          if (mt1) {
+            MmaBf16(o_acc[1][2 * np], pa[1], vb[0], vb[1]);
+            MmaBf16(o_acc[1][2 * np + 1], pa[1], vb[2], vb[3]);
+          }
+        }
+      }
+    }
+  }
+
+  // ---- Epilogue: row sums and maxima to the PV warps, normalize, store.
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float l = l_run[i];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (tq == 0) {
+      red[s_half * kRows + s_row + g + 8 * i] = l;
+      if (s_half == 0) row_scale[s_row + g + 8 * i] = m_run[i];
+    }
+  }
+  __syncthreads();
+  if (v_row >= m_valid) return;
+  constexpr float kLn2 = 0.6931471805599453f;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = v_row + mt * 16 + g + 8 * hh;
+      if (r >= m_valid) continue;
+      const float l = red[r] + red[kRows + r];
+      // l == 0: the row saw no key in this range; zeros and lse = -inf, never 0 * inf.
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const float lse = l > 0.f ? row_scale[r] * kLn2 + logf(l) : -INFINITY;
+      const int64_t grow = row0 + r;
+      if (p.splits == 1) {
+        uint32_t* orow = reinterpret_cast<uint32_t*>(p.o + grow * kHeadDimV + v_dim + 2 * tq);
+#pragma unroll
+        for (int nt = 0; nt < 16; ++nt) {
+          orow[nt * 4] = PackBf16x2(o_acc[mt][nt][2 * hh] * inv, o_acc[mt][nt][2 * hh + 1] * inv);
+        }
+        if (p.lse != nullptr && v_quarter == 0 && tq == 0) p.lse[grow] = lse;
+      } else {
+        const int64_t prow = split * p.rows_total + grow;
+        float2* orow = reinterpret_cast<float2*>(p.o_partial + prow * kHeadDimV + v_dim + 2 * tq);
+#pragma unroll
+        for (int nt = 0; nt < 16; ++nt) {
+          orow[nt * 4] = make_float2(o_acc[mt][nt][2 * hh] * inv, o_acc[mt][nt][2 * hh + 1] * inv);
+        }
+        if (v_quarter == 0 && tq == 0) p.lse_partial[prow] = lse;
+      }
+    }
+  }
+}
+
+}  // namespace verifyd::kernels::custom

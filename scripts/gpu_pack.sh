@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Packs what the GPU machine runs into one folder: the GPU test and benchmark binaries of a
+# build, the non-system shared libraries they load, the golden cases, gpu_run.sh and the commit.
+# The GPU machine has the CUDA toolkit (libcudart, libcublas in /usr/local/cuda/lib64) and a
+# newer C/C++ runtime, not the project's other libraries.
+#
+#   scripts/gpu_pack.sh [BUILD_DIR] [PACK_DIR]      (defaults: build-kern, .gpu/kern)
+#   extra binaries (paths relative to BUILD_DIR): VERIFYD_PACK_BINS="tests/x/test_y ..."
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=$(cd "${1:-$ROOT/build-kern}" && pwd)
+PACK=${2:-$ROOT/.gpu/kern}
+
+BINS=(tests/kernels/test_custom_kernel tests/kernels/test_custom_kernel_golden
+      tests/kernels/test_custom_plan bench/verifyd-bench)
+# shellcheck disable=SC2206
+BINS+=(${VERIFYD_PACK_BINS:-})
+
+# Libraries the GPU machine provides itself: the C runtime (glibc, libstdc++, libgcc_s, which
+# are newer there), the driver, and the CUDA toolkit's cuBLAS.
+SYSTEM_LIBS='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libstdc\+\+|libgcc_s|libcuda\.|libcublas)'
+
+rm -rf "$PACK"
+mkdir -p "$PACK/bin" "$PACK/lib" "$PACK/data"
+for b in "${BINS[@]}"; do
+  if [[ ! -x "$BUILD/$b" ]]; then
+    echo "gpu_pack: missing $BUILD/$b (build it first)" >&2
+    exit 1
+  fi
+  cp "$BUILD/$b" "$PACK/bin/"
+  strip --strip-debug "$PACK/bin/$(basename "$b")"  # host debug info only; device -lineinfo stays
+  ldd "$BUILD/$b" | awk '/=>/ && $3 ~ /^\// {print $3}' | while read -r lib; do
+    name=$(basename "$lib")
+    if [[ ! "$name" =~ $SYSTEM_LIBS && ! -e "$PACK/lib/$name" ]]; then
+      cp -L "$lib" "$PACK/lib/$name"
+    fi
+  done
+done
+cp -r "$ROOT/tests/data/golden" "$PACK/data/"
+cp "$ROOT/scripts/gpu_run.sh" "$PACK/"
+
+commit=$(git -C "$ROOT" rev-parse --short=12 HEAD)
+if [[ -n $(git -C "$ROOT" status --porcelain --untracked-files=no -- kernels bench src/bundle \
+             src/compare src/engine/cpu tests/kernels) ]]; then
+  commit="$commit-dirty"
+fi
+echo "$commit" > "$PACK/COMMIT"
+echo "gpu_pack: $PACK ($(du -sh "$PACK" | cut -f1)), commit $commit"
+ls "$PACK/lib"

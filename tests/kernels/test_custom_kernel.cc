@@ -1,0 +1,363 @@
+// The fused kernel (LaunchCustom) against the fp64 oracle on random bundles, for each tile
+// configuration (Hopper-sized, sm_120-sized forced on any GPU) with the split chosen by the
+// planner and with a forced split. Outputs are poisoned before each launch (every element must
+// be written) and guarded by sentinel bytes; the pools hold NaN outside the requests' tokens.
+// Skips without a GPU.
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/custom/custom_attention.h"
+#include "src/bundle/random_bundle.h"
+#include "src/common/bf16.h"
+#include "src/compare/compare.h"
+#include "src/engine/cpu/cpu_oracle.h"
+#include "tests/kernels/gpu_test_support.h"
+
+namespace verifyd {
+namespace {
+
+using kernels::CustomConfig;
+using kernels::MaskFormat;
+using testing::DeviceBuffer;
+using testing::DeviceBundle;
+
+struct KernelCase {
+  std::string name;
+  RandomBundleSpec spec;
+};
+
+struct KernelConfig {
+  std::string name;
+  CustomConfig config;
+};
+
+// Oracle work per case, in (query row x key) pairs: larger cases check a sample of draft tokens
+// (all heads of each), always including the first, middle and last token.
+constexpr int64_t kOracleBudget = int64_t{1} << 20;
+
+std::string CaseName(const RandomBundleSpec& s, const char* extra = "") {
+  std::string n = "B" + std::to_string(s.batch) + "_T" + std::to_string(s.draft) + "_H" +
+                  std::to_string(s.heads) + "_P" + std::to_string(s.page_size) + "_pre";
+  n += s.prefix_lens.empty() ? std::to_string(s.prefix) : "mixed";
+  n += s.tree == TreeKind::kChain ? "_chain" : "_tree";
+  n += s.mask_format == MaskFormat::kBits ? "_bits" : "_bytes";
+  return n + extra;
+}
+
+KernelCase MakeCase(int batch, int draft, int heads, int page, int64_t prefix, TreeKind tree,
+                    MaskFormat fmt, uint64_t seed, const char* extra = "") {
+  KernelCase c;
+  c.spec.batch = batch;
+  c.spec.draft = draft;
+  c.spec.heads = heads;
+  c.spec.page_size = page;
+  c.spec.prefix = prefix;
+  c.spec.tree = tree;
+  c.spec.mask_format = fmt;
+  c.spec.seed = seed;
+  c.name = CaseName(c.spec, extra) + "_s" + std::to_string(seed);
+  return c;
+}
+
+// A few quick cases: the compute-sanitizer run uses these.
+std::vector<KernelCase> SmallCases() {
+  std::vector<KernelCase> v;
+  v.push_back(MakeCase(1, 3, 8, 16, 54, TreeKind::kRandomTree, MaskFormat::kBytes, 11));
+  v.push_back(MakeCase(1, 17, 1, 1, 97, TreeKind::kChain, MaskFormat::kBits, 12));
+  KernelCase e = MakeCase(2, 8, 16, 64, 0, TreeKind::kRandomTree, MaskFormat::kBytes, 13,
+                          "_emptyrow");
+  e.spec.empty_row = true;
+  v.push_back(e);
+  KernelCase m = MakeCase(3, 2, 8, 1, 0, TreeKind::kRandomTree, MaskFormat::kBits, 14);
+  m.spec.prefix_lens = {0, 97, 300};
+  m.name = CaseName(m.spec) + "_s14";
+  v.push_back(m);
+  v.push_back(MakeCase(1, 1, 8, 64, 200, TreeKind::kChain, MaskFormat::kBytes, 15));
+  return v;
+}
+
+// The grid of issue 3, as a covering design: every T with every H, every prefix with every page
+// size, chains and random trees, both mask formats, fully masked rows, mixed prefixes in a batch.
+std::vector<KernelCase> GridCases() {
+  const int drafts[] = {1, 2, 3, 8, 16, 17, 64, 128, 1024};
+  const int heads[] = {1, 8, 16, 64, 128};
+  const int pages[] = {1, 16, 64};
+  const int64_t prefixes[] = {0, 1, 54, 97, 4096, 32768};
+  std::vector<KernelCase> v;
+  uint64_t seed = 100;
+  int k = 0;
+  for (int t : drafts) {
+    for (int h : heads) {
+      // Bound the kernel's work (rows x keys) so the largest cases stay ~1 s on the host.
+      int pi = k % 6;
+      while (pi > 0 && int64_t{t} * h * (prefixes[pi] + t) > (int64_t{1} << 28)) --pi;
+      const int batch = int64_t{t} * h <= 128 ? 2 : 1;
+      v.push_back(MakeCase(batch, t, h, pages[k % 3], prefixes[pi],
+                           k % 2 ? TreeKind::kChain : TreeKind::kRandomTree,
+                           (k / 2) % 2 ? MaskFormat::kBits : MaskFormat::kBytes, seed++));
+      ++k;
+    }
+  }
+  for (int64_t pre : prefixes) {
+    for (int page : pages) {
+      v.push_back(MakeCase(2, 16, 8, page, pre, TreeKind::kRandomTree,
+                           page == 16 ? MaskFormat::kBits : MaskFormat::kBytes, seed++));
+      v.push_back(MakeCase(1, 3, 64, page, pre, TreeKind::kChain, MaskFormat::kBytes, seed++));
+    }
+  }
+  for (int page : {2, 4, 8, 32, 128}) {
+    v.push_back(MakeCase(2, 8, 8, page, 1000, TreeKind::kRandomTree, MaskFormat::kBytes, seed++));
+  }
+  for (auto [t, h] : {std::pair{1, 8}, std::pair{17, 8}, std::pair{64, 16}, std::pair{128, 1}}) {
+    KernelCase e = MakeCase(2, t, h, 16, 97, TreeKind::kRandomTree, MaskFormat::kBits, seed++,
+                            "_emptyrow");
+    e.spec.empty_row = true;
+    v.push_back(e);
+  }
+  KernelCase mixed = MakeCase(8, 16, 8, 16, 0, TreeKind::kRandomTree, MaskFormat::kBytes, seed++);
+  mixed.spec.prefix_lens = {0, 1, 54, 97, 4096, 32768, 3, 640};
+  mixed.name = CaseName(mixed.spec) + "_s" + std::to_string(mixed.spec.seed);
+  v.push_back(mixed);
+  KernelCase mixed1 = MakeCase(5, 3, 64, 1, 0, TreeKind::kChain, MaskFormat::kBits, seed++);
+  mixed1.spec.prefix_lens = {4096, 0, 97, 1, 2000};
+  mixed1.name = CaseName(mixed1.spec) + "_s" + std::to_string(mixed1.spec.seed);
+  v.push_back(mixed1);
+  KernelCase big_logits =
+      MakeCase(2, 16, 16, 64, 4096, TreeKind::kRandomTree, MaskFormat::kBytes, seed++, "_qx8");
+  big_logits.spec.q_scale = 8.f;
+  v.push_back(big_logits);
+  v.push_back(MakeCase(1, 1024, 8, 64, 32768, TreeKind::kRandomTree, MaskFormat::kBits, seed++));
+  v.push_back(MakeCase(16, 8, 16, 1, 2048, TreeKind::kRandomTree, MaskFormat::kBytes, seed++));
+  return v;
+}
+
+std::vector<KernelConfig> Configs() {
+  std::vector<KernelConfig> v(4);
+  v[0].name = "hopper";
+  v[1].name = "hopper_split5";
+  v[1].config.force_splits = 5;
+  v[2].name = "sm120";
+  v[2].config.small_smem = true;
+  v[3].name = "sm120_split3";
+  v[3].config.small_smem = true;
+  v[3].config.force_splits = 3;
+  return v;
+}
+
+// One case's bundle on host and device, and the oracle on its checked tokens.
+struct CaseData {
+  std::string name;
+  std::unique_ptr<RandomBundle> bundle;
+  DeviceBundle dev;
+  std::vector<std::pair<int, int>> tokens;  // (request, draft token) pairs checked
+  std::vector<float> ref_o;    // [tokens, H, 512] oracle rounded to bf16
+  std::vector<float> ref_lse;  // [tokens, H]
+};
+
+std::vector<std::pair<int, int>> PickTokens(const BundleView& v, uint64_t seed) {
+  const int B = v.shape.batch, T = v.shape.draft, H = v.shape.heads;
+  std::vector<std::pair<int, int>> all;
+  int64_t work_all = 0;
+  for (int b = 0; b < B; ++b) work_all += int64_t{T} * H * v.kv_lens[b];
+  if (work_all <= kOracleBudget) {
+    for (int b = 0; b < B; ++b)
+      for (int i = 0; i < T; ++i) all.emplace_back(b, i);
+    return all;
+  }
+  std::vector<std::pair<int, int>> picked;
+  std::mt19937_64 rng(seed);
+  int64_t work = 0;
+  auto add = [&](int b, int i) {
+    if (std::find(picked.begin(), picked.end(), std::pair{b, i}) != picked.end()) return;
+    picked.emplace_back(b, i);
+    work += int64_t{H} * v.kv_lens[b];
+  };
+  for (int b = 0; b < B; ++b) {
+    add(b, 0);
+    add(b, T - 1);
+    add(b, T / 2);
+  }
+  while (work < kOracleBudget && static_cast<int64_t>(picked.size()) < int64_t{B} * T) {
+    add(static_cast<int>(rng() % B), static_cast<int>(rng() % T));
+  }
+  return picked;
+}
+
+CaseData* LoadCase(const KernelCase& c) {
+  static std::unique_ptr<CaseData> cached;
+  if (cached && cached->name == c.name) return cached.get();
+  cached.reset();
+  auto d = std::make_unique<CaseData>();
+  d->name = c.name;
+  std::printf("[ case     ] %s seed=%llu\n", c.name.c_str(),
+              static_cast<unsigned long long>(c.spec.seed));
+  d->bundle = std::make_unique<RandomBundle>(c.spec);
+  const BundleView& v = d->bundle->view();
+  if (d->dev.Upload(v) != cudaSuccess) return nullptr;
+  d->tokens = PickTokens(v, c.spec.seed);
+  const int H = v.shape.heads;
+  const size_t n = d->tokens.size();
+  std::vector<double> o(n * H * kernels::kHeadDimV), lse(n * H);
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> pool;
+  const unsigned workers = std::max(1u, std::thread::hardware_concurrency());
+  for (unsigned w = 0; w < workers; ++w) {
+    pool.emplace_back([&] {
+      for (size_t k = next++; k < n; k = next++) {
+        OracleTokenHeads(v, d->tokens[k].first, d->tokens[k].second, 0, H,
+                         o.data() + k * H * kernels::kHeadDimV, lse.data() + k * H);
+      }
+    });
+  }
+  for (auto& t : pool) t.join();
+  d->ref_o.resize(o.size());
+  for (size_t k = 0; k < o.size(); ++k) d->ref_o[k] = RoundToBf16(static_cast<float>(o[k]));
+  d->ref_lse.assign(lse.begin(), lse.end());
+  cached = std::move(d);
+  return cached.get();
+}
+
+class CustomKernelTest
+    : public ::testing::TestWithParam<std::tuple<KernelCase, KernelConfig>> {
+ protected:
+  void SetUp() override {
+    const std::string why = testing::NoGpuReason();
+    if (!why.empty()) GTEST_SKIP() << "GPU kernel test skipped: " << why;
+  }
+};
+
+TEST_P(CustomKernelTest, MatchesOracle) {
+  const auto& [kc, cfg] = GetParam();
+  CaseData* d = LoadCase(kc);
+  ASSERT_NE(d, nullptr) << "upload failed";
+  const BundleView& v = d->bundle->view();
+  ASSERT_EQ(d->dev.Poison(), cudaSuccess);
+
+  const size_t ws_bytes = kernels::CustomWorkspaceBytes(d->dev.problem, cfg.config);
+  DeviceBuffer ws(std::max<size_t>(ws_bytes, 16));
+  ASSERT_EQ(ws.Fill(0xFF), cudaSuccess);
+  ASSERT_EQ(kernels::LaunchCustom(d->dev.problem, cfg.config, ws.get<void>(), ws_bytes, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  std::vector<uint16_t> o(v.o_elems());
+  std::vector<float> lse(v.lse_elems());
+  ASSERT_EQ(cudaMemcpy(o.data(), d->dev.o.get<void>(), o.size() * 2, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(lse.data(), d->dev.lse.get<void>(), lse.size() * 4,
+                       cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_TRUE(d->dev.o.GuardIntact()) << "write past the end of o";
+  EXPECT_TRUE(d->dev.lse.GuardIntact()) << "write past the end of lse";
+  EXPECT_TRUE(ws.GuardIntact()) << "write past the end of the workspace";
+
+  // NaN first, over the whole output: the poison (NaN) survives wherever nothing was written.
+  int64_t nan_o = 0, nan_lse = 0;
+  for (uint16_t x : o) nan_o += std::isnan(Bf16ToFloat(x));
+  for (float x : lse) nan_lse += std::isnan(x);
+  ASSERT_EQ(nan_o, 0) << "unwritten or NaN output elements";
+  ASSERT_EQ(nan_lse, 0) << "unwritten or NaN lse elements";
+
+  const int H = v.shape.heads, T = v.shape.draft;
+  const size_t row = size_t{kernels::kHeadDimV};
+  std::vector<uint16_t> test_o(d->ref_o.size());
+  std::vector<float> test_lse(d->ref_lse.size());
+  for (size_t k = 0; k < d->tokens.size(); ++k) {
+    const int64_t r0 = (int64_t{d->tokens[k].first} * T + d->tokens[k].second) * H;
+    std::copy_n(o.begin() + r0 * row, H * row, test_o.begin() + k * H * row);
+    std::copy_n(lse.begin() + r0, H, test_lse.begin() + k * H);
+  }
+  Tolerance tol;
+  const DiffStats ds = CompareBf16ToF32(test_o.data(), d->ref_o.data(),
+                                        static_cast<int64_t>(test_o.size()), test_lse.data(),
+                                        d->ref_lse.data(), static_cast<int64_t>(test_lse.size()),
+                                        tol);
+  std::printf("[ metrics  ] config=%s case=%s rows_checked=%zu rel_l2=%.3e max_abs=%.3e "
+              "lse_max_abs=%.3e workspace=%zu\n",
+              cfg.name.c_str(), kc.name.c_str(), d->tokens.size() * H, ds.rel_l2, ds.max_abs,
+              ds.lse_max_abs, ws_bytes);
+  EXPECT_EQ(ds.nan_test, 0);
+  EXPECT_LE(ds.rel_l2, testing::kKernelMaxRelL2);
+  EXPECT_LE(ds.max_abs, testing::kKernelMaxAbs);
+  EXPECT_LE(ds.lse_max_abs, testing::kKernelMaxLseAbs);
+}
+
+std::string ParamName(const ::testing::TestParamInfo<std::tuple<KernelCase, KernelConfig>>& i) {
+  return std::get<0>(i.param).name + "__" + std::get<1>(i.param).name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Small, CustomKernelTest,
+                         ::testing::Combine(::testing::ValuesIn(SmallCases()),
+                                            ::testing::ValuesIn(Configs())),
+                         ParamName);
+INSTANTIATE_TEST_SUITE_P(Grid, CustomKernelTest,
+                         ::testing::Combine(::testing::ValuesIn(GridCases()),
+                                            ::testing::ValuesIn(Configs())),
+                         ParamName);
+
+// The same launch twice gives bit-identical output: no race between warps or splits.
+TEST(CustomKernelDeterminism, RepeatedLaunchIsBitIdentical) {
+  const std::string why = testing::NoGpuReason();
+  if (!why.empty()) GTEST_SKIP() << "GPU kernel test skipped: " << why;
+  RandomBundleSpec spec;
+  spec.batch = 3;
+  spec.draft = 17;
+  spec.heads = 16;
+  spec.page_size = 16;
+  spec.prefix = 3000;
+  spec.seed = 77;
+  std::printf("[ case     ] determinism seed=%llu\n", static_cast<unsigned long long>(spec.seed));
+  RandomBundle bundle(spec);
+  DeviceBundle dev;
+  ASSERT_EQ(dev.Upload(bundle.view()), cudaSuccess);
+  for (bool small : {false, true}) {
+    CustomConfig c;
+    c.small_smem = small;
+    c.force_splits = 4;
+    const size_t ws_bytes = kernels::CustomWorkspaceBytes(dev.problem, c);
+    DeviceBuffer ws(std::max<size_t>(ws_bytes, 16));
+    std::vector<uint16_t> first(bundle.view().o_elems()), again(first.size());
+    for (auto* out : {&first, &again}) {
+      ASSERT_EQ(dev.Poison(), cudaSuccess);
+      ASSERT_EQ(kernels::LaunchCustom(dev.problem, c, ws.get<void>(), ws_bytes, nullptr),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(out->data(), dev.o.get<void>(), out->size() * 2,
+                           cudaMemcpyDeviceToHost),
+                cudaSuccess);
+    }
+    EXPECT_EQ(first, again) << (small ? "sm120" : "hopper");
+  }
+}
+
+// Too small a workspace is refused before anything is launched.
+TEST(CustomKernelLaunch, RefusesShortWorkspace) {
+  const std::string why = testing::NoGpuReason();
+  if (!why.empty()) GTEST_SKIP() << "GPU kernel test skipped: " << why;
+  RandomBundleSpec spec;
+  spec.draft = 4;
+  spec.heads = 8;
+  spec.prefix = 5000;
+  RandomBundle bundle(spec);
+  DeviceBundle dev;
+  ASSERT_EQ(dev.Upload(bundle.view()), cudaSuccess);
+  CustomConfig c;
+  c.force_splits = 4;
+  const size_t ws_bytes = kernels::CustomWorkspaceBytes(dev.problem, c);
+  ASSERT_GT(ws_bytes, 0u);
+  DeviceBuffer ws(ws_bytes);
+  EXPECT_EQ(kernels::LaunchCustom(dev.problem, c, ws.get<void>(), ws_bytes - 1, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::LaunchCustom(dev.problem, c, nullptr, 0, nullptr), cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace verifyd

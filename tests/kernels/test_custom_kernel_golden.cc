@@ -1,0 +1,93 @@
+// Every golden case (tests/data/golden/*.safetensors) through the fused kernel in both tile
+// configurations, against the stored fp64 answer rounded to bf16. Skips without a GPU.
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/custom/custom_attention.h"
+#include "src/bundle/validate.h"
+#include "src/common/bf16.h"
+#include "src/compare/compare.h"
+#include "src/io/bundle_file.h"
+#include "tests/kernels/gpu_test_support.h"
+
+namespace verifyd {
+namespace {
+
+namespace fs = std::filesystem;
+
+// VERIFYD_TEST_DATA in the environment overrides the build tree's path (packed runs).
+fs::path TestData() {
+  const char* env = std::getenv("VERIFYD_TEST_DATA");
+  return env != nullptr && *env != '\0' ? fs::path(env) : fs::path(VERIFYD_TEST_DATA);
+}
+
+std::vector<std::string> GoldenCases() {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(TestData() / "golden", ec)) {
+    if (e.path().extension() == ".safetensors") names.push_back(e.path().stem().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+class CustomKernelGolden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CustomKernelGolden, MatchesTheStoredOracle) {
+  const std::string why = testing::NoGpuReason();
+  if (!why.empty()) GTEST_SKIP() << "GPU kernel test skipped: " << why;
+  auto file = LoadBundleFile(
+      (TestData() / "golden" / (GetParam() + ".safetensors")).string());
+  ASSERT_TRUE(file.ok()) << file.status();
+  BundleView v = file->view;
+  ASSERT_TRUE(ValidateBundle(v).ok());
+  ASSERT_NE(file->o_expected, nullptr);
+  ASSERT_NE(file->lse_expected, nullptr);
+  const float* o_exp = file->o_expected->as<float>();
+  std::vector<float> ref(o_exp, o_exp + v.o_elems());
+  for (float& x : ref) x = RoundToBf16(x);
+
+  testing::DeviceBundle dev;
+  ASSERT_EQ(dev.Upload(v), cudaSuccess);
+  for (bool small : {false, true}) {
+    SCOPED_TRACE(small ? "sm120 tiles" : "hopper tiles");
+    kernels::CustomConfig c;
+    c.small_smem = small;
+    ASSERT_EQ(dev.Poison(), cudaSuccess);
+    const size_t ws_bytes = kernels::CustomWorkspaceBytes(dev.problem, c);
+    testing::DeviceBuffer ws(std::max<size_t>(ws_bytes, 16));
+    ASSERT_EQ(kernels::LaunchCustom(dev.problem, c, ws.get<void>(), ws_bytes, nullptr),
+              cudaSuccess);
+    std::vector<uint16_t> o(v.o_elems());
+    std::vector<float> lse(v.lse_elems());
+    ASSERT_EQ(cudaMemcpy(o.data(), dev.o.get<void>(), o.size() * 2, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(lse.data(), dev.lse.get<void>(), lse.size() * 4,
+                         cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    EXPECT_TRUE(dev.o.GuardIntact());
+    EXPECT_TRUE(dev.lse.GuardIntact());
+    const DiffStats d =
+        CompareBf16ToF32(o.data(), ref.data(), static_cast<int64_t>(o.size()), lse.data(),
+                         file->lse_expected->as<float>(), static_cast<int64_t>(lse.size()),
+                         Tolerance{});
+    std::printf("[ metrics  ] golden=%s tiles=%s rel_l2=%.3e max_abs=%.3e lse_max_abs=%.3e\n",
+                GetParam().c_str(), small ? "sm120" : "hopper", d.rel_l2, d.max_abs,
+                d.lse_max_abs);
+    EXPECT_EQ(d.nan_test, 0);
+    EXPECT_LE(d.rel_l2, testing::kKernelMaxRelL2);
+    EXPECT_LE(d.max_abs, testing::kKernelMaxAbs);
+    EXPECT_LE(d.lse_max_abs, testing::kKernelMaxLseAbs);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, CustomKernelGolden, ::testing::ValuesIn(GoldenCases()),
+                         [](const auto& i) { return i.param; });
+
+}  // namespace
+}  // namespace verifyd
