@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -30,11 +32,19 @@ inline int VisibleGpus() {
     }                                                                                    \
   } while (0)
 
+// tests/data; the environment variable of the same name overrides the build's path (the GPU
+// machine runs the binaries from another checkout).
+inline std::string TestDataDir() {
+  const char* env = std::getenv("VERIFYD_TEST_DATA");
+  return env != nullptr && *env != '\0' ? env : VERIFYD_TEST_DATA;
+}
+
 // rel-L2 against the fp64 oracle. bf16 output rounding alone gives ~1.5e-3; the reference and
-// custom paths add bf16 probabilities into P·V. The oracle kernel is fp32 throughout.
+// custom paths add bf16 probabilities into P·V. The oracle kernel is fp32 throughout: its sums
+// over thousands of keys stay within a few 1e-6.
 inline constexpr double kReferenceMaxRelL2 = 5e-3;
 inline constexpr double kCustomMaxRelL2 = 1e-2;
-inline constexpr double kOracleMaxRelL2 = 1e-5;
+inline constexpr double kOracleMaxRelL2 = 2e-5;
 inline constexpr double kLseMaxAbs = 1e-3;
 inline constexpr double kOracleLseMaxAbs = 1e-4;
 

@@ -33,7 +33,12 @@ absl::Status DeviceWorker::Init(size_t pool_bytes, int lanes) {
   pp.location.type = cudaMemLocationTypeDevice;
   pp.location.id = device_;
   pp.maxSize = pool_bytes;  // 0: the driver's default, no cap of ours
-  if (absl::Status st = Check(cudaMemPoolCreate(&pool_, &pp), where); !st.ok()) return st;
+  if (cudaMemPoolCreate(&pool_, &pp) != cudaSuccess) {
+    // A driver without pool size caps: the release threshold below still bounds what is kept.
+    cudaGetLastError();
+    pp.maxSize = 0;
+    if (absl::Status st = Check(cudaMemPoolCreate(&pool_, &pp), where); !st.ok()) return st;
+  }
   // Keep up to pool_bytes cached between calls: later allocations are served from the pool.
   uint64_t keep = pool_bytes > 0 ? pool_bytes : ~uint64_t{0};
   if (absl::Status st =
