@@ -31,6 +31,9 @@ struct RandomBundleSpec {
 class RandomBundle {
  public:
   explicit RandomBundle(const RandomBundleSpec& spec);
+  // view() points into the object's own vectors.
+  RandomBundle(const RandomBundle&) = delete;
+  RandomBundle& operator=(const RandomBundle&) = delete;
   const BundleView& view() const { return view_; }
   const RandomBundleSpec& spec() const { return spec_; }
 

@@ -1,0 +1,105 @@
+#pragma once
+// An in-process verifyd on port 0 and a Unix socket, with clients for both services.
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "httplib.h"
+#include "src/bundle/random_bundle.h"
+#include "src/bundle/request_codec.h"
+#include "src/server/daemon.h"
+#include "verifyd/v1/admin.grpc.pb.h"
+#include "verifyd/v1/verify.grpc.pb.h"
+
+namespace verifyd::testing {
+
+inline std::string TestDir(const std::string& tag) {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  auto dir = std::filesystem::path(::testing::TempDir()) /
+             ("vd_" + tag + "_" + info->test_suite_name() + "_" + info->name());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+inline DaemonOptions TestOptions(const std::string& dir) {
+  DaemonOptions o;
+  o.listen = {"127.0.0.1:0", "unix:" + dir + "/data.sock"};
+  o.admin_listen = "unix:" + dir + "/admin.sock";
+  o.metrics_address = "127.0.0.1:0";
+  o.state_dir = dir + "/state";
+  o.engine.kind = "cpu";
+  o.engine.cpu_threads = 2;
+  o.controller.gate_window = 3;
+  return o;
+}
+
+inline std::shared_ptr<grpc::Channel> Channel(const std::string& target) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(INT32_MAX);
+  args.SetMaxSendMessageSize(INT32_MAX);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
+// A small valid request.
+inline v1::VerifyRequest SmallRequest(uint64_t seed, int draft = 3, int64_t prefix = 54,
+                                      int page_size = 16) {
+  RandomBundleSpec spec;
+  spec.batch = 2;
+  spec.draft = draft;
+  spec.heads = 8;
+  spec.prefix = prefix;
+  spec.page_size = page_size;
+  spec.seed = seed;
+  RandomBundle b(spec);
+  v1::VerifyRequest req;
+  EncodeRequest(b.view(), &req);
+  return req;
+}
+
+inline std::string Scrape(int port) {
+  httplib::Client cli("127.0.0.1", port);
+  auto res = cli.Get("/metrics");
+  return res && res->status == 200 ? res->body : std::string();
+}
+
+class DaemonTest : public ::testing::Test {
+ protected:
+  void StartDaemon(DaemonOptions o) {
+    auto d = Daemon::Start(std::move(o));
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = std::move(*d);
+    tcp_ = daemon_->listen_addresses()[0];
+    verify_ = v1::VerifyService::NewStub(Channel(tcp_));
+    admin_ = v1::AdminService::NewStub(Channel(daemon_->admin_address()));
+  }
+  grpc::Status Verify(const v1::VerifyRequest& req, v1::VerifyResponse* resp) {
+    grpc::ClientContext ctx;
+    return verify_->Verify(&ctx, req, resp);
+  }
+  grpc::Status SetMode(v1::Mode m, bool force, double fraction = 0) {
+    v1::SetModeRequest req;
+    req.set_mode(m);
+    req.set_force(force);
+    req.set_canary_fraction(fraction);
+    req.set_reason("test");
+    v1::SetModeResponse resp;
+    grpc::ClientContext ctx;
+    return admin_->SetMode(&ctx, req, &resp);
+  }
+  v1::GetStatusResponse Status() {
+    v1::GetStatusResponse s;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(admin_->GetStatus(&ctx, v1::GetStatusRequest(), &s).ok());
+    return s;
+  }
+  std::unique_ptr<Daemon> daemon_;
+  std::string tcp_;
+  std::unique_ptr<v1::VerifyService::Stub> verify_;
+  std::unique_ptr<v1::AdminService::Stub> admin_;
+};
+
+}  // namespace verifyd::testing
