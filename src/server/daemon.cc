@@ -87,6 +87,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
     grpc::ServerBuilder b;
     std::vector<int> ports(opts.listen.size(), 0);
     for (size_t i = 0; i < opts.listen.size(); ++i) {
+      if (IsUnix(opts.listen[i])) {
+        std::error_code ec;
+        std::filesystem::remove(opts.listen[i].substr(5), ec);  // a stale socket from a crash
+      }
       b.AddListeningPort(opts.listen[i], grpc::InsecureServerCredentials(), &ports[i]);
     }
     const int max_bytes = static_cast<int>(std::min<int64_t>(opts.max_message_bytes, INT32_MAX));

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the Debian packages verifyd builds with, if any is missing. nvcc is optional: with
+# CUDA installed (/usr/local/cuda) the kernels and the CUDA engine build too.
+set -euo pipefail
+packages=(
+  build-essential cmake git pkg-config curl
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libspdlog-dev libfmt-dev prometheus-cpp-dev libcpp-httplib-dev
+  libtbb-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev python3-numpy
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "installing: ${missing[*]}"
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+$sudo apt-get update -q
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds everything (CUDA sources too when nvcc is there) and runs every
+# test. GPU suites skip with a message when no GPU is visible. SANITIZE=1 adds an ASan/UBSan build
+# of the CPU targets and runs the CPU and service suites under it.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+"$root/scripts/install_deps.sh"
+build=${BUILD_DIR:-$root/build}
+BUILD_DIR=$build "$root/scripts/build.sh"
+(cd "$build" && ctest --output-on-failure -j"$(nproc)" --timeout 600)
+if [ "${SANITIZE:-0}" = 1 ]; then
+  asan=$build-asan
+  BUILD_DIR=$asan CMAKE_ARGS="-DVERIFYD_SANITIZE=ON -DVERIFYD_ENABLE_CUDA=OFF" \
+    "$root/scripts/build.sh"
+  (cd "$asan" && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j"$(nproc)" --timeout 900)
+fi
