@@ -1,16 +1,22 @@
 #include "tests/cuda_engine/illegal_address_kernel.h"
 
+#include <cstdint>
+
 namespace verifyd::testing_kernels {
 namespace {
 
 __global__ void IllegalWriteKernel(int* p) { p[threadIdx.x] = 1; }
 
+__global__ void TrapKernel() { __trap(); }
+
 }  // namespace
 
-cudaError_t LaunchIllegalWrite(cudaStream_t stream) {
-  // Far outside any allocation, and not null (a null store can be optimized differently).
-  IllegalWriteKernel<<<1, 1, 0, stream>>>(reinterpret_cast<int*>(0x10000000000ull));
-  return cudaGetLastError();
+cudaError_t LoseContext(cudaStream_t stream) {
+  // Bits above the 57-bit virtual address space: no mapping can cover it.
+  IllegalWriteKernel<<<1, 1, 0, stream>>>(reinterpret_cast<int*>(uintptr_t{0xdead} << 48));
+  if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) return e;
+  TrapKernel<<<1, 1, 0, stream>>>();
+  return cudaStreamSynchronize(stream);
 }
 
 }  // namespace verifyd::testing_kernels

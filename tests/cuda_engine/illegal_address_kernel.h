@@ -1,11 +1,12 @@
 #pragma once
-// A kernel that writes through a bad pointer: the sticky-error test's way to lose the context.
+// Kernels that make the CUDA context unusable: the sticky-error test's way to lose it.
 
 #include <cuda_runtime.h>
 
 namespace verifyd::testing_kernels {
 
-// Launches one thread that stores to an unmapped device address on `stream`.
-cudaError_t LaunchIllegalWrite(cudaStream_t stream);
+// Stores through an address outside the GPU's virtual address space on `stream` and waits; if
+// that did not fault (some address spaces map everything), traps. Returns the sticky error seen.
+cudaError_t LoseContext(cudaStream_t stream);
 
 }  // namespace verifyd::testing_kernels

@@ -431,6 +431,59 @@ TEST_F(FaultInjection, NanIsCountedAndBreaches) {
   EXPECT_NE(v.reason.find("nan"), std::string::npos) << v.reason;
 }
 
+// Warm device times of the paths (events around each path's kernels), median of 10 after two
+// warm-up calls. A sanity check of speed, not the benchmark; the last shape is large enough that
+// the reference splits each request's query rows into chunks.
+TEST(CudaEngine, WarmPathTimes) {
+  REQUIRE_GPU_ENGINE();
+  struct Shape {
+    int batch, draft, heads, page;
+    int64_t prefix;
+  };
+  for (const Shape& sh :
+       {Shape{8, 64, 128, 64, 4096}, Shape{32, 8, 16, 64, 8192}, Shape{1, 1024, 128, 64, 2048}}) {
+    RandomBundleSpec s;
+    s.batch = sh.batch;
+    s.draft = sh.draft;
+    s.heads = sh.heads;
+    s.page_size = sh.page;
+    s.prefix = sh.prefix;
+    s.seed = 900;
+    RandomBundle rb(s);
+    const BundleView& v = rb.view();
+    auto pb = Gpu()->Prepare(v, false);
+    ASSERT_TRUE(pb.ok()) << pb.status();
+    std::vector<double> ref_ms, cus_ms;
+    for (int i = 0; i < 12; ++i) {
+      PathOutput ref, cus;
+      ASSERT_TRUE(Gpu()->Run(Path::kReference, **pb).ok());
+      ASSERT_TRUE(Gpu()->Fetch(Path::kReference, **pb, &ref).ok());
+      const absl::Status run = Gpu()->Run(Path::kCustom, **pb);
+      ASSERT_TRUE(run.ok()) << run;
+      ASSERT_TRUE(Gpu()->Fetch(Path::kCustom, **pb, &cus).ok());
+      if (i >= 2) {
+        ref_ms.push_back(ref.seconds * 1e3);
+        cus_ms.push_back(cus.seconds * 1e3);
+      }
+    }
+    auto d = Gpu()->Compare(**pb, Path::kCustom, Path::kReference, Tolerance{});
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_EQ(d->nan_test + d->nan_ref + d->inf_test + d->inf_ref, 0);
+    EXPECT_LT(d->rel_l2, kCustomMaxRelL2);
+    std::sort(ref_ms.begin(), ref_ms.end());
+    std::sort(cus_ms.begin(), cus_ms.end());
+    const double ref_med = ref_ms[ref_ms.size() / 2], cus_med = cus_ms[cus_ms.size() / 2];
+    // Q·Kᵀ over 576 dims and P·V over 512, every query row against its request's whole KV.
+    const double flops = 2.0 * v.total_kv_len * v.shape.draft * v.shape.heads *
+                         (kernels::kHeadDimQK + kernels::kHeadDimV);
+    std::printf(
+        "warm B%d T%d H%d page%d prefix%lld: reference %.3f ms (%.0f TFLOP/s), custom %.3f ms "
+        "(%.0f TFLOP/s), custom %.1fx faster; custom vs reference rel_l2 %.3g\n",
+        sh.batch, sh.draft, sh.heads, sh.page, static_cast<long long>(sh.prefix), ref_med,
+        flops / ref_med * 1e-9, cus_med, flops / cus_med * 1e-9, ref_med / cus_med, d->rel_l2);
+  }
+}
+
 // Many gRPC threads share one engine: every thread's results equal the single-threaded ones.
 TEST(CudaEngine, ConcurrentCallsGiveTheSameResults) {
   REQUIRE_GPU_ENGINE();

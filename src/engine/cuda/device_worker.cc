@@ -109,15 +109,12 @@ Lane& DeviceWorker::NextLane() {
   return *lanes_[next_lane_.fetch_add(1, std::memory_order_relaxed) % lanes_.size()];
 }
 
-absl::Status DeviceWorker::Activate() const {
+absl::Status DeviceWorker::Activate() {
   if (lost_.load(std::memory_order_acquire)) {
     absl::MutexLock lock(&lost_mu_);
     return absl::DataLossError(lost_reason_);
   }
-  if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
-    return CudaStatus(e, "selecting the device", device_);
-  }
-  return absl::OkStatus();
+  return Check(cudaSetDevice(device_), "selecting the device");
 }
 
 absl::Status DeviceWorker::Check(cudaError_t e, absl::string_view where) {

@@ -61,7 +61,7 @@ class DeviceWorker {
   Lane& NextLane();
 
   // Makes this device current on the calling thread; DATA_LOSS once the context is lost.
-  absl::Status Activate() const;
+  absl::Status Activate();
   // CudaStatus(e, where) that also remembers a lost context, failing every later call.
   absl::Status Check(cudaError_t e, absl::string_view where);
 
