@@ -12,7 +12,7 @@
 namespace verifyd::bench {
 
 struct BenchRow {
-  std::string path;  // "custom", "custom-sm120cfg", "reference"
+  std::string path;  // "custom", "custom-mma" (mma.sync Q·Kᵀ), "custom-sm120cfg", "reference"
   int batch = 0, draft = 0, heads = 0, page_size = 0;
   int64_t prefix = 0;
   double ms = 0;        // median; <= 0 when the path failed

@@ -130,7 +130,7 @@ struct Options {
   std::string out_dir = ".";
   std::string commit = VERIFYD_GIT_COMMIT;
   std::vector<int> pages = {1, 64};
-  std::vector<std::string> paths = {"custom", "custom-sm120cfg", "reference"};
+  std::vector<std::string> paths = {"custom", "custom-mma", "custom-sm120cfg", "reference"};
   double seconds_per_row = 0.25;
   int max_shapes = 0;
 };
@@ -214,16 +214,18 @@ int Run(const Options& opt) {
         DevPtr<uint8_t> ws;
         std::function<cudaError_t(int)> launch;
         kernels::CustomConfig cfg;
-        if (path == "custom" || path == "custom-sm120cfg") {
+        if (path == "custom" || path == "custom-mma" || path == "custom-sm120cfg") {
           cfg.small_smem = path == "custom-sm120cfg";
+          const auto mma = path == "custom-mma" ? kernels::CustomScoreMma::kMmaSync
+                                                : kernels::CustomScoreMma::kAuto;
           kernels::CustomPlan plan;
-          if (kernels::ResolveCustomPlan(in[0]->problem, cfg, &plan) == cudaSuccess) {
+          if (kernels::ResolveCustomPlan(in[0]->problem, cfg, &plan, mma) == cudaSuccess) {
             row.splits = plan.splits;
           }
           const size_t wsb = kernels::CustomWorkspaceBytes(in[0]->problem, cfg);
           if (ws.Alloc(wsb) != cudaSuccess) row.error = "workspace";
-          launch = [&, wsb](int i) {
-            return kernels::LaunchCustom(in[i % sets]->problem, cfg, ws.p, wsb, stream);
+          launch = [&, wsb, mma](int i) {
+            return kernels::LaunchCustomWith(in[i % sets]->problem, cfg, mma, ws.p, wsb, stream);
           };
         } else {
 #if VERIFYD_BENCH_HAVE_REFERENCE
@@ -297,7 +299,7 @@ int main(int argc, char** argv) {
   app.add_option("--out", opt.out_dir, "directory for <date>-<commit>-<device>.{md,json}");
   app.add_option("--commit", opt.commit, "commit the binaries were built from");
   app.add_option("--pages", opt.pages, "page sizes to run");
-  app.add_option("--paths", opt.paths, "custom, custom-sm120cfg, reference");
+  app.add_option("--paths", opt.paths, "custom, custom-mma, custom-sm120cfg, reference");
   app.add_option("--seconds-per-row", opt.seconds_per_row, "timing budget per row");
   app.add_option("--max-shapes", opt.max_shapes, "stop after this many (shape, page) pairs");
   CLI11_PARSE(app, argc, argv);

@@ -34,6 +34,7 @@ struct DeviceFacts {
   bool ready = false;
   cudaError_t error = cudaSuccess;
   int sms = 0;
+  bool wgmma = false;  // sm_90: the binary carries sm_90a code with wgmma
   bool hopper_tiles_fit = false;
   int ctas_hopper = 0;
   int ctas_sm120 = 0;
@@ -44,20 +45,28 @@ constexpr int kMaxDevices = 64;
 cudaError_t QueryDevice(int dev, DeviceFacts* f) {
   cudaError_t e = cudaDeviceGetAttribute(&f->sms, cudaDevAttrMultiProcessorCount, dev);
   if (e != cudaSuccess) return e;
-  int optin = 0;
+  int optin = 0, major = 0, minor = 0;
   e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   if (e != cudaSuccess) return e;
+  e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (e != cudaSuccess) return e;
+  e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (e != cudaSuccess) return e;
+  f->wgmma = major == 9 && minor == 0;
   f->hopper_tiles_fit = static_cast<size_t>(optin) >= HopperTiles::kSmemBytes;
   if (f->hopper_tiles_fit) {
-    auto* k = custom::FusedVerifyKernel<HopperTiles>;
-    e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(HopperTiles::kSmemBytes));
-    if (e != cudaSuccess) return e;
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f->ctas_hopper, k, HopperTiles::kThreads,
-                                                      HopperTiles::kSmemBytes);
+    for (auto* k : {custom::FusedVerifyKernel<HopperTiles, true>,
+                    custom::FusedVerifyKernel<HopperTiles, false>}) {
+      e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(HopperTiles::kSmemBytes));
+      if (e != cudaSuccess) return e;
+    }
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &f->ctas_hopper, custom::FusedVerifyKernel<HopperTiles, true>, HopperTiles::kThreads,
+        HopperTiles::kSmemBytes);
     if (e != cudaSuccess) return e;
   }
-  auto* k = custom::FusedVerifyKernel<Sm120Tiles>;
+  auto* k = custom::FusedVerifyKernel<Sm120Tiles, false>;
   e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(Sm120Tiles::kSmemBytes));
   if (e != cudaSuccess) return e;
@@ -87,7 +96,7 @@ struct ResolvedPlan {
   cudaError_t error = cudaSuccess;
 };
 
-ResolvedPlan Resolve(const VerifyProblem& p, const CustomConfig& c) {
+ResolvedPlan Resolve(const VerifyProblem& p, const CustomConfig& c, CustomScoreMma mma) {
   ResolvedPlan r;
   DeviceFacts f;
   r.error = CurrentDeviceFacts(&f);
@@ -100,6 +109,7 @@ ResolvedPlan Resolve(const VerifyProblem& p, const CustomConfig& c) {
     return r;
   }
   r.plan = PlanCustom(p, small, sms, ctas, c.force_splits);
+  r.plan.wgmma_scores = !small && f.wgmma && mma == CustomScoreMma::kAuto;
   return r;
 }
 
@@ -109,7 +119,7 @@ int Log2(int v) {
   return s;
 }
 
-template <class Cfg>
+template <class Cfg, bool kWgmmaS>
 cudaError_t LaunchPlanned(const VerifyProblem& p, const CustomPlan& plan, void* workspace,
                           cudaStream_t stream) {
   KernelParams k{};
@@ -137,7 +147,7 @@ cudaError_t LaunchPlanned(const VerifyProblem& p, const CustomPlan& plan, void* 
         reinterpret_cast<float*>(static_cast<char*>(workspace) + plan.partial_lse_offset);
   }
   const dim3 grid(plan.row_blocks, plan.splits, p.shape.batch);
-  custom::FusedVerifyKernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(k);
+  custom::FusedVerifyKernel<Cfg, kWgmmaS><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(k);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || plan.splits == 1) return e;
   const int64_t blocks =
@@ -157,31 +167,38 @@ CustomConfig CustomConfigFromEnv() {
   return c;
 }
 
-cudaError_t ResolveCustomPlan(const VerifyProblem& p, const CustomConfig& c, CustomPlan* plan) {
-  const ResolvedPlan r = Resolve(p, c);
+cudaError_t ResolveCustomPlan(const VerifyProblem& p, const CustomConfig& c, CustomPlan* plan,
+                              CustomScoreMma mma) {
+  const ResolvedPlan r = Resolve(p, c, mma);
   if (r.error == cudaSuccess) *plan = r.plan;
   return r.error;
 }
 
 size_t CustomWorkspaceBytes(const VerifyProblem& p, const CustomConfig& c) {
-  const ResolvedPlan r = Resolve(p, c);
+  const ResolvedPlan r = Resolve(p, c, CustomScoreMma::kAuto);
   return r.error == cudaSuccess ? r.plan.workspace_bytes : 0;
 }
 
 cudaError_t LaunchCustom(const VerifyProblem& p, const CustomConfig& c, void* workspace,
                          size_t workspace_bytes, cudaStream_t stream) {
+  return LaunchCustomWith(p, c, CustomScoreMma::kAuto, workspace, workspace_bytes, stream);
+}
+
+cudaError_t LaunchCustomWith(const VerifyProblem& p, const CustomConfig& c, CustomScoreMma mma,
+                             void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   if (!CheckShape(p.shape).empty() || p.max_kv_len < p.shape.draft ||
       p.max_kv_len > kMaxPrefix + kMaxDraft) {
     return cudaErrorInvalidValue;
   }
-  const ResolvedPlan r = Resolve(p, c);
+  const ResolvedPlan r = Resolve(p, c, mma);
   if (r.error != cudaSuccess) return r.error;
   if (r.plan.workspace_bytes > 0 &&
       (workspace == nullptr || workspace_bytes < r.plan.workspace_bytes)) {
     return cudaErrorInvalidValue;
   }
-  return r.plan.small_tiles ? LaunchPlanned<Sm120Tiles>(p, r.plan, workspace, stream)
-                            : LaunchPlanned<HopperTiles>(p, r.plan, workspace, stream);
+  if (r.plan.small_tiles) return LaunchPlanned<Sm120Tiles, false>(p, r.plan, workspace, stream);
+  return r.plan.wgmma_scores ? LaunchPlanned<HopperTiles, true>(p, r.plan, workspace, stream)
+                             : LaunchPlanned<HopperTiles, false>(p, r.plan, workspace, stream);
 }
 
 }  // namespace verifyd::kernels

@@ -10,6 +10,15 @@
 
 namespace verifyd::kernels {
 
-cudaError_t ResolveCustomPlan(const VerifyProblem& p, const CustomConfig& c, CustomPlan* plan);
+// Which instructions compute Q·Kᵀ with the Hopper tiles. kAuto: wgmma on sm_90 devices,
+// mma.sync elsewhere. kMmaSync: mma.sync everywhere (kept to compare and to fall back on).
+enum class CustomScoreMma { kAuto, kMmaSync };
+
+cudaError_t ResolveCustomPlan(const VerifyProblem& p, const CustomConfig& c, CustomPlan* plan,
+                              CustomScoreMma mma = CustomScoreMma::kAuto);
+
+// LaunchCustom with an explicit choice of the Q·Kᵀ instructions.
+cudaError_t LaunchCustomWith(const VerifyProblem& p, const CustomConfig& c, CustomScoreMma mma,
+                             void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace verifyd::kernels

@@ -26,9 +26,10 @@ __device__ __forceinline__ float FastExp2(float x) {
   return y;
 }
 
-// Issues cp.async for kNumRows rows of 576 bf16 into a swizzled tile. `row_src(r, &valid)`
-// gives row r's global address (any mapped address when !valid: the row is zero-filled).
-// Eight threads share a row, so a warp reads four rows' 128-byte runs per instruction.
+// Issues cp.async for kNumRows rows of 576 bf16 into a tile laid out as in tile_config.cuh.
+// `row_src(r, &valid)` gives row r's global address (any mapped address when !valid: the row is
+// zero-filled). Eight threads share a row, so a warp reads four rows' 128-byte runs per
+// instruction.
 template <class Cfg, int kNumRows, class RowSrc>
 __device__ __forceinline__ void LoadRows(uint32_t tile, int tid, RowSrc row_src) {
   constexpr int kRowsPerPass = Cfg::kThreads / 8;
@@ -38,19 +39,28 @@ __device__ __forceinline__ void LoadRows(uint32_t tile, int tid, RowSrc row_src)
     const int r = pass * kRowsPerPass + (tid >> 3);
     bool valid;
     const uint16_t* src = row_src(r, &valid);
-    const uint32_t dst = tile + r * Cfg::kRowBytes + ((sub ^ (r & 7)) << 4);
+    const uint32_t dst = tile + r * 128 + ((sub ^ (r & 7)) << 4);
 #pragma unroll
     for (int c = 0; c < Cfg::kChunksPerRow / 8; ++c) {
-      CpAsync16(dst + c * 128, src + (c * 8 + sub) * 8, valid);
+      CpAsync16(dst + c * (kNumRows * 128), src + (c * 8 + sub) * 8, valid);
     }
   }
 }
 
-template <class Cfg>
+// kWgmmaS: on sm_90a, Q·Kᵀ runs as wgmma m64n32k16 (one warpgroup per key half, operands read
+// by the tensor cores straight from shared memory); elsewhere, or when false, as mma.sync fed by
+// ldmatrix. Both give the same fragment layout to the softmax.
+template <class Cfg, bool kWgmmaS>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const KernelParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int kRows = Cfg::kRows, kTokens = Cfg::kTokens, kStages = Cfg::kStages;
-  constexpr int kRowBytes = Cfg::kRowBytes;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr bool kUseWgmma = kWgmmaS;
+  static_assert(!kWgmmaS || (Cfg::kRows == 64 && Cfg::kTokens == 64 && Cfg::kWarps == 8),
+                "the wgmma S phase is written for 64 rows x 2 halves of 32 keys");
+#else
+  constexpr bool kUseWgmma = false;
+#endif
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, tq = lane & 3;
@@ -75,6 +85,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const Kern
   float* red = reinterpret_cast<float*>(smem + Cfg::kRedOffset);        // [2][kRows]
   float* row_scale = reinterpret_cast<float*>(smem + Cfg::kScaleOffset);  // [kRows]
   uint16_t* mask_s = reinterpret_cast<uint16_t*>(smem + Cfg::kMaskOffset);
+  // wgmma's swizzle atoms need a 1024-byte aligned base (the dynamic shared memory base is in
+  // practice); otherwise the ldmatrix path, which only needs the row-index swizzle, runs.
+  const bool use_wgmma = kUseWgmma && (q_s & 1023u) == 0;
 
   LoadRows<Cfg, kRows>(q_s, tid, [&](int r, bool* valid) {
     *valid = r < m_valid;
@@ -129,7 +142,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const Kern
 #pragma unroll
       for (int e = 0; e < 4; ++e) o_acc[mt][nt][e] = 0.f;
 
-  const uint32_t a_base = q_s + (s_row + (lane & 15)) * kRowBytes;
+  const uint32_t a_base = q_s + (s_row + (lane & 15)) * 128;
   const int b_row = Cfg::kNTilesS % 2 == 0 ? s_key + (lane & 7) + ((lane >> 4) << 3)
                                            : s_key + (lane & 7);
   const int v_key = (lane & 7) + ((lane >> 3) & 1) * 8;
@@ -161,6 +174,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const Kern
       }
     }
     CpAsyncWait<kStages - 2>();
+    if (use_wgmma) FenceProxyAsyncShared();
     __syncthreads();  // tile `it` landed; everyone is done with the previous tile's buffers
     {
       const int next = tile + kStages - 1;
@@ -175,18 +189,42 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const Kern
     for (int j = 0; j < Cfg::kNTilesS; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
-    if (s_row < m_valid) {
-      const uint32_t b_base = kv_tile + b_row * kRowBytes;
+    if (use_wgmma) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+      // Warpgroup s_half: all kRows (= 64) rows x keys [s_key, s_key + 32).
+      float acc[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) acc[i] = 0.f;
+      const uint64_t desc_a = SmemDescSw128(q_s);
+      const uint64_t desc_b = SmemDescSw128(kv_tile + s_key * 128);
+      FenceOperands(acc);
+      WgmmaFence();
 #pragma unroll
       for (int kk = 0; kk < Cfg::kKSteps; ++kk) {
-        const uint32_t koff = (kk >> 2) * 128;
+        // Descriptor addresses count 16-byte units.
+        const uint64_t a_off = ((kk >> 2) * Cfg::kQBlockBytes + (kk & 3) * 32) >> 4;
+        const uint64_t b_off = ((kk >> 2) * Cfg::kKvBlockBytes + (kk & 3) * 32) >> 4;
+        WgmmaM64N32K16(acc, desc_a + a_off, desc_b + b_off);
+      }
+      WgmmaCommit();
+      WgmmaWait<0>();
+      FenceOperands(acc);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) s[i / 4][i % 4] = acc[i];
+#endif
+    } else if (s_row < m_valid) {
+      const uint32_t b_base = kv_tile + b_row * 128;
+#pragma unroll
+      for (int kk = 0; kk < Cfg::kKSteps; ++kk) {
+        const uint32_t qoff = (kk >> 2) * Cfg::kQBlockBytes;
+        const uint32_t koff = (kk >> 2) * Cfg::kKvBlockBytes;
         uint32_t a[4];
-        LdMatrixX4(a, a_base + koff + off_hi16[kk & 3]);
+        LdMatrixX4(a, a_base + qoff + off_hi16[kk & 3]);
         if constexpr (Cfg::kNTilesS % 2 == 0) {
 #pragma unroll
           for (int jp = 0; jp < Cfg::kNTilesS / 2; ++jp) {
             uint32_t bb[4];
-            LdMatrixX4(bb, b_base + jp * 16 * kRowBytes + koff + off_b[kk & 3]);
+            LdMatrixX4(bb, b_base + jp * 16 * 128 + koff + off_b[kk & 3]);
             MmaBf16(s[2 * jp], a, bb[0], bb[1]);
             MmaBf16(s[2 * jp + 1], a, bb[2], bb[3]);
           }
@@ -274,11 +312,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const Kern
           LdMatrixX4(pa[mt], p_s + ((v_row + mt * 16 + (lane & 15)) * Cfg::kPStride + ks * 16 +
                                     (lane >> 4) * 8) * 2);
         }
-        const uint32_t v_base = kv_tile + (ks * 16 + v_key) * kRowBytes + v_dim * 2;
+        const uint32_t v_base =
+            kv_tile + (ks * 16 + v_key) * 128 + (v_dim / 64) * Cfg::kKvBlockBytes;
 #pragma unroll
         for (int np = 0; np < 8; ++np) {
           uint32_t vb[4];
-          LdMatrixX4Trans(vb, v_base + (np >> 2) * 128 + off_hi16[np & 3]);
+          LdMatrixX4Trans(vb, v_base + (np >> 2) * Cfg::kKvBlockBytes + off_hi16[np & 3]);
           MmaBf16(o_acc[0][2 * np], pa[0], vb[0], vb[1]);
           MmaBf16(o_acc[0][2 * np + 1], pa[0], vb[2], vb[3]);
           if (mt1) {

@@ -10,8 +10,10 @@
 // Both roles cover all kRows/8 warps. The layout is shared memory in bytes:
 //   Q [kRows, 576] | KV [kStages, kTokens, 576] | P [kRows, kTokens + 8] bf16 |
 //   red [2, kRows] f32 | scale [kRows] f32 | mask [kRows, kTokens/16] u16
-// Q and KV rows are 1152 bytes with their 16-byte chunks XOR-swizzled by (row & 7) so that
-// ldmatrix reads of 8 rows hit 8 different bank groups.
+// Q and KV tiles are stored as 9 blocks of 64 dims: block kb holds [rows, 128 bytes] with the
+// 16-byte chunks of row r XOR-swizzled by (r & 7). That is wgmma's K-major 128-byte-swizzle
+// layout (8-row atoms of 1024 bytes), and ldmatrix reads of 8 consecutive rows hit 8 different
+// bank groups. Q, KV stages and the 64-dim blocks all start 1024-byte aligned.
 
 #include <cstddef>
 #include <cstdint>
@@ -35,6 +37,8 @@ struct TileConfig {
   static constexpr int kChunksPerRow = kRowBytes / 16;  // 72
   static constexpr int kKSteps = kHeadDimQK / 16;       // 36
   static constexpr int kPStride = kTokens + 8;          // bf16 elements; breaks bank conflicts
+  static constexpr int kQBlockBytes = kRows * 128;      // one 64-dim block of the Q tile
+  static constexpr int kKvBlockBytes = kTokens * 128;   // one 64-dim block of a KV stage
 
   static constexpr size_t kQOffset = 0;
   static constexpr size_t kKvOffset = kQOffset + size_t{kRows} * kRowBytes;
@@ -50,6 +54,9 @@ struct TileConfig {
   static_assert(kRows % (kThreads / 8) == 0 && kTokens % (kThreads / 8) == 0,
                 "row loader passes");
   static_assert(kStages >= 2, "pipeline depth");
+  static_assert(kKvOffset % 1024 == 0 && kStageBytes % 1024 == 0 && kKvBlockBytes % 1024 == 0 &&
+                    kQBlockBytes % 1024 == 0,
+                "128-byte-swizzle atoms must stay 1024-byte aligned");
 };
 
 // H100/H200: 231,680 bytes of the 232,448 a block may opt into.

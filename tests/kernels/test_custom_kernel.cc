@@ -16,6 +16,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/custom/custom_attention.h"
+#include "kernels/custom/custom_launch_plan.h"
 #include "src/bundle/random_bundle.h"
 #include "src/common/bf16.h"
 #include "src/compare/compare.h"
@@ -38,6 +39,7 @@ struct KernelCase {
 struct KernelConfig {
   std::string name;
   CustomConfig config;
+  kernels::CustomScoreMma mma = kernels::CustomScoreMma::kAuto;
 };
 
 // Oracle work per case, in (query row x key) pairs: larger cases check a sample of draft tokens
@@ -140,16 +142,20 @@ std::vector<KernelCase> GridCases() {
   return v;
 }
 
+// hopper*: the Hopper tiles (wgmma Q·Kᵀ on an sm_90 device); hopper_mma: the same tiles with
+// mma.sync Q·Kᵀ; sm120*: the small tiles that fit sm_120, forced on whatever GPU runs the test.
 std::vector<KernelConfig> Configs() {
-  std::vector<KernelConfig> v(4);
+  std::vector<KernelConfig> v(5);
   v[0].name = "hopper";
   v[1].name = "hopper_split5";
   v[1].config.force_splits = 5;
-  v[2].name = "sm120";
-  v[2].config.small_smem = true;
-  v[3].name = "sm120_split3";
+  v[2].name = "hopper_mma";
+  v[2].mma = kernels::CustomScoreMma::kMmaSync;
+  v[3].name = "sm120";
   v[3].config.small_smem = true;
-  v[3].config.force_splits = 3;
+  v[4].name = "sm120_split3";
+  v[4].config.small_smem = true;
+  v[4].config.force_splits = 3;
   return v;
 }
 
@@ -245,7 +251,10 @@ TEST_P(CustomKernelTest, MatchesOracle) {
   const size_t ws_bytes = kernels::CustomWorkspaceBytes(d->dev.problem, cfg.config);
   DeviceBuffer ws(std::max<size_t>(ws_bytes, 16));
   ASSERT_EQ(ws.Fill(0xFF), cudaSuccess);
-  ASSERT_EQ(kernels::LaunchCustom(d->dev.problem, cfg.config, ws.get<void>(), ws_bytes, nullptr),
+  kernels::CustomPlan plan;
+  ASSERT_EQ(kernels::ResolveCustomPlan(d->dev.problem, cfg.config, &plan, cfg.mma), cudaSuccess);
+  ASSERT_EQ(kernels::LaunchCustomWith(d->dev.problem, cfg.config, cfg.mma, ws.get<void>(),
+                                      ws_bytes, nullptr),
             cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
@@ -282,9 +291,9 @@ TEST_P(CustomKernelTest, MatchesOracle) {
                                         d->ref_lse.data(), static_cast<int64_t>(test_lse.size()),
                                         tol);
   std::printf("[ metrics  ] config=%s case=%s rows_checked=%zu rel_l2=%.3e max_abs=%.3e "
-              "lse_max_abs=%.3e workspace=%zu\n",
+              "lse_max_abs=%.3e splits=%d wgmma=%d workspace=%zu\n",
               cfg.name.c_str(), kc.name.c_str(), d->tokens.size() * H, ds.rel_l2, ds.max_abs,
-              ds.lse_max_abs, ws_bytes);
+              ds.lse_max_abs, plan.splits, plan.wgmma_scores ? 1 : 0, ws_bytes);
   EXPECT_EQ(ds.nan_test, 0);
   EXPECT_LE(ds.rel_l2, testing::kKernelMaxRelL2);
   EXPECT_LE(ds.max_abs, testing::kKernelMaxAbs);
@@ -319,22 +328,22 @@ TEST(CustomKernelDeterminism, RepeatedLaunchIsBitIdentical) {
   RandomBundle bundle(spec);
   DeviceBundle dev;
   ASSERT_EQ(dev.Upload(bundle.view()), cudaSuccess);
-  for (bool small : {false, true}) {
-    CustomConfig c;
-    c.small_smem = small;
+  for (const KernelConfig& k : Configs()) {
+    CustomConfig c = k.config;
     c.force_splits = 4;
     const size_t ws_bytes = kernels::CustomWorkspaceBytes(dev.problem, c);
     DeviceBuffer ws(std::max<size_t>(ws_bytes, 16));
     std::vector<uint16_t> first(bundle.view().o_elems()), again(first.size());
     for (auto* out : {&first, &again}) {
       ASSERT_EQ(dev.Poison(), cudaSuccess);
-      ASSERT_EQ(kernels::LaunchCustom(dev.problem, c, ws.get<void>(), ws_bytes, nullptr),
+      ASSERT_EQ(kernels::LaunchCustomWith(dev.problem, c, k.mma, ws.get<void>(), ws_bytes,
+                                          nullptr),
                 cudaSuccess);
       ASSERT_EQ(cudaMemcpy(out->data(), dev.o.get<void>(), out->size() * 2,
                            cudaMemcpyDeviceToHost),
                 cudaSuccess);
     }
-    EXPECT_EQ(first, again) << (small ? "sm120" : "hopper");
+    EXPECT_EQ(first, again) << k.name;
   }
 }
 
