@@ -1,5 +1,6 @@
 #include "src/cli/admin_commands.h"
 
+#include <pwd.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -20,6 +21,10 @@ std::string ModeStr(v1::Mode m) {
 
 std::string Who() {
   const char* user = std::getenv("USER");
+  if (user == nullptr) {
+    const passwd* pw = getpwuid(getuid());
+    user = pw ? pw->pw_name : nullptr;
+  }
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   return fmt::format("{}@{}", user ? user : "unknown", host);
@@ -68,6 +73,12 @@ int RunStatus(const GlobalOptions& g) {
                              {"comparisons_skipped", c.comparisons_skipped()},
                              {"rollbacks", c.rollbacks()}}},
                {"last_rollback_reason", s.last_rollback_reason()},
+               {"shadow_sample_rate", s.shadow_sample_rate()},
+               {"custom_sample_rate", s.custom_sample_rate()},
+               {"capture", {{"dir", s.capture().dir()}, {"files", s.capture().files()},
+                            {"bytes", s.capture().bytes()}, {"pending", s.capture().pending()},
+                            {"written", s.capture().written()},
+                            {"dropped", s.capture().dropped()}}},
                {"engine", {{"engine", s.engine().engine()}, {"device", s.engine().device()},
                            {"sm_count", s.engine().sm_count()},
                            {"compute_capability", s.engine().compute_capability()}}},
@@ -106,6 +117,15 @@ int RunStatus(const GlobalOptions& g) {
       "reference {}\n",
       r.oracle_samples(), Num(r.custom_vs_oracle_rel_l2()), Num(r.reference_vs_oracle_rel_l2()),
       Num(r.rel_l2_mean()));
+  const auto& cap = s.capture();
+  std::cout << fmt::format("sampling    shadow {}  custom {}\n", s.shadow_sample_rate(),
+                           s.custom_sample_rate());
+  std::cout << (cap.dir().empty()
+                    ? std::string("captures    off\n")
+                    : fmt::format("captures    {} files, {:.1f} MB in {} (pending {}, written {}, "
+                                  "dropped {})\n",
+                                  cap.files(), cap.bytes() / 1e6, cap.dir(), cap.pending(),
+                                  cap.written(), cap.dropped()));
   std::cout << fmt::format("rollbacks   {}{}\n", c.rollbacks(),
                            s.last_rollback_reason().empty() ? ""
                                                             : "   last: " + s.last_rollback_reason());
@@ -159,6 +179,57 @@ int RunFlip(const GlobalOptions& g, const FlipOptions& f) {
 
 int RunRollback(const GlobalOptions& g, const std::string& reason) {
   return RunFlip(g, {"shadow", 0, reason.empty() ? "manual rollback" : reason, false});
+}
+
+}  // namespace verifyd::cli
+
+namespace verifyd::cli {
+
+int RunSample(const GlobalOptions& g, const std::string& mode, double rate) {
+  v1::SetSamplingRequest req;
+  if (mode == "shadow") {
+    req.set_mode(v1::MODE_SHADOW);
+  } else if (mode == "custom") {
+    req.set_mode(v1::MODE_CUSTOM);
+  } else {
+    return Fail(g, "sample", "mode '" + mode + "' is not shadow or custom");
+  }
+  req.set_rate(rate);
+  req.set_who(Who());
+  auto stub = v1::AdminService::NewStub(MakeChannel(g.admin));
+  v1::SetSamplingResponse resp;
+  auto ctx = MakeContext(g, true);
+  if (grpc::Status st = stub->SetSampling(ctx.get(), req, &resp); !st.ok()) {
+    return Fail(g, "sample", st);
+  }
+  if (g.json) {
+    PrintJson({{"shadow_sample_rate", resp.shadow_sample_rate()},
+               {"custom_sample_rate", resp.custom_sample_rate()}});
+  } else {
+    std::cout << fmt::format("sampling: shadow {}  custom {}\n", resp.shadow_sample_rate(),
+                             resp.custom_sample_rate());
+  }
+  return 0;
+}
+
+int RunCapture(const GlobalOptions& g, int64_t next) {
+  v1::CaptureRequest req;
+  req.set_next(next);
+  auto stub = v1::AdminService::NewStub(MakeChannel(g.admin));
+  v1::CaptureResponse resp;
+  auto ctx = MakeContext(g, true);
+  if (grpc::Status st = stub->Capture(ctx.get(), req, &resp); !st.ok()) {
+    return Fail(g, "capture", st);
+  }
+  const auto& c = resp.capture();
+  if (g.json) {
+    PrintJson({{"dir", c.dir()}, {"pending", c.pending()}, {"files", c.files()},
+               {"bytes", c.bytes()}});
+  } else {
+    std::cout << fmt::format("capturing the next {} compared calls into {} ({} files there)\n",
+                             c.pending(), c.dir(), c.files());
+  }
+  return 0;
 }
 
 }  // namespace verifyd::cli

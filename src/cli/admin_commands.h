@@ -18,5 +18,9 @@ int RunStatus(const GlobalOptions& g);
 int RunFlip(const GlobalOptions& g, const FlipOptions& f);
 // Back to shadow with the given reason.
 int RunRollback(const GlobalOptions& g, const std::string& reason);
+// Fraction of calls that also run the non-served path, for "shadow" or "custom" mode.
+int RunSample(const GlobalOptions& g, const std::string& mode, double rate);
+// Capture the next `next` compared calls.
+int RunCapture(const GlobalOptions& g, int64_t next);
 
 }  // namespace verifyd::cli

@@ -2,6 +2,7 @@
 
 #include "CLI/CLI.hpp"
 #include "src/cli/admin_commands.h"
+#include "src/cli/replay_command.h"
 #include "src/cli/send_command.h"
 
 int main(int argc, char** argv) {
@@ -49,7 +50,31 @@ int main(int argc, char** argv) {
   s->add_flag("--compare_sync", send.compare_sync, "compare before responding");
   s->add_flag("--json", g.json, "machine-readable output");
 
+  std::string sample_mode;
+  double sample_rate = 0;
+  auto* sm = app.add_subcommand("sample", "fraction of calls that also run the non-served path");
+  sm->add_option("mode", sample_mode, "shadow or custom")->required();
+  sm->add_option("rate", sample_rate, "fraction in [0, 1]")->required();
+  sm->add_flag("--json", g.json, "machine-readable output");
+
+  int64_t capture_next = 0;
+  auto* cap = app.add_subcommand("capture", "capture the next N compared calls to disk");
+  cap->add_option("--next", capture_next, "calls to capture (0 cancels)")->required();
+  cap->add_flag("--json", g.json, "machine-readable output");
+
+  ReplayOptions replay;
+  auto* rp = app.add_subcommand("replay", "re-run the paths on captured or golden bundles");
+  rp->add_option("files", replay.files, ".safetensors bundles")->required();
+  rp->add_option("--engine", replay.engine, "auto, cpu or cuda")->capture_default_str();
+  rp->add_option("--golden_max_rel_l2", replay.golden_max_rel_l2,
+                 "bf16 paths vs a golden o_expected")
+      ->capture_default_str();
+  rp->add_flag("--json", g.json, "machine-readable output");
+
   CLI11_PARSE(app, argc, argv);
+  if (*sm) return RunSample(g, sample_mode, sample_rate);
+  if (*cap) return RunCapture(g, capture_next);
+  if (*rp) return RunReplay(g, replay);
   if (*status) return RunStatus(g);
   if (*f) return RunFlip(g, flip);
   if (*rb) return RunRollback(g, rollback_reason);

@@ -47,14 +47,14 @@ double LseMaxAbs(const float* test_lse, const float* ref_lse, int64_t n_lse) {
   return max_abs;
 }
 
-template <typename RefAt>
-DiffStats CompareImpl(const uint16_t* test, RefAt ref_at, int64_t n, const float* test_lse,
+template <typename TestAt, typename RefAt>
+DiffStats CompareImpl(TestAt test_at, RefAt ref_at, int64_t n, const float* test_lse,
                       const float* ref_lse, int64_t n_lse, const Tolerance& tol) {
   DiffStats d;
   d.count = n;
   double diff_sq = 0, ref_sq = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const double t = Bf16ToFloat(test[i]);
+    const double t = test_at(i);
     const double r = ref_at(i);
     CountNonFinite(t, &d.nan_test, &d.inf_test);
     CountNonFinite(r, &d.nan_ref, &d.inf_ref);
@@ -93,16 +93,23 @@ void NonFiniteReason(const char* what, int64_t test, int64_t ref, std::vector<st
 
 DiffStats CompareBf16(const uint16_t* test, const uint16_t* ref, int64_t n, const float* test_lse,
                       const float* ref_lse, int64_t n_lse, const Tolerance& tol) {
-  return CompareImpl(
-      test, [ref](int64_t i) { return static_cast<double>(Bf16ToFloat(ref[i])); }, n, test_lse,
-      ref_lse, n_lse, tol);
+  return CompareImpl([test](int64_t i) { return static_cast<double>(Bf16ToFloat(test[i])); },
+                     [ref](int64_t i) { return static_cast<double>(Bf16ToFloat(ref[i])); }, n,
+                     test_lse, ref_lse, n_lse, tol);
 }
 
 DiffStats CompareBf16ToF32(const uint16_t* test, const float* ref, int64_t n, const float* test_lse,
                            const float* ref_lse, int64_t n_lse, const Tolerance& tol) {
-  return CompareImpl(
-      test, [ref](int64_t i) { return static_cast<double>(ref[i]); }, n, test_lse, ref_lse, n_lse,
-      tol);
+  return CompareImpl([test](int64_t i) { return static_cast<double>(Bf16ToFloat(test[i])); },
+                     [ref](int64_t i) { return static_cast<double>(ref[i]); }, n, test_lse,
+                     ref_lse, n_lse, tol);
+}
+
+DiffStats CompareF32(const float* test, const float* ref, int64_t n, const float* test_lse,
+                     const float* ref_lse, int64_t n_lse, const Tolerance& tol) {
+  return CompareImpl([test](int64_t i) { return static_cast<double>(test[i]); },
+                     [ref](int64_t i) { return static_cast<double>(ref[i]); }, n, test_lse,
+                     ref_lse, n_lse, tol);
 }
 
 Verdict Judge(const DiffStats& d, const Tolerance& tol) {

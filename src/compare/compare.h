@@ -39,6 +39,10 @@ DiffStats CompareBf16(const uint16_t* test, const uint16_t* ref, int64_t n, cons
 DiffStats CompareBf16ToF32(const uint16_t* test, const float* ref, int64_t n, const float* test_lse,
                            const float* ref_lse, int64_t n_lse, const Tolerance& tol);
 
+// fp32 test (the oracle) vs fp32 ref (a golden file's fp64 answer stored as fp32).
+DiffStats CompareF32(const float* test, const float* ref, int64_t n, const float* test_lse,
+                     const float* ref_lse, int64_t n_lse, const Tolerance& tol);
+
 Verdict Judge(const DiffStats& d, const Tolerance& tol);
 
 }  // namespace verifyd

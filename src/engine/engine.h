@@ -76,6 +76,12 @@ class Engine {
   // Diff of path `test` against path `ref` (both already run on `b`).
   virtual absl::StatusOr<DiffStats> Compare(PreparedBundle& b, Path test, Path ref,
                                             const Tolerance& tol) = 0;
+  // The bundle's inputs back on the host (captures). Off the critical path: called only when a
+  // capture is written.
+  virtual absl::StatusOr<std::shared_ptr<const OwnedBundle>> FetchInputs(PreparedBundle& b) {
+    (void)b;
+    return absl::UnimplementedError("this engine cannot return a bundle's inputs");
+  }
   // Test-only: makes later Run(kCustom) calls fail or go wrong as `fault` says.
   virtual void InjectCustomFault(const CustomFault& fault) = 0;
 };

@@ -1,4 +1,4 @@
-#include "src/server/engine_factory.h"
+#include "src/engine/engine_factory.h"
 
 #include "absl/strings/str_cat.h"
 #include "src/engine/cpu/cpu_engine.h"

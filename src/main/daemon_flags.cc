@@ -43,6 +43,17 @@ ABSL_FLAG(double, custom_timeout_ms, 0, "A custom path slower than this is a bre
 ABSL_FLAG(uint64_t, seed, 0x5eed, "Seed of sampling draws for calls without a request id");
 ABSL_FLAG(std::string, inject_custom_fault, "",
           "TEST ONLY: make the custom path fail: error | nan | perturb:AMOUNT");
+ABSL_FLAG(std::string, capture_dir, "",
+          "Where breaching and requested bundles are written; empty = STATE_DIR/captures, "
+          "'off' = no capture");
+ABSL_FLAG(int64_t, capture_max_mb, 4096, "Quota of all capture files together, MiB");
+ABSL_FLAG(int64_t, capture_max_files, 200, "Quota of capture files (oldest deleted first)");
+ABSL_FLAG(int64_t, capture_min_free_mb, 1024, "Free disk a capture always leaves, MiB");
+ABSL_FLAG(double, capture_breach_interval_s, 10, "At most one breach capture per this many s");
+ABSL_FLAG(double, shadow_sample_rate, -1,
+          "Fraction of shadow calls that also run custom (default 1; persisted once set)");
+ABSL_FLAG(double, custom_sample_rate, -1,
+          "Fraction of custom calls that also run the reference (default 0.01; persisted)");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error");
 
 namespace verifyd {
@@ -135,6 +146,14 @@ absl::StatusOr<DaemonOptions> ParseDaemonFlags(int argc, char** argv) {
   if (o.shadow_threads < 1) return absl::InvalidArgumentError("shadow_threads: must be >= 1");
   if (o.shadow_queue < 1) return absl::InvalidArgumentError("shadow_queue: must be >= 1");
   if (o.controller.gate_window < 1) return absl::InvalidArgumentError("gate_window: must be >= 1");
+  const std::string cap = absl::GetFlag(FLAGS_capture_dir);
+  o.capture.dir = cap == "off" ? "" : (cap.empty() ? o.state_dir + "/captures" : cap);
+  o.capture.max_bytes = absl::GetFlag(FLAGS_capture_max_mb) << 20;
+  o.capture.max_files = absl::GetFlag(FLAGS_capture_max_files);
+  o.capture.min_free_bytes = absl::GetFlag(FLAGS_capture_min_free_mb) << 20;
+  o.capture.min_breach_interval_seconds = absl::GetFlag(FLAGS_capture_breach_interval_s);
+  o.shadow_sample_rate = absl::GetFlag(FLAGS_shadow_sample_rate);
+  o.custom_sample_rate = absl::GetFlag(FLAGS_custom_sample_rate);
   auto fault = ParseFault(absl::GetFlag(FLAGS_inject_custom_fault));
   if (!fault.ok()) return fault.status();
   o.inject_custom_fault = *fault;

@@ -21,6 +21,17 @@ std::optional<Mode> FromProto(v1::Mode m) {
   return static_cast<Mode>(static_cast<int>(m) - 1);
 }
 
+void FillCapture(const Capturer* c, v1::CaptureStatus* out) {
+  if (c == nullptr) return;
+  const CaptureStatus s = c->Status();
+  out->set_dir(s.dir);
+  out->set_files(s.files);
+  out->set_bytes(s.bytes);
+  out->set_pending(s.pending);
+  out->set_written(s.written);
+  out->set_dropped(s.dropped);
+}
+
 }  // namespace
 
 grpc::Status AdminServiceImpl::Authorize(grpc::ServerContext* ctx) const {
@@ -80,6 +91,9 @@ grpc::Status AdminServiceImpl::GetStatus(grpc::ServerContext* ctx, const v1::Get
     pa->set_forced(a.forced);
     pa->set_who(a.who);
   }
+  resp->set_shadow_sample_rate(s.state.shadow_sample_rate);
+  resp->set_custom_sample_rate(s.state.custom_sample_rate);
+  FillCapture(ctx_.capturer, resp->mutable_capture());
   resp->set_version(ctx_.build.version);
   resp->set_commit(ctx_.build.commit);
   return grpc::Status::OK;
@@ -105,6 +119,39 @@ grpc::Status AdminServiceImpl::SetMode(grpc::ServerContext* ctx, const v1::SetMo
   resp->set_mode(ToProto(st->mode));
   resp->set_canary_fraction(st->canary_fraction);
   resp->set_forced(req->force());
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::SetSampling(grpc::ServerContext* ctx,
+                                           const v1::SetSamplingRequest* req,
+                                           v1::SetSamplingResponse* resp) {
+  if (grpc::Status a = Authorize(ctx); !a.ok()) return a;
+  std::optional<Mode> mode = FromProto(req->mode());
+  if (!mode) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "mode: shadow or custom");
+  }
+  const std::string who = req->who().empty() ? ctx->peer() : req->who();
+  if (absl::Status st = ctx_.controller->SetSampleRate(*mode, req->rate(), who); !st.ok()) {
+    return ToGrpc(st);
+  }
+  const PersistedState s = ctx_.controller->Snapshot().state;
+  resp->set_shadow_sample_rate(s.shadow_sample_rate);
+  resp->set_custom_sample_rate(s.custom_sample_rate);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::Capture(grpc::ServerContext* ctx, const v1::CaptureRequest* req,
+                                       v1::CaptureResponse* resp) {
+  if (grpc::Status a = Authorize(ctx); !a.ok()) return a;
+  if (ctx_.capturer == nullptr) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "capture_dir: capture is off (start verifyd with --capture_dir)");
+  }
+  if (req->next() < 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "next: must be >= 0");
+  }
+  ctx_.capturer->RequestNext(req->next());
+  FillCapture(ctx_.capturer, resp->mutable_capture());
   return grpc::Status::OK;
 }
 

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "src/capture/capturer.h"
 #include "src/control/mode_controller.h"
 #include "src/engine/engine.h"
 #include "src/metrics/metrics.h"
@@ -17,6 +18,7 @@ struct AdminContext {
   EngineInfo engine;
   BuildInfo build;
   std::string token;  // empty: no token required
+  Capturer* capturer = nullptr;  // null: capture off
   // Request counters, owned by the daemon.
   std::function<v1::Counters()> counters;
 };
@@ -29,6 +31,10 @@ class AdminServiceImpl final : public v1::AdminService::Service {
                          v1::GetStatusResponse* resp) override;
   grpc::Status SetMode(grpc::ServerContext* ctx, const v1::SetModeRequest* req,
                        v1::SetModeResponse* resp) override;
+  grpc::Status SetSampling(grpc::ServerContext* ctx, const v1::SetSamplingRequest* req,
+                           v1::SetSamplingResponse* resp) override;
+  grpc::Status Capture(grpc::ServerContext* ctx, const v1::CaptureRequest* req,
+                       v1::CaptureResponse* resp) override;
 
  private:
   grpc::Status Authorize(grpc::ServerContext* ctx) const;

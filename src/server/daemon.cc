@@ -60,6 +60,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
   auto controller = ModeController::Create(std::move(*store), opts.controller);
   if (!controller.ok()) return controller.status();
   d->controller_ = std::move(*controller);
+  for (auto [mode, rate] : {std::pair{Mode::kShadow, opts.shadow_sample_rate},
+                            std::pair{Mode::kCustom, opts.custom_sample_rate}}) {
+    if (rate < 0) continue;
+    if (absl::Status st = d->controller_->SetSampleRate(mode, rate, "flag"); !st.ok()) return st;
+  }
 
   BuildInfo build{VERIFYD_VERSION, VERIFYD_GIT_COMMIT, info.engine, info.device,
                   info.compute_capability};
@@ -73,11 +78,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
     d->metrics_server_ = std::move(*ms);
   }
 
+  if (!opts.capture.dir.empty()) {
+    auto cap = Capturer::Create(opts.capture, absl::StrCat("verifyd ", build.version, " (",
+                                                           build.commit, ") ", info.engine, " ",
+                                                           info.device));
+    if (!cap.ok()) return cap.status();
+    d->capturer_ = std::move(*cap);
+  }
   d->shadow_ = std::make_unique<ShadowRunner>(opts.shadow_threads, opts.shadow_queue);
   Daemon* self = d.get();
   d->handler_ = std::make_unique<VerifyHandler>(
       d->engine_.get(), d->controller_.get(), d->metrics_.get(), d->shadow_.get(), opts.handler,
       [self](const absl::Status& st) { self->OnFatal(st); });
+  d->handler_->SetCapturer(d->capturer_.get());
 
   // Data plane.
   grpc::EnableDefaultHealthCheckService(true);
@@ -119,6 +132,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
     actx.metrics = d->metrics_.get();
     actx.engine = info;
     actx.build = build;
+    actx.capturer = d->capturer_.get();
     actx.counters = [self] { return self->handler_->counters(); };
     actx.token = IsUnix(opts.admin_listen) ? "" : opts.admin_token;
     d->admin_service_ = std::make_unique<AdminServiceImpl>(std::move(actx));
@@ -151,7 +165,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
   if (d->metrics_server_) {
     spdlog::info("metrics on http://{}/metrics", Bound(opts.metrics_address, d->metrics_port()));
   }
-  spdlog::info("mode {}, state in {}", ModeName(snap.state.mode), opts.state_dir);
+  spdlog::info("mode {}, state in {}, captures {}", ModeName(snap.state.mode), opts.state_dir,
+               opts.capture.dir.empty() ? "off" : opts.capture.dir);
   return d;
 }
 

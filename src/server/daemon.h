@@ -13,7 +13,7 @@
 #include "src/control/mode_controller.h"
 #include "src/engine/engine.h"
 #include "src/metrics/metrics.h"
-#include "src/server/engine_factory.h"
+#include "src/engine/engine_factory.h"
 #include "src/server/shadow_runner.h"
 #include "src/server/verify_handler.h"
 
@@ -39,6 +39,9 @@ struct DaemonOptions {
   HandlerOptions handler;
   int shadow_threads = 1;
   int shadow_queue = 64;
+  double shadow_sample_rate = -1;   // >= 0 sets (and persists) the rate at start
+  double custom_sample_rate = -1;
+  CaptureOptions capture;           // capture.dir empty: capture off
   CustomFault inject_custom_fault;  // test only
 };
 
@@ -64,6 +67,7 @@ class Daemon {
   Engine& engine() { return *engine_; }
   VerifyHandler& handler() { return *handler_; }
   Metrics& metrics() { return *metrics_; }
+  Capturer* capturer() { return capturer_.get(); }
 
  private:
   Daemon() = default;
@@ -72,6 +76,7 @@ class Daemon {
   std::unique_ptr<ModeController> controller_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<MetricsServer> metrics_server_;
+  std::unique_ptr<Capturer> capturer_;
   std::unique_ptr<ShadowRunner> shadow_;
   std::unique_ptr<VerifyHandler> handler_;
   std::unique_ptr<VerifyServiceImpl> verify_service_;

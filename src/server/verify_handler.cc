@@ -59,11 +59,6 @@ VerifyHandler::VerifyHandler(Engine* engine, ModeController* controller, Metrics
       tolerance_(opts.tolerance),
       rng_(opts.seed) {}
 
-void VerifyHandler::SetCapture(CaptureWanted wanted, CaptureSink sink) {
-  capture_wanted_ = std::move(wanted);
-  capture_sink_ = std::move(sink);
-}
-
 void VerifyHandler::SetTolerance(const Tolerance& t) {
   absl::MutexLock l(&mu_);
   tolerance_ = t;
@@ -126,7 +121,6 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
   const Plan plan = controller_->Decide(req.request_id());
   const bool sync = plan.run_other && req.compare_sync();
   const bool async = plan.run_other && !sync;
-  const bool capture = plan.run_other && capture_wanted_ && capture_wanted_(true);
 
   auto t1 = Clock::now();
   absl::StatusOr<std::shared_ptr<PreparedBundle>> prepared = engine_->Prepare(*view, async);
@@ -175,10 +169,8 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
   // The other path, when this call is sampled for a comparison.
   const bool fell_back = served != plan.served;
   if (plan.run_other && !fell_back) {
-    std::shared_ptr<const OwnedBundle> host_copy;
-    if (capture) host_copy = std::make_shared<const OwnedBundle>(*view);
     if (sync) {
-      Outcome o = CompareAndRecord(b, plan, std::move(host_copy));
+      Outcome o = CompareAndRecord(b, plan, req.request_id());
       if (o.stats) {
         Verdict v{o.kind == OutcomeKind::kMatch, o.reason};
         FillComparison(*o.stats, v, resp->mutable_comparison());
@@ -186,8 +178,8 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
     } else {
       const auto t2 = Clock::now();
       std::shared_ptr<PreparedBundle> keep = *prepared;
-      const bool queued = shadow_->TrySubmit([this, keep, plan, host_copy]() mutable {
-        CompareAndRecord(*keep, plan, std::move(host_copy));
+      const bool queued = shadow_->TrySubmit([this, keep, plan, id = req.request_id()] {
+        CompareAndRecord(*keep, plan, id);
         metrics_->SetShadowQueueDepth(shadow_->depth() - 1);
       });
       if (!queued) Count(OutcomeKind::kSkipped);
@@ -208,7 +200,7 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
 }
 
 Outcome VerifyHandler::CompareAndRecord(PreparedBundle& b, const Plan& plan,
-                                        std::shared_ptr<const OwnedBundle> host_copy) {
+                                        const std::string& request_id) {
   const Path other = plan.served == Path::kCustom ? Path::kReference : Path::kCustom;
   const Tolerance tol = tolerance();
   Outcome o;
@@ -268,17 +260,39 @@ Outcome VerifyHandler::CompareAndRecord(PreparedBundle& b, const Plan& plan,
   metrics_->SetGate(snap.gate);
   metrics_->SetMode(snap.state.mode, snap.state.canary_fraction);
 
-  if (host_copy && capture_sink_) {
-    ComparisonRecord rec;
-    rec.bundle = std::move(host_copy);
-    rec.plan = plan;
-    rec.outcome = o;
-    engine_->Fetch(Path::kReference, b, &rec.reference).IgnoreError();
-    engine_->Fetch(Path::kCustom, b, &rec.custom).IgnoreError();
-    if (has_oracle) rec.has_oracle = engine_->Fetch(Path::kOracle, b, &rec.oracle).ok();
-    capture_sink_(std::move(rec));
-  }
+  if (capturer_) Capture(b, plan, o, tol, has_oracle, request_id);
   return o;
+}
+
+}  // namespace verifyd
+
+namespace verifyd {
+
+void VerifyHandler::Capture(PreparedBundle& b, const Plan& plan, const Outcome& o,
+                            const Tolerance& tol, bool has_oracle, const std::string& request_id) {
+  const std::string trigger = capturer_->Claim(o.kind != OutcomeKind::kMatch);
+  if (trigger.empty()) return;
+  ComparisonRecord rec;
+  absl::StatusOr<std::shared_ptr<const OwnedBundle>> inputs = engine_->FetchInputs(b);
+  if (!inputs.ok()) {
+    spdlog::warn("capture skipped: {}", inputs.status().ToString());
+    return;
+  }
+  rec.bundle = *inputs;
+  rec.plan = plan;
+  rec.outcome = o;
+  rec.tolerance = tol;
+  rec.request_id = request_id;
+  engine_->Fetch(Path::kReference, b, &rec.reference).IgnoreError();
+  engine_->Fetch(Path::kCustom, b, &rec.custom).IgnoreError();
+  if (has_oracle) rec.has_oracle = engine_->Fetch(Path::kOracle, b, &rec.oracle).ok();
+  absl::StatusOr<std::string> path = capturer_->Write(rec, trigger);
+  if (path.ok()) {
+    metrics_->Capture(trigger);
+    spdlog::info("captured {} ({})", *path, trigger);
+  } else {
+    spdlog::warn("capture failed: {}", path.status().ToString());
+  }
 }
 
 }  // namespace verifyd

@@ -11,6 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "src/capture/capturer.h"
 #include "src/compare/compare.h"
 #include "src/control/mode_controller.h"
 #include "src/engine/engine.h"
@@ -28,27 +29,16 @@ struct HandlerOptions {
   uint64_t seed = 0x0c1e;              // oracle sampling draws
 };
 
-// Everything a comparison produced, for capture.
-struct ComparisonRecord {
-  std::shared_ptr<const OwnedBundle> bundle;  // set only while capture is armed
-  Plan plan;
-  Outcome outcome;
-  PathOutput reference, custom, oracle;  // host copies, filled only for capture
-  bool has_oracle = false;
-};
-
 class VerifyHandler {
  public:
   // A fatal engine error (a sticky CUDA fault): the daemon stops serving and exits.
   using FatalHandler = std::function<void(const absl::Status&)>;
-  // Whether to keep host copies for the capture of this comparison, and where to send them.
-  using CaptureWanted = std::function<bool(bool breach_possible)>;
-  using CaptureSink = std::function<void(ComparisonRecord&&)>;
 
   VerifyHandler(Engine* engine, ModeController* controller, Metrics* metrics,
                 ShadowRunner* shadow, HandlerOptions opts, FatalHandler on_fatal);
 
-  void SetCapture(CaptureWanted wanted, CaptureSink sink);
+  // Captures breaching (and requested) comparisons; null turns capture off.
+  void SetCapturer(Capturer* c) { capturer_ = c; }
   absl::Status Handle(const v1::VerifyRequest& req, v1::VerifyResponse* resp);
   const HandlerOptions& options() const { return opts_; }
   // Totals since start, for the admin status.
@@ -58,8 +48,9 @@ class VerifyHandler {
  private:
   absl::Status Serve(const v1::VerifyRequest& req, v1::VerifyResponse* resp);
   // Runs the non-served path on `b`, compares custom against reference, records the outcome.
-  Outcome CompareAndRecord(PreparedBundle& b, const Plan& plan,
-                           std::shared_ptr<const OwnedBundle> host_copy);
+  Outcome CompareAndRecord(PreparedBundle& b, const Plan& plan, const std::string& request_id);
+  void Capture(PreparedBundle& b, const Plan& plan, const Outcome& o, const Tolerance& tol,
+               bool has_oracle, const std::string& request_id);
   bool DrawOracle();
   Tolerance tolerance() const;
   void Fatal(const absl::Status& st);
@@ -70,8 +61,7 @@ class VerifyHandler {
   ShadowRunner* shadow_;
   HandlerOptions opts_;
   FatalHandler on_fatal_;
-  CaptureWanted capture_wanted_;
-  CaptureSink capture_sink_;
+  Capturer* capturer_ = nullptr;
   void Count(OutcomeKind k);
   std::atomic<int64_t> requests_{0}, request_errors_{0}, served_reference_{0}, served_custom_{0};
   std::atomic<int64_t> match_{0}, breach_{0}, error_{0}, skipped_{0};

@@ -26,10 +26,13 @@ class CpuPreparedBundle : public PreparedBundle {
  public:
   CpuPreparedBundle(const BundleView& v, bool detach)
       : PreparedBundle(v.shape),
-        owned_(detach ? std::make_unique<OwnedBundle>(v) : nullptr),
+        owned_(detach ? std::make_shared<const OwnedBundle>(v) : nullptr),
         view_(detach ? owned_->view() : v) {}
 
   const BundleView& view() const { return view_; }
+  std::shared_ptr<const OwnedBundle> Inputs() const {
+    return owned_ ? owned_ : std::make_shared<const OwnedBundle>(view_);
+  }
 
   void Store(Path p, PathOutput out) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
@@ -43,7 +46,7 @@ class CpuPreparedBundle : public PreparedBundle {
   }
 
  private:
-  std::unique_ptr<OwnedBundle> owned_;
+  std::shared_ptr<const OwnedBundle> owned_;
   BundleView view_;
   mutable absl::Mutex mu_;
   std::map<Path, std::shared_ptr<const PathOutput>> outputs_ ABSL_GUARDED_BY(mu_);
@@ -145,6 +148,10 @@ class CpuEngine : public Engine {
       return CompareBf16ToF32(t->o.data(), r->o_f32.data(), v.o_elems(), t_lse, r_lse, n_lse, tol);
     }
     return CompareBf16(t->o.data(), r->o.data(), v.o_elems(), t_lse, r_lse, n_lse, tol);
+  }
+
+  absl::StatusOr<std::shared_ptr<const OwnedBundle>> FetchInputs(PreparedBundle& pb) override {
+    return static_cast<CpuPreparedBundle&>(pb).Inputs();
   }
 
   void InjectCustomFault(const CustomFault& fault) override {

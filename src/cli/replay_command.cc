@@ -1,0 +1,185 @@
+#include "src/cli/replay_command.h"
+
+#include <cmath>
+#include <iostream>
+
+#include "absl/strings/numbers.h"
+#include "fmt/format.h"
+#include "src/bundle/validate.h"
+#include "src/compare/compare.h"
+#include "src/engine/engine_factory.h"
+#include "src/io/bundle_file.h"
+
+namespace verifyd::cli {
+namespace {
+
+using nlohmann::json;
+
+json StatsJson(const DiffStats& d, const Verdict& v) {
+  auto num = [](double x) { return std::isfinite(x) ? json(x) : json(); };
+  return {{"rel_l2", num(d.rel_l2)},       {"max_abs", num(d.max_abs)},
+          {"nmse", num(d.nmse)},           {"beyond_tol", d.beyond_tol},
+          {"nan_test", d.nan_test},        {"nan_ref", d.nan_ref},
+          {"lse_max_abs", num(d.lse_max_abs)}, {"match", v.match},
+          {"reason", v.reason}};
+}
+
+std::string StatsLine(const DiffStats& d, const Verdict& v) {
+  return fmt::format("rel-L2 {:.4g}  max-abs {:.4g}  lse {:.3g}  {}", d.rel_l2, d.max_abs,
+                     d.lse_max_abs, v.match ? "match" : "BREACH: " + v.reason);
+}
+
+// The capture's tolerance when recorded, else the defaults.
+Tolerance ToleranceOf(const BundleFile& f) {
+  Tolerance t;
+  const auto& m = f.metadata();
+  auto get = [&](const char* key, double* out) {
+    auto it = m.find(key);
+    if (it != m.end()) absl::SimpleAtod(it->second, out);
+  };
+  get("tol_atol", &t.atol);
+  get("tol_rtol", &t.rtol);
+  get("tol_max_rel_l2", &t.max_rel_l2);
+  get("tol_max_abs", &t.max_abs);
+  get("tol_max_lse_abs", &t.max_lse_abs);
+  if (auto it = m.find("tol_max_beyond_tol"); it != m.end()) {
+    absl::SimpleAtoi(it->second, &t.max_beyond_tol);
+  }
+  return t;
+}
+
+bool SameBytes(const std::vector<uint16_t>& a, const Tensor* t) {
+  return t && t->data.size() == a.size() * 2 &&
+         std::equal(a.begin(), a.end(), t->as<uint16_t>());
+}
+
+}  // namespace
+
+int RunReplay(const GlobalOptions& g, const ReplayOptions& r) {
+  EngineOptions eo;
+  eo.kind = r.engine;
+  auto engine = MakeEngine(eo);
+  if (!engine.ok()) return Fail(g, "replay", std::string(engine.status().message()));
+  const EngineInfo info = (*engine)->Info();
+  bool all_ok = true;
+  json files = json::array();
+  for (const std::string& path : r.files) {
+    json out = {{"file", path}, {"engine", info.engine + " " + info.device}};
+    auto f = LoadBundleFile(path);
+    if (f.ok()) {
+      if (absl::Status st = ValidateBundle(f->view); !st.ok()) f = st;
+    }
+    if (!f.ok()) {
+      all_ok = false;
+      out["error"] = std::string(f.status().message());
+      if (!g.json) std::cerr << "verifyctl: replay: " << path << ": " << f.status().message() << "\n";
+      files.push_back(out);
+      continue;
+    }
+    const BundleView& v = f->view;
+    const Tolerance tol = ToleranceOf(*f);
+    auto prepared = (*engine)->Prepare(v, false);
+    PathOutput ref, cus, ora;
+    absl::Status st = prepared.status();
+    for (auto [p, o] : {std::pair{Path::kReference, &ref}, std::pair{Path::kCustom, &cus},
+                        std::pair{Path::kOracle, &ora}}) {
+      if (st.ok()) st = (*engine)->Run(p, **prepared);
+      if (st.ok()) st = (*engine)->Fetch(p, **prepared, o);
+    }
+    if (!st.ok()) {
+      all_ok = false;
+      out["error"] = std::string(st.message());
+      if (!g.json) std::cerr << "verifyctl: replay: " << path << ": " << st.message() << "\n";
+      files.push_back(out);
+      continue;
+    }
+    const int64_t n = v.o_elems(), nl = v.lse_elems();
+    const DiffStats cvr = CompareBf16(cus.o.data(), ref.o.data(), n, cus.lse.data(),
+                                      ref.lse.data(), nl, tol);
+    const DiffStats cvo = CompareBf16ToF32(cus.o.data(), ora.o_f32.data(), n, cus.lse.data(),
+                                           ora.lse.data(), nl, tol);
+    const DiffStats rvo = CompareBf16ToF32(ref.o.data(), ora.o_f32.data(), n, ref.lse.data(),
+                                           ora.lse.data(), nl, tol);
+    out["shape"] = {{"B", v.shape.batch}, {"T", v.shape.draft}, {"H", v.shape.heads},
+                    {"page_size", v.shape.page_size}, {"max_kv_len", v.max_kv_len}};
+    out["custom_vs_reference"] = StatsJson(cvr, Judge(cvr, tol));
+    out["custom_vs_oracle"] = StatsJson(cvo, Judge(cvo, tol));
+    out["reference_vs_oracle"] = StatsJson(rvo, Judge(rvo, tol));
+    if (!g.json) {
+      std::cout << fmt::format("{}  B={} T={} H={} page_size={} max_kv_len={}  ({} engine)\n",
+                               path, v.shape.batch, v.shape.draft, v.shape.heads,
+                               v.shape.page_size, v.max_kv_len, info.engine);
+      std::cout << "  re-run custom vs reference    " << StatsLine(cvr, Judge(cvr, tol)) << "\n";
+      std::cout << "  re-run custom vs oracle       " << StatsLine(cvo, Judge(cvo, tol)) << "\n";
+      std::cout << "  re-run reference vs oracle    " << StatsLine(rvo, Judge(rvo, tol)) << "\n";
+    }
+
+    // A capture: the recorded comparison, recomputed from the recorded outputs.
+    const Tensor* rec_ref = f->Find("o_reference");
+    const Tensor* rec_cus = f->Find("o_custom");
+    if (rec_ref && rec_cus && rec_ref->data.size() == static_cast<size_t>(n) * 2 &&
+        rec_cus->data.size() == rec_ref->data.size()) {
+      const Tensor* lr = f->Find("lse_reference");
+      const Tensor* lc = f->Find("lse_custom");
+      const bool lse_ok = lr && lc && lr->data.size() == static_cast<size_t>(nl) * 4 &&
+                          lc->data.size() == lr->data.size();
+      const DiffStats rec = CompareBf16(rec_cus->as<uint16_t>(), rec_ref->as<uint16_t>(), n,
+                                        lse_ok ? lc->as<float>() : nullptr,
+                                        lse_ok ? lr->as<float>() : nullptr, lse_ok ? nl : 0, tol);
+      double meta_rel = NAN;
+      if (auto it = f->metadata().find("rel_l2"); it != f->metadata().end()) {
+        absl::SimpleAtod(it->second, &meta_rel);
+      }
+      const bool reproduced = rec.rel_l2 == meta_rel;
+      const bool ref_same = SameBytes(ref.o, rec_ref), cus_same = SameBytes(cus.o, rec_cus);
+      out["recorded"] = StatsJson(rec, Judge(rec, tol));
+      out["recorded"]["metadata_rel_l2"] = std::isfinite(meta_rel) ? json(meta_rel) : json();
+      out["recorded"]["reproduced"] = reproduced;
+      out["rerun_equals_recorded"] = {{"reference", ref_same}, {"custom", cus_same}};
+      if (!g.json) {
+        std::cout << "  recorded custom vs reference  " << StatsLine(rec, Judge(rec, tol))
+                  << (reproduced ? "  (= recorded comparison)" : "  (differs from metadata!)")
+                  << "\n";
+        std::cout << fmt::format("  re-run equals recorded output: reference {}, custom {}\n",
+                                 ref_same ? "yes" : "no", cus_same ? "yes" : "no");
+      }
+    }
+
+    // A golden file: every path against its fp64 answer.
+    if (f->o_expected && f->o_expected->data.size() == static_cast<size_t>(n) * 4) {
+      Tolerance gt = tol;
+      gt.max_rel_l2 = r.golden_max_rel_l2;
+      gt.max_lse_abs = r.golden_max_lse_abs;
+      const float* exp_lse =
+          f->lse_expected && f->lse_expected->data.size() == static_cast<size_t>(nl) * 4
+              ? f->lse_expected->as<float>()
+              : nullptr;
+      const float* eo = f->o_expected->as<float>();
+      const DiffStats gr = CompareBf16ToF32(ref.o.data(), eo, n, ref.lse.data(), exp_lse,
+                                            exp_lse ? nl : 0, gt);
+      const DiffStats gc = CompareBf16ToF32(cus.o.data(), eo, n, cus.lse.data(), exp_lse,
+                                            exp_lse ? nl : 0, gt);
+      Tolerance ot = gt;  // the oracle is fp32 end to end: far tighter
+      ot.max_rel_l2 = 1e-5;
+      ot.atol = 1e-5;
+      ot.rtol = 1e-5;
+      const DiffStats go = CompareF32(ora.o_f32.data(), eo, n, ora.lse.data(), exp_lse,
+                                      exp_lse ? nl : 0, ot);
+      const Verdict vr = Judge(gr, gt), vc = Judge(gc, gt), vo = Judge(go, ot);
+      all_ok = all_ok && vr.match && vc.match && vo.match;
+      out["golden"] = {{"reference", StatsJson(gr, vr)},
+                       {"custom", StatsJson(gc, vc)},
+                       {"oracle", StatsJson(go, vo)}};
+      if (!g.json) {
+        std::cout << "  golden reference              " << StatsLine(gr, vr) << "\n";
+        std::cout << "  golden custom                 " << StatsLine(gc, vc) << "\n";
+        std::cout << "  golden oracle                 " << StatsLine(go, vo) << "\n";
+      }
+    }
+    files.push_back(out);
+  }
+  if (g.json) PrintJson({{"files", files}, {"ok", all_ok}});
+  return all_ok ? 0 : 1;
+}
+
+}  // namespace verifyd::cli

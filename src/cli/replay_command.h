@@ -1,0 +1,23 @@
+#pragma once
+// verifyctl replay FILE...: re-runs reference, custom and oracle on captured (or golden) bundles
+// with the local engine and prints the comparisons. A capture's recorded comparison is
+// recomputed from its recorded outputs; a golden file's o_expected/lse_expected are checked.
+
+#include <string>
+#include <vector>
+
+#include "src/cli/cli_common.h"
+
+namespace verifyd::cli {
+
+struct ReplayOptions {
+  std::vector<std::string> files;
+  std::string engine = "auto";
+  double golden_max_rel_l2 = 1e-2;  // bf16 paths vs a golden file's fp64 answer
+  double golden_max_lse_abs = 1e-3;
+};
+
+// Exit code: 0 when every golden check passes and every file loaded; 1 otherwise.
+int RunReplay(const GlobalOptions& g, const ReplayOptions& r);
+
+}  // namespace verifyd::cli
