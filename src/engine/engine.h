@@ -69,6 +69,17 @@ class Engine {
   // refers to `bundle`'s memory (for work that outlives the request).
   virtual absl::StatusOr<std::shared_ptr<PreparedBundle>> Prepare(const BundleView& bundle,
                                                                   bool detach) = 0;
+  // Prepare() on one device: requests name a device, 0 by default. INVALID_ARGUMENT naming the
+  // field when the engine has no such device.
+  virtual absl::StatusOr<std::shared_ptr<PreparedBundle>> PrepareOn(int device,
+                                                                    const BundleView& bundle,
+                                                                    bool detach) {
+    if (device != 0) {
+      return absl::InvalidArgumentError("device: " + std::to_string(device) +
+                                        " is not served (this engine has device 0 only)");
+    }
+    return Prepare(bundle, detach);
+  }
   // Runs one path; its output stays in `b` until fetched or compared.
   virtual absl::Status Run(Path path, PreparedBundle& b) = 0;
   // Copies a path's output to the host.

@@ -123,7 +123,7 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
   const bool async = plan.run_other && !sync;
 
   auto t1 = Clock::now();
-  absl::StatusOr<std::shared_ptr<PreparedBundle>> prepared = engine_->Prepare(*view, async);
+  absl::StatusOr<std::shared_ptr<PreparedBundle>> prepared = engine_->PrepareOn(req.device(), *view, async);
   if (!prepared.ok()) {
     metrics_->Request("none", prepared.status().code(), Since(t0));
     return prepared.status();

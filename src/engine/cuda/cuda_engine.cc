@@ -179,11 +179,12 @@ absl::StatusOr<std::shared_ptr<PreparedBundle>> CudaEngine::Prepare(const Bundle
   // Prepare copies the inputs to the device before returning, so nothing refers to `bundle`
   // afterwards whether detached or not.
   const unsigned i = next_device_.fetch_add(1, std::memory_order_relaxed);
-  return PrepareOn(static_cast<int>(i % workers_.size()), bundle);
+  return PrepareOn(static_cast<int>(i % workers_.size()), bundle, true);
 }
 
 absl::StatusOr<std::shared_ptr<PreparedBundle>> CudaEngine::PrepareOn(int device_index,
-                                                                      const BundleView& bundle) {
+                                                                      const BundleView& bundle,
+                                                                      bool /*detach*/) {
   if (device_index < 0 || device_index >= num_devices()) {
     return absl::InvalidArgumentError(
         absl::StrCat("device: index ", device_index, " is outside [0, ", num_devices(), ")"));
@@ -205,6 +206,44 @@ absl::StatusOr<std::shared_ptr<PreparedBundle>> CudaEngine::PrepareOn(int device
   auto b = std::make_shared<CudaPreparedBundle>(w, w.NextLane(), bundle);
   VERIFYD_RETURN_IF_ERROR(b->Upload(bundle));
   return b;
+}
+
+absl::StatusOr<std::shared_ptr<const OwnedBundle>> CudaEngine::FetchInputs(PreparedBundle& pb) {
+  auto& b = static_cast<CudaPreparedBundle&>(pb);
+  DeviceWorker& w = b.worker();
+  VERIFYD_RETURN_IF_ERROR(w.Activate());
+  const kernels::VerifyProblem& p = b.problem();
+  BundleView v;
+  v.shape = p.shape;
+  v.sm_scale = p.sm_scale;
+  v.max_kv_len = p.max_kv_len;
+  v.total_kv_len = p.total_kv_len;
+  std::vector<uint16_t> q(v.q_elems()), kv(v.kv_elems());
+  std::vector<int32_t> indptr(p.shape.batch + 1), indices(p.shape.num_indices),
+      lens(p.shape.batch);
+  std::vector<uint8_t> mask(v.mask_bytes());
+  const cudaStream_t s = b.lane().shadow;
+  const char* where = "fetching the bundle's inputs";
+  VERIFYD_RETURN_IF_ERROR(w.Check(cudaStreamWaitEvent(s, b.inputs_ready(), 0), where));
+  auto d2h = [&](void* dst, const void* src, size_t bytes) {
+    return bytes == 0 ? absl::OkStatus()
+                      : w.Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s), where);
+  };
+  VERIFYD_RETURN_IF_ERROR(d2h(q.data(), p.q, q.size() * 2));
+  VERIFYD_RETURN_IF_ERROR(d2h(kv.data(), p.kv_pool, kv.size() * 2));
+  VERIFYD_RETURN_IF_ERROR(d2h(indptr.data(), p.kv_indptr, indptr.size() * 4));
+  VERIFYD_RETURN_IF_ERROR(d2h(indices.data(), p.kv_indices, indices.size() * 4));
+  VERIFYD_RETURN_IF_ERROR(d2h(lens.data(), p.kv_lens, lens.size() * 4));
+  VERIFYD_RETURN_IF_ERROR(d2h(mask.data(), p.tree_mask, mask.size()));
+  VERIFYD_RETURN_IF_ERROR(b.RecordShadowUse());
+  VERIFYD_RETURN_IF_ERROR(w.Check(cudaStreamSynchronize(s), where));
+  v.q = q.data();
+  v.kv_pool = kv.data();
+  v.kv_indptr = indptr.data();
+  v.kv_indices = indices.data();
+  v.kv_lens = lens.data();
+  v.tree_mask = mask.data();
+  return std::make_shared<const OwnedBundle>(v);
 }
 
 absl::Status CudaEngine::Run(Path path, PreparedBundle& pb) {

@@ -40,7 +40,8 @@ class CudaEngine : public Engine {
   absl::StatusOr<std::shared_ptr<PreparedBundle>> Prepare(const BundleView& bundle,
                                                           bool detach) override;
   absl::StatusOr<std::shared_ptr<PreparedBundle>> PrepareOn(int device_index,
-                                                            const BundleView& bundle);
+                                                            const BundleView& bundle,
+                                                            bool detach) override;
   // Reference runs on the served stream and returns once launched; custom runs on the shadow
   // stream and returns when it finished, so that its CUDA errors surface here; the oracle runs on
   // the shadow stream and returns once launched.
@@ -48,6 +49,7 @@ class CudaEngine : public Engine {
   absl::Status Fetch(Path path, PreparedBundle& b, PathOutput* out) override;
   absl::StatusOr<DiffStats> Compare(PreparedBundle& b, Path test, Path ref,
                                     const Tolerance& tol) override;
+  absl::StatusOr<std::shared_ptr<const OwnedBundle>> FetchInputs(PreparedBundle& b) override;
   void InjectCustomFault(const CustomFault& fault) override;
 
   int num_devices() const { return static_cast<int>(workers_.size()); }
