@@ -12,7 +12,9 @@
 namespace verifyd::bench {
 
 struct BenchRow {
-  std::string path;  // "custom", "custom-mma" (mma.sync Q·Kᵀ), "custom-sm120cfg", "reference"
+  // "custom" (as shipped), "custom-qkwgmma" (wgmma Q·Kᵀ only), "custom-mma" (mma.sync only),
+  // "custom-sm120cfg" (sm_120 tiles), "reference"
+  std::string path;
   int batch = 0, draft = 0, heads = 0, page_size = 0;
   int64_t prefix = 0;
   double ms = 0;        // median; <= 0 when the path failed

@@ -130,7 +130,8 @@ struct Options {
   std::string out_dir = ".";
   std::string commit = VERIFYD_GIT_COMMIT;
   std::vector<int> pages = {1, 64};
-  std::vector<std::string> paths = {"custom", "custom-mma", "custom-sm120cfg", "reference"};
+  std::vector<std::string> paths = {"custom", "custom-qkwgmma", "custom-mma", "custom-sm120cfg",
+                                    "reference"};
   double seconds_per_row = 0.25;
   int max_shapes = 0;
 };
@@ -214,10 +215,11 @@ int Run(const Options& opt) {
         DevPtr<uint8_t> ws;
         std::function<cudaError_t(int)> launch;
         kernels::CustomConfig cfg;
-        if (path == "custom" || path == "custom-mma" || path == "custom-sm120cfg") {
+        if (path.rfind("custom", 0) == 0) {
           cfg.small_smem = path == "custom-sm120cfg";
-          const auto mma = path == "custom-mma" ? kernels::CustomScoreMma::kMmaSync
-                                                : kernels::CustomScoreMma::kAuto;
+          const auto mma = path == "custom-mma"       ? kernels::CustomScoreMma::kMmaSync
+                           : path == "custom-qkwgmma" ? kernels::CustomScoreMma::kWgmmaScores
+                                                      : kernels::CustomScoreMma::kAuto;
           kernels::CustomPlan plan;
           if (kernels::ResolveCustomPlan(in[0]->problem, cfg, &plan, mma) == cudaSuccess) {
             row.splits = plan.splits;
@@ -299,7 +301,8 @@ int main(int argc, char** argv) {
   app.add_option("--out", opt.out_dir, "directory for <date>-<commit>-<device>.{md,json}");
   app.add_option("--commit", opt.commit, "commit the binaries were built from");
   app.add_option("--pages", opt.pages, "page sizes to run");
-  app.add_option("--paths", opt.paths, "custom, custom-mma, custom-sm120cfg, reference");
+  app.add_option("--paths", opt.paths,
+                 "custom, custom-qkwgmma, custom-mma, custom-sm120cfg, reference");
   app.add_option("--seconds-per-row", opt.seconds_per_row, "timing budget per row");
   app.add_option("--max-shapes", opt.max_shapes, "stop after this many (shape, page) pairs");
   CLI11_PARSE(app, argc, argv);

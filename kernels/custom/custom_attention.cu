@@ -55,18 +55,19 @@ cudaError_t QueryDevice(int dev, DeviceFacts* f) {
   f->wgmma = major == 9 && minor == 0;
   f->hopper_tiles_fit = static_cast<size_t>(optin) >= HopperTiles::kSmemBytes;
   if (f->hopper_tiles_fit) {
-    for (auto* k : {custom::FusedVerifyKernel<HopperTiles, true>,
-                    custom::FusedVerifyKernel<HopperTiles, false>}) {
+    for (auto* k : {custom::FusedVerifyKernel<HopperTiles, true, true>,
+                    custom::FusedVerifyKernel<HopperTiles, true, false>,
+                    custom::FusedVerifyKernel<HopperTiles, false, false>}) {
       e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(HopperTiles::kSmemBytes));
       if (e != cudaSuccess) return e;
     }
     e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &f->ctas_hopper, custom::FusedVerifyKernel<HopperTiles, true>, HopperTiles::kThreads,
+        &f->ctas_hopper, custom::FusedVerifyKernel<HopperTiles, true, true>, HopperTiles::kThreads,
         HopperTiles::kSmemBytes);
     if (e != cudaSuccess) return e;
   }
-  auto* k = custom::FusedVerifyKernel<Sm120Tiles, false>;
+  auto* k = custom::FusedVerifyKernel<Sm120Tiles, false, false>;
   e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(Sm120Tiles::kSmemBytes));
   if (e != cudaSuccess) return e;
@@ -109,7 +110,8 @@ ResolvedPlan Resolve(const VerifyProblem& p, const CustomConfig& c, CustomScoreM
     return r;
   }
   r.plan = PlanCustom(p, small, sms, ctas, c.force_splits);
-  r.plan.wgmma_scores = !small && f.wgmma && mma == CustomScoreMma::kAuto;
+  r.plan.wgmma_scores = !small && f.wgmma && mma != CustomScoreMma::kMmaSync;
+  r.plan.wgmma_pv = r.plan.wgmma_scores && mma == CustomScoreMma::kAuto;
   return r;
 }
 
@@ -119,7 +121,7 @@ int Log2(int v) {
   return s;
 }
 
-template <class Cfg, bool kWgmmaS>
+template <class Cfg, bool kWgmmaS, bool kWgmmaPV>
 cudaError_t LaunchPlanned(const VerifyProblem& p, const CustomPlan& plan, void* workspace,
                           cudaStream_t stream) {
   KernelParams k{};
@@ -147,7 +149,8 @@ cudaError_t LaunchPlanned(const VerifyProblem& p, const CustomPlan& plan, void* 
         reinterpret_cast<float*>(static_cast<char*>(workspace) + plan.partial_lse_offset);
   }
   const dim3 grid(plan.row_blocks, plan.splits, p.shape.batch);
-  custom::FusedVerifyKernel<Cfg, kWgmmaS><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(k);
+  custom::FusedVerifyKernel<Cfg, kWgmmaS, kWgmmaPV>
+      <<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(k);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || plan.splits == 1) return e;
   const int64_t blocks =
@@ -196,9 +199,14 @@ cudaError_t LaunchCustomWith(const VerifyProblem& p, const CustomConfig& c, Cust
       (workspace == nullptr || workspace_bytes < r.plan.workspace_bytes)) {
     return cudaErrorInvalidValue;
   }
-  if (r.plan.small_tiles) return LaunchPlanned<Sm120Tiles, false>(p, r.plan, workspace, stream);
-  return r.plan.wgmma_scores ? LaunchPlanned<HopperTiles, true>(p, r.plan, workspace, stream)
-                             : LaunchPlanned<HopperTiles, false>(p, r.plan, workspace, stream);
+  if (r.plan.small_tiles) {
+    return LaunchPlanned<Sm120Tiles, false, false>(p, r.plan, workspace, stream);
+  }
+  if (r.plan.wgmma_pv) return LaunchPlanned<HopperTiles, true, true>(p, r.plan, workspace, stream);
+  if (r.plan.wgmma_scores) {
+    return LaunchPlanned<HopperTiles, true, false>(p, r.plan, workspace, stream);
+  }
+  return LaunchPlanned<HopperTiles, false, false>(p, r.plan, workspace, stream);
 }
 
 }  // namespace verifyd::kernels

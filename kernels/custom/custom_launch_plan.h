@@ -10,9 +10,10 @@
 
 namespace verifyd::kernels {
 
-// Which instructions compute Q·Kᵀ with the Hopper tiles. kAuto: wgmma on sm_90 devices,
-// mma.sync elsewhere. kMmaSync: mma.sync everywhere (kept to compare and to fall back on).
-enum class CustomScoreMma { kAuto, kMmaSync };
+// Which instructions the Hopper tiles use. kAuto: wgmma for Q·Kᵀ and P·V on sm_90 devices,
+// mma.sync elsewhere. kWgmmaScores: wgmma for Q·Kᵀ only. kMmaSync: mma.sync everywhere. The
+// narrower choices stay to compare against and to fall back on.
+enum class CustomScoreMma { kAuto, kWgmmaScores, kMmaSync };
 
 cudaError_t ResolveCustomPlan(const VerifyProblem& p, const CustomConfig& c, CustomPlan* plan,
                               CustomScoreMma mma = CustomScoreMma::kAuto);

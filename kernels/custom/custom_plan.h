@@ -41,6 +41,7 @@ constexpr CustomTileShape Sm120TileShape() {
 struct CustomPlan {
   bool small_tiles = false;
   bool wgmma_scores = false;  // Q·Kᵀ on wgmma (Hopper tiles on an sm_90 device)
+  bool wgmma_pv = false;      // P·V on wgmma as well
   CustomTileShape tiles{};
   int row_blocks = 0;        // ceil(T*H / tiles.rows)
   int64_t max_tiles = 0;     // ceil(max_kv_len / tiles.tokens)

@@ -47,19 +47,28 @@ __device__ __forceinline__ void LoadRows(uint32_t tile, int tid, RowSrc row_src)
   }
 }
 
-// kWgmmaS: on sm_90a, Q·Kᵀ runs as wgmma m64n32k16 (one warpgroup per key half, operands read
-// by the tensor cores straight from shared memory); elsewhere, or when false, as mma.sync fed by
-// ldmatrix. Both give the same fragment layout to the softmax.
-template <class Cfg, bool kWgmmaS>
+// On sm_90a with the Hopper tiles the tensor cores can read their operands straight from
+// shared memory (wgmma):
+//   kWgmmaS:  Q·Kᵀ as wgmma m64n32k16, one warpgroup per key half. Otherwise mma.sync fed by
+//             ldmatrix; both hand the softmax the same fragment layout.
+//   kWgmmaPV: P·V as wgmma m64n256k16, one warpgroup per half of the 512 output dims, P from a
+//             128-byte-swizzled tile, V read MN-major from the KV stage. Otherwise mma.sync with
+//             the PV role of tile_config.cuh. Needs kWgmmaS's warp-to-row mapping (warp w:
+//             rows 16*(w%4), warpgroup w/4), which the S role already has.
+// Anywhere else (sm_120, or the sm_120 tiles) both run as mma.sync.
+template <class Cfg, bool kWgmmaS, bool kWgmmaPV>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const KernelParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int kRows = Cfg::kRows, kTokens = Cfg::kTokens, kStages = Cfg::kStages;
+  static_assert(kWgmmaS || !kWgmmaPV, "wgmma P·V comes with wgmma Q·Kᵀ");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr bool kUseWgmma = kWgmmaS;
+  constexpr bool kUseWgmmaPV = kWgmmaPV;
   static_assert(!kWgmmaS || (Cfg::kRows == 64 && Cfg::kTokens == 64 && Cfg::kWarps == 8),
-                "the wgmma S phase is written for 64 rows x 2 halves of 32 keys");
+                "the wgmma phases are written for 64 rows x 64 keys and two warpgroups");
 #else
   constexpr bool kUseWgmma = false;
+  constexpr bool kUseWgmmaPV = false;
 #endif
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -86,8 +95,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const Kern
   float* row_scale = reinterpret_cast<float*>(smem + Cfg::kScaleOffset);  // [kRows]
   uint16_t* mask_s = reinterpret_cast<uint16_t*>(smem + Cfg::kMaskOffset);
   // wgmma's swizzle atoms need a 1024-byte aligned base (the dynamic shared memory base is in
-  // practice); otherwise the ldmatrix path, which only needs the row-index swizzle, runs.
+  // practice); otherwise the ldmatrix Q·Kᵀ, which only needs the row-index swizzle, runs. The
+  // wgmma P·V has no such fallback (its accumulator layout is its own).
   const bool use_wgmma = kUseWgmma && (q_s & 1023u) == 0;
+  if (kUseWgmmaPV && !use_wgmma) __trap();
 
   LoadRows<Cfg, kRows>(q_s, tid, [&](int r, bool* valid) {
     *valid = r < m_valid;
@@ -134,13 +145,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const Kern
   }
   float m_run[2] = {-INFINITY, -INFINITY};
   float l_run[2] = {0.f, 0.f};
-  float o_acc[2][16][4];
+  // 128 fp32 accumulators per thread. mma.sync PV: [m-tile 2][n-tile 16][4] of the PV role's
+  // 32 rows x 128 dims. wgmma PV: [n-tile 32][4] of rows s_row + g (+8), dims 256 * s_half + ..
+  float o_acc[128];
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < 16; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o_acc[mt][nt][e] = 0.f;
+  for (int i = 0; i < 128; ++i) o_acc[i] = 0.f;
 
   const uint32_t a_base = q_s + (s_row + (lane & 15)) * 128;
   const int b_row = Cfg::kNTilesS % 2 == 0 ? s_key + (lane & 7) + ((lane >> 4) << 3)
@@ -279,28 +288,65 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const Kern
         rowsum[e >> 1] += pv;
       }
       const int col = s_key + j * 8 + 2 * tq;
-      p_words[((s_row + g) * Cfg::kPStride + col) >> 1] = PackBf16x2(s[j][0], s[j][1]);
-      p_words[((s_row + g + 8) * Cfg::kPStride + col) >> 1] = PackBf16x2(s[j][2], s[j][3]);
+      if constexpr (kUseWgmmaPV) {
+        // [64 rows, 128 bytes], 16-byte chunks swizzled by (row & 7): wgmma's K-major A.
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = s_row + g + 8 * hh;
+          p_words[(r * 128 + (((col >> 3) ^ (r & 7)) << 4) + (col & 7) * 2) >> 2] =
+              PackBf16x2(s[j][2 * hh], s[j][2 * hh + 1]);
+        }
+      } else {
+        p_words[((s_row + g) * Cfg::kPStride + col) >> 1] = PackBf16x2(s[j][0], s[j][1]);
+        p_words[((s_row + g + 8) * Cfg::kPStride + col) >> 1] = PackBf16x2(s[j][2], s[j][3]);
+      }
     }
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       l_run[i] = l_run[i] * alpha[i] + rowsum[i];
-      if (s_half == 0 && tq == 0) row_scale[s_row + g + 8 * i] = alpha[i];
+      if (!kUseWgmmaPV && s_half == 0 && tq == 0) row_scale[s_row + g + 8 * i] = alpha[i];
     }
+    if constexpr (kUseWgmmaPV) FenceProxyAsyncShared();  // P is read by the async proxy next
     __syncthreads();  // P and the row scales are visible to the PV warps
 
-    // ---- O = O * alpha + P V for 32 rows x 128 dims.
-    if (v_row < m_valid) {
+    // ---- O = O * alpha + P V.
+    if constexpr (kUseWgmmaPV) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+      // Warpgroup s_half: 64 rows x dims [256 * s_half, +256); this thread's rows are its S rows,
+      // so alpha is already in registers.
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        o_acc[4 * j] *= alpha[0];
+        o_acc[4 * j + 1] *= alpha[0];
+        o_acc[4 * j + 2] *= alpha[1];
+        o_acc[4 * j + 3] *= alpha[1];
+      }
+      const uint64_t desc_p = SmemDescSw128(p_s);
+      const uint64_t desc_v =
+          SmemDescSw128MnMajor(kv_tile + s_half * 4 * Cfg::kKvBlockBytes, Cfg::kKvBlockBytes);
+      FenceOperands(o_acc);
+      WgmmaFence();
+#pragma unroll
+      for (int ks = 0; ks < kTokens / 16; ++ks) {
+        // P: 16 more keys = 32 bytes along its rows; V: 16 more keys = 16 rows of 128 bytes.
+        WgmmaM64N256K16TransB(o_acc, desc_p + ((ks * 32) >> 4), desc_v + ((ks * 16 * 128) >> 4));
+      }
+      WgmmaCommit();
+      WgmmaWait<0>();
+      FenceOperands(o_acc);
+#endif
+    } else if (v_row < m_valid) {
+      // Rows v_row .. v_row + 32, dims v_dim .. v_dim + 128; o_acc[(mt * 16 + nt) * 4 + e].
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
         const float a0 = row_scale[v_row + mt * 16 + g];
         const float a1 = row_scale[v_row + mt * 16 + g + 8];
 #pragma unroll
         for (int nt = 0; nt < 16; ++nt) {
-          o_acc[mt][nt][0] *= a0;
-          o_acc[mt][nt][1] *= a0;
-          o_acc[mt][nt][2] *= a1;
-          o_acc[mt][nt][3] *= a1;
+          o_acc[(mt * 16 + nt) * 4] *= a0;
+          o_acc[(mt * 16 + nt) * 4 + 1] *= a0;
+          o_acc[(mt * 16 + nt) * 4 + 2] *= a1;
+          o_acc[(mt * 16 + nt) * 4 + 3] *= a1;
         }
       }
       const bool mt1 = v_row + 16 < m_valid;
@@ -318,18 +364,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const Kern
         for (int np = 0; np < 8; ++np) {
           uint32_t vb[4];
           LdMatrixX4Trans(vb, v_base + (np >> 2) * Cfg::kKvBlockBytes + off_hi16[np & 3]);
-          MmaBf16(o_acc[0][2 * np], pa[0], vb[0], vb[1]);
-          MmaBf16(o_acc[0][2 * np + 1], pa[0], vb[2], vb[3]);
+          MmaBf16At(o_acc, (2 * np) * 4, pa[0], vb[0], vb[1]);
+          MmaBf16At(o_acc, (2 * np + 1) * 4, pa[0], vb[2], vb[3]);
           if (mt1) {
-            MmaBf16(o_acc[1][2 * np], pa[1], vb[0], vb[1]);
-            MmaBf16(o_acc[1][2 * np + 1], pa[1], vb[2], vb[3]);
+            MmaBf16At(o_acc, (16 + 2 * np) * 4, pa[1], vb[0], vb[1]);
+            MmaBf16At(o_acc, (16 + 2 * np + 1) * 4, pa[1], vb[2], vb[3]);
           }
         }
       }
     }
   }
 
-  // ---- Epilogue: row sums and maxima to the PV warps, normalize, store.
+  // ---- Epilogue: both key halves' row sums meet in shared memory; normalize, store.
   __syncthreads();
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -342,34 +388,53 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const Kern
     }
   }
   __syncthreads();
-  if (v_row >= m_valid) return;
   constexpr float kLn2 = 0.6931471805599453f;
+  // Row r's outputs held by this thread: dims dim0 + 8 * nt + 2 * tq (+1) for nt < num_nt, from
+  // o_acc[first_acc + nt * nt_stride + 2 * half] (+1).
+  auto store_row = [&](int r, int dim0, int first_acc, int nt_stride, int num_nt, int half) {
+    const float l = red[r] + red[kRows + r];
+    // l == 0: the row saw no key in this range; zeros and lse = -inf, never 0 * inf.
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float lse = l > 0.f ? row_scale[r] * kLn2 + logf(l) : -INFINITY;
+    const int64_t grow = row0 + r;
+    const bool write_lse = dim0 == 0 && tq == 0;
+    if (p.splits == 1) {
+      uint32_t* orow = reinterpret_cast<uint32_t*>(p.o + grow * kHeadDimV + dim0 + 2 * tq);
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt) {
+      for (int nt = 0; nt < 32; ++nt) {
+        if (nt < num_nt) {
+          const int a = first_acc + nt * nt_stride + 2 * half;
+          orow[nt * 4] = PackBf16x2(o_acc[a] * inv, o_acc[a + 1] * inv);
+        }
+      }
+      if (p.lse != nullptr && write_lse) p.lse[grow] = lse;
+    } else {
+      const int64_t prow = split * p.rows_total + grow;
+      float2* orow = reinterpret_cast<float2*>(p.o_partial + prow * kHeadDimV + dim0 + 2 * tq);
+#pragma unroll
+      for (int nt = 0; nt < 32; ++nt) {
+        if (nt < num_nt) {
+          const int a = first_acc + nt * nt_stride + 2 * half;
+          orow[nt * 4] = make_float2(o_acc[a] * inv, o_acc[a + 1] * inv);
+        }
+      }
+      if (write_lse) p.lse_partial[prow] = lse;
+    }
+  };
+  if constexpr (kUseWgmmaPV) {
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      const int r = v_row + mt * 16 + g + 8 * hh;
-      if (r >= m_valid) continue;
-      const float l = red[r] + red[kRows + r];
-      // l == 0: the row saw no key in this range; zeros and lse = -inf, never 0 * inf.
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-      const float lse = l > 0.f ? row_scale[r] * kLn2 + logf(l) : -INFINITY;
-      const int64_t grow = row0 + r;
-      if (p.splits == 1) {
-        uint32_t* orow = reinterpret_cast<uint32_t*>(p.o + grow * kHeadDimV + v_dim + 2 * tq);
+      const int r = s_row + g + 8 * hh;
+      if (r < m_valid) store_row(r, 256 * s_half, 0, 4, 32, hh);
+    }
+  } else {
+    if (v_row >= m_valid) return;
 #pragma unroll
-        for (int nt = 0; nt < 16; ++nt) {
-          orow[nt * 4] = PackBf16x2(o_acc[mt][nt][2 * hh] * inv, o_acc[mt][nt][2 * hh + 1] * inv);
-        }
-        if (p.lse != nullptr && v_quarter == 0 && tq == 0) p.lse[grow] = lse;
-      } else {
-        const int64_t prow = split * p.rows_total + grow;
-        float2* orow = reinterpret_cast<float2*>(p.o_partial + prow * kHeadDimV + v_dim + 2 * tq);
+    for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
-        for (int nt = 0; nt < 16; ++nt) {
-          orow[nt * 4] = make_float2(o_acc[mt][nt][2 * hh] * inv, o_acc[mt][nt][2 * hh + 1] * inv);
-        }
-        if (v_quarter == 0 && tq == 0) p.lse_partial[prow] = lse;
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = v_row + mt * 16 + g + 8 * hh;
+        if (r < m_valid) store_row(r, v_dim, mt * 64, 4, 16, hh);
       }
     }
   }

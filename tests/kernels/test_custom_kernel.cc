@@ -142,20 +142,23 @@ std::vector<KernelCase> GridCases() {
   return v;
 }
 
-// hopper*: the Hopper tiles (wgmma Q·Kᵀ on an sm_90 device); hopper_mma: the same tiles with
-// mma.sync Q·Kᵀ; sm120*: the small tiles that fit sm_120, forced on whatever GPU runs the test.
+// hopper, hopper_split5: the Hopper tiles as shipped (wgmma Q·Kᵀ and P·V on an sm_90 device);
+// hopper_qkwgmma: wgmma Q·Kᵀ, mma.sync P·V; hopper_mma: mma.sync for both; sm120*: the small
+// tiles that fit sm_120, forced on whatever GPU runs the test.
 std::vector<KernelConfig> Configs() {
-  std::vector<KernelConfig> v(5);
+  std::vector<KernelConfig> v(6);
   v[0].name = "hopper";
   v[1].name = "hopper_split5";
   v[1].config.force_splits = 5;
-  v[2].name = "hopper_mma";
-  v[2].mma = kernels::CustomScoreMma::kMmaSync;
-  v[3].name = "sm120";
-  v[3].config.small_smem = true;
-  v[4].name = "sm120_split3";
+  v[2].name = "hopper_qkwgmma";
+  v[2].mma = kernels::CustomScoreMma::kWgmmaScores;
+  v[3].name = "hopper_mma";
+  v[3].mma = kernels::CustomScoreMma::kMmaSync;
+  v[4].name = "sm120";
   v[4].config.small_smem = true;
-  v[4].config.force_splits = 3;
+  v[5].name = "sm120_split3";
+  v[5].config.small_smem = true;
+  v[5].config.force_splits = 3;
   return v;
 }
 
@@ -291,9 +294,10 @@ TEST_P(CustomKernelTest, MatchesOracle) {
                                         d->ref_lse.data(), static_cast<int64_t>(test_lse.size()),
                                         tol);
   std::printf("[ metrics  ] config=%s case=%s rows_checked=%zu rel_l2=%.3e max_abs=%.3e "
-              "lse_max_abs=%.3e splits=%d wgmma=%d workspace=%zu\n",
+              "lse_max_abs=%.3e splits=%d wgmma_qk=%d wgmma_pv=%d workspace=%zu\n",
               cfg.name.c_str(), kc.name.c_str(), d->tokens.size() * H, ds.rel_l2, ds.max_abs,
-              ds.lse_max_abs, plan.splits, plan.wgmma_scores ? 1 : 0, ws_bytes);
+              ds.lse_max_abs, plan.splits, plan.wgmma_scores ? 1 : 0, plan.wgmma_pv ? 1 : 0,
+              ws_bytes);
   EXPECT_EQ(ds.nan_test, 0);
   EXPECT_LE(ds.rel_l2, testing::kKernelMaxRelL2);
   EXPECT_LE(ds.max_abs, testing::kKernelMaxAbs);
