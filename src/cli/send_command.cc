@@ -32,6 +32,8 @@ struct Tally {
   std::mutex mu;
   std::vector<double> latency_s;
   std::vector<double> server_s;
+  // Server-side stage timings: decode, prepare (host to device), served path, fetch (back).
+  std::vector<double> decode_s, prepare_s, served_path_s, fetch_s;
   std::map<std::string, int64_t> served;
   std::map<std::string, int64_t> errors;
   std::string first_error;
@@ -40,6 +42,10 @@ struct Tally {
     std::lock_guard<std::mutex> l(mu);
     latency_s.push_back(lat);
     server_s.push_back(r.timing().total_seconds());
+    decode_s.push_back(r.timing().decode_seconds());
+    prepare_s.push_back(r.timing().prepare_seconds());
+    served_path_s.push_back(r.timing().served_seconds());
+    fetch_s.push_back(r.timing().fetch_seconds());
     served[r.served_path() == v1::PATH_CUSTOM ? "custom" : "reference"]++;
   }
   void Err(int code, const std::string& msg) {
@@ -145,7 +151,12 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
                {"served", tally.served}, {"wall_seconds", wall},
                {"calls_per_second", lat.size() / wall},
                {"latency_seconds", {{"p50", p50}, {"p90", p90}, {"p99", p99}, {"max", mx}}},
-               {"server_seconds_p50", srv50}});
+               {"server_seconds_p50", srv50},
+               {"server_stage_seconds_p50",
+                {{"decode", Percentile(tally.decode_s, 0.5)},
+                 {"prepare", Percentile(tally.prepare_s, 0.5)},
+                 {"served_path", Percentile(tally.served_path_s, 0.5)},
+                 {"fetch", Percentile(tally.fetch_s, 0.5)}}}});
   } else {
     std::cout << fmt::format("sent {} x {} ({:.1f} MB each, page_size {}) to {}, concurrency {}{}\n",
                              s.count, s.shape, bundle_bytes / 1e6, s.page_size, g.target,
@@ -155,6 +166,10 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
     std::cout << fmt::format(
         "latency ms  p50 {:.2f}  p90 {:.2f}  p99 {:.2f}  max {:.2f}   (server p50 {:.2f})\n",
         p50 * 1e3, p90 * 1e3, p99 * 1e3, mx * 1e3, srv50 * 1e3);
+    std::cout << fmt::format(
+        "server p50 ms  decode {:.3f}  prepare {:.3f}  served path {:.3f}  fetch {:.3f}\n",
+        Percentile(tally.decode_s, 0.5) * 1e3, Percentile(tally.prepare_s, 0.5) * 1e3,
+        Percentile(tally.served_path_s, 0.5) * 1e3, Percentile(tally.fetch_s, 0.5) * 1e3);
     std::cout << "served";
     for (const auto& [k, v] : tally.served) std::cout << fmt::format("  {} {}", k, v);
     std::cout << "\n";

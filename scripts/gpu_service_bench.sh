@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Service-level benchmark on the GPU machine: verifyd --engine=cuda driven by `verifyctl send`
+# at concurrency 1 and 8 on two shapes, in reference and in shadow mode. Writes
+# service-<commit>.{md,json} into OUT_DIR; shadow's added p50 is reported per row.
+#
+#   gpu_service_bench.sh PACK_DIR OUT_DIR [COUNT]
+set -uo pipefail
+PACK=$1 OUT=$2 COUNT=${3:-300}
+bin=$PACK/bin
+dir=$(mktemp -d)
+commit=$(cat "$PACK/COMMIT" 2>/dev/null || echo unknown)
+shapes=("4,16,8,4096" "1,64,16,8192")
+results=$OUT/service.jsonl
+: > "$results"
+
+start_daemon() {
+  rm -rf "$dir/state"
+  "$bin/verifyd" --engine=cuda --listen="unix:$dir/data.sock" --admin_listen="unix:$dir/admin.sock" \
+    --metrics_address=127.0.0.1:0 --state_dir="$dir/state" --capture_dir=off \
+    --shadow_threads=2 --shadow_queue=256 --log_level=warn >> "$OUT/service_daemon.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 200); do [ -S "$dir/admin.sock" ] && return 0; sleep 0.05; done
+  echo "verifyd did not start"; cat "$OUT/service_daemon.log"; return 1
+}
+ctl() { "$bin/verifyctl" --target="unix:$dir/data.sock" --admin="unix:$dir/admin.sock" "$@"; }
+
+start_daemon || exit 1
+for mode in reference shadow; do
+  ctl flip "$mode" --reason "service bench" > /dev/null || { echo "flip $mode failed"; exit 1; }
+  for shape in "${shapes[@]}"; do
+    for conc in 1 8; do
+      ctl send --shape "$shape" --page_size 64 --count 30 --concurrency "$conc" > /dev/null  # warm-up
+      ctl send --shape "$shape" --page_size 64 --count "$COUNT" --concurrency "$conc" --json \
+        > "$dir/one.json" || echo "send failed: $mode $shape $conc"
+      python3 -c "import json,sys; j=json.load(open(sys.argv[1])); j['mode']=sys.argv[2]; print(json.dumps(j))" \
+        "$dir/one.json" "$mode" >> "$results"
+    done
+  done
+done
+ctl status > "$OUT/service_status.txt"
+kill "$pid"; wait "$pid" 2>/dev/null
+
+python3 - "$results" "$OUT" "$commit" <<'PY'
+import json, sys, datetime, subprocess
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+out, commit = sys.argv[2], sys.argv[3]
+try:
+    device = subprocess.check_output(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]).decode().strip()
+except Exception:
+    device = "unknown"
+base = {(r["shape"], r["concurrency"]): r for r in rows if r["mode"] == "reference"}
+lines = [f"# verifyd service benchmark on {device}", "",
+         f"commit `{commit}`, {datetime.date.today()}; `verifyctl send` over a Unix socket, page size 64, "
+         "CUDA engine; latency is client-side, stages are server-side p50.", "",
+         "| mode | shape B,T,H,prefix | conc | MB/call | calls/s | p50 ms | p99 ms | shadow adds to p50 | decode ms | H2D (prepare) ms | served path ms | fetch (D2H) ms | transport+encode ms |",
+         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+for r in rows:
+    lat, st = r["latency_seconds"], r["server_stage_seconds_p50"]
+    add = ""
+    if r["mode"] == "shadow":
+        b = base.get((r["shape"], r["concurrency"]))
+        if b:
+            add = f"{100 * (lat['p50'] / b['latency_seconds']['p50'] - 1):+.1f}%"
+    transport = lat["p50"] - r["server_seconds_p50"]
+    lines.append(f"| {r['mode']} | {r['shape']} | {r['concurrency']} | {r['bundle_bytes']/1e6:.1f} | "
+                 f"{r['calls_per_second']:.1f} | {lat['p50']*1e3:.2f} | {lat['p99']*1e3:.2f} | {add} | "
+                 f"{st['decode']*1e3:.3f} | {st['prepare']*1e3:.3f} | {st['served_path']*1e3:.3f} | "
+                 f"{st['fetch']*1e3:.3f} | {transport*1e3:.2f} |")
+md = "\n".join(lines) + "\n"
+open(f"{out}/service-{commit}.md", "w").write(md)
+json.dump({"device": device, "commit": commit, "date": str(datetime.date.today()), "rows": rows},
+          open(f"{out}/service-{commit}.json", "w"), indent=1)
+print(md)
+PY
