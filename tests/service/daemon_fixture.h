@@ -1,6 +1,7 @@
 #pragma once
 // An in-process verifyd on port 0 and a Unix socket, with clients for both services.
 
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -25,13 +26,32 @@ inline std::string TestDir(const std::string& tag) {
   return dir.string();
 }
 
+// The engine under test: the CPU engine by default; VERIFYD_TEST_ENGINE=cuda runs the same suites
+// against the CUDA engine on a GPU machine.
+inline std::string TestEngine() {
+  const char* e = std::getenv("VERIFYD_TEST_ENGINE");
+  return e && *e ? e : "cpu";
+}
+
+// A separate engine of the same kind, for computing what a path outputs.
+inline std::unique_ptr<Engine> LocalEngine() {
+  EngineOptions o;
+  o.kind = TestEngine();
+  o.cpu_threads = 2;
+  o.cuda_pool_bytes = int64_t{2} << 30;
+  auto e = MakeEngine(o);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return e.ok() ? std::move(*e) : nullptr;
+}
+
 inline DaemonOptions TestOptions(const std::string& dir) {
   DaemonOptions o;
   o.listen = {"127.0.0.1:0", "unix:" + dir + "/data.sock"};
   o.admin_listen = "unix:" + dir + "/admin.sock";
   o.metrics_address = "127.0.0.1:0";
   o.state_dir = dir + "/state";
-  o.engine.kind = "cpu";
+  o.engine.kind = TestEngine();
+  o.engine.cuda_pool_bytes = int64_t{2} << 30;
   o.engine.cpu_threads = 2;
   o.controller.gate_window = 3;
   return o;

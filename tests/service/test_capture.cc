@@ -4,7 +4,6 @@
 #include <fstream>
 
 #include "src/bundle/validate.h"
-#include "src/engine/cpu/cpu_engine.h"
 #include "src/io/bundle_file.h"
 #include "tests/service/daemon_fixture.h"
 
@@ -71,7 +70,7 @@ TEST_F(CaptureTest, ABreachIsCapturedAndReplayReproducesTheRecordedComparisonExa
   EXPECT_EQ(rec.beyond_tol, resp.comparison().beyond_tol());
 
   // Re-running the paths on the captured bundle reproduces the recorded outputs bit for bit.
-  auto engine = MakeCpuEngine(2);
+  auto engine = testing::LocalEngine();
   auto p = engine->Prepare(f->view, false);
   ASSERT_TRUE(p.ok());
   for (auto [path, name] : {std::pair{Path::kReference, "o_reference"},

@@ -11,7 +11,6 @@
 #include <thread>
 
 #include "grpcpp/generic/generic_stub.h"
-#include "src/engine/cpu/cpu_engine.h"
 #include "tests/service/daemon_fixture.h"
 
 namespace verifyd {
@@ -23,7 +22,7 @@ using testing::DaemonTest;
 std::string LocalOutput(const v1::VerifyRequest& req, Path path) {
   auto view = DecodeRequest(req);
   EXPECT_TRUE(view.ok()) << view.status();
-  auto engine = MakeCpuEngine(2);
+  auto engine = testing::LocalEngine();
   auto prepared = engine->Prepare(*view, false);
   EXPECT_TRUE(prepared.ok());
   EXPECT_TRUE(engine->Run(path, **prepared).ok());
