@@ -1,0 +1,245 @@
+"""verifyd_client against the real verifyd (CPU engine): calls, compaction, errors, admin, stream.
+
+Seeds are fixed per test and printed; run through run_tests.py, which finds the binary.
+"""
+
+import importlib.util
+import re
+import unittest
+
+import grpc
+import numpy as np
+
+from random_bundles import oracle, random_bundle, rel_l2
+from verifyd_client import (AdminClient, InvalidBundleError, VerifyClient, VerifydError,
+                            from_bf16, make_bundle, pack_mask)
+from verifyd_daemon import Daemon
+
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+
+
+def rng_for(test, seed):
+    print(f"\n  {test.id().rsplit('.', 1)[-1]}: seed {seed}")
+    return np.random.default_rng(seed)
+
+
+class VerifyTest(unittest.TestCase):
+    """Data plane in the default mode (shadow: the reference is served)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.daemon = Daemon()
+        cls.client = VerifyClient(cls.daemon.data, timeout=60)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        cls.daemon.stop()
+
+    def test_round_trip_matches_oracle(self):
+        b = random_bundle(rng_for(self, 11), batch=2, draft=5, heads=3, page_size=16,
+                          prefixes=[37, 0])
+        r = self.client.verify(**b, want_lse=True, request_id="rt-1")
+        self.assertEqual(r.o.dtype, np.uint16)
+        self.assertEqual(r.o.shape, (10, 3, 512))
+        self.assertEqual(r.lse.shape, (10, 3))
+        self.assertEqual((r.served_path, r.mode, r.request_id), ("reference", "shadow", "rt-1"))
+        o = from_bf16(r.o)
+        self.assertTrue(np.isfinite(o).all())
+        want_o, want_lse = oracle(b)
+        self.assertLess(rel_l2(o.astype(np.float64), want_o), 1e-2)
+        np.testing.assert_allclose(r.lse, want_lse, atol=1e-3, rtol=1e-4)
+        self.assertGreater(r.timing["total"], 0)
+
+    def test_compacted_equals_uncompacted_bit_for_bit(self):
+        b = random_bundle(rng_for(self, 12), batch=3, draft=4, heads=2, page_size=8,
+                          prefixes=[20, 9, 53], unused_pages=7, spare_pages=2,
+                          share_first_page=True)
+        full = self.client.verify(**b, want_lse=True, compact=False)
+        compact = self.client.verify(**b, want_lse=True, compact=True)
+        np.testing.assert_array_equal(compact.o, full.o)
+        np.testing.assert_array_equal(compact.lse, full.lse)
+        # The compact pool holds each page read once: shared first page deduplicated,
+        # spare and unused pages left out.
+        lens = b["kv_lens"]
+        pages_read = int(sum(-(-lens // 8))) - 2
+        self.assertEqual(make_bundle(**b, compact=True).kv_pool.shape[0], pages_read)
+
+    def test_poisoned_pool_compacted(self):
+        b = random_bundle(rng_for(self, 13), batch=2, draft=3, heads=4, page_size=1,
+                          prefixes=[54, 1], unused_pages=4000)
+        self.assertTrue(np.isnan(from_bf16(b["kv_pool"])).mean() > 0.9)
+        bundle = make_bundle(**b, compact=True)
+        self.assertEqual(bundle.kv_pool.shape[0], 57 + 4)
+        self.assertFalse(np.isnan(from_bf16(bundle.kv_pool)).any())
+        r = self.client.verify(**b)
+        o = from_bf16(r.o).astype(np.float64)
+        self.assertTrue(np.isfinite(o).all())
+        self.assertLess(rel_l2(o, oracle(b)[0]), 1e-2)
+        np.testing.assert_array_equal(self.client.verify(**b, compact=False).o, r.o)
+
+    def test_bit_packed_mask_gives_the_same_output(self):
+        b = random_bundle(rng_for(self, 14), batch=2, draft=17, heads=2, page_size=64,
+                          prefixes=[97, 1])
+        want = self.client.verify(**b).o
+        packed = dict(b, tree_mask=pack_mask(b["tree_mask"]))
+        self.assertEqual(packed["tree_mask"].shape, (2, 17, 3))
+        np.testing.assert_array_equal(self.client.verify(**packed).o, want)
+        np.testing.assert_array_equal(
+            self.client.verify(**dict(b, tree_mask=b["tree_mask"].astype(bool))).o, want)
+
+    def test_compare_sync_returns_the_comparison(self):
+        b = random_bundle(rng_for(self, 15), batch=1, draft=3, heads=2, page_size=4,
+                          prefixes=[10])
+        r = self.client.verify(**b, compare_sync=True)
+        self.assertIsNotNone(r.comparison)
+        self.assertEqual((r.comparison["test"], r.comparison["ref"]), ("custom", "reference"))
+        self.assertTrue(r.comparison["match"], r.comparison)
+        self.assertLess(r.comparison["rel_l2"], 1e-2)
+
+    def assertField(self, err, field, code=grpc.StatusCode.INVALID_ARGUMENT):
+        self.assertEqual(err.code, code, err)
+        self.assertTrue(err.field and err.field.startswith(field), f"{err.field!r}: {err}")
+        self.assertIn(field, str(err))
+
+    def test_bad_inputs_raise_naming_the_field(self):
+        b = random_bundle(rng_for(self, 16), batch=2, draft=3, heads=2, page_size=4,
+                          prefixes=[5, 6], unused_pages=2)
+        cases = {
+            "q": dict(b, q=b["q"][:, :, :512]),
+            "kv_pool": dict(b, kv_pool=b["kv_pool"][:, :3]),
+            "kv_indices": dict(b, kv_indices=np.where(np.arange(len(b["kv_indices"])) == 1,
+                                                       10_000, b["kv_indices"])),
+            "kv_indptr": dict(b, kv_indptr=b["kv_indptr"][:-1]),
+            "kv_lens": dict(b, kv_lens=np.array([2, 9], dtype=np.int32)),
+            "tree_mask": dict(b, tree_mask=b["tree_mask"] * 2),
+            "sm_scale": dict(b, sm_scale=float("nan")),
+        }
+        for field, bad in cases.items():
+            for compact in (True, False):
+                with self.subTest(field=field, compact=compact):
+                    with self.assertRaises(InvalidBundleError) as cm:
+                        self.client.verify(**bad, compact=compact)
+                    self.assertField(cm.exception, field)
+        with self.assertRaises(InvalidBundleError) as cm:
+            self.client.verify(**dict(b, q=from_bf16(b["q"])))
+        self.assertField(cm.exception, "q")
+        self.assertIn("float32", cm.exception.message)
+        # One the server answers: the CPU engine serves device 0 only.
+        with self.assertRaises(VerifydError) as cm:
+            self.client.verify(**b, device=3)
+        self.assertNotIsInstance(cm.exception, InvalidBundleError)
+        self.assertField(cm.exception, "device")
+
+    def test_shared_memory_transports_are_not_served(self):
+        for transport in ("shm", "cuda_ipc"):
+            with self.assertRaises(NotImplementedError):
+                VerifyClient(self.daemon.data, transport=transport)
+        with self.assertRaises(ValueError):
+            VerifyClient(self.daemon.data, transport="carrier-pigeon")
+
+    def test_stream_in_order_and_survives_an_error(self):
+        rng = rng_for(self, 17)
+        bundles = [random_bundle(rng, batch=1 + i % 2, draft=2 + i, heads=2, page_size=8,
+                                 prefixes=[3 * i + 1] * (1 + i % 2)) for i in range(4)]
+        want = [self.client.verify(**b).o for b in bundles]
+        with self.client.stream() as s:
+            for i, b in enumerate(bundles):
+                s.send(**b, request_id=f"s{i}")
+            for i in range(len(bundles)):
+                r = s.recv()
+                self.assertEqual(r.request_id, f"s{i}")
+                np.testing.assert_array_equal(r.o, want[i])
+            with self.assertRaises(VerifydError) as cm:
+                s.verify(**bundles[0], device=5)
+            self.assertField(cm.exception, "device")
+            np.testing.assert_array_equal(s.verify(**bundles[1], want_lse=True).o, want[1])
+
+    def test_health_and_metrics(self):
+        self.assertEqual(self.client.health(), "SERVING")
+        self.assertEqual(self.client.health("verifyd.v1.VerifyService"), "SERVING")
+        b = random_bundle(rng_for(self, 18), batch=1, draft=1, heads=1, page_size=2,
+                          prefixes=[0])
+        self.client.verify(**b)
+        m = re.search(r'^verifyd_requests_total\{(?=[^}]*code="OK")(?=[^}]*path="reference")'
+                      r'[^}]*\} (\S+)$', self.daemon.metrics(), re.M)
+        self.assertIsNotNone(m)
+        self.assertGreaterEqual(float(m.group(1)), 1)
+
+    @unittest.skipUnless(HAVE_TORCH, "torch is not installed")
+    def test_torch_tensors_in_and_out(self):
+        import torch
+
+        b = random_bundle(rng_for(self, 19), batch=2, draft=3, heads=2, page_size=4,
+                          prefixes=[6, 13], unused_pages=5)
+        want = self.client.verify(**b, want_lse=True)
+
+        def bf16(a):
+            return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+
+        tb = dict(b, q=bf16(b["q"]), kv_pool=bf16(b["kv_pool"]),
+                  kv_indptr=torch.from_numpy(b["kv_indptr"]).long(),
+                  kv_indices=torch.from_numpy(b["kv_indices"]),
+                  kv_lens=torch.from_numpy(b["kv_lens"]),
+                  tree_mask=torch.from_numpy(b["tree_mask"]).bool())
+        r = self.client.verify(**tb, want_lse=True)
+        self.assertEqual(r.o.dtype, torch.bfloat16)
+        self.assertEqual(tuple(r.o.shape), (6, 2, 512))
+        np.testing.assert_array_equal(r.o.view(torch.int16).numpy().view(np.uint16), want.o)
+        np.testing.assert_array_equal(r.lse.numpy(), want.lse)
+        with self.assertRaises(InvalidBundleError) as cm:
+            self.client.verify(**dict(tb, q=tb["q"].float()))
+        self.assertField(cm.exception, "q")
+
+
+class AdminTest(unittest.TestCase):
+    """Admin service over its unix socket: status, the gate, forced flips, rollback."""
+
+    def setUp(self):
+        self.daemon = Daemon("--gate_window=2")
+        self.admin = AdminClient(self.daemon.admin)
+        self.client = VerifyClient(self.daemon.data, timeout=60)
+
+    def tearDown(self):
+        self.client.close()
+        self.admin.close()
+        self.daemon.stop()
+
+    def test_status_flip_force_and_rollback(self):
+        s = self.admin.status()
+        self.assertEqual(s["mode"], "shadow")
+        self.assertEqual(s["engine"]["engine"], "cpu")
+        self.assertFalse(s["gate"]["ready"])
+        with self.assertRaises(VerifydError) as cm:
+            self.admin.flip("custom", reason="no comparisons yet")
+        self.assertEqual(cm.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+        with self.assertRaises(ValueError):
+            self.admin.flip("canary", reason="no fraction")
+
+        r = self.admin.flip("custom", reason="python test", force=True, who="test@ci")
+        self.assertEqual((r["mode"], r["forced"]), ("custom", True))
+        b = random_bundle(rng_for(self, 21), batch=1, draft=2, heads=2, page_size=4,
+                          prefixes=[7])
+        self.assertEqual(self.client.verify(**b).served_path, "custom")
+        s = self.admin.status()
+        self.assertEqual(s["mode"], "custom")
+        last = s["audit"][-1]
+        self.assertEqual((last["from"], last["to"], last["forced"], last["who"], last["reason"]),
+                         ("shadow", "custom", True, "test@ci", "python test"))
+
+        self.assertEqual(self.admin.rollback(reason="python test done")["mode"], "shadow")
+        self.assertEqual(self.client.verify(**b).served_path, "reference")
+        self.assertEqual(self.admin.status()["audit"][-1]["reason"], "python test done")
+
+    def test_flip_passes_the_gate_after_clean_comparisons(self):
+        b = random_bundle(rng_for(self, 22), batch=1, draft=2, heads=2, page_size=4,
+                          prefixes=[7])
+        for _ in range(2):
+            self.assertTrue(self.client.verify(**b, compare_sync=True).comparison["match"])
+        self.assertTrue(self.admin.status()["gate"]["ready"])
+        r = self.admin.flip("canary", reason="gate is clean", fraction=0.5)
+        self.assertEqual(r, {"mode": "canary", "canary_fraction": 0.5, "forced": False})
+
+
+if __name__ == "__main__":
+    unittest.main()
