@@ -37,6 +37,34 @@ double MetricValue(const std::string& text, const std::string& series) {
   return std::stod(text.substr(at + series.size() + 2));
 }
 
+// grpc.health.v1.Health/Check for the whole server; returns the serialized HealthCheckResponse
+// ("\x08\x01" = SERVING, "\x08\x02" = NOT_SERVING).
+std::string Health(const std::string& target) {
+  grpc::GenericStub generic(testing::Channel(target));
+  grpc::ClientContext ctx;
+  grpc::Slice empty("");
+  grpc::ByteBuffer req(&empty, 1), resp;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  grpc::Status status;
+  generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &req, &resp,
+                    [&](grpc::Status s) {
+                      std::lock_guard<std::mutex> l(mu);
+                      status = s;
+                      done = true;
+                      cv.notify_all();
+                    });
+  std::unique_lock<std::mutex> l(mu);
+  cv.wait(l, [&] { return done; });
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(resp.Dump(&slices).ok());
+  std::string bytes;
+  for (auto& s : slices) bytes += std::string(reinterpret_cast<const char*>(s.begin()), s.size());
+  return bytes;
+}
+
 class EndToEndTest : public DaemonTest {};
 
 TEST_F(EndToEndTest, ShadowServesTheReferenceBitForBitAndCountsTheComparison) {
@@ -168,35 +196,26 @@ TEST_F(EndToEndTest, ModeSurvivesARestartWithTheAuditLogIntact) {
 TEST_F(EndToEndTest, HealthIsServingAndTheAdminSocketIsPrivate) {
   const std::string dir = testing::TestDir("e2e");
   StartDaemon(testing::TestOptions(dir));
-  grpc::ClientContext ctx;
-  grpc::ByteBuffer resp;
-  // grpc.health.v1.Health/Check with an empty request: serialized HealthCheckRequest{} is empty.
-  grpc::GenericStub generic(testing::Channel(tcp_));
-  grpc::ByteBuffer req;
-  grpc::Slice empty("");
-  req = grpc::ByteBuffer(&empty, 1);
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  grpc::Status status;
-  generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &req, &resp,
-                    [&](grpc::Status s) {
-                      std::lock_guard<std::mutex> l(mu);
-                      status = s;
-                      done = true;
-                      cv.notify_all();
-                    });
-  std::unique_lock<std::mutex> l(mu);
-  cv.wait(l, [&] { return done; });
-  ASSERT_TRUE(status.ok()) << status.error_message();
-  std::vector<grpc::Slice> slices;
-  ASSERT_TRUE(resp.Dump(&slices).ok());
-  std::string bytes;
-  for (auto& s : slices) bytes += std::string(reinterpret_cast<const char*>(s.begin()), s.size());
-  EXPECT_EQ(bytes, std::string("\x08\x01", 2));  // status: SERVING
+  EXPECT_EQ(Health(tcp_), std::string("\x08\x01", 2));  // status: SERVING
   struct stat st;
   ASSERT_EQ(::stat((dir + "/admin.sock").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+TEST_F(EndToEndTest, AFatalEngineFaultStopsServingAndRestartsInShadow) {
+  const std::string dir = testing::TestDir("e2e");
+  StartDaemon(testing::TestOptions(dir));
+  ASSERT_TRUE(SetMode(v1::MODE_CUSTOM, true).ok());
+  daemon_->OnFatal(absl::DataLossError("sticky CUDA error cudaErrorIllegalAddress in custom path"));
+  EXPECT_EQ(daemon_->Wait(), 3);  // the supervisor restarts it
+  EXPECT_EQ(Health(tcp_), std::string("\x08\x02", 2));  // NOT_SERVING
+  daemon_.reset();
+  StartDaemon(testing::TestOptions(dir));
+  EXPECT_EQ(Status().mode(), v1::MODE_SHADOW);
+  const auto audit = Status().recent_audit();
+  ASSERT_FALSE(audit.empty());
+  EXPECT_NE(audit.rbegin()->reason().find("custom-path fault"), std::string::npos);
+  EXPECT_EQ(SetMode(v1::MODE_CUSTOM, false).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
 }
 
 TEST_F(EndToEndTest, ATcpAdminNeedsTheBearerToken) {
