@@ -19,7 +19,8 @@ BINS+=(${VERIFYD_PACK_BINS:-})
 
 # Libraries the GPU machine provides itself: the C runtime (glibc, libstdc++, libgcc_s, which
 # are newer there), the driver, and the CUDA toolkit's cuBLAS.
-SYSTEM_LIBS='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libstdc\+\+|libgcc_s|libcuda\.|libcublas)'
+SYSTEM_LIBS='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.'
+SYSTEM_LIBS+='|libstdc\+\+|libgcc_s|libcuda\.|libcublas)'
 
 rm -rf "$PACK"
 mkdir -p "$PACK/bin" "$PACK/lib" "$PACK/data"

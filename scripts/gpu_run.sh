@@ -86,7 +86,8 @@ fi
 
 if [[ $run_memcheck == 1 ]]; then
   start=$(date +%s)
-  timeout "${VERIFYD_MEMCHECK_TIMEOUT:-200}" compute-sanitizer --tool memcheck --leak-check full --error-exitcode 3 \
+  timeout "${VERIFYD_MEMCHECK_TIMEOUT:-200}" \
+    compute-sanitizer --tool memcheck --leak-check full --error-exitcode 3 \
     "$PACK/bin/test_custom_kernel" --gtest_filter='Small/*' > "$OUT/memcheck.log" 2>&1
   rc=$?
   [[ $rc == 0 ]] || status=1
@@ -96,12 +97,12 @@ fi
 
 if [[ $run_bench == 1 ]]; then
   start=$(date +%s)
-  # shellcheck disable=SC2086
   if [[ $shipped_ok != 1 && -z "$bench_args" ]]; then
     bench_args="--paths custom-qkwgmma custom-mma custom-sm120cfg reference"
   fi
-  timeout "${VERIFYD_BENCH_TIMEOUT:-300}" "$PACK/bin/verifyd-bench" --out "$OUT" --commit "$COMMIT" \
-    $bench_args > "$OUT/bench.log" 2>&1
+  # shellcheck disable=SC2086
+  timeout "${VERIFYD_BENCH_TIMEOUT:-300}" "$PACK/bin/verifyd-bench" --out "$OUT" \
+    --commit "$COMMIT" $bench_args > "$OUT/bench.log" 2>&1
   rc=$?
   [[ $rc == 0 ]] || status=1
   echo "verifyd-bench: rc=$rc in $(( $(date +%s) - start )) s" >> "$SUMMARY"

@@ -7,6 +7,8 @@
 //             over all 576 dims and the online softmax of its rows.
 //   PV phase: (kRows/32) row pairs x 4 quarters of the 512 output dims; a warp keeps a
 //             32 x 128 fp32 accumulator (128 registers per thread) and multiplies P by V.
+//             (The wgmma P·V of the Hopper tiles instead gives warpgroup w rows 0..63 x dims
+//             [256w, 256w + 256): again 128 fp32 registers per thread.)
 // Both roles cover all kRows/8 warps. The layout is shared memory in bytes:
 //   Q [kRows, 576] | KV [kStages, kTokens, 576] | P [kRows, kTokens + 8] bf16 |
 //   red [2, kRows] f32 | scale [kRows] f32 | mask [kRows, kTokens/16] u16
