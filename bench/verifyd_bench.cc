@@ -24,7 +24,9 @@
 #include "kernels/custom/custom_attention.h"
 #include "kernels/custom/custom_launch_plan.h"
 #include "src/bundle/random_bundle.h"
+#include "src/bundle/validate.h"
 #include "src/compare/compare.h"
+#include "src/io/bundle_file.h"
 #if VERIFYD_BENCH_HAVE_REFERENCE
 #include "kernels/reference/reference_attention.h"
 #endif
@@ -42,8 +44,8 @@ struct Shape {
 };
 
 // (B, T, H, prefix) of issue 3.
-constexpr Shape kShapes[] = {{1, 16, 8, 4096},  {8, 16, 8, 4096},   {32, 16, 8, 8192},
-                             {4, 16, 64, 8192}, {4, 128, 8, 4096},  {1, 1024, 8, 2048},
+constexpr Shape kShapes[] = {{1, 16, 8, 4096},   {8, 16, 8, 4096},  {32, 16, 8, 8192},
+                             {4, 16, 64, 8192},  {4, 128, 8, 4096}, {1, 1024, 8, 2048},
                              {16, 8, 16, 32768}, {64, 4, 16, 2048}};
 
 template <typename T>
@@ -134,6 +136,7 @@ struct Options {
                                     "reference"};
   double seconds_per_row = 0.25;
   int max_shapes = 0;
+  std::vector<std::string> bundles;  // --bundle files; empty: the random shapes above
 };
 
 int Run(const Options& opt) {
@@ -159,133 +162,150 @@ int Run(const Options& opt) {
   cudaStream_t stream;
   cudaStreamCreate(&stream);
 
-  const bool want_ref = std::find(opt.paths.begin(), opt.paths.end(), "reference") !=
-                        opt.paths.end();
+  const bool want_ref =
+      std::find(opt.paths.begin(), opt.paths.end(), "reference") != opt.paths.end();
   int shapes_done = 0;
   std::vector<BenchRow> ref_rows;
-  for (int page : opt.pages) {
-    for (const Shape& sh : kShapes) {
-      if (opt.max_shapes > 0 && shapes_done >= opt.max_shapes) break;
-      ++shapes_done;
-      RandomBundleSpec spec;
-      spec.batch = sh.batch;
-      spec.draft = sh.draft;
-      spec.heads = sh.heads;
-      spec.page_size = page;
-      spec.prefix = sh.prefix;
-      spec.tree = TreeKind::kRandomTree;
-      spec.seed = 1000 + shapes_done;
-      const RandomBundle bundle(spec);
-      const BundleView& v = bundle.view();
+  // Times every requested path on one bundle (random, or from a --bundle file).
+  auto bench_one = [&](const BundleView& v, const Shape& sh, int page) {
+    const double flops = 2.0 * sh.draft * sh.heads * double(v.total_kv_len) *
+                         (kernels::kHeadDimQK + kernels::kHeadDimV);
+    const double bytes = double(v.total_kv_len) * kernels::kHeadDimQK * 2 +
+                         double(v.q_elems()) * 2 + double(v.o_elems()) * 2;
+    const double t_flop_ms = flops / (report.ceilings.gemm_tflops * 1e12) * 1e3;
+    const double t_byte_ms = bytes / (report.ceilings.copy_gbps * 1e9) * 1e3;
 
-      const double flops = 2.0 * sh.draft * sh.heads * double(v.total_kv_len) *
-                           (kernels::kHeadDimQK + kernels::kHeadDimV);
-      const double bytes = double(v.total_kv_len) * kernels::kHeadDimQK * 2 +
-                           double(v.q_elems()) * 2 + double(v.o_elems()) * 2;
-      const double t_flop_ms = flops / (report.ceilings.gemm_tflops * 1e12) * 1e3;
-      const double t_byte_ms = bytes / (report.ceilings.copy_gbps * 1e9) * 1e3;
+    // Enough distinct copies that one pass over them is >= 4x the L2 cache.
+    const double set_bytes =
+        double(v.kv_elems()) * 2 + double(v.q_elems()) * 2 + double(v.o_elems()) * 2;
+    const int sets =
+        std::clamp(static_cast<int>(std::ceil(4.0 * prop.l2CacheSize / set_bytes)), 2, 16);
+    std::vector<std::unique_ptr<InputSet>> in;
+    bool ok = true;
+    for (int k = 0; k < sets && ok; ++k) {
+      in.push_back(std::make_unique<InputSet>());
+      ok = Upload(v, in.back().get()) == cudaSuccess;
+    }
+    if (!ok) {
+      std::fprintf(stderr, "upload failed for B=%d T=%d H=%d\n", sh.batch, sh.draft, sh.heads);
+      return;
+    }
 
-      // Enough distinct copies that one pass over them is >= 4x the L2 cache.
-      const double set_bytes = double(v.kv_elems()) * 2 + double(v.q_elems()) * 2 +
-                               double(v.o_elems()) * 2;
-      const int sets = std::clamp(static_cast<int>(std::ceil(4.0 * prop.l2CacheSize / set_bytes)),
-                                  2, 16);
-      std::vector<std::unique_ptr<InputSet>> in;
-      bool ok = true;
-      for (int k = 0; k < sets && ok; ++k) {
-        in.push_back(std::make_unique<InputSet>());
-        ok = Upload(v, in.back().get()) == cudaSuccess;
-      }
-      if (!ok) {
-        std::fprintf(stderr, "upload failed for B=%d T=%d H=%d\n", sh.batch, sh.draft, sh.heads);
-        continue;
-      }
-
-      std::vector<uint16_t> ref_o;
-      auto run_path = [&](const std::string& path) {
-        BenchRow row;
-        row.path = path;
-        row.batch = sh.batch;
-        row.draft = sh.draft;
-        row.heads = sh.heads;
-        row.prefix = sh.prefix;
-        row.page_size = page;
-        row.floor_ms = std::max(t_flop_ms, t_byte_ms);
-        row.compute_bound = t_flop_ms >= t_byte_ms;
-        DevPtr<uint8_t> ws;
-        std::function<cudaError_t(int)> launch;
-        kernels::CustomConfig cfg;
-        if (path.rfind("custom", 0) == 0) {
-          cfg.small_smem = path == "custom-sm120cfg";
-          const auto mma = path == "custom-mma"       ? kernels::CustomScoreMma::kMmaSync
-                           : path == "custom-qkwgmma" ? kernels::CustomScoreMma::kWgmmaScores
-                                                      : kernels::CustomScoreMma::kAuto;
-          kernels::CustomPlan plan;
-          if (kernels::ResolveCustomPlan(in[0]->problem, cfg, &plan, mma) == cudaSuccess) {
-            row.splits = plan.splits;
-          }
-          const size_t wsb = kernels::CustomWorkspaceBytes(in[0]->problem, cfg);
-          if (ws.Alloc(wsb) != cudaSuccess) row.error = "workspace";
-          launch = [&, wsb, mma](int i) {
-            return kernels::LaunchCustomWith(in[i % sets]->problem, cfg, mma, ws.p, wsb, stream);
-          };
-        } else {
+    std::vector<uint16_t> ref_o;
+    auto run_path = [&](const std::string& path) {
+      BenchRow row;
+      row.path = path;
+      row.batch = sh.batch;
+      row.draft = sh.draft;
+      row.heads = sh.heads;
+      row.prefix = sh.prefix;
+      row.page_size = page;
+      row.floor_ms = std::max(t_flop_ms, t_byte_ms);
+      row.compute_bound = t_flop_ms >= t_byte_ms;
+      DevPtr<uint8_t> ws;
+      std::function<cudaError_t(int)> launch;
+      kernels::CustomConfig cfg;
+      if (path.rfind("custom", 0) == 0) {
+        cfg.small_smem = path == "custom-sm120cfg";
+        const auto mma = path == "custom-mma"       ? kernels::CustomScoreMma::kMmaSync
+                         : path == "custom-qkwgmma" ? kernels::CustomScoreMma::kWgmmaScores
+                                                    : kernels::CustomScoreMma::kAuto;
+        kernels::CustomPlan plan;
+        if (kernels::ResolveCustomPlan(in[0]->problem, cfg, &plan, mma) == cudaSuccess) {
+          row.splits = plan.splits;
+        }
+        const size_t wsb = kernels::CustomWorkspaceBytes(in[0]->problem, cfg);
+        if (ws.Alloc(wsb) != cudaSuccess) row.error = "workspace";
+        launch = [&, wsb, mma](int i) {
+          return kernels::LaunchCustomWith(in[i % sets]->problem, cfg, mma, ws.p, wsb, stream);
+        };
+      } else {
 #if VERIFYD_BENCH_HAVE_REFERENCE
-          const size_t wsb = kernels::ReferenceWorkspaceBytes(in[0]->problem);
-          if (ws.Alloc(wsb) != cudaSuccess) row.error = "workspace";
-          launch = [&, wsb](int i) {
-            return kernels::LaunchReference(in[i % sets]->problem, ws.p, wsb, handle, stream);
-          };
+        const size_t wsb = kernels::ReferenceWorkspaceBytes(in[0]->problem);
+        if (ws.Alloc(wsb) != cudaSuccess) row.error = "workspace";
+        launch = [&, wsb](int i) {
+          return kernels::LaunchReference(in[i % sets]->problem, ws.p, wsb, handle, stream);
+        };
 #else
-          row.error = "reference path not built";
+        row.error = "reference path not built";
 #endif
-        }
-        if (row.error.empty()) {
-          // One timed launch sizes the repetition count.
-          const double probe = MedianMs(stream, 1, 1, launch);
-          const int reps = probe > 0 ? std::clamp(static_cast<int>(opt.seconds_per_row * 1e3 /
-                                                                   probe),
-                                                  10, 200)
-                                     : 1;
-          row.ms = probe > 0 ? MedianMs(stream, 2, reps, launch) : -1;
-          if (row.ms <= 0) row.error = cudaGetErrorString(cudaGetLastError());
-        }
-        if (row.ms > 0) {
-          row.tflops = flops / (row.ms * 1e-3) / 1e12;
-          row.gbps = bytes / (row.ms * 1e-3) / 1e9;
-          // Output of set 0 from its last launch, against the reference's.
-          std::vector<uint16_t> o(v.o_elems());
-          cudaMemcpy(o.data(), in[0]->o.p, o.size() * 2, cudaMemcpyDeviceToHost);
-          if (path == "reference") {
-            ref_o = std::move(o);
-          } else if (!ref_o.empty()) {
-            const DiffStats d = CompareBf16(o.data(), ref_o.data(), int64_t(o.size()), nullptr,
-                                            nullptr, 0, Tolerance{});
-            row.rel_l2_vs_reference = d.rel_l2;
-          }
-        }
-        std::printf("%-16s B=%-3d T=%-4d H=%-3d prefix=%-6lld page=%-3d %9.4f ms %7.1f TFLOP/s "
-                    "%6.0f GB/s floor %.4f ms ratio %.2f splits %d %s\n",
-                    path.c_str(), sh.batch, sh.draft, sh.heads, static_cast<long long>(sh.prefix),
-                    page, row.ms, row.tflops, row.gbps, row.floor_ms,
-                    row.ms > 0 ? row.ms / row.floor_ms : 0.0, row.splits, row.error.c_str());
-        std::fflush(stdout);
-        return row;
-      };
-      // The reference runs first so that the custom rows can report their difference to it.
-      BenchRow ref_row;
-      if (want_ref) ref_row = run_path("reference");
-      for (const std::string& path : opt.paths) {
-        if (path != "reference") report.rows.push_back(run_path(path));
       }
-      if (want_ref) ref_rows.push_back(ref_row);
+      if (row.error.empty()) {
+        // One timed launch sizes the repetition count.
+        const double probe = MedianMs(stream, 1, 1, launch);
+        const int reps =
+            probe > 0 ? std::clamp(static_cast<int>(opt.seconds_per_row * 1e3 / probe), 10, 200)
+                      : 1;
+        row.ms = probe > 0 ? MedianMs(stream, 2, reps, launch) : -1;
+        if (row.ms <= 0) row.error = cudaGetErrorString(cudaGetLastError());
+      }
+      if (row.ms > 0) {
+        row.tflops = flops / (row.ms * 1e-3) / 1e12;
+        row.gbps = bytes / (row.ms * 1e-3) / 1e9;
+        // Output of set 0 from its last launch, against the reference's.
+        std::vector<uint16_t> o(v.o_elems());
+        cudaMemcpy(o.data(), in[0]->o.p, o.size() * 2, cudaMemcpyDeviceToHost);
+        if (path == "reference") {
+          ref_o = std::move(o);
+        } else if (!ref_o.empty()) {
+          const DiffStats d = CompareBf16(o.data(), ref_o.data(), int64_t(o.size()), nullptr,
+                                          nullptr, 0, Tolerance{});
+          row.rel_l2_vs_reference = d.rel_l2;
+        }
+      }
+      std::printf(
+          "%-16s B=%-3d T=%-4d H=%-3d prefix=%-6lld page=%-3d %9.4f ms %7.1f TFLOP/s "
+          "%6.0f GB/s floor %.4f ms ratio %.2f splits %d %s\n",
+          path.c_str(), sh.batch, sh.draft, sh.heads, static_cast<long long>(sh.prefix), page,
+          row.ms, row.tflops, row.gbps, row.floor_ms, row.ms > 0 ? row.ms / row.floor_ms : 0.0,
+          row.splits, row.error.c_str());
+      std::fflush(stdout);
+      return row;
+    };
+    // The reference runs first so that the custom rows can report their difference to it.
+    BenchRow ref_row;
+    if (want_ref) ref_row = run_path("reference");
+    for (const std::string& path : opt.paths) {
+      if (path != "reference") report.rows.push_back(run_path(path));
+    }
+    if (want_ref) ref_rows.push_back(ref_row);
+  };
+  if (!opt.bundles.empty()) {
+    for (const std::string& file : opt.bundles) {
+      absl::StatusOr<BundleFile> f = LoadBundleFile(file);
+      absl::Status st = f.ok() ? ValidateBundle(f->view) : f.status();
+      if (!st.ok()) {
+        std::fprintf(stderr, "verifyd-bench: %s: %s\n", file.c_str(),
+                     std::string(st.message()).c_str());
+        return 2;
+      }
+      const BundleView& v = f->view;
+      bench_one(v, {v.shape.batch, v.shape.draft, v.shape.heads, v.max_kv_len - v.shape.draft},
+                v.shape.page_size);
+    }
+  } else {
+    for (int page : opt.pages) {
+      for (const Shape& sh : kShapes) {
+        if (opt.max_shapes > 0 && shapes_done >= opt.max_shapes) break;
+        ++shapes_done;
+        RandomBundleSpec spec;
+        spec.batch = sh.batch;
+        spec.draft = sh.draft;
+        spec.heads = sh.heads;
+        spec.page_size = page;
+        spec.prefix = sh.prefix;
+        spec.tree = TreeKind::kRandomTree;
+        spec.seed = 1000 + shapes_done;
+        const RandomBundle bundle(spec);
+        bench_one(bundle.view(), sh, page);
+      }
     }
   }
   report.rows.insert(report.rows.end(), ref_rows.begin(), ref_rows.end());
   cublasDestroy(handle);
 
-  const std::string base = opt.out_dir + "/" + report.date + "-" + report.commit + "-" +
-                           DeviceSlug(report.device);
+  const std::string base =
+      opt.out_dir + "/" + report.date + "-" + report.commit + "-" + DeviceSlug(report.device);
   std::ofstream(base + ".md") << ToMarkdown(report);
   std::ofstream(base + ".json") << ToJson(report);
   std::printf("\n%s\nwrote %s.{md,json}\n", ToMarkdown(report).c_str(), base.c_str());
@@ -305,6 +325,8 @@ int main(int argc, char** argv) {
                  "custom, custom-qkwgmma, custom-mma, custom-sm120cfg, reference");
   app.add_option("--seconds-per-row", opt.seconds_per_row, "timing budget per row");
   app.add_option("--max-shapes", opt.max_shapes, "stop after this many (shape, page) pairs");
+  app.add_option("--bundle", opt.bundles,
+                 "time the paths on these .safetensors bundles (captures, golden cases) instead");
   CLI11_PARSE(app, argc, argv);
   return verifyd::bench::Run(opt);
 }
