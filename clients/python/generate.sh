@@ -8,8 +8,9 @@ proto_root=$(cd "$here/../../proto" && pwd)
 out=${1:-$here/verifyd_client/_gen}
 protoc=${PROTOC:-protoc}
 plugin=${GRPC_PYTHON_PLUGIN:-$(command -v grpc_python_plugin || true)}
-command -v "$protoc" >/dev/null || { echo "generate.sh: protoc not found (apt-get install protobuf-compiler)" >&2; exit 1; }
-[ -n "$plugin" ] || { echo "generate.sh: grpc_python_plugin not found (apt-get install protobuf-compiler-grpc)" >&2; exit 1; }
+die() { echo "generate.sh: $*" >&2; exit 1; }
+command -v "$protoc" >/dev/null || die "protoc not found (apt-get install protobuf-compiler)"
+[ -n "$plugin" ] || die "grpc_python_plugin not found (apt-get install protobuf-compiler-grpc)"
 mkdir -p "$out"
 "$protoc" --proto_path="$proto_root" --python_out="$out" --grpc_python_out="$out" \
   --plugin=protoc-gen-grpc_python="$plugin" "$proto_root"/verifyd/v1/*.proto

@@ -106,8 +106,8 @@ class VerifyClient:
         _check_transport(transport)
         self.target = target
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(target,
-                                              options=_CHANNEL_OPTIONS + list(channel_options or []))
+        options = _CHANNEL_OPTIONS + list(channel_options or [])
+        self._channel = grpc.insecure_channel(target, options=options)
         self._stub = verify_pb2_grpc.VerifyServiceStub(self._channel)
 
     def close(self):
