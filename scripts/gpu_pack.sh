@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
 # Packs what the GPU machine runs into one folder: the GPU test and benchmark binaries of a
-# build, the non-system shared libraries they load, the golden cases, gpu_run.sh and the commit.
+# build, verifyd and verifyctl with the service suites, the non-system shared libraries they
+# load, the golden cases, gpu_run.sh, gpu_service_bench.sh and the commit.
 # The GPU machine has the CUDA toolkit (libcudart, libcublas in /usr/local/cuda/lib64) and a
 # newer C/C++ runtime, not the project's other libraries.
 #
-#   scripts/gpu_pack.sh [BUILD_DIR] [PACK_DIR]      (defaults: build-kern, .gpu/kern)
+#   scripts/gpu_pack.sh [BUILD_DIR] [PACK_DIR]      (defaults: build-cuda, .gpu/pack)
 #   extra binaries (paths relative to BUILD_DIR): VERIFYD_PACK_BINS="tests/x/test_y ..."
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BUILD=$(cd "${1:-$ROOT/build-kern}" && pwd)
-PACK=${2:-$ROOT/.gpu/kern}
+BUILD=$(cd "${1:-$ROOT/build-cuda}" && pwd)
+PACK=${2:-$ROOT/.gpu/pack}
 
 BINS=(tests/kernels/test_custom_kernel tests/kernels/test_custom_kernel_golden
-      tests/kernels/test_custom_plan bench/verifyd-bench)
+      tests/kernels/test_custom_plan bench/verifyd-bench
+      tests/cuda_engine/test_reference_kernels tests/cuda_engine/test_cuda_engine
+      tests/cuda_engine/test_cuda_sticky_error
+      tests/service/test_end_to_end tests/service/test_capture
+      src/main/verifyd src/cli/verifyctl)
 # shellcheck disable=SC2206
 BINS+=(${VERIFYD_PACK_BINS:-})
 
@@ -26,7 +31,7 @@ rm -rf "$PACK"
 mkdir -p "$PACK/bin" "$PACK/lib" "$PACK/data"
 for b in "${BINS[@]}"; do
   if [[ ! -x "$BUILD/$b" ]]; then
-    echo "gpu_pack: missing $BUILD/$b (build it first)" >&2
+    echo "gpu_pack: missing $BUILD/$b (build it first: cmake --build $BUILD)" >&2
     exit 1
   fi
   cp "$BUILD/$b" "$PACK/bin/"
@@ -39,11 +44,11 @@ for b in "${BINS[@]}"; do
   done
 done
 cp -r "$ROOT/tests/data/golden" "$PACK/data/"
-cp "$ROOT/scripts/gpu_run.sh" "$PACK/"
+cp "$ROOT/scripts/gpu_run.sh" "$ROOT/scripts/gpu_service_bench.sh" "$PACK/"
 
 commit=$(git -C "$ROOT" rev-parse --short=12 HEAD)
-if [[ -n $(git -C "$ROOT" status --porcelain --untracked-files=no -- kernels bench src/bundle \
-             src/compare src/engine/cpu tests/kernels) ]]; then
+if [[ -n $(git -C "$ROOT" status --porcelain --untracked-files=no -- kernels bench src \
+             tests proto) ]]; then
   commit="$commit-dirty"
 fi
 echo "$commit" > "$PACK/COMMIT"

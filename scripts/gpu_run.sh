@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine from a folder made by gpu_pack.sh: the GPU test suites, a
-# compute-sanitizer memcheck over the small grid, and verifyd-bench. Writes into OUT_DIR:
-#   tests.log, tests.json (gtest), memcheck.log, bench.log, <date>-<commit>-<device>.{md,json},
-#   summary.txt (also printed last). probe.txt only when the tests are skipped.
+# Runs on the GPU machine from a folder made by gpu_pack.sh: the kernel, CUDA-engine and service
+# suites (the daemon on --engine=cuda over gRPC), `verifyctl replay` of the golden cases on the
+# CUDA engine, compute-sanitizer memcheck over small grids, verifyd-bench and the service
+# benchmark. Writes into OUT_DIR: tests.log, tests.json (gtest), memcheck.log, bench.log,
+# <date>-<commit>-<device>.{md,json}, service-<commit>.{md,json}, summary.txt (printed last).
 #
-#   gpu_run.sh OUT_DIR [--skip-tests] [--skip-memcheck] [--skip-bench] [--bench-args "..."]
+#   gpu_run.sh OUT_DIR [--skip-tests] [--skip-memcheck] [--skip-bench] [--skip-service]
+#                      [--bench-args "..."] [--kernel-filter GTEST_FILTER]
 set -uo pipefail
 
 PACK=$(cd "$(dirname "$0")" && pwd)
 OUT=${1:?usage: gpu_run.sh OUT_DIR [--skip-tests] [--skip-memcheck] [--skip-bench]}
 shift
-run_tests=1 run_memcheck=1 run_bench=1 bench_args=""
+run_tests=1 run_memcheck=1 run_bench=1 run_service=1 bench_args="" kernel_filter_arg=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --skip-tests) run_tests=0 ;;
     --skip-memcheck) run_memcheck=0 ;;
     --skip-bench) run_bench=0 ;;
+    --skip-service) run_service=0 ;;
+    --kernel-filter) kernel_filter_arg=$2; shift ;;
     --bench-args) bench_args=$2; shift ;;
     *) echo "gpu_run: unknown option $1" >&2; exit 2 ;;
   esac
@@ -46,9 +50,12 @@ if [[ $run_tests == 1 ]]; then
   : > "$OUT/tests.log"
   cat "$OUT/probe.txt" >> "$OUT/tests.log"
   rm -f "$OUT/probe.txt"
-  kernel_filter='*'
+  kernel_filter=${kernel_filter_arg:-*}
   [[ $shipped_ok == 1 ]] || kernel_filter='-*__hopper:*__hopper_split5:CustomKernelDeterminism.*'
-  for t in test_custom_plan test_custom_kernel_golden test_custom_kernel; do
+  # The service suites start verifyd in-process on the CUDA engine.
+  export VERIFYD_TEST_ENGINE=cuda
+  for t in test_custom_plan test_custom_kernel_golden test_custom_kernel test_reference_kernels \
+           test_cuda_engine test_cuda_sticky_error test_end_to_end test_capture; do
     [[ -x "$PACK/bin/$t" ]] || continue
     filter='*'
     [[ $t == test_custom_kernel ]] && filter=$kernel_filter
@@ -82,6 +89,15 @@ for cfg, (p, fl, s) in sorted(by_cfg.items()):
     print(f"  {cfg:28s} {p:4d} {fl:4d} {s:4d}")
 PY
   grep -E "^\[  FAILED  \]" "$OUT/tests.log" | sort -u | head -40 >> "$SUMMARY"
+  # The golden cases through every path of the CUDA engine, as an operator would replay them.
+  "$PACK/bin/verifyctl" replay --engine cuda "$PACK"/data/golden/*.safetensors \
+    > "$OUT/replay_golden.txt" 2>&1
+  rc=$?
+  [[ $rc == 0 ]] || status=1
+  echo "verifyctl replay --engine cuda (golden): rc=$rc" >> "$SUMMARY"
+  grep -E "golden (reference|custom|oracle)" "$OUT/replay_golden.txt" |
+    awk '{print $2, $4}' | sort | awk '{m[$1] = ($2 > m[$1] ? $2 : m[$1])}
+      END {for (p in m) print "  worst golden rel-L2 " p ": " m[p]}' >> "$SUMMARY"
 fi
 
 if [[ $run_memcheck == 1 ]]; then
@@ -92,6 +108,14 @@ if [[ $run_memcheck == 1 ]]; then
   rc=$?
   [[ $rc == 0 ]] || status=1
   echo "memcheck (Small/*): rc=$rc in $(( $(date +%s) - start )) s;" \
+    "$(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)" >> "$SUMMARY"
+  start=$(date +%s)
+  timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$PACK/bin/test_cuda_engine" \
+    --gtest_filter='FaultInjection.*:Cases/Golden.*tree_odd*:CudaEngine.Refuses*' \
+    >> "$OUT/memcheck.log" 2>&1
+  rc=$?
+  [[ $rc == 0 ]] || status=1
+  echo "memcheck (CUDA engine subset): rc=$rc in $(( $(date +%s) - start )) s;" \
     "$(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)" >> "$SUMMARY"
 fi
 
@@ -107,6 +131,16 @@ if [[ $run_bench == 1 ]]; then
   [[ $rc == 0 ]] || status=1
   echo "verifyd-bench: rc=$rc in $(( $(date +%s) - start )) s" >> "$SUMMARY"
   md=$(ls "$OUT"/*-"$COMMIT"-*.md 2>/dev/null | head -1)
+  [[ -n "$md" ]] && cat "$md" >> "$SUMMARY"
+fi
+if [[ $run_service == 1 ]]; then
+  start=$(date +%s)
+  timeout "${VERIFYD_SERVICE_TIMEOUT:-240}" "$PACK/gpu_service_bench.sh" "$PACK" "$OUT" \
+    "${VERIFYD_SERVICE_COUNT:-200}" > "$OUT/service.log" 2>&1
+  rc=$?
+  [[ $rc == 0 ]] || status=1
+  echo "service benchmark: rc=$rc in $(( $(date +%s) - start )) s" >> "$SUMMARY"
+  md=$(ls "$OUT"/service-*.md 2>/dev/null | head -1)
   [[ -n "$md" ]] && cat "$md" >> "$SUMMARY"
 fi
 cat "$SUMMARY"
