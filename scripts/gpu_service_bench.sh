@@ -25,15 +25,18 @@ start_daemon() {
 ctl() { "$bin/verifyctl" --target="unix:$dir/data.sock" --admin="unix:$dir/admin.sock" "$@"; }
 
 start_daemon || exit 1
-for mode in reference shadow; do
-  ctl flip "$mode" --reason "service bench" > /dev/null || { echo "flip $mode failed"; exit 1; }
-  for shape in "${shapes[@]}"; do
-    for conc in 1 8; do
-      ctl send --shape "$shape" --page_size 64 --count 30 --concurrency "$conc" > /dev/null  # warm-up
-      ctl send --shape "$shape" --page_size 64 --count "$COUNT" --concurrency "$conc" --json \
-        > "$dir/one.json" || echo "send failed: $mode $shape $conc"
-      python3 -c "import json,sys; j=json.load(open(sys.argv[1])); j['mode']=sys.argv[2]; print(json.dumps(j))" \
-        "$dir/one.json" "$mode" >> "$results"
+# Reference and shadow alternate, twice per configuration, so that drift hits both alike.
+for shape in "${shapes[@]}"; do
+  for conc in 1 8; do
+    for rep in 1 2; do
+      for mode in reference shadow; do
+        ctl flip "$mode" --reason "service bench" > /dev/null || { echo "flip $mode failed"; exit 1; }
+        ctl send --shape "$shape" --page_size 64 --count 20 --concurrency "$conc" > /dev/null
+        ctl send --shape "$shape" --page_size 64 --count "$COUNT" --concurrency "$conc" --json \
+          > "$dir/one.json" || echo "send failed: $mode $shape $conc"
+        python3 -c "import json,sys; j=json.load(open(sys.argv[1])); j['mode']=sys.argv[2]; j['rep']=int(sys.argv[3]); print(json.dumps(j))" \
+          "$dir/one.json" "$mode" "$rep" >> "$results"
+      done
     done
   done
 done
@@ -42,7 +45,23 @@ kill "$pid"; wait "$pid" 2>/dev/null
 
 python3 - "$results" "$OUT" "$commit" <<'PY'
 import json, sys, datetime, subprocess
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+runs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+# One row per (mode, shape, concurrency): the mean over the alternating repetitions.
+rows, groups = [], {}
+for r in runs:
+    groups.setdefault((r["mode"], r["shape"], r["concurrency"]), []).append(r)
+def mean(xs):
+    return sum(xs) / len(xs)
+for (mode, shape, conc), rs in groups.items():
+    row = dict(rs[0])
+    row["reps"] = len(rs)
+    row["calls_per_second"] = mean([r["calls_per_second"] for r in rs])
+    row["latency_seconds"] = {k: mean([r["latency_seconds"][k] for r in rs]) for k in ("p50", "p90", "p99", "max")}
+    row["server_seconds_p50"] = mean([r["server_seconds_p50"] for r in rs])
+    row["server_stage_seconds_p50"] = {k: mean([r["server_stage_seconds_p50"][k] for r in rs])
+                                       for k in rs[0]["server_stage_seconds_p50"]}
+    rows.append(row)
+rows.sort(key=lambda r: (r["mode"] != "reference", r["shape"], r["concurrency"]))
 out, commit = sys.argv[2], sys.argv[3]
 try:
     device = subprocess.check_output(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]).decode().strip()
@@ -51,7 +70,8 @@ except Exception:
 base = {(r["shape"], r["concurrency"]): r for r in rows if r["mode"] == "reference"}
 lines = [f"# verifyd service benchmark on {device}", "",
          f"commit `{commit}`, {datetime.date.today()}; `verifyctl send` over a Unix socket, page size 64, "
-         "CUDA engine; latency is client-side, stages are server-side p50.", "",
+         "CUDA engine; latency is client-side, stages are server-side p50; each row is the mean of "
+         "two runs, reference and shadow alternating.", "",
          "| mode | shape B,T,H,prefix | conc | MB/call | calls/s | p50 ms | p99 ms | shadow adds to p50 | decode ms | H2D (prepare) ms | served path ms | fetch (D2H) ms | transport+encode ms |",
          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 for r in rows:
@@ -68,7 +88,8 @@ for r in rows:
                  f"{st['fetch']*1e3:.3f} | {transport*1e3:.2f} |")
 md = "\n".join(lines) + "\n"
 open(f"{out}/service-{commit}.md", "w").write(md)
-json.dump({"device": device, "commit": commit, "date": str(datetime.date.today()), "rows": rows},
+json.dump({"device": device, "commit": commit, "date": str(datetime.date.today()), "rows": rows,
+           "runs": runs},
           open(f"{out}/service-{commit}.json", "w"), indent=1)
 print(md)
 PY
