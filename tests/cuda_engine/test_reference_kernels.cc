@@ -13,6 +13,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/reference/compare_kernels.h"
+#include "src/engine/cuda/device_diff_stats.h"
 #include "kernels/reference/oracle_kernel.h"
 #include "kernels/reference/reference_attention.h"
 #include "kernels/reference/reference_plan.h"
@@ -315,19 +316,7 @@ TEST(CompareKernel, MatchesTheHostComparison) {
                                reinterpret_cast<kernels::DeviceDiffStats*>(out.get()), nullptr),
         cudaSuccess);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const auto h = Download<kernels::DeviceDiffStats>(out.get(), 1)[0];
-    DiffStats d;
-    d.count = h.count;
-    d.rel_l2 = h.rel_l2;
-    d.max_abs = h.max_abs;
-    d.nmse = h.nmse;
-    d.beyond_tol = h.beyond_tol;
-    d.nan_test = h.nan_test;
-    d.inf_test = h.inf_test;
-    d.nan_ref = h.nan_ref;
-    d.inf_ref = h.inf_ref;
-    d.lse_max_abs = h.lse_max_abs;
-    return d;
+    return ToDiffStats(Download<kernels::DeviceDiffStats>(out.get(), 1)[0]);
   };
 
   const Tolerance tol;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/reference/compare_kernels.h"
+#include "src/engine/cuda/device_diff_stats.h"
 #include "kernels/reference/oracle_kernel.h"
 #include "kernels/reference/output_fault_kernels.h"
 #include "kernels/reference/reference_attention.h"
@@ -343,19 +344,7 @@ absl::StatusOr<DiffStats> CudaEngine::Compare(PreparedBundle& pb, Path test, Pat
   if (absl::Status rec = b.RecordShadowUse(); st.ok()) st = rec;
   VERIFYD_RETURN_IF_ERROR(st);
   VERIFYD_RETURN_IF_ERROR(w.Check(cudaEventSynchronize(lane.compare_done), where));
-  const kernels::DeviceDiffStats& h = *lane.compare_host;
-  DiffStats d;
-  d.count = h.count;
-  d.rel_l2 = h.rel_l2;
-  d.max_abs = h.max_abs;
-  d.nmse = h.nmse;
-  d.beyond_tol = h.beyond_tol;
-  d.nan_test = h.nan_test;
-  d.inf_test = h.inf_test;
-  d.nan_ref = h.nan_ref;
-  d.inf_ref = h.inf_ref;
-  d.lse_max_abs = h.lse_max_abs;
-  return d;
+  return ToDiffStats(*lane.compare_host);
 }
 
 void CudaEngine::InjectCustomFault(const CustomFault& fault) {
