@@ -25,6 +25,12 @@ absl::StatusOr<std::unique_ptr<DeviceWorker>> DeviceWorker::Create(int device, s
 absl::Status DeviceWorker::Init(size_t pool_bytes, int lanes) {
   const std::string where = absl::StrCat("starting the CUDA worker for device ", device_);
   if (absl::Status st = Check(cudaSetDevice(device_), where); !st.ok()) return st;
+  // Waits block instead of spinning: a sidecar must not burn the host cores that the serving
+  // stack and gRPC encoding need (the shadow path's waits would otherwise spin one core each).
+  if (absl::Status st = Check(cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync), where);
+      !st.ok()) {
+    return st;
+  }
   if (absl::Status st = Check(cudaGetDeviceProperties(&props_, device_), where); !st.ok()) {
     return st;
   }
