@@ -1,6 +1,7 @@
 #include "src/server/admin_service.h"
 
 #include "absl/strings/str_cat.h"
+#include "src/server/mode_proto.h"
 #include "src/server/verify_service.h"
 
 namespace verifyd {
@@ -14,12 +15,6 @@ bool SameSecret(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
-v1::Mode ToProto(Mode m) { return static_cast<v1::Mode>(static_cast<int>(m) + 1); }
-
-std::optional<Mode> FromProto(v1::Mode m) {
-  if (m < v1::MODE_REFERENCE || m > v1::MODE_CUSTOM) return std::nullopt;
-  return static_cast<Mode>(static_cast<int>(m) - 1);
-}
 
 void FillCapture(const Capturer* c, v1::CaptureStatus* out) {
   if (c == nullptr) return;
@@ -54,7 +49,7 @@ grpc::Status AdminServiceImpl::GetStatus(grpc::ServerContext* ctx, const v1::Get
                                          v1::GetStatusResponse* resp) {
   if (grpc::Status a = Authorize(ctx); !a.ok()) return a;
   const ControllerSnapshot s = ctx_.controller->Snapshot();
-  resp->set_mode(ToProto(s.state.mode));
+  resp->set_mode(ModeToProto(s.state.mode));
   resp->set_canary_fraction(s.state.canary_fraction);
   resp->set_sample_rate(s.state.mode == Mode::kCustom ? s.state.custom_sample_rate
                                                       : s.state.shadow_sample_rate);
@@ -84,8 +79,8 @@ grpc::Status AdminServiceImpl::GetStatus(grpc::ServerContext* ctx, const v1::Get
   for (const AuditEntry& a : ctx_.controller->RecentAudit(10)) {
     auto* pa = resp->add_recent_audit();
     pa->set_time(a.time);
-    pa->set_from(ToProto(a.from));
-    pa->set_to(ToProto(a.to));
+    pa->set_from(ModeToProto(a.from));
+    pa->set_to(ModeToProto(a.to));
     pa->set_canary_fraction(a.canary_fraction);
     pa->set_reason(a.reason);
     pa->set_forced(a.forced);
@@ -102,7 +97,7 @@ grpc::Status AdminServiceImpl::GetStatus(grpc::ServerContext* ctx, const v1::Get
 grpc::Status AdminServiceImpl::SetMode(grpc::ServerContext* ctx, const v1::SetModeRequest* req,
                                        v1::SetModeResponse* resp) {
   if (grpc::Status a = Authorize(ctx); !a.ok()) return a;
-  std::optional<Mode> mode = FromProto(req->mode());
+  std::optional<Mode> mode = ModeFromProto(req->mode());
   if (!mode) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("mode: ", v1::Mode_Name(req->mode()), " is not a mode"));
@@ -116,7 +111,7 @@ grpc::Status AdminServiceImpl::SetMode(grpc::ServerContext* ctx, const v1::SetMo
   absl::StatusOr<PersistedState> st = ctx_.controller->SetMode(c);
   if (!st.ok()) return ToGrpc(st.status());
   ctx_.metrics->SetMode(st->mode, st->canary_fraction);
-  resp->set_mode(ToProto(st->mode));
+  resp->set_mode(ModeToProto(st->mode));
   resp->set_canary_fraction(st->canary_fraction);
   resp->set_forced(req->force());
   return grpc::Status::OK;
@@ -126,7 +121,7 @@ grpc::Status AdminServiceImpl::SetSampling(grpc::ServerContext* ctx,
                                            const v1::SetSamplingRequest* req,
                                            v1::SetSamplingResponse* resp) {
   if (grpc::Status a = Authorize(ctx); !a.ok()) return a;
-  std::optional<Mode> mode = FromProto(req->mode());
+  std::optional<Mode> mode = ModeFromProto(req->mode());
   if (!mode) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "mode: shadow or custom");
   }

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 #include "src/bundle/request_codec.h"
+#include "src/server/mode_proto.h"
 
 namespace verifyd {
 namespace {
@@ -24,7 +25,6 @@ v1::PathKind ToProto(Path p) {
   return v1::PATH_UNSPECIFIED;
 }
 
-v1::Mode ToProto(Mode m) { return static_cast<v1::Mode>(static_cast<int>(m) + 1); }
 
 void FillComparison(const DiffStats& d, const Verdict& v, v1::Comparison* c) {
   c->set_test(v1::PATH_CUSTOM);
@@ -164,7 +164,7 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
   if (req.want_lse()) EncodeF32({view->rows(), s.heads}, out.lse.data(), resp->mutable_lse());
   resp->set_request_id(req.request_id());
   resp->set_served_path(ToProto(served));
-  resp->set_mode(ToProto(plan.mode));
+  resp->set_mode(ModeToProto(plan.mode));
 
   // The other path, when this call is sampled for a comparison.
   const bool fell_back = served != plan.served;
