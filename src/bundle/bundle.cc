@@ -10,6 +10,21 @@ OwnedBundle::OwnedBundle(const BundleView& v)
       kv_lens_(v.kv_lens, v.kv_lens + v.shape.batch),
       tree_mask_(v.tree_mask, v.tree_mask + v.mask_bytes()),
       view_(v) {
+  PointViewAtStorage();
+}
+
+OwnedBundle::OwnedBundle(const BundleView& v, Sized)
+    : q_(v.q_elems()),
+      kv_pool_(v.kv_elems()),
+      kv_indptr_(v.shape.batch + 1),
+      kv_indices_(v.shape.num_indices),
+      kv_lens_(v.shape.batch),
+      tree_mask_(v.mask_bytes()),
+      view_(v) {
+  PointViewAtStorage();
+}
+
+void OwnedBundle::PointViewAtStorage() {
   view_.q = q_.data();
   view_.kv_pool = kv_pool_.data();
   view_.kv_indptr = kv_indptr_.data();

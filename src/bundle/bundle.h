@@ -50,13 +50,26 @@ struct BundleView {
 class OwnedBundle {
  public:
   explicit OwnedBundle(const BundleView& v);
+  // Storage sized for `shape_of`'s shape and scalars, tensors left zero for the caller to fill
+  // through the mutable accessors (a device-to-host copy lands here directly).
+  struct Sized {};
+  OwnedBundle(const BundleView& shape_of, Sized);
   const BundleView& view() const { return view_; }
+
+  uint16_t* mutable_q() { return q_.data(); }
+  uint16_t* mutable_kv_pool() { return kv_pool_.data(); }
+  int32_t* mutable_kv_indptr() { return kv_indptr_.data(); }
+  int32_t* mutable_kv_indices() { return kv_indices_.data(); }
+  int32_t* mutable_kv_lens() { return kv_lens_.data(); }
+  uint8_t* mutable_tree_mask() { return tree_mask_.data(); }
 
  private:
   std::vector<uint16_t> q_, kv_pool_;
   std::vector<int32_t> kv_indptr_, kv_indices_, kv_lens_;
   std::vector<uint8_t> tree_mask_;
   BundleView view_;
+
+  void PointViewAtStorage();
 };
 
 }  // namespace verifyd

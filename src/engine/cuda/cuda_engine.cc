@@ -219,10 +219,8 @@ absl::StatusOr<std::shared_ptr<const OwnedBundle>> CudaEngine::FetchInputs(Prepa
   v.sm_scale = p.sm_scale;
   v.max_kv_len = p.max_kv_len;
   v.total_kv_len = p.total_kv_len;
-  std::vector<uint16_t> q(v.q_elems()), kv(v.kv_elems());
-  std::vector<int32_t> indptr(p.shape.batch + 1), indices(p.shape.num_indices),
-      lens(p.shape.batch);
-  std::vector<uint8_t> mask(v.mask_bytes());
+  auto owned = std::make_shared<OwnedBundle>(v, OwnedBundle::Sized{});
+  const BundleView& o = owned->view();
   const cudaStream_t s = b.lane().shadow;
   const char* where = "fetching the bundle's inputs";
   VERIFYD_RETURN_IF_ERROR(w.Check(cudaStreamWaitEvent(s, b.inputs_ready(), 0), where));
@@ -230,21 +228,16 @@ absl::StatusOr<std::shared_ptr<const OwnedBundle>> CudaEngine::FetchInputs(Prepa
     return bytes == 0 ? absl::OkStatus()
                       : w.Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s), where);
   };
-  VERIFYD_RETURN_IF_ERROR(d2h(q.data(), p.q, q.size() * 2));
-  VERIFYD_RETURN_IF_ERROR(d2h(kv.data(), p.kv_pool, kv.size() * 2));
-  VERIFYD_RETURN_IF_ERROR(d2h(indptr.data(), p.kv_indptr, indptr.size() * 4));
-  VERIFYD_RETURN_IF_ERROR(d2h(indices.data(), p.kv_indices, indices.size() * 4));
-  VERIFYD_RETURN_IF_ERROR(d2h(lens.data(), p.kv_lens, lens.size() * 4));
-  VERIFYD_RETURN_IF_ERROR(d2h(mask.data(), p.tree_mask, mask.size()));
+  VERIFYD_RETURN_IF_ERROR(d2h(owned->mutable_q(), p.q, o.q_elems() * 2));
+  VERIFYD_RETURN_IF_ERROR(d2h(owned->mutable_kv_pool(), p.kv_pool, o.kv_elems() * 2));
+  VERIFYD_RETURN_IF_ERROR(d2h(owned->mutable_kv_indptr(), p.kv_indptr, (o.shape.batch + 1) * 4));
+  VERIFYD_RETURN_IF_ERROR(
+      d2h(owned->mutable_kv_indices(), p.kv_indices, o.shape.num_indices * 4));
+  VERIFYD_RETURN_IF_ERROR(d2h(owned->mutable_kv_lens(), p.kv_lens, o.shape.batch * 4));
+  VERIFYD_RETURN_IF_ERROR(d2h(owned->mutable_tree_mask(), p.tree_mask, o.mask_bytes()));
   VERIFYD_RETURN_IF_ERROR(b.RecordShadowUse());
   VERIFYD_RETURN_IF_ERROR(w.Check(cudaStreamSynchronize(s), where));
-  v.q = q.data();
-  v.kv_pool = kv.data();
-  v.kv_indptr = indptr.data();
-  v.kv_indices = indices.data();
-  v.kv_lens = lens.data();
-  v.tree_mask = mask.data();
-  return std::make_shared<const OwnedBundle>(v);
+  return std::shared_ptr<const OwnedBundle>(std::move(owned));
 }
 
 absl::Status CudaEngine::Run(Path path, PreparedBundle& pb) {
