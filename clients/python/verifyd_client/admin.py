@@ -6,6 +6,7 @@ import socket
 
 import grpc
 
+from ._channel import ChannelClient
 from ._proto import admin_pb2, admin_pb2_grpc, types_pb2
 from .errors import VerifydError
 
@@ -29,7 +30,7 @@ def _who():
     return f"{user}@{socket.gethostname()}"
 
 
-class AdminClient:
+class AdminClient(ChannelClient):
     """verifyd's AdminService.
 
     admin_target: "unix:PATH" (the default deployment) or "HOST:PORT" with ``token``, the
@@ -37,20 +38,9 @@ class AdminClient:
     """
 
     def __init__(self, admin_target, token=None, timeout=10.0):
-        self.target = admin_target
-        self.timeout = timeout
+        super().__init__(admin_target, timeout)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
-        self._channel = grpc.insecure_channel(admin_target)
         self._stub = admin_pb2_grpc.AdminServiceStub(self._channel)
-
-    def close(self):
-        self._channel.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def _call(self, method, req):
         try:

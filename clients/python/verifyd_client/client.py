@@ -10,7 +10,8 @@ import grpc
 import numpy as np
 
 from . import tensors
-from ._proto import types_pb2, verify_pb2, verify_pb2_grpc
+from ._channel import ChannelClient
+from ._proto import types_pb2, verify_pb2_grpc
 from .bundle import make_bundle
 from .errors import VerifydError, status_code
 
@@ -96,7 +97,7 @@ def _check_transport(transport):
             f"yet (it answers UNIMPLEMENTED); use transport='inline'")
 
 
-class VerifyClient:
+class VerifyClient(ChannelClient):
     """Sends verify-attention calls to verifyd's data plane.
 
     target: "HOST:PORT" or "unix:PATH". timeout: seconds per unary call (None: no deadline).
@@ -104,20 +105,8 @@ class VerifyClient:
 
     def __init__(self, target, timeout=30.0, transport="inline", channel_options=None):
         _check_transport(transport)
-        self.target = target
-        self.timeout = timeout
-        options = _CHANNEL_OPTIONS + list(channel_options or [])
-        self._channel = grpc.insecure_channel(target, options=options)
+        super().__init__(target, timeout, _CHANNEL_OPTIONS + list(channel_options or []))
         self._stub = verify_pb2_grpc.VerifyServiceStub(self._channel)
-
-    def close(self):
-        self._channel.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def verify(self, q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale,
                want_lse=False, request_id=None, compact=True, device=0, compare_sync=False,
