@@ -396,6 +396,15 @@ TEST_F(ModeControllerTest, AStateFileThatCannotBeReadRefusesToStart) {
   EXPECT_NE(c.status().message().find("directory"), std::string::npos) << c.status();
 }
 
+TEST_F(ModeControllerTest, AStateFileThatCannotBeOpenedRefusesToStart) {
+  std::filesystem::create_directories(dir_);
+  std::filesystem::create_symlink("state.json", dir_ / "state.json");  // ELOOP, for root too
+  auto c = TryMake();
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("state.json cannot be opened"), std::string::npos)
+      << c.status();
+}
+
 TEST_F(ModeControllerTest, AStateFileWithoutReadPermissionRefusesToStart) {
   if (::geteuid() == 0) GTEST_SKIP() << "root reads a mode-000 file";
   WriteState(R"({"mode": "custom"})");

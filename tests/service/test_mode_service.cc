@@ -116,6 +116,16 @@ TEST_F(ModeServiceTest, AStateFileThatCannotBeReadStopsTheStart) {
   EXPECT_NE(d.status().message().find("state.json"), std::string::npos) << d.status();
 }
 
+TEST_F(ModeServiceTest, AStateFileThatCannotBeOpenedStopsTheStart) {
+  const std::string dir = testing::TestDir("mode");
+  std::filesystem::create_directories(dir + "/state");
+  std::filesystem::create_symlink("state.json", dir + "/state/state.json");  // ELOOP
+  auto d = Daemon::Start(testing::TestOptions(dir));
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("state.json cannot be opened"), std::string::npos)
+      << d.status();
+}
+
 TEST_F(ModeServiceTest, OutOfRangeStateValuesStopTheStart) {
   const std::string dir = testing::TestDir("mode");
   std::filesystem::create_directories(dir + "/state");
