@@ -89,8 +89,12 @@ json BuildJson(const BuildIdentity& b) {
 }
 
 absl::StatusOr<json> ParseObject(std::string_view text) {
-  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return absl::InvalidArgumentError("not valid JSON");
+  json j;
+  try {
+    j = json::parse(text.begin(), text.end());
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("not valid JSON (", e.what(), ")"));
+  }
   if (!j.is_object()) return absl::InvalidArgumentError("not a JSON object");
   return j;
 }
