@@ -37,14 +37,13 @@ std::string Bound(const std::string& addr, int port) {
 }
 
 // What shapes the custom path's output and the gate's verdicts: state.json binds a flip and the
-// gate's evidence to it (with the version and commit).
+// gate's evidence to it (with the version and commit). The test-only fault injection is left
+// out: it stands for a kernel that goes wrong under an approved configuration.
 std::string CustomConfigDescription(const EngineInfo& info, const DaemonOptions& o) {
   const Tolerance& t = o.handler.tolerance;
-  return absl::StrCat("engine=", info.engine, ";cc=", info.compute_capability,
-                      ";fault=", static_cast<int>(o.inject_custom_fault.kind), ":",
-                      o.inject_custom_fault.amount, ";tol=", t.atol, ",", t.rtol, ",",
-                      t.max_rel_l2, ",", t.max_abs, ",", t.max_lse_abs, ",", t.max_beyond_tol,
-                      ";custom_timeout=", o.handler.custom_timeout_seconds);
+  return absl::StrCat("engine=", info.engine, ";cc=", info.compute_capability, ";tol=", t.atol,
+                      ",", t.rtol, ",", t.max_rel_l2, ",", t.max_abs, ",", t.max_lse_abs, ",",
+                      t.max_beyond_tol, ";custom_timeout=", o.handler.custom_timeout_seconds);
 }
 
 }  // namespace
