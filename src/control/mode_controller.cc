@@ -293,8 +293,12 @@ absl::Status ModeController::DaemonChangeLocked(PersistedState next, std::string
   e.reason = why;
   absl::Status st = CommitLocked(std::move(next), std::move(e), /*always=*/true);
   if (!st.ok()) spdlog::error("the change below could not be saved: {}", st.ToString());
-  spdlog::warn("verifyd changed the mode from {} to {} ({}): {}", ModeName(from),
-               ModeName(state_.mode), label, why);
+  if (from == state_.mode) {
+    spdlog::warn("verifyd recorded in {} mode ({}): {}", ModeName(from), label, why);
+  } else {
+    spdlog::warn("verifyd changed the mode from {} to {} ({}): {}", ModeName(from),
+                 ModeName(state_.mode), label, why);
+  }
   if (ServesCustom(from) && !ServesCustom(state_.mode)) {
     ++rollbacks_;
     last_rollback_reason_ = absl::StrCat(std::string(label), ": ", why);
