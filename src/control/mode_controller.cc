@@ -159,13 +159,14 @@ void ModeController::RecordOracle(double custom_vs_oracle, double reference_vs_o
 }
 
 absl::Status ModeController::ChangeLocked(Mode to, double fraction, const std::string& reason,
-                                          bool forced, const std::string& who) {
+                                          bool forced, const std::string& who,
+                                          const std::string& peer) {
   PersistedState next = state_;
   next.mode = to;
   next.canary_fraction = fraction;
   // Persist before switching: a state we could not write is a state a restart would lose.
   if (absl::Status st = store_.Save(next); !st.ok()) return st;
-  AuditEntry e{Now(), state_.mode, to, fraction, reason, forced, who};
+  AuditEntry e{Now(), state_.mode, to, fraction, reason, forced, who, peer};
   if (absl::Status st = store_.AppendAudit(e); !st.ok()) {
     spdlog::error("audit append failed: {}", st.ToString());
   }
@@ -214,11 +215,12 @@ absl::StatusOr<PersistedState> ModeController::SetMode(const ModeChange& c) {
                                            "; --force overrides");
     }
   }
-  if (absl::Status st = ChangeLocked(c.mode, fraction, c.reason, c.force, c.who); !st.ok()) {
+  if (absl::Status st = ChangeLocked(c.mode, fraction, c.reason, c.force, c.who, c.peer);
+      !st.ok()) {
     return st;
   }
-  spdlog::info("mode set to {} by {}{}: {}", ModeName(c.mode), c.who, c.force ? " (forced)" : "",
-               c.reason);
+  spdlog::info("mode set to {} by {} [{}]{}: {}", ModeName(c.mode), c.who, c.peer,
+               c.force ? " (forced)" : "", c.reason);
   return state_;
 }
 
@@ -247,7 +249,7 @@ absl::Status ModeController::MarkCustomFaulted(const std::string& reason) {
   next.mode = ServesCustom(from) ? Mode::kShadow : from;
   if (absl::Status st = store_.Save(next); !st.ok()) return st;
   store_.AppendAudit({Now(), from, next.mode, next.canary_fraction,
-                      "custom-path fault: " + reason, false, "verifyd"})
+                      "custom-path fault: " + reason, false, "verifyd", ""})
       .IgnoreError();
   state_ = next;
   return absl::OkStatus();

@@ -52,7 +52,8 @@ struct ModeChange {
   double canary_fraction = 0;  // canary only, in (0, 1]
   std::string reason;          // required
   bool force = false;
-  std::string who;
+  std::string who;   // as the client claims
+  std::string peer;  // as the daemon verified it
 };
 
 struct GateStatus {
@@ -106,7 +107,8 @@ class ModeController {
  private:
   ModeController(StateStore store, ControllerOptions opts, PersistedState s);
   absl::Status ChangeLocked(Mode to, double fraction, const std::string& reason, bool forced,
-                            const std::string& who) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                            const std::string& who, const std::string& peer = "")
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   GateStatus GateLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   double DrawLocked(std::string_view request_id, uint64_t salt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -101,7 +101,7 @@ absl::Status StateStore::AppendAudit(const AuditEntry& e) const {
   json j = {{"time", e.time},     {"from", ModeName(e.from)},
             {"to", ModeName(e.to)}, {"canary_fraction", e.canary_fraction},
             {"reason", e.reason}, {"forced", e.forced},
-            {"who", e.who}};
+            {"who", e.who}, {"peer", e.peer}};
   const std::string path = dir_ + "/audit.jsonl";
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("open " + path);
@@ -127,6 +127,7 @@ absl::StatusOr<std::vector<AuditEntry>> StateStore::ReadAudit(size_t limit) cons
     e.reason = j.value("reason", "");
     e.forced = j.value("forced", false);
     e.who = j.value("who", "");
+    e.peer = j.value("peer", "");
     last.push_back(std::move(e));
     if (last.size() > limit) last.pop_front();
   }

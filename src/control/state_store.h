@@ -28,7 +28,8 @@ struct AuditEntry {
   double canary_fraction = 0;
   std::string reason;
   bool forced = false;
-  std::string who;
+  std::string who;   // who the client says it is
+  std::string peer;  // who the daemon verified (kernel uid on a Unix socket, token on TCP)
 };
 
 class StateStore {

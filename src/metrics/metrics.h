@@ -41,6 +41,7 @@ class Metrics {
   void SetGate(const GateStatus& g);
   void Rollback(std::string_view reason);
   void OracleError();
+  void AdminAuthFailure();
   void SetShadowQueueDepth(int64_t depth);
   void Capture(std::string_view trigger);  // "breach" or "requested"
 
@@ -59,6 +60,7 @@ class Metrics {
   prometheus::Gauge* gate_clean_;
   prometheus::Family<prometheus::Counter>* rollbacks_;
   prometheus::Counter* oracle_errors_;
+  prometheus::Counter* admin_auth_failures_;
   prometheus::Gauge* shadow_queue_depth_;
   prometheus::Family<prometheus::Counter>* captures_;
 };
