@@ -192,7 +192,8 @@ GateStatus ModeController::GateLocked() const {
   return g;
 }
 
-absl::StatusOr<PersistedState> ModeController::SetMode(const ModeChange& c) {
+absl::StatusOr<PersistedState> ModeController::SetMode(const ModeChange& c,
+                                                       const std::string& peer) {
   if (c.reason.empty()) return absl::InvalidArgumentError("reason: a reason is required");
   absl::MutexLock l(&mu_);
   double fraction = state_.canary_fraction;
@@ -215,11 +216,11 @@ absl::StatusOr<PersistedState> ModeController::SetMode(const ModeChange& c) {
                                            "; --force overrides");
     }
   }
-  if (absl::Status st = ChangeLocked(c.mode, fraction, c.reason, c.force, c.who, c.peer);
+  if (absl::Status st = ChangeLocked(c.mode, fraction, c.reason, c.force, c.who, peer);
       !st.ok()) {
     return st;
   }
-  spdlog::info("mode set to {} by {} [{}]{}: {}", ModeName(c.mode), c.who, c.peer,
+  spdlog::info("mode set to {} by {} [{}]{}: {}", ModeName(c.mode), c.who, peer,
                c.force ? " (forced)" : "", c.reason);
   return state_;
 }

@@ -52,8 +52,7 @@ struct ModeChange {
   double canary_fraction = 0;  // canary only, in (0, 1]
   std::string reason;          // required
   bool force = false;
-  std::string who;   // as the client claims
-  std::string peer;  // as the daemon verified it
+  std::string who;  // as the client claims
 };
 
 struct GateStatus {
@@ -94,7 +93,9 @@ class ModeController {
   void RecordOracle(double custom_vs_oracle_rel_l2, double reference_vs_oracle_rel_l2);
 
   // INVALID_ARGUMENT for a bad request, FAILED_PRECONDITION when the gate refuses.
-  absl::StatusOr<PersistedState> SetMode(const ModeChange& c);
+  // `peer`: who the daemon verified made the change (kernel uid or token identity), audited
+  // beside the claimed `c.who`.
+  absl::StatusOr<PersistedState> SetMode(const ModeChange& c, const std::string& peer = "");
   // Fraction of calls that run the non-served path, per mode ("shadow" or "custom").
   absl::Status SetSampleRate(Mode mode, double rate, const std::string& who);
   // A sticky custom-path fault: persist it and fall back to shadow before the process exits.

@@ -184,9 +184,9 @@ grpc::Status AdminServiceImpl::SetMode(grpc::ServerContext* ctx, const v1::SetMo
   c.canary_fraction = req->canary_fraction();
   c.reason = req->reason();
   c.force = req->force();
-  c.peer = Peer(*ctx);
-  c.who = req->who().empty() ? c.peer : req->who();
-  absl::StatusOr<PersistedState> st = ctx_.controller->SetMode(c);
+  const std::string peer = Peer(*ctx);
+  c.who = req->who().empty() ? peer : req->who();
+  absl::StatusOr<PersistedState> st = ctx_.controller->SetMode(c, peer);
   if (!st.ok()) return ToGrpc(st.status());
   ctx_.metrics->SetMode(st->mode, st->canary_fraction);
   resp->set_mode(ModeToProto(st->mode));

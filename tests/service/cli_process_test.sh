@@ -8,7 +8,7 @@ set -euo pipefail
 verifyd=$1 verifyctl=$2
 dir=$(mktemp -d)
 pid=
-trap '[ -n "$pid" ] && kill -9 $pid 2>/dev/null; rm -rf "$dir"' EXIT
+trap '[ -z "$pid" ] || kill -9 "$pid" 2>/dev/null || true; rm -rf "$dir"' EXIT
 
 start() {  # extra verifyd flags
   rm -f "$dir/data.sock" "$dir/admin.sock"  # left behind by kill -9
