@@ -9,6 +9,7 @@
 
 #include "absl/strings/ascii.h"
 #include "fmt/format.h"
+#include "fmt/ranges.h"
 #include "verifyd/v1/admin.grpc.pb.h"
 
 namespace verifyd::cli {
@@ -32,6 +33,15 @@ std::string Who() {
 
 std::string Num(double v) { return std::isfinite(v) ? fmt::format("{:.3g}", v) : "-"; }
 
+// "3d 4h", "2h 5m", "4m 10s", "12s".
+std::string Duration(double seconds) {
+  const int64_t s = static_cast<int64_t>(seconds);
+  if (s >= 86400) return fmt::format("{}d {}h", s / 86400, s % 86400 / 3600);
+  if (s >= 3600) return fmt::format("{}h {}m", s / 3600, s % 3600 / 60);
+  if (s >= 60) return fmt::format("{}m {}s", s / 60, s % 60);
+  return fmt::format("{}s", s);
+}
+
 nlohmann::json NumJson(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); }
 
 }  // namespace
@@ -49,8 +59,10 @@ int RunStatus(const GlobalOptions& g) {
     for (const auto& a : s.recent_audit()) {
       audit.push_back({{"time", a.time()}, {"from", ModeStr(a.from())}, {"to", ModeStr(a.to())},
                        {"canary_fraction", a.canary_fraction()}, {"reason", a.reason()},
-                       {"forced", a.forced()}, {"who", a.who()}});
+                       {"forced", a.forced()}, {"who", a.who()}, {"peer", a.peer()}});
     }
+    const auto& rt = s.runtime();
+    const auto& tol = rt.tolerances();
     PrintJson({{"mode", ModeStr(s.mode())},
                {"canary_fraction", s.canary_fraction()},
                {"sample_rate", s.sample_rate()},
@@ -84,8 +96,32 @@ int RunStatus(const GlobalOptions& g) {
                            {"compute_capability", s.engine().compute_capability()}}},
                {"version", s.version()},
                {"commit", s.commit()},
+               {"runtime",
+                {{"inject_custom_fault", rt.inject_custom_fault()},
+                 {"tolerances", {{"atol", tol.atol()}, {"rtol", tol.rtol()},
+                                 {"max_rel_l2", tol.max_rel_l2()}, {"max_abs", tol.max_abs()},
+                                 {"max_lse_abs", tol.max_lse_abs()},
+                                 {"max_beyond_tol", tol.max_beyond_tol()}}},
+                 {"gate_window", rt.gate_window()},
+                 {"rollback_breaches", rt.rollback_breaches()},
+                 {"rollback_window", rt.rollback_window()},
+                 {"oracle_sample_rate", rt.oracle_sample_rate()},
+                 {"custom_timeout_ms", rt.custom_timeout_ms()},
+                 {"uptime_seconds", rt.uptime_seconds()},
+                 {"started", rt.started()},
+                 {"regions", std::vector<std::string>(rt.regions().begin(), rt.regions().end())},
+                 {"listen", std::vector<std::string>(rt.listen().begin(), rt.listen().end())},
+                 {"admin_listen", rt.admin_listen()},
+                 {"metrics_address", rt.metrics_address()},
+                 {"state_dir", rt.state_dir()}}},
                {"audit", audit}});
     return 0;
+  }
+  const auto& rt = s.runtime();
+  if (!rt.inject_custom_fault().empty()) {
+    std::cout << fmt::format(
+        "WARNING     TEST-ONLY FAULT INJECTION IS ON: the custom path is made to fail ({})\n",
+        rt.inject_custom_fault());
   }
   std::string mode = ModeStr(s.mode());
   if (s.mode() == v1::MODE_CANARY) mode += fmt::format(" (fraction {})", s.canary_fraction());
@@ -118,8 +154,26 @@ int RunStatus(const GlobalOptions& g) {
       r.oracle_samples(), Num(r.custom_vs_oracle_rel_l2()), Num(r.reference_vs_oracle_rel_l2()),
       Num(r.rel_l2_mean()));
   const auto& cap = s.capture();
-  std::cout << fmt::format("sampling    shadow {}  custom {}\n", s.shadow_sample_rate(),
-                           s.custom_sample_rate());
+  std::cout << fmt::format("sampling    shadow {}  custom {}  oracle {}\n",
+                           s.shadow_sample_rate(), s.custom_sample_rate(),
+                           rt.oracle_sample_rate());
+  const auto& tol = rt.tolerances();
+  std::cout << fmt::format(
+      "tolerances  atol {}  rtol {}  max rel-L2 {}  max-abs {}  max lse {}  beyond tol {}{}\n",
+      tol.atol(), tol.rtol(), tol.max_rel_l2(), tol.max_abs(), tol.max_lse_abs(),
+      tol.max_beyond_tol(),
+      rt.custom_timeout_ms() > 0 ? fmt::format("  custom timeout {} ms", rt.custom_timeout_ms())
+                                 : "");
+  std::cout << fmt::format("rollback    after {} breaches within {} sampled comparisons; gate {}\n",
+                           rt.rollback_breaches(), rt.rollback_window(), rt.gate_window());
+  std::cout << fmt::format("listening   data {}  admin {}  metrics {}\n",
+                           fmt::join(rt.listen(), ", "), rt.admin_listen(),
+                           rt.metrics_address().empty() ? "off" : rt.metrics_address());
+  std::cout << fmt::format("regions     {}\n", rt.regions().empty()
+                                                  ? std::string("none")
+                                                  : fmt::format("{}", fmt::join(rt.regions(), ", ")));
+  std::cout << fmt::format("up          {} since {}, state in {}\n",
+                           Duration(rt.uptime_seconds()), rt.started(), rt.state_dir());
   std::cout << (cap.dir().empty()
                     ? std::string("captures    off\n")
                     : fmt::format("captures    {} files, {:.1f} MB in {} (pending {}, written {}, "
@@ -131,8 +185,9 @@ int RunStatus(const GlobalOptions& g) {
                                                             : "   last: " + s.last_rollback_reason());
   if (s.recent_audit_size() > 0) std::cout << "audit (newest last)\n";
   for (const auto& a : s.recent_audit()) {
-    std::cout << fmt::format("  {}  {} -> {}{}  by {}: {}\n", a.time(), ModeStr(a.from()),
-                             ModeStr(a.to()), a.forced() ? " (forced)" : "", a.who(), a.reason());
+    std::cout << fmt::format("  {}  {} -> {}{}  by {}{}: {}\n", a.time(), ModeStr(a.from()),
+                             ModeStr(a.to()), a.forced() ? " (forced)" : "", a.who(),
+                             a.peer().empty() ? "" : " [" + a.peer() + "]", a.reason());
   }
   return 0;
 }
@@ -152,6 +207,9 @@ int RunFlip(const GlobalOptions& g, const FlipOptions& f) {
     req.set_mode(v1::MODE_REFERENCE);
   } else {
     return Fail(g, "flip", "mode '" + f.mode + "' is not custom, canary, shadow or reference");
+  }
+  if (f.fraction_given && req.mode() != v1::MODE_CANARY) {
+    return Fail(g, "flip", "--fraction: only canary takes a fraction, not " + f.mode);
   }
   if (f.reason.empty()) return Fail(g, "flip", "--reason: say why (it goes to the audit log)");
   req.set_canary_fraction(f.fraction);
@@ -178,7 +236,11 @@ int RunFlip(const GlobalOptions& g, const FlipOptions& f) {
 }
 
 int RunRollback(const GlobalOptions& g, const std::string& reason) {
-  return RunFlip(g, {"shadow", 0, reason.empty() ? "manual rollback" : reason, false});
+  if (reason.empty()) return Fail(g, "rollback", "--reason: say why (it goes to the audit log)");
+  FlipOptions f;
+  f.mode = "shadow";
+  f.reason = reason;
+  return RunFlip(g, f);
 }
 
 }  // namespace verifyd::cli

@@ -10,13 +10,14 @@ namespace verifyd::cli {
 struct FlipOptions {
   std::string mode;   // custom, canary, shadow, reference
   double fraction = 0;
-  std::string reason;
+  bool fraction_given = false;  // --fraction was on the command line (canary only)
+  std::string reason;           // required
   bool force = false;
 };
 
 int RunStatus(const GlobalOptions& g);
 int RunFlip(const GlobalOptions& g, const FlipOptions& f);
-// Back to shadow with the given reason.
+// Back to shadow; the reason is required, as for flip.
 int RunRollback(const GlobalOptions& g, const std::string& reason);
 // Fraction of calls that also run the non-served path, for "shadow" or "custom" mode.
 int RunSample(const GlobalOptions& g, const std::string& mode, double rate);

@@ -1,11 +1,9 @@
 #include "src/cli/cli_common.h"
 
 #include <chrono>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 
-#include "absl/strings/strip.h"
+#include "absl/status/status.h"
 
 namespace verifyd::cli {
 
@@ -20,34 +18,38 @@ std::unique_ptr<grpc::ClientContext> MakeContext(const GlobalOptions& g, bool ad
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(std::chrono::system_clock::now() +
                     std::chrono::milliseconds(static_cast<int64_t>(g.timeout_s * 1000)));
-  if (admin && !g.admin_token_file.empty()) {
-    std::ifstream in(g.admin_token_file);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    ctx->AddMetadata("authorization",
-                     "Bearer " + std::string(absl::StripAsciiWhitespace(ss.str())));
-  }
+  if (admin && !g.admin_token.empty()) ctx->AddMetadata("authorization", "Bearer " + g.admin_token);
   return ctx;
 }
 
-int Fail(const GlobalOptions& g, const std::string& what, const std::string& message) {
+std::string CodeName(int code) {
+  // gRPC and absl share the canonical codes.
+  return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
+}
+
+namespace {
+
+int FailWith(const GlobalOptions& g, const std::string& what, const std::string& code,
+             const std::string& message) {
+  const std::string line = code.empty() ? message : code + ": " + message;
   if (g.json) {
-    PrintJson({{"error", what + ": " + message}});
+    nlohmann::json j = {{"error", what + ": " + line}};
+    if (!code.empty()) j["code"] = code;
+    PrintJson(j);
   } else {
-    std::cerr << "verifyctl: " << what << ": " << message << "\n";
+    std::cerr << "verifyctl: " << what << ": " << line << "\n";
   }
   return 1;
 }
 
+}  // namespace
+
+int Fail(const GlobalOptions& g, const std::string& what, const std::string& message) {
+  return FailWith(g, what, "", message);
+}
+
 int Fail(const GlobalOptions& g, const std::string& what, const grpc::Status& st) {
-  static const char* kNames[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",
-                                 "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
-                                 "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-                                 "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
-                                 "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
-  const int code = st.error_code();
-  const std::string name = code >= 0 && code <= 16 ? kNames[code] : std::to_string(code);
-  return Fail(g, what, name + ": " + st.error_message());
+  return FailWith(g, what, CodeName(st.error_code()), st.error_message());
 }
 
 void PrintJson(const nlohmann::json& j) { std::cout << j.dump(2) << "\n"; }

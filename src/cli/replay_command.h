@@ -1,7 +1,9 @@
 #pragma once
 // verifyctl replay FILE...: re-runs reference, custom and oracle on captured (or golden) bundles
 // with the local engine and prints the comparisons. A capture's recorded comparison is
-// recomputed from its recorded outputs; a golden file's o_expected/lse_expected are checked.
+// recomputed from its recorded outputs ("matches_metadata": equal to the rel_l2 it recorded), and
+// "reproduced" means the local re-run gave both recorded outputs bit for bit. A golden file's
+// o_expected/lse_expected are checked.
 
 #include <string>
 #include <vector>

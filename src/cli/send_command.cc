@@ -14,6 +14,7 @@
 #include "fmt/format.h"
 #include "src/bundle/random_bundle.h"
 #include "src/bundle/request_codec.h"
+#include "src/cli/cli_common.h"
 #include "verifyd/v1/verify.grpc.pb.h"
 
 namespace verifyd::cli {
@@ -48,10 +49,13 @@ struct Tally {
     fetch_s.push_back(r.timing().fetch_seconds());
     served[r.served_path() == v1::PATH_CUSTOM ? "custom" : "reference"]++;
   }
-  void Err(int code, const std::string& msg) {
+  // `calls` that failed with one code: a broken stream fails the call in flight and every call
+  // its worker had left.
+  void Err(int code, const std::string& msg, int64_t calls = 1) {
     std::lock_guard<std::mutex> l(mu);
-    errors[std::to_string(code)]++;
-    if (first_error.empty()) first_error = msg;
+    const std::string name = CodeName(code);
+    errors[name] += calls;
+    if (first_error.empty()) first_error = name + ": " + msg;
   }
 };
 
@@ -110,7 +114,12 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
       const auto t = Clock::now();
       if (stream) {
         if (!stream->Write(req) || !stream->Read(&resp)) {
-          tally.Err(14, "stream broke");
+          stream->WritesDone();
+          const grpc::Status st = stream->Finish();
+          // This call and every one not yet taken by another worker.
+          const int64_t rest = 1 + std::max<int64_t>(0, s.count - next.exchange(s.count));
+          tally.Err(st.ok() ? grpc::StatusCode::UNAVAILABLE : st.error_code(),
+                    st.ok() ? "stream ended early" : st.error_message(), rest);
           return;
         }
         if (resp.error_code() != 0) {
@@ -129,7 +138,9 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
     }
     if (stream) {
       stream->WritesDone();
-      stream->Finish().ok();
+      if (const grpc::Status st = stream->Finish(); !st.ok()) {
+        tally.Err(st.error_code(), "stream: " + st.error_message(), 0);
+      }
     }
   };
   std::vector<std::thread> threads;
@@ -139,6 +150,7 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
 
   int64_t nerr = 0;
   for (const auto& [k, v] : tally.errors) nerr += v;
+  const int64_t nok = static_cast<int64_t>(tally.latency_s.size());
   const auto& lat = tally.latency_s;
   const double p50 = Percentile(lat, 0.5), p90 = Percentile(lat, 0.9), p99 = Percentile(lat, 0.99);
   const double mx = lat.empty() ? 0 : *std::max_element(lat.begin(), lat.end());
@@ -146,7 +158,7 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
   if (g.json) {
     PrintJson({{"shape", s.shape}, {"page_size", s.page_size}, {"count", s.count},
                {"concurrency", s.concurrency}, {"stream", s.stream},
-               {"bundle_bytes", bundle_bytes}, {"ok", static_cast<int64_t>(lat.size())},
+               {"bundle_bytes", bundle_bytes}, {"ok", nok}, {"failed", nerr},
                {"errors", tally.errors}, {"first_error", tally.first_error},
                {"served", tally.served}, {"wall_seconds", wall},
                {"calls_per_second", lat.size() / wall},
@@ -158,11 +170,17 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
                  {"served_path", Percentile(tally.served_path_s, 0.5)},
                  {"fetch", Percentile(tally.fetch_s, 0.5)}}}});
   } else {
-    std::cout << fmt::format("sent {} x {} ({:.1f} MB each, page_size {}) to {}, concurrency {}{}\n",
-                             s.count, s.shape, bundle_bytes / 1e6, s.page_size, g.target,
-                             s.concurrency, s.stream ? ", streaming" : "");
-    std::cout << fmt::format("ok {}  errors {}  {:.1f} calls/s over {:.2f} s\n", lat.size(), nerr,
-                             lat.size() / wall, wall);
+    std::cout << fmt::format(
+        "{} calls of shape {} ({:.1f} MB each, page_size {}) to {}, concurrency {}{}\n", s.count,
+        s.shape, bundle_bytes / 1e6, s.page_size, g.target, s.concurrency,
+        s.stream ? ", streaming" : "");
+    std::cout << fmt::format("succeeded {}  failed {}  {:.1f} calls/s over {:.2f} s\n", nok,
+                             nerr, nok / wall, wall);
+    if (nerr) {
+      std::cout << "failed by code";
+      for (const auto& [k, v] : tally.errors) std::cout << fmt::format("  {} {}", k, v);
+      std::cout << "\n";
+    }
     std::cout << fmt::format(
         "latency ms  p50 {:.2f}  p90 {:.2f}  p99 {:.2f}  max {:.2f}   (server p50 {:.2f})\n",
         p50 * 1e3, p90 * 1e3, p99 * 1e3, mx * 1e3, srv50 * 1e3);
@@ -175,7 +193,7 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
     std::cout << "\n";
     if (nerr) std::cout << "first error: " << tally.first_error << "\n";
   }
-  return nerr == 0 ? 0 : 1;
+  return nerr == 0 && tally.errors.empty() && nok == s.count ? 0 : 1;
 }
 
 }  // namespace verifyd::cli

@@ -4,35 +4,46 @@
 #include "src/cli/admin_commands.h"
 #include "src/cli/replay_command.h"
 #include "src/cli/send_command.h"
+#include "src/common/bearer_token.h"
+
+#ifndef VERIFYD_VERSION
+#define VERIFYD_VERSION "0.0.0"
+#endif
+#ifndef VERIFYD_GIT_COMMIT
+#define VERIFYD_GIT_COMMIT "unknown"
+#endif
 
 int main(int argc, char** argv) {
   using namespace verifyd::cli;
   CLI::App app{"verifyctl: operate verifyd and send it traffic"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "verifyctl " VERIFYD_VERSION " (" VERIFYD_GIT_COMMIT ")");
+  // The global options below are accepted before or after the subcommand.
+  app.fallthrough();
   GlobalOptions g;
   app.add_option("--target", g.target, "verifyd data plane, HOST:PORT or unix:PATH")
+      ->envname("VERIFYD_TARGET")
       ->capture_default_str();
   app.add_option("--admin", g.admin, "verifyd admin, unix:PATH or HOST:PORT")
+      ->envname("VERIFYD_ADMIN")
       ->capture_default_str();
   app.add_option("--admin_token_file", g.admin_token_file, "bearer token for a TCP admin");
   app.add_option("--timeout", g.timeout_s, "seconds per call")->capture_default_str();
   app.add_flag("--json", g.json, "machine-readable output");
 
   auto* status = app.add_subcommand("status", "mode, gate readiness, diffs, counters, audit");
-  status->add_flag("--json", g.json, "machine-readable output");
 
   FlipOptions flip;
   auto* f = app.add_subcommand("flip", "change what is served: custom | canary | shadow | reference");
   f->add_option("mode", flip.mode, "custom, canary, shadow or reference")->required();
-  f->add_option("--fraction", flip.fraction, "canary: fraction of calls served by custom");
-  f->add_option("--reason", flip.reason, "why (recorded in the audit log)");
+  auto* fraction = f->add_option("--fraction", flip.fraction,
+                                 "canary only: fraction of calls served by custom");
+  f->add_option("--reason", flip.reason, "why (recorded in the audit log)")->required();
   f->add_flag("--force", flip.force, "skip the flip gate (recorded)");
-  f->add_flag("--json", g.json, "machine-readable output");
 
   std::string rollback_reason;
   auto* rb = app.add_subcommand("rollback", "back to shadow now");
-  rb->add_option("--reason", rollback_reason, "why (recorded in the audit log)");
-  rb->add_flag("--json", g.json, "machine-readable output");
+  rb->add_option("--reason", rollback_reason, "why (recorded in the audit log)")->required();
 
   SendOptions send;
   auto* s = app.add_subcommand("send", "send random bundles and print a latency summary");
@@ -48,19 +59,16 @@ int main(int argc, char** argv) {
   s->add_flag("--stream", send.stream, "use the bidirectional stream");
   s->add_flag("--want_lse", send.want_lse, "ask for lse too");
   s->add_flag("--compare_sync", send.compare_sync, "compare before responding");
-  s->add_flag("--json", g.json, "machine-readable output");
 
   std::string sample_mode;
   double sample_rate = 0;
   auto* sm = app.add_subcommand("sample", "fraction of calls that also run the non-served path");
   sm->add_option("mode", sample_mode, "shadow or custom")->required();
   sm->add_option("rate", sample_rate, "fraction in [0, 1]")->required();
-  sm->add_flag("--json", g.json, "machine-readable output");
 
   int64_t capture_next = 0;
   auto* cap = app.add_subcommand("capture", "capture the next N compared calls to disk");
   cap->add_option("--next", capture_next, "calls to capture (0 cancels)")->required();
-  cap->add_flag("--json", g.json, "machine-readable output");
 
   ReplayOptions replay;
   auto* rp = app.add_subcommand("replay", "re-run the paths on captured or golden bundles");
@@ -69,9 +77,14 @@ int main(int argc, char** argv) {
   rp->add_option("--golden_max_rel_l2", replay.golden_max_rel_l2,
                  "bf16 paths vs a golden o_expected")
       ->capture_default_str();
-  rp->add_flag("--json", g.json, "machine-readable output");
 
   CLI11_PARSE(app, argc, argv);
+  flip.fraction_given = fraction->count() > 0;
+  if (!g.admin_token_file.empty()) {
+    auto token = verifyd::ReadBearerTokenFile("--admin_token_file", g.admin_token_file);
+    if (!token.ok()) return Fail(g, "token", std::string(token.status().message()));
+    g.admin_token = *token;
+  }
   if (*sm) return RunSample(g, sample_mode, sample_rate);
   if (*cap) return RunCapture(g, capture_next);
   if (*rp) return RunReplay(g, replay);

@@ -100,6 +100,11 @@ Metrics::Metrics(const BuildInfo& info) : registry_(std::make_shared<prometheus:
                         .Help("Sampled oracle runs that failed")
                         .Register(r)
                         .Add({});
+  admin_auth_failures_ = &prometheus::BuildCounter()
+                             .Name("verifyd_admin_auth_failures_total")
+                             .Help("Admin calls refused for a missing or wrong bearer token")
+                             .Register(r)
+                             .Add({});
   shadow_queue_depth_ = &prometheus::BuildGauge()
                              .Name("verifyd_shadow_queue_depth")
                              .Help("Comparisons waiting to run off the critical path")
@@ -167,6 +172,8 @@ void Metrics::SetGate(const GateStatus& g) {
   gate_clean_->Set(static_cast<double>(g.clean));
   mode_forced_->Set(g.forced ? 1 : 0);
 }
+
+void Metrics::AdminAuthFailure() { admin_auth_failures_->Increment(); }
 
 void Metrics::Rollback(std::string_view reason) {
   rollbacks_->Add({{"reason", std::string(reason)}}).Increment();

@@ -41,6 +41,7 @@ class Metrics {
   void SetGate(const GateStatus& g);  // also verifyd_mode_forced
   void Rollback(std::string_view reason);
   void OracleError();
+  void AdminAuthFailure();
   void SetShadowQueueDepth(int64_t depth);
   void Capture(std::string_view trigger);  // "breach" or "requested"
 
@@ -60,6 +61,7 @@ class Metrics {
   prometheus::Gauge* mode_forced_;
   prometheus::Family<prometheus::Counter>* rollbacks_;
   prometheus::Counter* oracle_errors_;
+  prometheus::Counter* admin_auth_failures_;
   prometheus::Gauge* shadow_queue_depth_;
   prometheus::Family<prometheus::Counter>* captures_;
 };

@@ -1,7 +1,14 @@
 #include "src/server/admin_service.h"
 
+#include <openssl/sha.h>
+
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "spdlog/spdlog.h"
 #include "src/server/mode_proto.h"
+#include "src/server/unix_socket_acceptor.h"
 #include "src/server/verify_service.h"
 
 namespace verifyd {
@@ -15,6 +22,30 @@ bool SameSecret(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
+void FillRuntime(const RuntimeFacts& f, v1::RuntimeConfig* out) {
+  out->set_inject_custom_fault(f.inject_custom_fault);
+  auto* t = out->mutable_tolerances();
+  t->set_atol(f.tolerance.atol);
+  t->set_rtol(f.tolerance.rtol);
+  t->set_max_rel_l2(f.tolerance.max_rel_l2);
+  t->set_max_abs(f.tolerance.max_abs);
+  t->set_max_lse_abs(f.tolerance.max_lse_abs);
+  t->set_max_beyond_tol(f.tolerance.max_beyond_tol);
+  out->set_gate_window(f.gate_window);
+  out->set_rollback_breaches(f.rollback_breaches);
+  out->set_rollback_window(f.rollback_window);
+  out->set_oracle_sample_rate(f.oracle_sample_rate);
+  out->set_custom_timeout_ms(f.custom_timeout_seconds * 1000);
+  out->set_uptime_seconds(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - f.started_steady).count());
+  out->set_started(absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromChrono(f.started),
+                                    absl::UTCTimeZone()));
+  // Regions (registered shared-memory / CUDA IPC buffers) are listed here once they exist.
+  for (const std::string& l : f.listen) out->add_listen(l);
+  out->set_admin_listen(f.admin_listen);
+  out->set_metrics_address(f.metrics_address);
+  out->set_state_dir(f.state_dir);
+}
 
 void FillCapture(const Capturer* c, v1::CaptureStatus* out) {
   if (c == nullptr) return;
@@ -29,20 +60,59 @@ void FillCapture(const Capturer* c, v1::CaptureStatus* out) {
 
 }  // namespace
 
-grpc::Status AdminServiceImpl::Authorize(grpc::ServerContext* ctx) const {
+std::string TokenIdentity(const std::string& token) {
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), digest);
+  return "token:" + absl::BytesToHexString(
+                        absl::string_view(reinterpret_cast<const char*>(digest), 4));
+}
+
+AdminServiceImpl::AdminServiceImpl(AdminContext ctx)
+    : ctx_(std::move(ctx)), token_identity_(ctx_.token.empty() ? "" : TokenIdentity(ctx_.token)) {}
+
+grpc::Status AdminServiceImpl::Authorize(grpc::ServerContext* ctx) {
   if (ctx_.token.empty()) return grpc::Status::OK;
   const std::string want = "Bearer " + ctx_.token;
   const auto& md = ctx->client_metadata();
   auto it = md.find("authorization");
   if (it == md.end()) {
+    AuthFailed(*ctx, "no bearer token");
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                         "authorization: missing bearer token (verifyctl --admin_token_file)");
   }
   const std::string got(it->second.data(), it->second.size());
   if (!SameSecret(got, want)) {
+    AuthFailed(*ctx, "bad bearer token");
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "authorization: bad bearer token");
   }
   return grpc::Status::OK;
+}
+
+void AdminServiceImpl::AuthFailed(const grpc::ServerContext& ctx, const std::string& why) {
+  ctx_.metrics->AdminAuthFailure();
+  const auto now = std::chrono::steady_clock::now();
+  int64_t suppressed = 0;
+  {
+    absl::MutexLock l(&auth_log_mu_);
+    if (last_auth_log_ != std::chrono::steady_clock::time_point() &&
+        now - last_auth_log_ < ctx_.auth_log_interval) {
+      ++auth_log_suppressed_;
+      return;
+    }
+    last_auth_log_ = now;
+    suppressed = auth_log_suppressed_;
+    auth_log_suppressed_ = 0;
+  }
+  spdlog::warn("admin authentication failed from {}: {}{}", ctx.peer(), why,
+               suppressed == 0
+                   ? std::string()
+                   : absl::StrCat(" (and ", suppressed, " more since the last such line)"));
+}
+
+std::string AdminServiceImpl::Peer(const grpc::ServerContext& ctx) const {
+  if (!token_identity_.empty()) return token_identity_;
+  if (std::optional<std::string> uid = UnixPeerIdentity(ctx.peer())) return *uid;
+  return "unverified:" + ctx.peer();
 }
 
 grpc::Status AdminServiceImpl::GetStatus(grpc::ServerContext* ctx, const v1::GetStatusRequest*,
@@ -85,12 +155,14 @@ grpc::Status AdminServiceImpl::GetStatus(grpc::ServerContext* ctx, const v1::Get
     pa->set_reason(a.reason);
     pa->set_forced(a.forced);
     pa->set_who(a.who);
+    pa->set_peer(a.peer);
   }
   resp->set_shadow_sample_rate(s.state.shadow_sample_rate);
   resp->set_custom_sample_rate(s.state.custom_sample_rate);
   FillCapture(ctx_.capturer, resp->mutable_capture());
   resp->set_version(ctx_.build.version);
   resp->set_commit(ctx_.build.commit);
+  FillRuntime(ctx_.runtime, resp->mutable_runtime());
   return grpc::Status::OK;
 }
 
@@ -102,12 +174,19 @@ grpc::Status AdminServiceImpl::SetMode(grpc::ServerContext* ctx, const v1::SetMo
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("mode: ", v1::Mode_Name(req->mode()), " is not a mode"));
   }
+  if (*mode != Mode::kCanary && req->canary_fraction() != 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("canary_fraction: only MODE_CANARY takes a fraction, not ",
+                                     v1::Mode_Name(req->mode())));
+  }
   ModeChange c;
   c.mode = *mode;
   c.canary_fraction = req->canary_fraction();
   c.reason = req->reason();
   c.force = req->force();
-  c.who = req->who().empty() ? ctx->peer() : req->who();
+  const std::string peer = Peer(*ctx);
+  c.who = req->who().empty() ? peer : req->who();
+  c.peer = peer;
   absl::StatusOr<PersistedState> st = ctx_.controller->SetMode(c);
   if (!st.ok()) return ToGrpc(st.status());
   ctx_.metrics->SetMode(st->mode, st->canary_fraction);
@@ -125,8 +204,12 @@ grpc::Status AdminServiceImpl::SetSampling(grpc::ServerContext* ctx,
   if (!mode) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "mode: shadow or custom");
   }
-  const std::string who = req->who().empty() ? ctx->peer() : req->who();
-  if (absl::Status st = ctx_.controller->SetSampleRate(*mode, req->rate(), who); !st.ok()) {
+  SampleRateChange c;
+  c.mode = *mode;
+  c.rate = req->rate();
+  c.peer = Peer(*ctx);
+  c.who = req->who().empty() ? c.peer : req->who();
+  if (absl::Status st = ctx_.controller->SetSampleRate(c); !st.ok()) {
     return ToGrpc(st);
   }
   const PersistedState s = ctx_.controller->Snapshot().state;

@@ -13,6 +13,8 @@
 #include "grpcpp/server_builder.h"
 #include "spdlog/spdlog.h"
 #include "src/server/admin_service.h"
+#include "src/server/runtime_facts.h"
+#include "src/server/unix_socket_acceptor.h"
 #include "src/server/verify_service.h"
 
 #ifndef VERIFYD_VERSION
@@ -152,6 +154,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
     actx.metrics = d->metrics_.get();
     actx.engine = info;
     actx.build = build;
+    actx.runtime = RuntimeFactsOf(
+        opts, d->listen_addresses_,
+        d->metrics_server_ ? Bound(opts.metrics_address, d->metrics_port()) : "");
     actx.capturer = d->capturer_.get();
     actx.counters = [self] { return self->handler_->counters(); };
     actx.token = IsUnix(opts.admin_listen) ? "" : opts.admin_token;
@@ -161,8 +166,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
     if (IsUnix(opts.admin_listen)) {
       std::error_code ec;
       std::filesystem::remove(opts.admin_listen.substr(5), ec);  // a stale socket from a crash
+    } else {
+      b.AddListeningPort(opts.admin_listen, grpc::InsecureServerCredentials(), &port);
     }
-    b.AddListeningPort(opts.admin_listen, grpc::InsecureServerCredentials(), &port);
     b.RegisterService(d->admin_service_.get());
     d->admin_server_ = b.BuildAndStart();
     if (!d->admin_server_ || (!IsUnix(opts.admin_listen) && port == 0)) {
@@ -170,7 +176,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
                                                  opts.admin_listen));
     }
     if (IsUnix(opts.admin_listen)) {
-      ::chmod(opts.admin_listen.substr(5).c_str(), 0600);
+      // Accepted here so that each call's peer uid comes from the kernel (SO_PEERCRED).
+      auto acceptor = UnixSocketAcceptor::Start(opts.admin_listen.substr(5),
+                                                d->admin_server_.get());
+      if (!acceptor.ok()) return acceptor.status();
+      d->admin_acceptor_ = std::move(*acceptor);
     }
     d->admin_address_ = Bound(opts.admin_listen, port);
   }
@@ -221,6 +231,7 @@ void Daemon::Shutdown() {
 
 Daemon::~Daemon() {
   const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(5);
+  admin_acceptor_.reset();  // hands no more connections to the admin server
   if (data_server_) data_server_->Shutdown(deadline);
   if (admin_server_) admin_server_->Shutdown(deadline);
   shadow_.reset();  // finishes queued comparisons while the engine still exists

@@ -25,6 +25,7 @@ class HealthCheckServiceInterface;
 namespace verifyd {
 
 class AdminServiceImpl;
+class UnixSocketAcceptor;
 class VerifyServiceImpl;
 
 struct DaemonOptions {
@@ -82,6 +83,7 @@ class Daemon {
   std::unique_ptr<VerifyServiceImpl> verify_service_;
   std::unique_ptr<AdminServiceImpl> admin_service_;
   std::unique_ptr<grpc::Server> data_server_, admin_server_;
+  std::unique_ptr<UnixSocketAcceptor> admin_acceptor_;  // a unix: admin_listen
   std::vector<std::string> listen_addresses_;
   std::string admin_address_;
   absl::Mutex mu_;

@@ -3,6 +3,7 @@
 Seeds are fixed per test and printed; run through run_tests.py, which finds the binary.
 """
 
+import os
 import importlib.util
 import re
 import unittest
@@ -215,6 +216,11 @@ class AdminTest(unittest.TestCase):
         self.assertEqual(cm.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
         with self.assertRaises(ValueError):
             self.admin.flip("canary", reason="no fraction")
+        with self.assertRaises(ValueError):
+            self.admin.flip("custom", reason="a fraction for custom", fraction=0.3, force=True)
+        self.assertEqual(s["runtime"]["inject_custom_fault"], "")
+        self.assertEqual(s["runtime"]["regions"], [])
+        self.assertEqual(s["runtime"]["listen"], [self.daemon.data])
 
         r = self.admin.flip("custom", reason="python test", force=True, who="test@ci")
         self.assertEqual((r["mode"], r["forced"]), ("custom", True))
@@ -226,6 +232,7 @@ class AdminTest(unittest.TestCase):
         last = s["audit"][-1]
         self.assertEqual((last["from"], last["to"], last["forced"], last["who"], last["reason"]),
                          ("shadow", "custom", True, "test@ci", "python test"))
+        self.assertTrue(last["peer"].startswith(f"uid:{os.getuid()}"), last["peer"])
 
         self.assertEqual(self.admin.rollback(reason="python test done")["mode"], "shadow")
         self.assertEqual(self.client.verify(**b).served_path, "reference")

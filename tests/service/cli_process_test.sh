@@ -1,44 +1,140 @@
 #!/usr/bin/env bash
 # The shipped binaries as an operator uses them: start verifyd, drive it with verifyctl, kill it
 # hard, start it again: the mode and the audit log are as they were; exit codes and --json hold.
+# Then the command line itself: global options anywhere, environment defaults, --version, refusals
+# with the gRPC code, send's tallies, replay's verdicts, the token file, and status showing what
+# the daemon runs with.
 set -euo pipefail
 verifyd=$1 verifyctl=$2
 dir=$(mktemp -d)
-trap 'kill -9 $pid 2>/dev/null || true; rm -rf "$dir"' EXIT
+pid=
+trap '[ -z "$pid" ] || kill -9 "$pid" 2>/dev/null || true; rm -rf "$dir"' EXIT
 
-start() {
+start() {  # extra verifyd flags
   rm -f "$dir/data.sock" "$dir/admin.sock"  # left behind by kill -9
   "$verifyd" --listen="unix:$dir/data.sock" --admin_listen="unix:$dir/admin.sock" \
-    --metrics_address=127.0.0.1:0 --state_dir="$dir/state" --engine=cpu --gate_window=2 \
+    --metrics_address=127.0.0.1:0 --state_dir="$dir/state" --engine=cpu --gate_window=2 "$@" \
     >>"$dir/log" 2>&1 &
   pid=$!
   for _ in $(seq 100); do [ -S "$dir/admin.sock" ] && [ -S "$dir/data.sock" ] && return; sleep 0.05; done
   cat "$dir/log"; echo "verifyd did not start"; exit 1
 }
+stop() { kill -9 "$pid"; wait "$pid" 2>/dev/null || true; }
 ctl() { "$verifyctl" --target="unix:$dir/data.sock" --admin="unix:$dir/admin.sock" "$@"; }
 fail() { echo "FAIL: $*"; cat "$dir/log"; exit 1; }
+# json FILE PYTHON-EXPRESSION-ON-j: exits non-zero when the expression is false.
+json() { python3 -c "import json,sys; j=json.load(open(sys.argv[1])); sys.exit(0 if ($2) else 1)" "$1"; }
 
 start
+# A refusal names its gRPC code, in text and in --json.
+if ctl flip custom --reason "too early" 2>"$dir/err"; then fail "flip past a closed gate passed"; fi
+grep -q "^verifyctl: flip: FAILED_PRECONDITION: gate: not ready" "$dir/err" \
+  || fail "refusal without its code: $(cat "$dir/err")"
+if ctl flip custom --reason "too early" --json >"$dir/err.json"; then fail "json flip passed"; fi
+json "$dir/err.json" 'j["code"] == "FAILED_PRECONDITION"' || fail "json error: $(cat "$dir/err.json")"
+
 ctl send --shape 2,3,8,54 --page_size 16 --count 4 --json >"$dir/send.json" || fail "send"
 grep -q '"ok": 4' "$dir/send.json" || fail "send did not get 4 answers: $(cat "$dir/send.json")"
 if ctl flip canary --reason x >/dev/null 2>"$dir/err"; then fail "canary without --fraction passed"; fi
 grep -q "fraction" "$dir/err" || fail "no reason given for the missing fraction"
 if ctl flip custom >/dev/null 2>&1; then fail "flip without --reason passed"; fi
-ctl flip canary --fraction 0.25 --reason "ci canary" --force --json | grep -q '"mode": "canary"' \
-  || fail "flip canary"
+
+# --fraction belongs to canary only.
+if ctl flip custom --fraction 0.3 --reason x --force 2>"$dir/err"; then
+  fail "flip custom --fraction was accepted"
+fi
+grep -q -- "--fraction: only canary" "$dir/err" || fail "fraction refusal: $(cat "$dir/err")"
+
+# Global options after the subcommand, and from the environment.
+"$verifyctl" status --admin="unix:$dir/admin.sock" --json >"$dir/s.json" \
+  || fail "status --admin=... after the subcommand"
+json "$dir/s.json" 'j["mode"] == "shadow"' || fail "status after the subcommand"
+VERIFYD_ADMIN="unix:$dir/admin.sock" VERIFYD_TARGET="unix:$dir/data.sock" "$verifyctl" status \
+  >"$dir/s.txt" || fail "status with VERIFYD_ADMIN"
+VERIFYD_ADMIN="unix:$dir/admin.sock" VERIFYD_TARGET="unix:$dir/data.sock" "$verifyctl" send \
+  --shape 2,3,8,54 --page_size 16 --count 2 >/dev/null || fail "send with VERIFYD_TARGET"
+"$verifyctl" --help | grep -q "unix:/run/verifyd/admin.sock" || fail "default admin address"
+"$verifyctl" --version >"$dir/v" || fail "--version exit code"
+grep -Eq '^verifyctl [0-9]+\.[0-9]+\.[0-9]+ \(.+\)$' "$dir/v" || fail "--version: $(cat "$dir/v")"
+
+# status shows what the daemon runs with.
+grep -q "^tolerances  atol 0.01  rtol 0.02" "$dir/s.txt" || fail "tolerances: $(cat "$dir/s.txt")"
+grep -q "^rollback    after 3 breaches within 1000" "$dir/s.txt" || fail "rollback thresholds"
+grep -q "^listening   data unix:$dir/data.sock  admin unix:$dir/admin.sock  metrics 127.0.0.1:" \
+  "$dir/s.txt" || fail "listen addresses: $(cat "$dir/s.txt")"
+grep -q "^regions     none" "$dir/s.txt" || fail "regions"
+grep -q "^up          " "$dir/s.txt" || fail "uptime"
+if grep -q WARNING "$dir/s.txt"; then fail "fault warning without a fault"; fi
+json "$dir/s.json" 'j["runtime"]["inject_custom_fault"] == "" and j["runtime"]["rollback_breaches"] == 3
+  and j["runtime"]["tolerances"]["max_rel_l2"] == 0.01 and j["runtime"]["regions"] == []
+  and j["runtime"]["listen"] == ["unix:'"$dir"'/data.sock"] and j["runtime"]["uptime_seconds"] >= 0' \
+  || fail "status --json runtime: $(cat "$dir/s.json")"
+
+# The audit keeps the claimed name and the kernel's uid apart.
+USER=alice ctl flip canary --fraction 0.25 --reason "ci canary" --force --json \
+  | grep -q '"mode": "canary"' || fail "flip canary"
 ctl status --json >"$dir/status.json" || fail "status"
 grep -q '"mode": "canary"' "$dir/status.json" || fail "status after flip"
+json "$dir/status.json" 'j["audit"][-1]["who"].startswith("alice@")
+  and j["audit"][-1]["peer"].startswith("uid:'"$(id -u)"'")' \
+  || fail "audit who/peer: $(cat "$dir/status.json")"
 
-kill -9 "$pid"; wait "$pid" 2>/dev/null || true
+stop
 start
 ctl status --json >"$dir/status2.json" || fail "status after restart"
 grep -q '"mode": "canary"' "$dir/status2.json" || fail "mode lost across a hard restart"
 grep -q '"reason": "ci canary"' "$dir/status2.json" || fail "audit lost across a hard restart"
+if ctl rollback 2>"$dir/err"; then fail "rollback without --reason passed"; fi
+grep -q -- "--reason" "$dir/err" || fail "rollback refusal: $(cat "$dir/err")"
 ctl rollback --reason "ci done" | grep -q "mode is now shadow" || fail "rollback"
 ctl status | grep -q "^mode        shadow" || fail "human status"
 
-# A dead daemon: non-zero exit with a one-line reason.
-kill -9 "$pid"; wait "$pid" 2>/dev/null || true
+# The token file: a trailing newline is fine, an inner one is refused with the reason.
+printf 'tok\n' >"$dir/token-ok"
+ctl --admin_token_file="$dir/token-ok" status >/dev/null || fail "token with a trailing newline"
+printf 'to\nk\n' >"$dir/token-bad"
+rc=0; ctl --admin_token_file="$dir/token-bad" status 2>"$dir/err" || rc=$?
+[ "$rc" -eq 1 ] || fail "token with an inner newline: exit $rc: $(cat "$dir/err")"
+grep -q "admin_token_file: .*token-bad holds a control" "$dir/err" || fail "token: $(cat "$dir/err")"
+
+# Captures replay: "reproduced" agrees with the per-path re-run results.
+ctl capture --next 1 >/dev/null || fail "capture"
+ctl send --shape 2,3,8,54 --page_size 16 --count 1 --compare_sync >/dev/null || fail "send"
+for _ in $(seq 100); do ls "$dir"/state/captures/*.safetensors >/dev/null 2>&1 && break; sleep 0.05; done
+capture=$(ls "$dir"/state/captures/*.safetensors | head -1)
+ctl replay --engine=cpu --json "$capture" >"$dir/r.json" || fail "replay: $(cat "$dir/r.json")"
+json "$dir/r.json" 'j["files"][0]["reproduced"] is True' || fail "replay: $(cat "$dir/r.json")"
+
+# A dead daemon: non-zero exit with a one-line reason; send tallies its failures.
+stop
 if ctl status 2>"$dir/err"; then fail "status against a dead daemon exited 0"; fi
 [ "$(wc -l <"$dir/err")" -eq 1 ] || fail "expected one line, got: $(cat "$dir/err")"
+if ctl send --shape 2,3,8,54 --page_size 16 --count 2 >"$dir/send.txt"; then
+  fail "send with every call failing exited 0"
+fi
+grep -q "^succeeded 0  failed 2 " "$dir/send.txt" || fail "send tally: $(cat "$dir/send.txt")"
+grep -q "^first error: UNAVAILABLE: " "$dir/send.txt" || fail "send error: $(cat "$dir/send.txt")"
+if grep -q "^sent " "$dir/send.txt"; then fail "send claims it sent: $(cat "$dir/send.txt")"; fi
+
+# Replay of a file that is not safetensors: one error, naming the file once.
+echo "not a bundle" >"$dir/junk.safetensors"
+if ctl replay --engine=cpu "$dir/junk.safetensors" 2>"$dir/err"; then fail "replay of junk passed"; fi
+[ "$(grep -o "junk.safetensors" "$dir/err" | wc -l)" -eq 1 ] || fail "replay error: $(cat "$dir/err")"
+
+# A daemon with a test-only fault: status says so loudly, and a capture it took does not
+# reproduce on a healthy engine.
+start --inject_custom_fault=perturb:0.5
+ctl status >"$dir/s.txt" || fail "status with a fault"
+grep -q "^WARNING .*FAULT INJECTION IS ON.*perturb:0.5" "$dir/s.txt" || fail "no fault warning: $(cat "$dir/s.txt")"
+rm -f "$dir"/state/captures/*.safetensors
+ctl capture --next 1 >/dev/null || fail "capture"
+ctl send --shape 2,3,8,54 --page_size 16 --count 1 --compare_sync >/dev/null || fail "send"
+for _ in $(seq 100); do ls "$dir"/state/captures/*.safetensors >/dev/null 2>&1 && break; sleep 0.05; done
+capture=$(ls "$dir"/state/captures/*.safetensors | head -1)
+ctl replay --engine=cpu --json "$capture" >"$dir/r.json" || true
+json "$dir/r.json" 'j["files"][0]["reproduced"] is False
+  and j["files"][0]["rerun_equals_recorded"]["custom"] is False
+  and j["files"][0]["rerun_equals_recorded"]["reference"] is True' \
+  || fail "replay of a faulted capture: $(cat "$dir/r.json")"
+stop
 echo "PASS"

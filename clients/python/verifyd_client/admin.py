@@ -22,6 +22,21 @@ def _num(v):
     return v if math.isfinite(v) else None
 
 
+def _runtime(rt):
+    """What the daemon runs with (GetStatusResponse.runtime) as a dict."""
+    t = rt.tolerances
+    return {"inject_custom_fault": rt.inject_custom_fault,
+            "tolerances": {"atol": t.atol, "rtol": t.rtol, "max_rel_l2": t.max_rel_l2,
+                           "max_abs": t.max_abs, "max_lse_abs": t.max_lse_abs,
+                           "max_beyond_tol": t.max_beyond_tol},
+            "gate_window": rt.gate_window, "rollback_breaches": rt.rollback_breaches,
+            "rollback_window": rt.rollback_window, "oracle_sample_rate": rt.oracle_sample_rate,
+            "custom_timeout_ms": rt.custom_timeout_ms, "uptime_seconds": rt.uptime_seconds,
+            "started": rt.started, "regions": list(rt.regions), "listen": list(rt.listen),
+            "admin_listen": rt.admin_listen, "metrics_address": rt.metrics_address,
+            "state_dir": rt.state_dir}
+
+
 def _who():
     try:
         user = getpass.getuser()
@@ -82,8 +97,10 @@ class AdminClient(ChannelClient):
             "commit": s.commit,
             "audit": [{"time": a.time, "from": _mode_name(getattr(a, "from")),
                        "to": _mode_name(a.to), "canary_fraction": a.canary_fraction,
-                       "reason": a.reason, "forced": a.forced, "who": a.who}
+                       "reason": a.reason, "forced": a.forced, "who": a.who,
+                       "peer": a.peer}
                       for a in s.recent_audit],
+            "runtime": _runtime(s.runtime),
         }
 
     def flip(self, mode, reason, fraction=None, force=False, who=None):
@@ -97,14 +114,16 @@ class AdminClient(ChannelClient):
             raise ValueError("reason: say why (it goes to the audit log)")
         if mode == "canary" and not (fraction is not None and 0 < fraction <= 1):
             raise ValueError("fraction: canary needs a fraction in (0, 1]")
+        if mode != "canary" and fraction is not None:
+            raise ValueError(f"fraction: only canary takes a fraction, not {mode}")
         req = admin_pb2.SetModeRequest(mode=_MODES[mode], canary_fraction=fraction or 0.0,
                                        reason=reason, force=force, who=who or _who())
         r = self._call(self._stub.SetMode, req)
         return {"mode": _mode_name(r.mode), "canary_fraction": r.canary_fraction,
                 "forced": r.forced}
 
-    def rollback(self, reason="manual rollback", who=None):
-        """Back to shadow: the reference is served again."""
+    def rollback(self, reason, who=None):
+        """Back to shadow: the reference is served again. ``reason`` goes to the audit log."""
         return self.flip("shadow", reason, who=who)
 
     def set_sampling(self, mode, rate, who=None):
