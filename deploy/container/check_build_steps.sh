@@ -50,10 +50,11 @@ while IFS= read -r step; do
   (cd "$root" && DEBIAN_FRONTEND=noninteractive bash -euo pipefail -c "$mapped")
 done <<< "$steps"
 
-"$work/stage/usr/bin/verifyd" --helpfull | grep -q -- "--listen" \
-  || { echo "FAIL: the staged verifyd does not run"; exit 1; }
-"$work/stage/usr/bin/verifyctl" --help | grep -q -- "--admin" \
-  || { echo "FAIL: the staged verifyctl does not run"; exit 1; }
+# (--helpfull exits 1 after printing the flags: look at what it prints.)
+help=$("$work/stage/usr/bin/verifyd" --helpfull 2>&1 || true)
+grep -q -- "--listen" <<< "$help" || { echo "FAIL: the staged verifyd does not run: $help"; exit 1; }
+help=$("$work/stage/usr/bin/verifyctl" --help 2>&1 || true)
+grep -q -- "--admin" <<< "$help" || { echo "FAIL: the staged verifyctl does not run: $help"; exit 1; }
 python3 "$root/tests/packaging/check_container_recipe.py" --root "$root" \
   --binary "$work/stage/usr/bin/verifyd" --binary "$work/stage/usr/bin/verifyctl"
 echo "the Dockerfile's $n build steps ran; the staged binaries run with the runtime packages"
