@@ -5,10 +5,12 @@
 #include <thread>
 
 #include "spdlog/spdlog.h"
+#include "src/common/malloc_arenas.h"
 #include "src/main/daemon_flags.h"
 #include "src/server/daemon.h"
 
 int main(int argc, char** argv) {
+  verifyd::BoundMallocArenas();
   absl::StatusOr<verifyd::DaemonOptions> opts = verifyd::ParseDaemonFlags(argc, argv);
   if (!opts.ok()) {
     std::fprintf(stderr, "verifyd: %s\n", std::string(opts.status().message()).c_str());

@@ -2,29 +2,33 @@
 
 #include <cmath>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "httplib.h"
 #include "prometheus/text_serializer.h"
+#include "src/metrics/buckets.h"
 
 namespace verifyd {
 namespace {
 
-using prometheus::Histogram;
+// Ranges of the two diff histograms, as powers of ten.
+constexpr int kRelL2From = -6, kRelL2To = 1;
+constexpr int kMaxAbsFrom = -5, kMaxAbsTo = 2;
 
-Histogram::BucketBoundaries LatencyBuckets() {  // 50 us .. ~100 s, x2
-  Histogram::BucketBoundaries b;
-  for (double v = 50e-6; v < 120; v *= 2) b.push_back(v);
-  return b;
+// Computed once: Add() takes the edges on every call, also for an existing series.
+const std::vector<double>& Latency() {
+  static const std::vector<double> edges = LatencyBuckets();
+  return edges;
 }
-
-Histogram::BucketBoundaries LogBuckets(double lo, double hi) {  // 3 per decade
-  Histogram::BucketBoundaries b;
-  for (double e = std::log10(lo); e <= std::log10(hi) + 1e-9; e += 1.0 / 3) {
-    b.push_back(std::pow(10.0, e));
-  }
-  return b;
+const std::vector<double>& RelL2() {
+  static const std::vector<double> edges = DiffBuckets(kRelL2From, kRelL2To);
+  return edges;
+}
+const std::vector<double>& MaxAbs() {
+  static const std::vector<double> edges = DiffBuckets(kMaxAbsFrom, kMaxAbsTo);
+  return edges;
 }
 
 }  // namespace
@@ -49,7 +53,7 @@ Metrics::Metrics(const BuildInfo& info) : registry_(std::make_shared<prometheus:
            .Name("verifyd_shadow_overhead_seconds")
            .Help("Time added to a response to hand the non-served path off to the shadow queue")
            .Register(r)
-           .Add({}, LatencyBuckets());
+           .Add({}, Latency());
   comparisons_ = &prometheus::BuildCounter()
                       .Name("verifyd_comparisons_total")
                       .Help("Custom-vs-reference comparisons by outcome "
@@ -129,8 +133,11 @@ Metrics::Metrics(const BuildInfo& info) : registry_(std::make_shared<prometheus:
     comparisons_->Add({{"outcome", o}});
   }
   for (const char* p : {"custom_vs_reference", "custom_vs_oracle", "reference_vs_oracle"}) {
-    diff_rel_l2_->Add({{"pair", p}}, LogBuckets(1e-6, 10));
-    diff_max_abs_->Add({{"pair", p}}, LogBuckets(1e-5, 100));
+    diff_rel_l2_->Add({{"pair", p}}, RelL2());
+    diff_max_abs_->Add({{"pair", p}}, MaxAbs());
+  }
+  for (const char* trigger : {"breach", "requested"}) {
+    captures_->Add({{"trigger", trigger}});
   }
   for (const char* reason :
        {"tolerance", "nan_inf", "error", "timeout", "custom_fault", "build_changed"}) {
@@ -141,11 +148,11 @@ Metrics::Metrics(const BuildInfo& info) : registry_(std::make_shared<prometheus:
 void Metrics::Request(std::string_view served, absl::StatusCode code, double seconds) {
   const std::string path(served);
   requests_->Add({{"path", path}, {"code", absl::StatusCodeToString(code)}}).Increment();
-  request_seconds_->Add({{"path", path}}, LatencyBuckets()).Observe(seconds);
+  request_seconds_->Add({{"path", path}}, Latency()).Observe(seconds);
 }
 
 void Metrics::PathDuration(Path p, double seconds) {
-  path_seconds_->Add({{"path", PathName(p)}}, LatencyBuckets()).Observe(seconds);
+  path_seconds_->Add({{"path", PathName(p)}}, Latency()).Observe(seconds);
 }
 
 void Metrics::ShadowOverhead(double seconds) { shadow_overhead_seconds_->Observe(seconds); }
@@ -156,8 +163,8 @@ void Metrics::Diff(std::string_view pair, const DiffStats& d) {
   const std::string p(pair);
   // NaN/Inf diffs go to the +Inf bucket: Observe(NaN) would poison the sum.
   auto clean = [](double v) { return std::isfinite(v) ? v : 1e30; };
-  diff_rel_l2_->Add({{"pair", p}}, LogBuckets(1e-6, 10)).Observe(clean(d.rel_l2));
-  diff_max_abs_->Add({{"pair", p}}, LogBuckets(1e-5, 100)).Observe(clean(d.max_abs));
+  diff_rel_l2_->Add({{"pair", p}}, RelL2()).Observe(clean(d.rel_l2));
+  diff_max_abs_->Add({{"pair", p}}, MaxAbs()).Observe(clean(d.max_abs));
 }
 
 void Metrics::SetMode(Mode m, double canary_fraction) {
@@ -202,7 +209,8 @@ MetricsServer::~MetricsServer() {
 }
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
-    const std::string& address, std::shared_ptr<prometheus::Registry> registry) {
+    const std::string& address, std::shared_ptr<prometheus::Registry> registry,
+    std::function<bool()> ready) {
   const size_t colon = address.rfind(':');
   int port = -1;
   if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
@@ -217,8 +225,16 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     res.set_content(prometheus::TextSerializer().Serialize(registry->Collect()),
                     "text/plain; version=0.0.4; charset=utf-8");
   });
+  s->impl_->http.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("ok\n", "text/plain");
+  });
+  s->impl_->http.Get("/readyz", [ready](const httplib::Request&, httplib::Response& res) {
+    const bool ok = !ready || ready();
+    res.status = ok ? 200 : 503;
+    res.set_content(ok ? "ready\n" : "not ready\n", "text/plain");
+  });
   s->impl_->http.Get("/", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content("verifyd: metrics at /metrics\n", "text/plain");
+    res.set_content("verifyd: /metrics, /healthz, /readyz\n", "text/plain");
   });
   s->port_ = port == 0 ? s->impl_->http.bind_to_any_port(host)
                        : (s->impl_->http.bind_to_port(host, port) ? port : -1);

@@ -2,6 +2,7 @@
 // Every Prometheus metric verifyd exports, declared once (metrics.cc holds the table).
 // Names follow Prometheus conventions: base units, _seconds, _total; labels are low-cardinality.
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -68,11 +69,14 @@ class Metrics {
 
 // Serves a registry in the Prometheus text format on http://ADDRESS/metrics (cpp-httplib: its
 // threads have ordinary stacks, which the CUDA libraries' static TLS needs). Port 0 picks a free
-// port.
+// port. For load balancers and probes that do not speak gRPC, on the same port:
+//   /healthz  200 while the process answers;
+//   /readyz   200 when `ready()` says so (no callback: always), else 503.
 class MetricsServer {
  public:
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
-      const std::string& address, std::shared_ptr<prometheus::Registry> registry);
+      const std::string& address, std::shared_ptr<prometheus::Registry> registry,
+      std::function<bool()> ready = nullptr);
   ~MetricsServer();
   int port() const { return port_; }
 

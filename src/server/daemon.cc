@@ -95,7 +95,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
   d->metrics_->SetMode(snap.state.mode, snap.state.canary_fraction);
   d->metrics_->SetGate(snap.gate);
   if (!opts.metrics_address.empty()) {
-    auto ms = MetricsServer::Start(opts.metrics_address, d->metrics_->registry());
+    auto ms = MetricsServer::Start(opts.metrics_address, d->metrics_->registry(),
+                                   [daemon = d.get()] { return daemon->ready_.load(); });
     if (!ms.ok()) return ms.status();
     d->metrics_server_ = std::move(*ms);
   }
@@ -197,6 +198,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
   }
   spdlog::info("mode {}, state in {}, captures {}", ModeName(snap.state.mode), opts.state_dir,
                opts.capture.dir.empty() ? "off" : opts.capture.dir);
+  d->ready_ = true;
   return d;
 }
 
@@ -209,6 +211,7 @@ void Daemon::OnFatal(const absl::Status& st) {
     exit_code_ = 3;
     stopping_ = true;
   }
+  ready_ = false;
   if (data_server_) {
     data_server_->GetHealthCheckService()->SetServingStatus(kServiceName, false);
     data_server_->GetHealthCheckService()->SetServingStatus("", false);
@@ -225,6 +228,7 @@ int Daemon::Wait() {
 }
 
 void Daemon::Shutdown() {
+  ready_ = false;
   absl::MutexLock l(&mu_);
   stopping_ = true;
 }

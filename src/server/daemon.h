@@ -73,6 +73,7 @@ class Daemon {
  private:
   Daemon() = default;
   DaemonOptions opts_;
+  std::atomic<bool> ready_{false};  // /readyz: serving, engine up and mode loaded
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<ModeController> controller_;
   std::unique_ptr<Metrics> metrics_;
