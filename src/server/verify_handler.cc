@@ -92,15 +92,22 @@ v1::Counters VerifyHandler::counters() const {
   return c;
 }
 
-void VerifyHandler::Count(OutcomeKind k) {
-  metrics_->Comparison(k);
-  switch (k) {
+void VerifyHandler::Record(const Outcome& o) {
+  metrics_->Comparison(o.kind);
+  switch (o.kind) {
     case OutcomeKind::kMatch: ++match_; break;
     case OutcomeKind::kBreach: ++breach_; break;
     case OutcomeKind::kError:
     case OutcomeKind::kTimeout: ++error_; break;
-    case OutcomeKind::kSkipped: ++skipped_; break;
+    case OutcomeKind::kSkipped: ++skipped_; return;  // feeds neither the gate nor a rollback
   }
+  if (o.kind != OutcomeKind::kMatch) {
+    spdlog::warn("comparison {} in {} mode: {}", OutcomeName(o.kind), ModeName(o.mode), o.reason);
+  }
+  if (std::optional<std::string> rb = controller_->Record(o)) metrics_->Rollback(*rb);
+  const ControllerSnapshot snap = controller_->Snapshot();
+  metrics_->SetGate(snap.gate);
+  metrics_->SetMode(snap.state.mode, snap.state.canary_fraction);
 }
 
 absl::Status VerifyHandler::Handle(const v1::VerifyRequest& req, v1::VerifyResponse* resp) {
@@ -137,9 +144,9 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
   absl::Status st = engine_->Run(served, b);
   if (!st.ok() && served == Path::kCustom) {
     if (IsFatal(st)) Fatal(st);
-    Count(OutcomeKind::kError);
-    controller_->Record({OutcomeKind::kError, plan.mode, st.ToString(), std::nullopt});
     spdlog::warn("custom path failed while serving; serving the reference: {}", st.ToString());
+    Record({OutcomeKind::kError, plan.mode, absl::StrCat("custom path: ", st.ToString()),
+            std::nullopt});
     served = Path::kReference;
     st = engine_->Run(served, b);
   }
@@ -182,7 +189,7 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
         CompareAndRecord(*keep, plan, id);
         metrics_->SetShadowQueueDepth(shadow_->depth() - 1);
       });
-      if (!queued) Count(OutcomeKind::kSkipped);
+      if (!queued) Record({OutcomeKind::kSkipped, plan.mode, "shadow queue full", std::nullopt});
       metrics_->SetShadowQueueDepth(shadow_->depth());
       metrics_->ShadowOverhead(prepare_s + Since(t2));
     }
@@ -249,17 +256,7 @@ Outcome VerifyHandler::CompareAndRecord(PreparedBundle& b, const Plan& plan,
       metrics_->OracleError();
     }
   }
-  Count(o.kind);
-  if (o.kind != OutcomeKind::kMatch) {
-    spdlog::warn("comparison {} in {} mode: {}", OutcomeName(o.kind), ModeName(o.mode), o.reason);
-  }
-  if (std::optional<std::string> rb = controller_->Record(o)) {
-    metrics_->Rollback(*rb);
-  }
-  const ControllerSnapshot snap = controller_->Snapshot();
-  metrics_->SetGate(snap.gate);
-  metrics_->SetMode(snap.state.mode, snap.state.canary_fraction);
-
+  Record(o);
   if (capturer_) Capture(b, plan, o, tol, has_oracle, request_id);
   return o;
 }

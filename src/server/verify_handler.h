@@ -62,7 +62,9 @@ class VerifyHandler {
   HandlerOptions opts_;
   FatalHandler on_fatal_;
   Capturer* capturer_ = nullptr;
-  void Count(OutcomeKind k);
+  // Every outcome goes through here: the counters, the controller's gate and rollback window,
+  // and the rollback it may cause (logged by the controller, counted here).
+  void Record(const Outcome& o);
   std::atomic<int64_t> requests_{0}, request_errors_{0}, served_reference_{0}, served_custom_{0};
   std::atomic<int64_t> match_{0}, breach_{0}, error_{0}, skipped_{0};
   mutable absl::Mutex mu_;

@@ -178,6 +178,27 @@ TEST_F(EndToEndTest, AWrongCustomPathIsABreachAndRollsCustomBack) {
   EXPECT_NE(Status().last_rollback_reason().find("auto-rollback"), std::string::npos);
 }
 
+TEST_F(EndToEndTest, ARollbackCausedByServedPathErrorsIsCounted) {
+  auto o = testing::TestOptions(testing::TestDir("e2e"));
+  o.inject_custom_fault.kind = CustomFault::Kind::kError;
+  StartDaemon(o);
+  ASSERT_TRUE(SetMode(v1::MODE_CUSTOM, true).ok());
+  const v1::VerifyRequest req = testing::SmallRequest(17);
+  int calls = 0;
+  while (Status().mode() == v1::MODE_CUSTOM && calls < 10) {
+    v1::VerifyResponse resp;
+    ASSERT_TRUE(Verify(req, &resp).ok());
+    EXPECT_EQ(resp.served_path(), v1::PATH_REFERENCE);
+    ++calls;
+  }
+  EXPECT_EQ(Status().mode(), v1::MODE_SHADOW);
+  EXPECT_EQ(calls, o.controller.rollback_breaches);
+  const std::string m = testing::Scrape(daemon_->metrics_port());
+  EXPECT_EQ(MetricValue(m, "verifyd_rollbacks_total{reason=\"error\"}"), 1) << m;
+  EXPECT_EQ(MetricValue(m, "verifyd_mode{mode=\"shadow\"}"), 1) << m;
+  EXPECT_EQ(MetricValue(m, "verifyd_comparisons_total{outcome=\"error\"}"), calls) << m;
+}
+
 TEST_F(EndToEndTest, ModeSurvivesARestartWithTheAuditLogIntact) {
   const std::string dir = testing::TestDir("e2e");
   StartDaemon(testing::TestOptions(dir));
