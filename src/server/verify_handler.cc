@@ -173,11 +173,16 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
   resp->set_served_path(ToProto(served));
   resp->set_mode(ModeToProto(plan.mode));
 
-  // The other path, when this call is sampled for a comparison.
+  // The other path, when this call is sampled for a comparison. A served custom path slower
+  // than --custom_timeout_ms is a timeout outcome: carried by the call's comparison when there is
+  // one, recorded on its own otherwise. The call still serves the custom output it already has.
   const bool fell_back = served != plan.served;
+  const double served_custom_s = served == Path::kCustom ? served_s : 0;
+  bool compared = false;
   if (plan.run_other && !fell_back) {
     if (sync) {
-      Outcome o = CompareAndRecord(b, plan, req.request_id());
+      compared = true;
+      Outcome o = CompareAndRecord(b, plan, req.request_id(), served_custom_s);
       if (o.stats) {
         Verdict v{o.kind == OutcomeKind::kMatch, o.reason};
         FillComparison(*o.stats, v, resp->mutable_comparison());
@@ -185,14 +190,17 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
     } else {
       const auto t2 = Clock::now();
       std::shared_ptr<PreparedBundle> keep = *prepared;
-      const bool queued = shadow_->TrySubmit([this, keep, plan, id = req.request_id()] {
-        CompareAndRecord(*keep, plan, id);
+      compared = shadow_->TrySubmit([this, keep, plan, id = req.request_id(), served_custom_s] {
+        CompareAndRecord(*keep, plan, id, served_custom_s);
         metrics_->SetShadowQueueDepth(shadow_->depth() - 1);
       });
-      if (!queued) Record({OutcomeKind::kSkipped, plan.mode, "shadow queue full", std::nullopt});
+      if (!compared) Record({OutcomeKind::kSkipped, plan.mode, "shadow queue full", std::nullopt});
       metrics_->SetShadowQueueDepth(shadow_->depth());
       metrics_->ShadowOverhead(prepare_s + Since(t2));
     }
+  }
+  if (!compared && TooSlow(served_custom_s)) {
+    Record({OutcomeKind::kTimeout, plan.mode, TimeoutReason(served_custom_s), std::nullopt});
   }
 
   auto* timing = resp->mutable_timing();
@@ -206,8 +214,17 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
   return absl::OkStatus();
 }
 
+bool VerifyHandler::TooSlow(double custom_s) const {
+  return opts_.custom_timeout_seconds > 0 && custom_s > opts_.custom_timeout_seconds;
+}
+
+std::string VerifyHandler::TimeoutReason(double custom_s) const {
+  return absl::StrCat("custom path took ", custom_s, " s > --custom_timeout_ms ",
+                      opts_.custom_timeout_seconds * 1e3, " ms");
+}
+
 Outcome VerifyHandler::CompareAndRecord(PreparedBundle& b, const Plan& plan,
-                                        const std::string& request_id) {
+                                        const std::string& request_id, double served_custom_s) {
   const Path other = plan.served == Path::kCustom ? Path::kReference : Path::kCustom;
   const Tolerance tol = tolerance();
   Outcome o;
@@ -231,11 +248,10 @@ Outcome VerifyHandler::CompareAndRecord(PreparedBundle& b, const Plan& plan,
       Verdict v = Judge(*d, tol);
       o.kind = v.match ? OutcomeKind::kMatch : OutcomeKind::kBreach;
       o.reason = v.reason;
-      const double custom_s = other == Path::kCustom ? other_s : 0;
-      if (v.match && opts_.custom_timeout_seconds > 0 && custom_s > opts_.custom_timeout_seconds) {
+      const double custom_s = other == Path::kCustom ? other_s : served_custom_s;
+      if (v.match && TooSlow(custom_s)) {
         o.kind = OutcomeKind::kTimeout;
-        o.reason = absl::StrCat("custom path took ", custom_s, " s > ",
-                                opts_.custom_timeout_seconds, " s");
+        o.reason = TimeoutReason(custom_s);
       }
     }
   }

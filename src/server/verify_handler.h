@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <random>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -25,7 +26,9 @@ namespace verifyd {
 struct HandlerOptions {
   Tolerance tolerance;
   double oracle_sample_rate = 0.001;   // fraction of comparisons that also run the oracle
-  double custom_timeout_seconds = 0;   // a custom path slower than this is a breach; 0 = none
+  // A custom path slower than this is a timeout outcome (in every mode: in custom and canary the
+  // served custom path's own time counts); 0 = none.
+  double custom_timeout_seconds = 0;
   uint64_t seed = 0x0c1e;              // oracle sampling draws
 };
 
@@ -48,7 +51,12 @@ class VerifyHandler {
  private:
   absl::Status Serve(const v1::VerifyRequest& req, v1::VerifyResponse* resp);
   // Runs the non-served path on `b`, compares custom against reference, records the outcome.
-  Outcome CompareAndRecord(PreparedBundle& b, const Plan& plan, const std::string& request_id);
+  // `served_custom_s`: the served custom path's time (0 when the reference served), judged
+  // against --custom_timeout_ms like the custom path's time in shadow.
+  Outcome CompareAndRecord(PreparedBundle& b, const Plan& plan, const std::string& request_id,
+                           double served_custom_s);
+  bool TooSlow(double custom_s) const;  // over --custom_timeout_ms (when set)
+  std::string TimeoutReason(double custom_s) const;
   void Capture(PreparedBundle& b, const Plan& plan, const Outcome& o, const Tolerance& tol,
                bool has_oracle, const std::string& request_id);
   bool DrawOracle();

@@ -199,6 +199,52 @@ TEST_F(EndToEndTest, ARollbackCausedByServedPathErrorsIsCounted) {
   EXPECT_EQ(MetricValue(m, "verifyd_comparisons_total{outcome=\"error\"}"), calls) << m;
 }
 
+TEST_F(EndToEndTest, ASlowServedCustomPathIsATimeoutAndRollsBack) {
+  auto o = testing::TestOptions(testing::TestDir("e2e"));
+  o.handler.custom_timeout_seconds = 1e-6;  // every custom run is slower than this
+  o.custom_sample_rate = 0;                 // no comparisons: the served path's time alone
+  StartDaemon(o);
+  ASSERT_TRUE(SetMode(v1::MODE_CUSTOM, true).ok());
+  const v1::VerifyRequest req = testing::SmallRequest(18);
+  const std::string custom = LocalOutput(req, Path::kCustom);
+  int calls = 0;
+  while (Status().mode() == v1::MODE_CUSTOM && calls < 10) {
+    v1::VerifyResponse resp;
+    ASSERT_TRUE(Verify(req, &resp).ok());
+    // The late output is still the custom path's own.
+    EXPECT_EQ(resp.served_path(), v1::PATH_CUSTOM);
+    EXPECT_TRUE(resp.o().raw_contents() == custom);
+    ++calls;
+  }
+  EXPECT_EQ(Status().mode(), v1::MODE_SHADOW);
+  EXPECT_EQ(calls, o.controller.rollback_breaches);
+  EXPECT_NE(Status().last_rollback_reason().find("custom_timeout_ms"), std::string::npos)
+      << Status().last_rollback_reason();
+  const std::string m = testing::Scrape(daemon_->metrics_port());
+  EXPECT_EQ(MetricValue(m, "verifyd_rollbacks_total{reason=\"timeout\"}"), 1) << m;
+  EXPECT_EQ(MetricValue(m, "verifyd_comparisons_total{outcome=\"timeout\"}"), calls) << m;
+}
+
+TEST_F(EndToEndTest, ASampledSlowServedCustomCallIsOneTimeoutOutcome) {
+  auto o = testing::TestOptions(testing::TestDir("e2e"));
+  o.handler.custom_timeout_seconds = 1e-6;
+  o.custom_sample_rate = 1;
+  o.controller.rollback_breaches = 100;
+  StartDaemon(o);
+  ASSERT_TRUE(SetMode(v1::MODE_CUSTOM, true).ok());
+  v1::VerifyRequest req = testing::SmallRequest(19);
+  req.set_compare_sync(true);
+  v1::VerifyResponse resp;
+  ASSERT_TRUE(Verify(req, &resp).ok());
+  EXPECT_EQ(resp.served_path(), v1::PATH_CUSTOM);
+  ASSERT_TRUE(resp.has_comparison());
+  EXPECT_FALSE(resp.comparison().match());
+  EXPECT_NE(resp.comparison().reason().find("custom_timeout_ms"), std::string::npos);
+  const auto c = Status().counters();
+  EXPECT_EQ(c.comparisons_error(), 1);  // timeouts count with errors in status
+  EXPECT_EQ(c.comparisons_match(), 0);
+}
+
 TEST_F(EndToEndTest, ModeSurvivesARestartWithTheAuditLogIntact) {
   const std::string dir = testing::TestDir("e2e");
   StartDaemon(testing::TestOptions(dir));
