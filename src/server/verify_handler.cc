@@ -191,8 +191,8 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
       const auto t2 = Clock::now();
       std::shared_ptr<PreparedBundle> keep = *prepared;
       compared = shadow_->TrySubmit([this, keep, plan, id = req.request_id(), served_custom_s] {
+        metrics_->SetShadowQueueDepth(shadow_->depth());
         CompareAndRecord(*keep, plan, id, served_custom_s);
-        metrics_->SetShadowQueueDepth(shadow_->depth() - 1);
       });
       if (!compared) Record({OutcomeKind::kSkipped, plan.mode, "shadow queue full", std::nullopt});
       metrics_->SetShadowQueueDepth(shadow_->depth());

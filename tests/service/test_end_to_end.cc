@@ -6,6 +6,7 @@
 
 #include <sys/stat.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -325,6 +326,15 @@ TEST_F(EndToEndTest, AFullShadowQueueSkipsInsteadOfSlowingResponses) {
   o.shadow_threads = 1;
   StartDaemon(o);
   const v1::VerifyRequest req = testing::SmallRequest(16, 16, 2048, 64);
+  std::atomic<bool> done{false};
+  double max_depth = 0;
+  std::thread scraper([&] {
+    while (!done) {
+      const std::string m = testing::Scrape(daemon_->metrics_port());
+      max_depth = std::max(max_depth, MetricValue(m, "verifyd_shadow_queue_depth"));
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&] {
@@ -337,7 +347,10 @@ TEST_F(EndToEndTest, AFullShadowQueueSkipsInsteadOfSlowingResponses) {
     });
   }
   for (auto& t : threads) t.join();
+  done = true;
+  scraper.join();
   daemon_->shadow().WaitIdle();
+  EXPECT_LE(max_depth, 1) << "the queue depth gauge must never exceed --shadow_queue";
   const auto c = daemon_->handler().counters();
   EXPECT_EQ(c.requests(), 12);
   EXPECT_GT(c.comparisons_skipped(), 0);
