@@ -84,6 +84,10 @@ class Engine {
   virtual absl::Status Run(Path path, PreparedBundle& b) = 0;
   // Copies a path's output to the host.
   virtual absl::Status Fetch(Path path, PreparedBundle& b, PathOutput* out) = 0;
+  // Whether a path's output (reference or custom, already run on `b`) holds only finite values:
+  // no NaN or Inf in o, no NaN or +Inf in lse (-Inf is the lse of a row that sees no key).
+  // Checked where the output lives; the CUDA engine brings back only a flag.
+  virtual absl::StatusOr<bool> AllFinite(Path path, PreparedBundle& b) = 0;
   // Diff of path `test` against path `ref` (both already run on `b`).
   virtual absl::StatusOr<DiffStats> Compare(PreparedBundle& b, Path test, Path ref,
                                             const Tolerance& tol) = 0;

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 #include "src/bundle/request_codec.h"
+#include "src/common/status_macros.h"
 #include "src/server/mode_proto.h"
 
 namespace verifyd {
@@ -138,18 +139,9 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
   PreparedBundle& b = **prepared;
   const double prepare_s = Since(t1);
 
-  // The served path. A custom-path failure falls back to the reference, never fails the call.
   Path served = plan.served;
   t1 = Clock::now();
-  absl::Status st = engine_->Run(served, b);
-  if (!st.ok() && served == Path::kCustom) {
-    if (IsFatal(st)) Fatal(st);
-    spdlog::warn("custom path failed while serving; serving the reference: {}", st.ToString());
-    Record({OutcomeKind::kError, plan.mode, absl::StrCat("custom path: ", st.ToString()),
-            std::nullopt});
-    served = Path::kReference;
-    st = engine_->Run(served, b);
-  }
+  absl::Status st = RunServed(plan, b, &served);
   if (!st.ok()) {
     if (IsFatal(st)) Fatal(st);
     metrics_->Request(PathName(served), st.code(), Since(t0));
@@ -212,6 +204,47 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
   ++(served == Path::kCustom ? served_custom_ : served_reference_);
   metrics_->Request(PathName(served), absl::StatusCode::kOk, Since(t0));
   return absl::OkStatus();
+}
+
+absl::Status VerifyHandler::RunServed(const Plan& plan, PreparedBundle& b, Path* served) {
+  *served = plan.served;
+  absl::Status st = engine_->Run(*served, b);
+  if (*served != Path::kCustom) return st;
+  if (st.ok()) {
+    absl::StatusOr<bool> finite = engine_->AllFinite(Path::kCustom, b);
+    if (finite.ok() && *finite) return absl::OkStatus();
+    if (finite.ok()) {
+      spdlog::warn("custom output has non-finite values; serving the reference");
+      *served = Path::kReference;
+      VERIFYD_RETURN_IF_ERROR(engine_->Run(Path::kReference, b));
+      Record(NonFiniteOutcome(b, plan));
+      return absl::OkStatus();
+    }
+    st = finite.status();
+  }
+  if (IsFatal(st)) Fatal(st);
+  spdlog::warn("custom path failed while serving; serving the reference: {}", st.ToString());
+  Record({OutcomeKind::kError, plan.mode, absl::StrCat("custom path: ", st.ToString()),
+          std::nullopt});
+  *served = Path::kReference;
+  return engine_->Run(Path::kReference, b);
+}
+
+Outcome VerifyHandler::NonFiniteOutcome(PreparedBundle& b, const Plan& plan) {
+  Outcome o;
+  o.kind = OutcomeKind::kBreach;
+  o.mode = plan.mode;
+  o.reason = "served custom output is not finite";
+  const Tolerance tol = tolerance();
+  absl::StatusOr<DiffStats> d = engine_->Compare(b, Path::kCustom, Path::kReference, tol);
+  if (d.ok()) {
+    o.stats = *d;
+    metrics_->Diff("custom_vs_reference", *d);
+    absl::StrAppend(&o.reason, "; ", Judge(*d, tol).reason);
+  } else {
+    absl::StrAppend(&o.reason, "; compare: ", d.status().ToString());
+  }
+  return o;
 }
 
 bool VerifyHandler::TooSlow(double custom_s) const {

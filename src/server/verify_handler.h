@@ -50,6 +50,12 @@ class VerifyHandler {
 
  private:
   absl::Status Serve(const v1::VerifyRequest& req, v1::VerifyResponse* resp);
+  // Runs the plan's served path into `*served`. A custom path that fails, or whose output is not
+  // finite, is recorded as an outcome (error; breach with its comparison) and the reference
+  // serves the call instead: only a reference failure fails the call.
+  absl::Status RunServed(const Plan& plan, PreparedBundle& b, Path* served);
+  // The breach of a custom output with NaN/Inf, compared against the reference run on `b`.
+  Outcome NonFiniteOutcome(PreparedBundle& b, const Plan& plan);
   // Runs the non-served path on `b`, compares custom against reference, records the outcome.
   // `served_custom_s`: the served custom path's time (0 when the reference served), judged
   // against --custom_timeout_ms like the custom path's time in shadow.

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 #include <thread>
 
@@ -244,6 +245,46 @@ TEST_F(EndToEndTest, ASampledSlowServedCustomCallIsOneTimeoutOutcome) {
   const auto c = Status().counters();
   EXPECT_EQ(c.comparisons_error(), 1);  // timeouts count with errors in status
   EXPECT_EQ(c.comparisons_match(), 0);
+}
+
+// Whether a bf16 tensor's bytes hold a NaN or an Inf.
+bool HasNonFinite(const std::string& bf16) {
+  for (size_t i = 0; i + 1 < bf16.size(); i += 2) {
+    uint16_t x;
+    std::memcpy(&x, bf16.data() + i, 2);
+    if ((x & 0x7f80) == 0x7f80) return true;
+  }
+  return false;
+}
+
+TEST_F(EndToEndTest, ANonFiniteCustomOutputIsNeverServed) {
+  auto o = testing::TestOptions(testing::TestDir("e2e"));
+  o.inject_custom_fault.kind = CustomFault::Kind::kNan;
+  o.custom_sample_rate = 0;  // no sampled comparisons: only the served output's check
+  o.shadow_sample_rate = 0;
+  StartDaemon(o);
+  ASSERT_TRUE(SetMode(v1::MODE_CUSTOM, true).ok());
+  const v1::VerifyRequest req = testing::SmallRequest(20);
+  const std::string reference = LocalOutput(req, Path::kReference);
+  const int calls = 5;
+  for (int i = 0; i < calls; ++i) {
+    v1::VerifyResponse resp;
+    ASSERT_TRUE(Verify(req, &resp).ok());
+    EXPECT_EQ(resp.served_path(), v1::PATH_REFERENCE);
+    EXPECT_FALSE(HasNonFinite(resp.o().raw_contents())) << "call " << i;
+    EXPECT_TRUE(resp.o().raw_contents() == reference) << "call " << i;
+  }
+  // The first rollback_breaches calls were breaches in custom mode and rolled it back; the rest
+  // were served by the reference in shadow without a comparison.
+  EXPECT_EQ(Status().mode(), v1::MODE_SHADOW);
+  EXPECT_EQ(Status().counters().comparisons_breach(), o.controller.rollback_breaches);
+  EXPECT_EQ(Status().counters().served_custom(), 0);
+  const std::string m = testing::Scrape(daemon_->metrics_port());
+  EXPECT_EQ(MetricValue(m, "verifyd_rollbacks_total{reason=\"nan_inf\"}"), 1) << m;
+  EXPECT_EQ(MetricValue(m, "verifyd_comparisons_total{outcome=\"breach\"}"),
+            o.controller.rollback_breaches);
+  EXPECT_NE(Status().last_rollback_reason().find("not finite"), std::string::npos)
+      << Status().last_rollback_reason();
 }
 
 TEST_F(EndToEndTest, ModeSurvivesARestartWithTheAuditLogIntact) {

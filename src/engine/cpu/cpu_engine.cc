@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <optional>
 #include <thread>
@@ -130,6 +131,18 @@ class CpuEngine : public Engine {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<bool> AllFinite(Path path, PreparedBundle& pb) override {
+    if (path == Path::kOracle) return OracleNotChecked();
+    auto got = static_cast<CpuPreparedBundle&>(pb).Get(path);
+    if (got == nullptr) return NotRun(path);
+    const bool o_finite = std::all_of(got->o.begin(), got->o.end(),
+                                      [](uint16_t x) { return (x & 0x7f80) != 0x7f80; });
+    const bool lse_finite = std::none_of(got->lse.begin(), got->lse.end(), [](float x) {
+      return std::isnan(x) || x == std::numeric_limits<float>::infinity();
+    });
+    return o_finite && lse_finite;
+  }
+
   absl::StatusOr<DiffStats> Compare(PreparedBundle& pb, Path test, Path ref,
                                     const Tolerance& tol) override {
     auto& b = static_cast<CpuPreparedBundle&>(pb);
@@ -160,6 +173,10 @@ class CpuEngine : public Engine {
   }
 
  private:
+  static absl::Status OracleNotChecked() {
+    return absl::InvalidArgumentError("finite check: only reference and custom outputs are served");
+  }
+
   static absl::Status NotRun(Path p) {
     return absl::FailedPreconditionError(
         absl::StrCat("path ", PathName(p), " has not run on this bundle"));
