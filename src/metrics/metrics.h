@@ -42,6 +42,8 @@ class Metrics {
   void Rollback(std::string_view reason);
   void OracleError();
   void SetShadowQueueDepth(int64_t depth);
+  // A canary call served by the reference because its comparison could not be queued.
+  void CanaryShed();
   void Capture(std::string_view trigger);  // "breach" or "requested"
 
  private:
@@ -60,6 +62,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* rollbacks_;
   prometheus::Counter* oracle_errors_;
   prometheus::Gauge* shadow_queue_depth_;
+  prometheus::Counter* canary_shed_;
   prometheus::Family<prometheus::Counter>* captures_;
 };
 

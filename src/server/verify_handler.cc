@@ -126,7 +126,10 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
     return view.status();
   }
   const double decode_s = Since(t0);
-  const Plan plan = controller_->Decide(req.request_id());
+  Plan plan = controller_->Decide(req.request_id());
+  std::optional<ShadowRunner::Slot> slot = plan.run_other && !req.compare_sync()
+                                               ? ReserveComparison(&plan)
+                                               : std::optional<ShadowRunner::Slot>();
   const bool sync = plan.run_other && req.compare_sync();
   const bool async = plan.run_other && !sync;
 
@@ -182,11 +185,11 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
     } else {
       const auto t2 = Clock::now();
       std::shared_ptr<PreparedBundle> keep = *prepared;
-      compared = shadow_->TrySubmit([this, keep, plan, id = req.request_id(), served_custom_s] {
+      shadow_->Submit(std::move(*slot), [this, keep, plan, id = req.request_id(), served_custom_s] {
         metrics_->SetShadowQueueDepth(shadow_->depth());
         CompareAndRecord(*keep, plan, id, served_custom_s);
       });
-      if (!compared) Record({OutcomeKind::kSkipped, plan.mode, "shadow queue full", std::nullopt});
+      compared = true;
       metrics_->SetShadowQueueDepth(shadow_->depth());
       metrics_->ShadowOverhead(prepare_s + Since(t2));
     }
@@ -204,6 +207,22 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
   ++(served == Path::kCustom ? served_custom_ : served_reference_);
   metrics_->Request(PathName(served), absl::StatusCode::kOk, Since(t0));
   return absl::OkStatus();
+}
+
+std::optional<ShadowRunner::Slot> VerifyHandler::ReserveComparison(Plan* plan) {
+  std::optional<ShadowRunner::Slot> slot = shadow_->TryReserve();
+  if (slot) {
+    metrics_->SetShadowQueueDepth(shadow_->depth());
+    return slot;
+  }
+  if (plan->mode == Mode::kCanary && plan->served == Path::kCustom) {
+    metrics_->CanaryShed();
+    plan->served = Path::kReference;
+  } else {
+    Record({OutcomeKind::kSkipped, plan->mode, "shadow queue full", std::nullopt});
+  }
+  plan->run_other = false;
+  return std::nullopt;
 }
 
 absl::Status VerifyHandler::RunServed(const Plan& plan, PreparedBundle& b, Path* served) {

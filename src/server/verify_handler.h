@@ -6,6 +6,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -50,6 +51,11 @@ class VerifyHandler {
 
  private:
   absl::Status Serve(const v1::VerifyRequest& req, v1::VerifyResponse* resp);
+  // For a call whose comparison runs off the critical path: its place in the shadow queue, taken
+  // before the served path runs. Without one, a canary call planned for custom is served by the
+  // reference instead (every canary call is checked; counted as shed); any other call goes
+  // uncompared and counts as skipped. Either way `plan` no longer runs the other path.
+  std::optional<ShadowRunner::Slot> ReserveComparison(Plan* plan);
   // Runs the plan's served path into `*served`. A custom path that fails, or whose output is not
   // finite, is recorded as an outcome (error; breach with its comparison) and the reference
   // serves the call instead: only a reference failure fails the call.

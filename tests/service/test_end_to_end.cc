@@ -398,5 +398,45 @@ TEST_F(EndToEndTest, AFullShadowQueueSkipsInsteadOfSlowingResponses) {
   EXPECT_EQ(c.comparisons_match() + c.comparisons_skipped(), 12);
 }
 
+TEST_F(EndToEndTest, ACanaryCallThatCannotBeComparedIsServedByTheReference) {
+  if (testing::TestEngine() != "cpu") {
+    GTEST_SKIP() << "needs a shadow path slower than the served path (the CPU engine's)";
+  }
+  auto o = testing::TestOptions(testing::TestDir("e2e"));
+  o.shadow_queue = 1;
+  o.shadow_threads = 1;
+  StartDaemon(o);
+  ASSERT_TRUE(SetMode(v1::MODE_CANARY, true, 1.0).ok());
+  const v1::VerifyRequest req = testing::SmallRequest(21, 16, 2048, 64);
+  std::atomic<int> custom_responses{0}, reference_responses{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      auto stub = v1::VerifyService::NewStub(testing::Channel(tcp_));
+      for (int i = 0; i < 4; ++i) {
+        grpc::ClientContext ctx;
+        v1::VerifyResponse resp;
+        EXPECT_TRUE(stub->Verify(&ctx, req, &resp).ok());
+        ++(resp.served_path() == v1::PATH_CUSTOM ? custom_responses : reference_responses);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  daemon_->shadow().WaitIdle();
+  const auto c = daemon_->handler().counters();
+  EXPECT_EQ(c.requests(), 16);
+  EXPECT_EQ(c.served_custom(), custom_responses.load());
+  // Every call served by custom was compared; none was skipped.
+  EXPECT_EQ(c.comparisons_match() + c.comparisons_breach() + c.comparisons_error(),
+            c.served_custom());
+  EXPECT_EQ(c.comparisons_skipped(), 0);
+  EXPECT_GT(c.served_custom(), 0);
+  const std::string m = testing::Scrape(daemon_->metrics_port());
+  const double shed = MetricValue(m, "verifyd_canary_shed_total");
+  EXPECT_GT(shed, 0) << m;
+  EXPECT_EQ(shed, reference_responses.load());
+  EXPECT_EQ(c.served_reference(), reference_responses.load());
+}
+
 }  // namespace
 }  // namespace verifyd
