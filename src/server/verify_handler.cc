@@ -111,16 +111,35 @@ void VerifyHandler::Record(const Outcome& o) {
   metrics_->SetMode(snap.state.mode, snap.state.canary_fraction);
 }
 
-absl::Status VerifyHandler::Handle(const v1::VerifyRequest& req, v1::VerifyResponse* resp) {
+absl::Status VerifyHandler::Handle(const v1::VerifyRequest& req, v1::VerifyResponse* resp,
+                                   const CallContext& call) {
   ++requests_;
-  absl::Status st = Serve(req, resp);
+  absl::Status st = Serve(req, resp, call);
   if (!st.ok()) ++request_errors_;
   return st;
 }
 
-absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyResponse* resp) {
+absl::Status VerifyHandler::CheckWork(const BundleView& v) const {
+  if (opts_.max_call_work <= 0) return absl::OkStatus();
+  // total_kv_len <= 256 * 128K and draft * heads <= 1024 * 128: the product fits in int64.
+  const int64_t work = v.total_kv_len * v.shape.draft * v.shape.heads;
+  if (work <= opts_.max_call_work) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "request: ", work, " query rows x KV tokens (draft ", v.shape.draft, " x heads ",
+      v.shape.heads, " x ", v.total_kv_len, " KV tokens) exceeds --max_call_work=",
+      opts_.max_call_work));
+}
+
+absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyResponse* resp,
+                                  const CallContext& call) {
   const auto t0 = Clock::now();
   absl::StatusOr<BundleView> view = DecodeRequest(req);
+  if (view.ok()) {
+    if (absl::Status work = CheckWork(*view); !work.ok()) view = work;
+  }
+  if (view.ok()) {
+    if (absl::Status gone = call.Check(); !gone.ok()) view = gone;
+  }
   if (!view.ok()) {
     metrics_->Request("none", view.status().code(), Since(t0));
     return view.status();
@@ -144,7 +163,7 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
 
   Path served = plan.served;
   t1 = Clock::now();
-  absl::Status st = RunServed(plan, b, &served);
+  absl::Status st = RunServed(plan, b, call, &served);
   if (!st.ok()) {
     if (IsFatal(st)) Fatal(st);
     metrics_->Request(PathName(served), st.code(), Since(t0));
@@ -155,7 +174,8 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
 
   t1 = Clock::now();
   PathOutput out;
-  if (st = engine_->Fetch(served, b, &out); !st.ok()) {
+  if (st = call.Check(); st.ok()) st = engine_->Fetch(served, b, &out);
+  if (!st.ok()) {
     if (IsFatal(st)) Fatal(st);
     metrics_->Request(PathName(served), st.code(), Since(t0));
     return st;
@@ -225,17 +245,19 @@ std::optional<ShadowRunner::Slot> VerifyHandler::ReserveComparison(Plan* plan) {
   return std::nullopt;
 }
 
-absl::Status VerifyHandler::RunServed(const Plan& plan, PreparedBundle& b, Path* served) {
+absl::Status VerifyHandler::RunServed(const Plan& plan, PreparedBundle& b,
+                                      const CallContext& call, Path* served) {
   *served = plan.served;
-  absl::Status st = engine_->Run(*served, b);
-  if (*served != Path::kCustom) return st;
+  absl::Status st = engine_->RunForCall(*served, b, call);
+  // An abandoned call stops here: not the custom path's fault, nothing to serve.
+  if (*served != Path::kCustom || call.Abandoned()) return st;
   if (st.ok()) {
     absl::StatusOr<bool> finite = engine_->AllFinite(Path::kCustom, b);
     if (finite.ok() && *finite) return absl::OkStatus();
     if (finite.ok()) {
       spdlog::warn("custom output has non-finite values; serving the reference");
       *served = Path::kReference;
-      VERIFYD_RETURN_IF_ERROR(engine_->Run(Path::kReference, b));
+      VERIFYD_RETURN_IF_ERROR(engine_->RunForCall(Path::kReference, b, call));
       Record(NonFiniteOutcome(b, plan));
       return absl::OkStatus();
     }
@@ -246,7 +268,7 @@ absl::Status VerifyHandler::RunServed(const Plan& plan, PreparedBundle& b, Path*
   Record({OutcomeKind::kError, plan.mode, absl::StrCat("custom path: ", st.ToString()),
           std::nullopt});
   *served = Path::kReference;
-  return engine_->Run(Path::kReference, b);
+  return engine_->RunForCall(Path::kReference, b, call);
 }
 
 Outcome VerifyHandler::NonFiniteOutcome(PreparedBundle& b, const Plan& plan) {

@@ -31,6 +31,10 @@ struct HandlerOptions {
   // served custom path's own time counts); 0 = none.
   double custom_timeout_seconds = 0;
   uint64_t seed = 0x0c1e;              // oracle sampling draws
+  // Most work one call may ask for, in query rows x KV tokens (sum over requests of
+  // draft * heads * kv_len; one unit is one query row of one head against one KV token, about
+  // 2 * (576 + 512) FLOPs per path). Larger calls are refused with RESOURCE_EXHAUSTED. 0 = none.
+  int64_t max_call_work = int64_t{1} << 34;
 };
 
 class VerifyHandler {
@@ -43,14 +47,20 @@ class VerifyHandler {
 
   // Captures breaching (and requested) comparisons; null turns capture off.
   void SetCapturer(Capturer* c) { capturer_ = c; }
-  absl::Status Handle(const v1::VerifyRequest& req, v1::VerifyResponse* resp);
+  // `call`: the client's deadline and cancellation. An abandoned call stops before its next path
+  // (and, on the CPU engine, within it) and returns CANCELLED or DEADLINE_EXCEEDED.
+  absl::Status Handle(const v1::VerifyRequest& req, v1::VerifyResponse* resp,
+                      const CallContext& call = CallContext());
   const HandlerOptions& options() const { return opts_; }
   // Totals since start, for the admin status.
   v1::Counters counters() const;
   void SetTolerance(const Tolerance& t);
 
  private:
-  absl::Status Serve(const v1::VerifyRequest& req, v1::VerifyResponse* resp);
+  absl::Status Serve(const v1::VerifyRequest& req, v1::VerifyResponse* resp,
+                     const CallContext& call);
+  // RESOURCE_EXHAUSTED naming --max_call_work when the request asks for more.
+  absl::Status CheckWork(const BundleView& v) const;
   // For a call whose comparison runs off the critical path: its place in the shadow queue, taken
   // before the served path runs. Without one, a canary call planned for custom is served by the
   // reference instead (every canary call is checked; counted as shed); any other call goes
@@ -59,7 +69,8 @@ class VerifyHandler {
   // Runs the plan's served path into `*served`. A custom path that fails, or whose output is not
   // finite, is recorded as an outcome (error; breach with its comparison) and the reference
   // serves the call instead: only a reference failure fails the call.
-  absl::Status RunServed(const Plan& plan, PreparedBundle& b, Path* served);
+  absl::Status RunServed(const Plan& plan, PreparedBundle& b, const CallContext& call,
+                         Path* served);
   // The breach of a custom output with NaN/Inf, compared against the reference run on `b`.
   Outcome NonFiniteOutcome(PreparedBundle& b, const Plan& plan);
   // Runs the non-served path on `b`, compares custom against reference, records the outcome.

@@ -438,5 +438,62 @@ TEST_F(EndToEndTest, ACanaryCallThatCannotBeComparedIsServedByTheReference) {
   EXPECT_EQ(c.served_reference(), reference_responses.load());
 }
 
+TEST_F(EndToEndTest, AnAbandonedCallStopsComputingAndIsCountedAsSuch) {
+  if (testing::TestEngine() != "cpu") {
+    GTEST_SKIP() << "needs a request that takes seconds (the CPU engine's)";
+  }
+  auto o = testing::TestOptions(testing::TestDir("e2e"));
+  o.shadow_sample_rate = 0;
+  StartDaemon(o);
+  RandomBundleSpec spec;
+  spec.batch = 2;
+  spec.draft = 16;
+  spec.heads = 16;
+  spec.prefix = 8192;
+  spec.page_size = 64;
+  spec.seed = 22;
+  RandomBundle big_bundle(spec);
+  v1::VerifyRequest big;
+  EncodeRequest(big_bundle.view(), &big);
+  {
+    grpc::ClientContext ctx;
+    // Long enough for the 19 MB request to arrive, far shorter than computing it (seconds).
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(1500));
+    v1::VerifyResponse resp;
+    EXPECT_EQ(verify_->Verify(&ctx, big, &resp).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  // The daemon stopped computing: a small call right after is not queued behind the big one.
+  const auto t = std::chrono::steady_clock::now();
+  v1::VerifyResponse resp;
+  ASSERT_TRUE(Verify(testing::SmallRequest(23), &resp).ok());
+  const double small_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  EXPECT_LT(small_s, 1.0);
+  // The abandoned call is counted by its code once the engine noticed (between tiles).
+  std::string m;
+  for (int i = 0; i < 250; ++i) {
+    m = testing::Scrape(daemon_->metrics_port());
+    if (m.find("code=\"DEADLINE_EXCEEDED\"") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_NE(m.find("verifyd_requests_total{code=\"DEADLINE_EXCEEDED\""), std::string::npos) << m;
+  EXPECT_EQ(MetricValue(m, "verifyd_requests_total{code=\"OK\",path=\"reference\"}"), 1) << m;
+}
+
+TEST_F(EndToEndTest, ACallOverTheWorkCeilingIsRefusedUpFront) {
+  auto o = testing::TestOptions(testing::TestDir("e2e"));
+  o.handler.max_call_work = 1000;
+  StartDaemon(o);
+  v1::VerifyResponse resp;
+  const grpc::Status st = Verify(testing::SmallRequest(24), &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(st.error_message().find("--max_call_work=1000"), std::string::npos)
+      << st.error_message();
+  const std::string m = testing::Scrape(daemon_->metrics_port());
+  EXPECT_EQ(MetricValue(m, "verifyd_requests_total{code=\"RESOURCE_EXHAUSTED\",path=\"none\"}"),
+            1)
+      << m;
+}
+
 }  // namespace
 }  // namespace verifyd
