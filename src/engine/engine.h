@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "src/bundle/bundle.h"
 #include "src/compare/compare.h"
+#include "src/engine/call_context.h"
 
 namespace verifyd {
 
@@ -82,8 +83,19 @@ class Engine {
   }
   // Runs one path; its output stays in `b` until fetched or compared.
   virtual absl::Status Run(Path path, PreparedBundle& b) = 0;
+  // Run() for a call whose client may give up: CANCELLED or DEADLINE_EXCEEDED (nothing stored)
+  // when `call` is abandoned. Engines check before starting the path; the CPU engine also
+  // between tiles and KV chunks.
+  virtual absl::Status RunForCall(Path path, PreparedBundle& b, const CallContext& call) {
+    if (absl::Status st = call.Check(); !st.ok()) return st;
+    return Run(path, b);
+  }
   // Copies a path's output to the host.
   virtual absl::Status Fetch(Path path, PreparedBundle& b, PathOutput* out) = 0;
+  // Whether a path's output (reference or custom, already run on `b`) holds only finite values:
+  // no NaN or Inf in o, no NaN or +Inf in lse (-Inf is the lse of a row that sees no key).
+  // Checked where the output lives; the CUDA engine brings back only a flag.
+  virtual absl::StatusOr<bool> AllFinite(Path path, PreparedBundle& b) = 0;
   // Diff of path `test` against path `ref` (both already run on `b`).
   virtual absl::StatusOr<DiffStats> Compare(PreparedBundle& b, Path test, Path ref,
                                             const Tolerance& tol) = 0;

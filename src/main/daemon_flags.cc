@@ -40,6 +40,9 @@ ABSL_FLAG(double, max_rel_l2, 1e-2, "Breach when ||custom - ref|| / ||ref|| exce
 ABSL_FLAG(double, max_abs, 0.25, "Breach when the largest element difference exceeds it");
 ABSL_FLAG(int64_t, max_beyond_tol, 0, "Breach when more elements than this fail atol/rtol");
 ABSL_FLAG(double, custom_timeout_ms, 0, "A custom path slower than this is a breach; 0 = none");
+ABSL_FLAG(int64_t, max_call_work, int64_t{1} << 34,
+          "Most work one call may ask for, in query rows x KV tokens (sum of draft * heads * "
+          "kv_len over its requests); larger calls get RESOURCE_EXHAUSTED. 0 = no limit");
 ABSL_FLAG(uint64_t, seed, 0x5eed, "Seed of sampling draws for calls without a request id");
 ABSL_FLAG(std::string, inject_custom_fault, "",
           "TEST ONLY: make the custom path fail: error | nan | perturb:AMOUNT");
@@ -141,6 +144,10 @@ absl::StatusOr<DaemonOptions> ParseDaemonFlags(int argc, char** argv) {
   o.handler.tolerance.max_beyond_tol = absl::GetFlag(FLAGS_max_beyond_tol);
   o.handler.custom_timeout_seconds = absl::GetFlag(FLAGS_custom_timeout_ms) / 1000.0;
   o.handler.seed = absl::GetFlag(FLAGS_seed) ^ 0x0c1e;
+  o.handler.max_call_work = absl::GetFlag(FLAGS_max_call_work);
+  if (o.handler.max_call_work < 0) {
+    return absl::InvalidArgumentError("max_call_work: must be >= 0 (0 = no limit)");
+  }
   o.shadow_threads = absl::GetFlag(FLAGS_shadow_threads);
   o.shadow_queue = absl::GetFlag(FLAGS_shadow_queue);
   if (o.shadow_threads < 1) return absl::InvalidArgumentError("shadow_threads: must be >= 1");

@@ -114,6 +114,12 @@ Metrics::Metrics(const BuildInfo& info) : registry_(std::make_shared<prometheus:
                              .Help("Comparisons waiting to run off the critical path")
                              .Register(r)
                              .Add({});
+  canary_shed_ = &prometheus::BuildCounter()
+                      .Name("verifyd_canary_shed_total")
+                      .Help("Canary calls served by the reference because the shadow queue had "
+                            "no place for their comparison")
+                      .Register(r)
+                      .Add({});
   captures_ = &prometheus::BuildCounter()
                    .Name("verifyd_captures_total")
                    .Help("Bundles written to the capture directory by trigger")
@@ -191,6 +197,8 @@ void Metrics::OracleError() { oracle_errors_->Increment(); }
 void Metrics::SetShadowQueueDepth(int64_t depth) {
   shadow_queue_depth_->Set(static_cast<double>(depth));
 }
+
+void Metrics::CanaryShed() { canary_shed_->Increment(); }
 
 void Metrics::Capture(std::string_view trigger) {
   captures_->Add({{"trigger", std::string(trigger)}}).Increment();

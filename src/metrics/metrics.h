@@ -44,6 +44,8 @@ class Metrics {
   void OracleError();
   void AdminAuthFailure();
   void SetShadowQueueDepth(int64_t depth);
+  // A canary call served by the reference because its comparison could not be queued.
+  void CanaryShed();
   void Capture(std::string_view trigger);  // "breach" or "requested"
 
  private:
@@ -64,6 +66,7 @@ class Metrics {
   prometheus::Counter* oracle_errors_;
   prometheus::Counter* admin_auth_failures_;
   prometheus::Gauge* shadow_queue_depth_;
+  prometheus::Counter* canary_shed_;
   prometheus::Family<prometheus::Counter>* captures_;
 };
 

@@ -1,9 +1,14 @@
 #include "src/server/shadow_runner.h"
 
+#include <utility>
+
 namespace verifyd {
 
-ShadowRunner::ShadowRunner(int threads, int capacity) {
-  queue_.set_capacity(capacity);
+ShadowRunner::Slot::~Slot() {
+  if (runner_ != nullptr) runner_->waiting_.fetch_sub(1);
+}
+
+ShadowRunner::ShadowRunner(int threads, int capacity) : capacity_(capacity) {
   for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { Loop(); });
 }
 
@@ -14,12 +19,24 @@ ShadowRunner::~ShadowRunner() {
   for (auto& t : workers_) t.join();
 }
 
-bool ShadowRunner::TrySubmit(std::function<void()> job) {
+std::optional<ShadowRunner::Slot> ShadowRunner::TryReserve() {
+  int64_t n = waiting_.load();
+  do {
+    if (n >= capacity_) return std::nullopt;
+  } while (!waiting_.compare_exchange_weak(n, n + 1));
+  return Slot(this);
+}
+
+void ShadowRunner::Submit(Slot slot, std::function<void()> job) {
+  slot.runner_ = nullptr;  // the place passes to the queued job; the worker gives it back
   pending_.fetch_add(1);
-  if (!queue_.try_push(std::move(job))) {
-    pending_.fetch_sub(1);
-    return false;
-  }
+  queue_.push(std::move(job));
+}
+
+bool ShadowRunner::TrySubmit(std::function<void()> job) {
+  std::optional<Slot> slot = TryReserve();
+  if (!slot) return false;
+  Submit(std::move(*slot), std::move(job));
   return true;
 }
 
@@ -34,6 +51,7 @@ void ShadowRunner::Loop() {
     std::function<void()> job;
     queue_.pop(job);
     if (!job) return;
+    waiting_.fetch_sub(1);
     job();
     // Under the mutex so that WaitIdle's condition is re-evaluated.
     absl::MutexLock l(&idle_mu_);

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 #include "src/bundle/request_codec.h"
+#include "src/common/status_macros.h"
 #include "src/server/mode_proto.h"
 
 namespace verifyd {
@@ -92,33 +93,62 @@ v1::Counters VerifyHandler::counters() const {
   return c;
 }
 
-void VerifyHandler::Count(OutcomeKind k) {
-  metrics_->Comparison(k);
-  switch (k) {
+void VerifyHandler::Record(const Outcome& o) {
+  metrics_->Comparison(o.kind);
+  switch (o.kind) {
     case OutcomeKind::kMatch: ++match_; break;
     case OutcomeKind::kBreach: ++breach_; break;
     case OutcomeKind::kError:
     case OutcomeKind::kTimeout: ++error_; break;
-    case OutcomeKind::kSkipped: ++skipped_; break;
+    case OutcomeKind::kSkipped: ++skipped_; return;  // feeds neither the gate nor a rollback
   }
+  if (o.kind != OutcomeKind::kMatch) {
+    spdlog::warn("comparison {} in {} mode: {}", OutcomeName(o.kind), ModeName(o.mode), o.reason);
+  }
+  controller_->Record(o);  // a rollback is logged, audited and counted by the controller
+  const ControllerSnapshot snap = controller_->Snapshot();
+  metrics_->SetGate(snap.gate);
+  metrics_->SetMode(snap.state.mode, snap.state.canary_fraction);
 }
 
-absl::Status VerifyHandler::Handle(const v1::VerifyRequest& req, v1::VerifyResponse* resp) {
+absl::Status VerifyHandler::Handle(const v1::VerifyRequest& req, v1::VerifyResponse* resp,
+                                   const CallContext& call) {
   ++requests_;
-  absl::Status st = Serve(req, resp);
+  absl::Status st = Serve(req, resp, call);
   if (!st.ok()) ++request_errors_;
   return st;
 }
 
-absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyResponse* resp) {
+absl::Status VerifyHandler::CheckWork(const BundleView& v) const {
+  if (opts_.max_call_work <= 0) return absl::OkStatus();
+  // total_kv_len <= 256 * 128K and draft * heads <= 1024 * 128: the product fits in int64.
+  const int64_t work = v.total_kv_len * v.shape.draft * v.shape.heads;
+  if (work <= opts_.max_call_work) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "request: ", work, " query rows x KV tokens (draft ", v.shape.draft, " x heads ",
+      v.shape.heads, " x ", v.total_kv_len, " KV tokens) exceeds --max_call_work=",
+      opts_.max_call_work));
+}
+
+absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyResponse* resp,
+                                  const CallContext& call) {
   const auto t0 = Clock::now();
   absl::StatusOr<BundleView> view = DecodeRequest(req);
+  if (view.ok()) {
+    if (absl::Status work = CheckWork(*view); !work.ok()) view = work;
+  }
+  if (view.ok()) {
+    if (absl::Status gone = call.Check(); !gone.ok()) view = gone;
+  }
   if (!view.ok()) {
     metrics_->Request("none", view.status().code(), Since(t0));
     return view.status();
   }
   const double decode_s = Since(t0);
-  const Plan plan = controller_->Decide(req.request_id());
+  Plan plan = controller_->Decide(req.request_id());
+  std::optional<ShadowRunner::Slot> slot = plan.run_other && !req.compare_sync()
+                                               ? ReserveComparison(&plan)
+                                               : std::optional<ShadowRunner::Slot>();
   const bool sync = plan.run_other && req.compare_sync();
   const bool async = plan.run_other && !sync;
 
@@ -131,18 +161,9 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
   PreparedBundle& b = **prepared;
   const double prepare_s = Since(t1);
 
-  // The served path. A custom-path failure falls back to the reference, never fails the call.
   Path served = plan.served;
   t1 = Clock::now();
-  absl::Status st = engine_->Run(served, b);
-  if (!st.ok() && served == Path::kCustom) {
-    if (IsFatal(st)) Fatal(st);
-    Count(OutcomeKind::kError);
-    controller_->Record({OutcomeKind::kError, plan.mode, st.ToString(), std::nullopt});
-    spdlog::warn("custom path failed while serving; serving the reference: {}", st.ToString());
-    served = Path::kReference;
-    st = engine_->Run(served, b);
-  }
+  absl::Status st = RunServed(plan, b, call, &served);
   if (!st.ok()) {
     if (IsFatal(st)) Fatal(st);
     metrics_->Request(PathName(served), st.code(), Since(t0));
@@ -153,7 +174,8 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
 
   t1 = Clock::now();
   PathOutput out;
-  if (st = engine_->Fetch(served, b, &out); !st.ok()) {
+  if (st = call.Check(); st.ok()) st = engine_->Fetch(served, b, &out);
+  if (!st.ok()) {
     if (IsFatal(st)) Fatal(st);
     metrics_->Request(PathName(served), st.code(), Since(t0));
     return st;
@@ -166,11 +188,16 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
   resp->set_served_path(ToProto(served));
   resp->set_mode(ModeToProto(plan.mode));
 
-  // The other path, when this call is sampled for a comparison.
+  // The other path, when this call is sampled for a comparison. A served custom path slower
+  // than --custom_timeout_ms is a timeout outcome: carried by the call's comparison when there is
+  // one, recorded on its own otherwise. The call still serves the custom output it already has.
   const bool fell_back = served != plan.served;
+  const double served_custom_s = served == Path::kCustom ? served_s : 0;
+  bool compared = false;
   if (plan.run_other && !fell_back) {
     if (sync) {
-      Outcome o = CompareAndRecord(b, plan, req.request_id());
+      compared = true;
+      Outcome o = CompareAndRecord(b, plan, req.request_id(), served_custom_s);
       if (o.stats) {
         Verdict v{o.kind == OutcomeKind::kMatch, o.reason};
         FillComparison(*o.stats, v, resp->mutable_comparison());
@@ -178,14 +205,17 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
     } else {
       const auto t2 = Clock::now();
       std::shared_ptr<PreparedBundle> keep = *prepared;
-      const bool queued = shadow_->TrySubmit([this, keep, plan, id = req.request_id()] {
-        CompareAndRecord(*keep, plan, id);
-        metrics_->SetShadowQueueDepth(shadow_->depth() - 1);
+      shadow_->Submit(std::move(*slot), [this, keep, plan, id = req.request_id(), served_custom_s] {
+        metrics_->SetShadowQueueDepth(shadow_->depth());
+        CompareAndRecord(*keep, plan, id, served_custom_s);
       });
-      if (!queued) Count(OutcomeKind::kSkipped);
+      compared = true;
       metrics_->SetShadowQueueDepth(shadow_->depth());
       metrics_->ShadowOverhead(prepare_s + Since(t2));
     }
+  }
+  if (!compared && TooSlow(served_custom_s)) {
+    Record({OutcomeKind::kTimeout, plan.mode, TimeoutReason(served_custom_s), std::nullopt});
   }
 
   auto* timing = resp->mutable_timing();
@@ -199,8 +229,76 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
   return absl::OkStatus();
 }
 
+std::optional<ShadowRunner::Slot> VerifyHandler::ReserveComparison(Plan* plan) {
+  std::optional<ShadowRunner::Slot> slot = shadow_->TryReserve();
+  if (slot) {
+    metrics_->SetShadowQueueDepth(shadow_->depth());
+    return slot;
+  }
+  if (plan->mode == Mode::kCanary && plan->served == Path::kCustom) {
+    metrics_->CanaryShed();
+    plan->served = Path::kReference;
+  } else {
+    Record({OutcomeKind::kSkipped, plan->mode, "shadow queue full", std::nullopt});
+  }
+  plan->run_other = false;
+  return std::nullopt;
+}
+
+absl::Status VerifyHandler::RunServed(const Plan& plan, PreparedBundle& b,
+                                      const CallContext& call, Path* served) {
+  *served = plan.served;
+  absl::Status st = engine_->RunForCall(*served, b, call);
+  // An abandoned call stops here: not the custom path's fault, nothing to serve.
+  if (*served != Path::kCustom || call.Abandoned()) return st;
+  if (st.ok()) {
+    absl::StatusOr<bool> finite = engine_->AllFinite(Path::kCustom, b);
+    if (finite.ok() && *finite) return absl::OkStatus();
+    if (finite.ok()) {
+      spdlog::warn("custom output has non-finite values; serving the reference");
+      *served = Path::kReference;
+      VERIFYD_RETURN_IF_ERROR(engine_->RunForCall(Path::kReference, b, call));
+      Record(NonFiniteOutcome(b, plan));
+      return absl::OkStatus();
+    }
+    st = finite.status();
+  }
+  if (IsFatal(st)) Fatal(st);
+  spdlog::warn("custom path failed while serving; serving the reference: {}", st.ToString());
+  Record({OutcomeKind::kError, plan.mode, absl::StrCat("custom path: ", st.ToString()),
+          std::nullopt});
+  *served = Path::kReference;
+  return engine_->RunForCall(Path::kReference, b, call);
+}
+
+Outcome VerifyHandler::NonFiniteOutcome(PreparedBundle& b, const Plan& plan) {
+  Outcome o;
+  o.kind = OutcomeKind::kBreach;
+  o.mode = plan.mode;
+  o.reason = "served custom output is not finite";
+  const Tolerance tol = tolerance();
+  absl::StatusOr<DiffStats> d = engine_->Compare(b, Path::kCustom, Path::kReference, tol);
+  if (d.ok()) {
+    o.stats = *d;
+    metrics_->Diff("custom_vs_reference", *d);
+    absl::StrAppend(&o.reason, "; ", Judge(*d, tol).reason);
+  } else {
+    absl::StrAppend(&o.reason, "; compare: ", d.status().ToString());
+  }
+  return o;
+}
+
+bool VerifyHandler::TooSlow(double custom_s) const {
+  return opts_.custom_timeout_seconds > 0 && custom_s > opts_.custom_timeout_seconds;
+}
+
+std::string VerifyHandler::TimeoutReason(double custom_s) const {
+  return absl::StrCat("custom path took ", custom_s, " s > --custom_timeout_ms ",
+                      opts_.custom_timeout_seconds * 1e3, " ms");
+}
+
 Outcome VerifyHandler::CompareAndRecord(PreparedBundle& b, const Plan& plan,
-                                        const std::string& request_id) {
+                                        const std::string& request_id, double served_custom_s) {
   const Path other = plan.served == Path::kCustom ? Path::kReference : Path::kCustom;
   const Tolerance tol = tolerance();
   Outcome o;
@@ -224,11 +322,10 @@ Outcome VerifyHandler::CompareAndRecord(PreparedBundle& b, const Plan& plan,
       Verdict v = Judge(*d, tol);
       o.kind = v.match ? OutcomeKind::kMatch : OutcomeKind::kBreach;
       o.reason = v.reason;
-      const double custom_s = other == Path::kCustom ? other_s : 0;
-      if (v.match && opts_.custom_timeout_seconds > 0 && custom_s > opts_.custom_timeout_seconds) {
+      const double custom_s = other == Path::kCustom ? other_s : served_custom_s;
+      if (v.match && TooSlow(custom_s)) {
         o.kind = OutcomeKind::kTimeout;
-        o.reason = absl::StrCat("custom path took ", custom_s, " s > ",
-                                opts_.custom_timeout_seconds, " s");
+        o.reason = TimeoutReason(custom_s);
       }
     }
   }
@@ -249,15 +346,7 @@ Outcome VerifyHandler::CompareAndRecord(PreparedBundle& b, const Plan& plan,
       metrics_->OracleError();
     }
   }
-  Count(o.kind);
-  if (o.kind != OutcomeKind::kMatch) {
-    spdlog::warn("comparison {} in {} mode: {}", OutcomeName(o.kind), ModeName(o.mode), o.reason);
-  }
-  controller_->Record(o);  // a rollback is logged, audited and counted by the controller
-  const ControllerSnapshot snap = controller_->Snapshot();
-  metrics_->SetGate(snap.gate);
-  metrics_->SetMode(snap.state.mode, snap.state.canary_fraction);
-
+  Record(o);
   if (capturer_) Capture(b, plan, o, tol, has_oracle, request_id);
   return o;
 }

@@ -6,7 +6,9 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -25,8 +27,14 @@ namespace verifyd {
 struct HandlerOptions {
   Tolerance tolerance;
   double oracle_sample_rate = 0.001;   // fraction of comparisons that also run the oracle
-  double custom_timeout_seconds = 0;   // a custom path slower than this is a breach; 0 = none
+  // A custom path slower than this is a timeout outcome (in every mode: in custom and canary the
+  // served custom path's own time counts); 0 = none.
+  double custom_timeout_seconds = 0;
   uint64_t seed = 0x0c1e;              // oracle sampling draws
+  // Most work one call may ask for, in query rows x KV tokens (sum over requests of
+  // draft * heads * kv_len; one unit is one query row of one head against one KV token, about
+  // 2 * (576 + 512) FLOPs per path). Larger calls are refused with RESOURCE_EXHAUSTED. 0 = none.
+  int64_t max_call_work = int64_t{1} << 34;
 };
 
 class VerifyHandler {
@@ -39,16 +47,39 @@ class VerifyHandler {
 
   // Captures breaching (and requested) comparisons; null turns capture off.
   void SetCapturer(Capturer* c) { capturer_ = c; }
-  absl::Status Handle(const v1::VerifyRequest& req, v1::VerifyResponse* resp);
+  // `call`: the client's deadline and cancellation. An abandoned call stops before its next path
+  // (and, on the CPU engine, within it) and returns CANCELLED or DEADLINE_EXCEEDED.
+  absl::Status Handle(const v1::VerifyRequest& req, v1::VerifyResponse* resp,
+                      const CallContext& call = CallContext());
   const HandlerOptions& options() const { return opts_; }
   // Totals since start, for the admin status.
   v1::Counters counters() const;
   void SetTolerance(const Tolerance& t);
 
  private:
-  absl::Status Serve(const v1::VerifyRequest& req, v1::VerifyResponse* resp);
+  absl::Status Serve(const v1::VerifyRequest& req, v1::VerifyResponse* resp,
+                     const CallContext& call);
+  // RESOURCE_EXHAUSTED naming --max_call_work when the request asks for more.
+  absl::Status CheckWork(const BundleView& v) const;
+  // For a call whose comparison runs off the critical path: its place in the shadow queue, taken
+  // before the served path runs. Without one, a canary call planned for custom is served by the
+  // reference instead (every canary call is checked; counted as shed); any other call goes
+  // uncompared and counts as skipped. Either way `plan` no longer runs the other path.
+  std::optional<ShadowRunner::Slot> ReserveComparison(Plan* plan);
+  // Runs the plan's served path into `*served`. A custom path that fails, or whose output is not
+  // finite, is recorded as an outcome (error; breach with its comparison) and the reference
+  // serves the call instead: only a reference failure fails the call.
+  absl::Status RunServed(const Plan& plan, PreparedBundle& b, const CallContext& call,
+                         Path* served);
+  // The breach of a custom output with NaN/Inf, compared against the reference run on `b`.
+  Outcome NonFiniteOutcome(PreparedBundle& b, const Plan& plan);
   // Runs the non-served path on `b`, compares custom against reference, records the outcome.
-  Outcome CompareAndRecord(PreparedBundle& b, const Plan& plan, const std::string& request_id);
+  // `served_custom_s`: the served custom path's time (0 when the reference served), judged
+  // against --custom_timeout_ms like the custom path's time in shadow.
+  Outcome CompareAndRecord(PreparedBundle& b, const Plan& plan, const std::string& request_id,
+                           double served_custom_s);
+  bool TooSlow(double custom_s) const;  // over --custom_timeout_ms (when set)
+  std::string TimeoutReason(double custom_s) const;
   void Capture(PreparedBundle& b, const Plan& plan, const Outcome& o, const Tolerance& tol,
                bool has_oracle, const std::string& request_id);
   bool DrawOracle();
@@ -62,7 +93,9 @@ class VerifyHandler {
   HandlerOptions opts_;
   FatalHandler on_fatal_;
   Capturer* capturer_ = nullptr;
-  void Count(OutcomeKind k);
+  // Every outcome goes through here: the counters, the controller's gate and rollback window,
+  // and the rollback it may cause (logged by the controller, counted here).
+  void Record(const Outcome& o);
   std::atomic<int64_t> requests_{0}, request_errors_{0}, served_reference_{0}, served_custom_{0};
   std::atomic<int64_t> match_{0}, breach_{0}, error_{0}, skipped_{0};
   mutable absl::Mutex mu_;

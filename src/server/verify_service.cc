@@ -9,9 +9,10 @@ grpc::Status ToGrpc(const absl::Status& st) {
   return grpc::Status(static_cast<grpc::StatusCode>(st.code()), std::string(st.message()));
 }
 
-grpc::Status VerifyServiceImpl::Verify(grpc::ServerContext*, const v1::VerifyRequest* req,
+grpc::Status VerifyServiceImpl::Verify(grpc::ServerContext* ctx, const v1::VerifyRequest* req,
                                        v1::VerifyResponse* resp) {
-  return ToGrpc(handler_->Handle(*req, resp));
+  const CallContext call([ctx] { return ctx->IsCancelled(); }, ctx->deadline());
+  return ToGrpc(handler_->Handle(*req, resp, call));
 }
 
 grpc::Status VerifyServiceImpl::VerifyStream(

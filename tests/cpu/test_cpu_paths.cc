@@ -314,6 +314,10 @@ TEST(CpuEngine, InjectedFaults) {
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->nan_test, 1);
   EXPECT_FALSE(Judge(*d, Tolerance{}).match);
+  EXPECT_EQ(engine->AllFinite(Path::kCustom, **pb).value_or(true), false);
+  EXPECT_EQ(engine->AllFinite(Path::kReference, **pb).value_or(false), true);
+  EXPECT_EQ(engine->AllFinite(Path::kOracle, **pb).status().code(),
+            absl::StatusCode::kInvalidArgument);
 
   engine->InjectCustomFault({CustomFault::Kind::kPerturb, 0.5});
   ASSERT_TRUE(engine->Run(Path::kCustom, **pb).ok());
@@ -324,6 +328,7 @@ TEST(CpuEngine, InjectedFaults) {
 
   engine->InjectCustomFault({});
   ASSERT_TRUE(engine->Run(Path::kCustom, **pb).ok());
+  EXPECT_EQ(engine->AllFinite(Path::kCustom, **pb).value_or(false), true);
   d = engine->Compare(**pb, Path::kCustom, Path::kReference, Tolerance{});
   ASSERT_TRUE(d.ok());
   EXPECT_TRUE(Judge(*d, Tolerance{}).match) << Judge(*d, Tolerance{}).reason;

@@ -431,6 +431,28 @@ TEST_F(FaultInjection, NanIsCountedAndBreaches) {
   EXPECT_NE(v.reason.find("nan"), std::string::npos) << v.reason;
 }
 
+TEST_F(FaultInjection, TheDeviceFiniteCheckCatchesANanInTheServedOutput) {
+  EXPECT_EQ(Gpu()->AllFinite(Path::kCustom, *pb_).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // custom has not run yet
+  CustomFault f;
+  f.kind = CustomFault::Kind::kNan;
+  Gpu()->InjectCustomFault(f);
+  ASSERT_TRUE(Gpu()->Run(Path::kCustom, *pb_).ok());
+  absl::StatusOr<bool> finite = Gpu()->AllFinite(Path::kCustom, *pb_);
+  ASSERT_TRUE(finite.ok()) << finite.status();
+  EXPECT_FALSE(*finite);
+  finite = Gpu()->AllFinite(Path::kReference, *pb_);
+  ASSERT_TRUE(finite.ok()) << finite.status();
+  EXPECT_TRUE(*finite);
+  Gpu()->InjectCustomFault(CustomFault{});
+  ASSERT_TRUE(Gpu()->Run(Path::kCustom, *pb_).ok());
+  finite = Gpu()->AllFinite(Path::kCustom, *pb_);
+  ASSERT_TRUE(finite.ok()) << finite.status();
+  EXPECT_TRUE(*finite);  // the flag is cleared between checks
+  EXPECT_EQ(Gpu()->AllFinite(Path::kOracle, *pb_).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // Warm device times of the paths (events around each path's kernels), median of 10 after two
 // warm-up calls. A sanity check of speed, not the benchmark; the last shape is large enough that
 // the reference splits each request's query rows into chunks.

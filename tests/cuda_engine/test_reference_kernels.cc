@@ -5,6 +5,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -13,6 +14,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/reference/compare_kernels.h"
+#include "kernels/reference/finite_check_kernels.h"
 #include "src/engine/cuda/device_diff_stats.h"
 #include "kernels/reference/oracle_kernel.h"
 #include "kernels/reference/reference_attention.h"
@@ -349,6 +351,54 @@ TEST(CompareKernel, MatchesTheHostComparison) {
     EXPECT_EQ(dev.count, 0);
     EXPECT_EQ(dev.rel_l2, 0);
     EXPECT_EQ(dev.max_abs, 0);
+  }
+}
+
+// The flag of LaunchFlagNonFinite for o (bf16, starting `offset` elements into the allocation so
+// that the unaligned path runs too) and lse.
+bool FlagNonFinite(const std::vector<uint16_t>& o, size_t offset, const std::vector<float>& lse) {
+  uint16_t* d_o = nullptr;
+  float* d_lse = nullptr;
+  unsigned* d_flag = nullptr;
+  EXPECT_EQ(cudaMalloc(&d_o, (o.size() + offset) * 2), cudaSuccess);
+  EXPECT_EQ(cudaMalloc(&d_lse, std::max<size_t>(lse.size(), 1) * 4), cudaSuccess);
+  EXPECT_EQ(cudaMalloc(&d_flag, sizeof(unsigned)), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(d_o + offset, o.data(), o.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(d_lse, lse.data(), lse.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemset(d_flag, 0, sizeof(unsigned)), cudaSuccess);
+  EXPECT_EQ(kernels::LaunchFlagNonFinite(d_o + offset, static_cast<int64_t>(o.size()), d_lse,
+                                         static_cast<int64_t>(lse.size()), d_flag, nullptr),
+            cudaSuccess);
+  unsigned flag = 7;
+  EXPECT_EQ(cudaMemcpy(&flag, d_flag, sizeof(unsigned), cudaMemcpyDeviceToHost), cudaSuccess);
+  cudaFree(d_o);
+  cudaFree(d_lse);
+  cudaFree(d_flag);
+  return flag != 0;
+}
+
+TEST(FiniteCheckKernel, FlagsNanAndInfAnywhereInOAndLse) {
+  VERIFYD_SKIP_WITHOUT_GPU();
+  const size_t n = 8 * 1000 + 5;  // a tail past the last 16-byte word
+  std::vector<uint16_t> o(n);
+  for (size_t i = 0; i < n; ++i) o[i] = FloatToBf16(std::sin(0.01f * i) * 3.f);
+  std::vector<float> lse(321, 1.5f);
+  lse[7] = -INFINITY;  // a row that sees no key: not a fault
+  for (size_t offset : {size_t{0}, size_t{1}}) {
+    SCOPED_TRACE(offset);
+    EXPECT_FALSE(FlagNonFinite(o, offset, lse));
+    for (size_t at : {size_t{0}, size_t{3}, n / 2, n - 1}) {
+      for (uint16_t bad : {uint16_t{0x7fc0}, uint16_t{0x7f80}, uint16_t{0xff80}}) {
+        std::vector<uint16_t> o_bad = o;
+        o_bad[at] = bad;
+        EXPECT_TRUE(FlagNonFinite(o_bad, offset, lse)) << "at " << at << " value " << bad;
+      }
+    }
+  }
+  for (float bad : {NAN, INFINITY}) {
+    std::vector<float> lse_bad = lse;
+    lse_bad[lse.size() - 1] = bad;
+    EXPECT_TRUE(FlagNonFinite(o, 0, lse_bad)) << bad;
   }
 }
 

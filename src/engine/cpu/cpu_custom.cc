@@ -35,7 +35,10 @@ struct RowBlock {
   int b, h0, nh, rows;
   int64_t kv_len, prefix;
   std::vector<float> q;  // [rows, 576]
+  const CallContext* call;  // null: never abandoned
 };
+
+bool Abandoned(const RowBlock& rb) { return rb.call != nullptr && rb.call->Abandoned(); }
 
 // Attention of every row over KV tokens [t_begin, t_end), tile by tile.
 Partial RunSplit(const RowBlock& rb, int64_t t_begin, int64_t t_end, int tile) {
@@ -48,6 +51,7 @@ Partial RunSplit(const RowBlock& rb, int64_t t_begin, int64_t t_end, int tile) {
   std::vector<float> k_tile(int64_t{tile} * kHeadDimQK);
   std::vector<float> s(tile), p_bf16(tile);
   for (int64_t t0 = t_begin; t0 < t_end; t0 += tile) {
+    if (Abandoned(rb)) return part;
     const int n = static_cast<int>(std::min<int64_t>(tile, t_end - t0));
     for (int k = 0; k < n; ++k) {
       const uint16_t* src = v.KvRow(rb.b, t0 + k);
@@ -100,9 +104,9 @@ Partial RunSplit(const RowBlock& rb, int64_t t_begin, int64_t t_end, int tile) {
 }  // namespace
 
 void CustomRequestHeads(const BundleView& v, int b, int h0, int h1, const CpuCustomConfig& c,
-                        uint16_t* o, float* lse) {
+                        uint16_t* o, float* lse, const CallContext* call) {
   const int T = v.shape.draft, H = v.shape.heads;
-  RowBlock rb{&v, b, h0, h1 - h0, T * (h1 - h0), v.kv_lens[b], v.kv_lens[b] - T, {}};
+  RowBlock rb{&v, b, h0, h1 - h0, T * (h1 - h0), v.kv_lens[b], v.kv_lens[b] - T, {}, call};
   rb.q.resize(int64_t{rb.rows} * kHeadDimQK);
   for (int i = 0; i < T; ++i) {
     for (int h = h0; h < h1; ++h) {
@@ -122,6 +126,7 @@ void CustomRequestHeads(const BundleView& v, int b, int h0, int h1, const CpuCus
   std::vector<float> out(int64_t{rb.rows} * kHeadDimV, 0.f);
   std::vector<SoftmaxState> merged(rb.rows);
   for (int64_t t0 = 0; t0 < rb.kv_len; t0 += chunk) {
+    if (Abandoned(rb)) return;
     const Partial part = RunSplit(rb, t0, std::min(rb.kv_len, t0 + chunk), tile);
     for (int r = 0; r < rb.rows; ++r) {
       const SoftmaxState::Scales sc = merged[r].Merge(part.state[r]);

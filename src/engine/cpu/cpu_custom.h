@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "src/bundle/bundle.h"
+#include "src/engine/call_context.h"
 
 namespace verifyd {
 
@@ -19,8 +20,9 @@ struct CpuCustomConfig {
 
 // Heads [h0, h1) of every draft token of request b, written into the full outputs
 // o: bf16 [B*T, H, 512], lse: fp32 [B*T, H] (may be null).
+// With `call`, stops between tiles once the call is abandoned (the outputs are then incomplete).
 void CustomRequestHeads(const BundleView& v, int b, int h0, int h1, const CpuCustomConfig& c,
-                        uint16_t* o, float* lse);
+                        uint16_t* o, float* lse, const CallContext* call = nullptr);
 
 // The whole bundle on the calling thread.
 void RunCustom(const BundleView& v, const CpuCustomConfig& c, std::vector<uint16_t>* o,

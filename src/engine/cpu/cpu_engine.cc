@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <optional>
 #include <thread>
@@ -80,7 +81,14 @@ class CpuEngine : public Engine {
     return std::make_shared<CpuPreparedBundle>(bundle, detach);
   }
 
-  absl::Status Run(Path path, PreparedBundle& pb) override {
+  absl::Status Run(Path path, PreparedBundle& pb) override { return RunPath(path, pb, nullptr); }
+
+  absl::Status RunForCall(Path path, PreparedBundle& pb, const CallContext& call) override {
+    if (absl::Status st = call.Check(); !st.ok()) return st;
+    return RunPath(path, pb, &call);
+  }
+
+  absl::Status RunPath(Path path, PreparedBundle& pb, const CallContext* call) {
     auto& b = static_cast<CpuPreparedBundle&>(pb);
     const BundleView& v = b.view();
     const auto start = std::chrono::steady_clock::now();
@@ -88,7 +96,7 @@ class CpuEngine : public Engine {
     switch (path) {
       case Path::kOracle: {
         std::vector<double> o(v.o_elems()), lse(v.lse_elems());
-        ForEachBlock(v, [&](int bi, int h0, int h1) {
+        ForEachBlock(v, call, [&](int bi, int h0, int h1) {
           OracleRequestHeads(v, bi, h0, h1, o.data(), lse.data());
         });
         out.o_f32.assign(o.begin(), o.end());
@@ -98,8 +106,8 @@ class CpuEngine : public Engine {
       case Path::kReference:
         out.o.resize(v.o_elems());
         out.lse.resize(v.lse_elems());
-        ForEachBlock(v, [&](int bi, int h0, int h1) {
-          ReferenceRequestHeads(v, bi, h0, h1, out.o.data(), out.lse.data());
+        ForEachBlock(v, call, [&](int bi, int h0, int h1) {
+          ReferenceRequestHeads(v, bi, h0, h1, out.o.data(), out.lse.data(), call);
         });
         break;
       case Path::kCustom: {
@@ -109,14 +117,17 @@ class CpuEngine : public Engine {
         }
         out.o.resize(v.o_elems());
         out.lse.resize(v.lse_elems());
-        ForEachBlock(v, [&](int bi, int h0, int h1) {
-          CustomRequestHeads(v, bi, h0, h1, custom_, out.o.data(), out.lse.data());
+        ForEachBlock(v, call, [&](int bi, int h0, int h1) {
+          CustomRequestHeads(v, bi, h0, h1, custom_, out.o.data(), out.lse.data(), call);
         });
         ApplyFault(fault, &out);
         break;
       }
       default:
         return absl::InvalidArgumentError(absl::StrCat("unknown path ", static_cast<int>(path)));
+    }
+    if (call != nullptr) {
+      if (absl::Status st = call->Check(); !st.ok()) return st;  // the output is incomplete
     }
     out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     b.Store(path, std::move(out));
@@ -128,6 +139,18 @@ class CpuEngine : public Engine {
     if (got == nullptr) return NotRun(path);
     *out = *got;
     return absl::OkStatus();
+  }
+
+  absl::StatusOr<bool> AllFinite(Path path, PreparedBundle& pb) override {
+    if (path == Path::kOracle) return OracleNotChecked();
+    auto got = static_cast<CpuPreparedBundle&>(pb).Get(path);
+    if (got == nullptr) return NotRun(path);
+    const bool o_finite = std::all_of(got->o.begin(), got->o.end(),
+                                      [](uint16_t x) { return (x & 0x7f80) != 0x7f80; });
+    const bool lse_finite = std::none_of(got->lse.begin(), got->lse.end(), [](float x) {
+      return std::isnan(x) || x == std::numeric_limits<float>::infinity();
+    });
+    return o_finite && lse_finite;
   }
 
   absl::StatusOr<DiffStats> Compare(PreparedBundle& pb, Path test, Path ref,
@@ -160,6 +183,10 @@ class CpuEngine : public Engine {
   }
 
  private:
+  static absl::Status OracleNotChecked() {
+    return absl::InvalidArgumentError("finite check: only reference and custom outputs are served");
+  }
+
   static absl::Status NotRun(Path p) {
     return absl::FailedPreconditionError(
         absl::StrCat("path ", PathName(p), " has not run on this bundle"));
@@ -182,14 +209,16 @@ class CpuEngine : public Engine {
 
   // Calls fn(request, h0, h1) for blocks of heads so that there are about two blocks per
   // worker, on this engine's arena (shared by concurrent calls; no threads made per call).
+  // Blocks not yet started are skipped once `call` (when given) is abandoned.
   template <typename Fn>
-  void ForEachBlock(const BundleView& v, Fn&& fn) {
+  void ForEachBlock(const BundleView& v, const CallContext* call, Fn&& fn) {
     const int B = v.shape.batch, H = v.shape.heads;
     const int blocks_per_request = std::clamp((2 * threads_ + B - 1) / B, 1, H);
     const int head_block = (H + blocks_per_request - 1) / blocks_per_request;
     const int per_request = (H + head_block - 1) / head_block;
     arena_.execute([&] {
       tbb::parallel_for(0, B * per_request, [&](int item) {
+        if (call != nullptr && call->Abandoned()) return;
         const int b = item / per_request;
         const int h0 = (item % per_request) * head_block;
         fn(b, h0, std::min(H, h0 + head_block));

@@ -5,12 +5,14 @@
 
 namespace verifyd {
 
-void ReferenceRequestHeads(const BundleView& v, int b, int h0, int h1, uint16_t* o, float* lse) {
+void ReferenceRequestHeads(const BundleView& v, int b, int h0, int h1, uint16_t* o, float* lse,
+                           const CallContext* call) {
   using kernels::kHeadDimV;
   const int T = v.shape.draft, H = v.shape.heads;
   const int nh = h1 - h0;
   std::vector<double> o_row(int64_t{nh} * kHeadDimV), lse_row(nh);
   for (int i = 0; i < T; ++i) {
+    if (call != nullptr && call->Abandoned()) return;
     OracleTokenHeads(v, b, i, h0, h1, o_row.data(), lse_row.data());
     const int64_t row = (int64_t{b} * T + i) * H + h0;
     uint16_t* dst = o + row * kHeadDimV;

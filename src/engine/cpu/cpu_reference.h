@@ -6,12 +6,15 @@
 #include <vector>
 
 #include "src/bundle/bundle.h"
+#include "src/engine/call_context.h"
 
 namespace verifyd {
 
 // Heads [h0, h1) of every draft token of request b, written into the full outputs
 // o: bf16 [B*T, H, 512], lse: fp32 [B*T, H] (may be null).
-void ReferenceRequestHeads(const BundleView& v, int b, int h0, int h1, uint16_t* o, float* lse);
+// With `call`, stops between draft tokens once the call is abandoned (outputs then incomplete).
+void ReferenceRequestHeads(const BundleView& v, int b, int h0, int h1, uint16_t* o, float* lse,
+                           const CallContext* call = nullptr);
 
 // The whole bundle on the calling thread.
 void RunReference(const BundleView& v, std::vector<uint16_t>* o, std::vector<float>* lse);

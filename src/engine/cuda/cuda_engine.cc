@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/reference/compare_kernels.h"
+#include "kernels/reference/finite_check_kernels.h"
 #include "src/engine/cuda/device_diff_stats.h"
 #include "kernels/reference/oracle_kernel.h"
 #include "kernels/reference/output_fault_kernels.h"
@@ -298,6 +299,41 @@ absl::Status CudaEngine::Fetch(Path path, PreparedBundle& pb, PathOutput* out) {
   VERIFYD_RETURN_IF_ERROR(w.Check(cudaEventElapsedTime(&ms, st.start, st.done), where));
   out->seconds = ms * 1e-3;
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> CudaEngine::AllFinite(Path path, PreparedBundle& pb) {
+  auto& b = static_cast<CudaPreparedBundle&>(pb);
+  DeviceWorker& w = b.worker();
+  VERIFYD_RETURN_IF_ERROR(w.Activate());
+  if (path == Path::kOracle) {
+    return absl::InvalidArgumentError("finite check: only reference and custom outputs are served");
+  }
+  const DevicePathOutput out = b.State(path);
+  if (!out.ran) return NotRun(path);
+  Lane& lane = b.lane();
+  const bool served = path == Path::kReference;
+  const cudaStream_t s = served ? lane.served : lane.shadow;
+  const std::string where = absl::StrCat(PathName(path), " path (checking its output is finite)");
+  absl::MutexLock lock(&lane.finite_mu);
+  // The path's kernels ran on `s`: its output is complete in stream order.
+  absl::Status st = w.Check(cudaMemsetAsync(lane.finite_device, 0, sizeof(unsigned), s), where);
+  if (st.ok()) {
+    st = w.Check(kernels::LaunchFlagNonFinite(static_cast<const uint16_t*>(out.o), b.o_elems(),
+                                              out.lse, b.lse_elems(), lane.finite_device, s),
+                 where);
+  }
+  if (st.ok()) {
+    st = w.Check(cudaMemcpyAsync(lane.finite_host, lane.finite_device, sizeof(unsigned),
+                                 cudaMemcpyDeviceToHost, s),
+                 where);
+  }
+  if (st.ok()) st = w.Check(cudaEventRecord(lane.finite_done, s), where);
+  if (!served) {
+    if (absl::Status rec = b.RecordShadowUse(); st.ok()) st = rec;
+  }
+  VERIFYD_RETURN_IF_ERROR(st);
+  VERIFYD_RETURN_IF_ERROR(w.Check(cudaEventSynchronize(lane.finite_done), where));
+  return *lane.finite_host == 0;
 }
 
 absl::StatusOr<DiffStats> CudaEngine::Compare(PreparedBundle& pb, Path test, Path ref,

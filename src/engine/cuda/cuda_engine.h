@@ -47,6 +47,8 @@ class CudaEngine : public Engine {
   // the shadow stream and returns once launched.
   absl::Status Run(Path path, PreparedBundle& b) override;
   absl::Status Fetch(Path path, PreparedBundle& b, PathOutput* out) override;
+  // One reduction kernel over o and lse on the path's own stream; a 4-byte flag comes back.
+  absl::StatusOr<bool> AllFinite(Path path, PreparedBundle& b) override;
   absl::StatusOr<DiffStats> Compare(PreparedBundle& b, Path test, Path ref,
                                     const Tolerance& tol) override;
   absl::StatusOr<std::shared_ptr<const OwnedBundle>> FetchInputs(PreparedBundle& b) override;

@@ -59,11 +59,13 @@ absl::Status DeviceWorker::Init(size_t pool_bytes, int lanes) {
     absl::Status st = Check(cudaStreamCreateWithFlags(&l.served, cudaStreamNonBlocking), where);
     if (st.ok()) st = Check(cudaStreamCreateWithFlags(&l.shadow, cudaStreamNonBlocking), where);
     for (cudaEvent_t* e :
-         {&l.input.copied, &l.output_served.copied, &l.output_shadow.copied, &l.compare_done}) {
+         {&l.input.copied, &l.output_served.copied, &l.output_shadow.copied, &l.compare_done,
+          &l.finite_done}) {
       if (st.ok()) st = Check(cudaEventCreateWithFlags(e, cudaEventDisableTiming), where);
     }
     absl::MutexLock blas_lock(&l.blas_mu);
     absl::MutexLock compare_lock(&l.compare_mu);
+    absl::MutexLock finite_lock(&l.finite_mu);
     if (st.ok()) st = CublasStatus(cublasCreate(&l.blas), where);
     if (st.ok()) {
       st = Check(cudaMalloc(&l.compare_workspace, kernels::CompareWorkspaceBytes()), where);
@@ -76,6 +78,14 @@ absl::Status DeviceWorker::Init(size_t pool_bytes, int lanes) {
     if (st.ok()) {
       st = Check(cudaHostAlloc(reinterpret_cast<void**>(&l.compare_host),
                                sizeof(kernels::DeviceDiffStats), cudaHostAllocDefault),
+                 where);
+    }
+    if (st.ok()) {
+      st = Check(cudaMalloc(reinterpret_cast<void**>(&l.finite_device), sizeof(unsigned)), where);
+    }
+    if (st.ok()) {
+      st = Check(cudaHostAlloc(reinterpret_cast<void**>(&l.finite_host), sizeof(unsigned),
+                               cudaHostAllocDefault),
                  where);
     }
     if (!st.ok()) return st;
@@ -99,8 +109,13 @@ DeviceWorker::~DeviceWorker() {
       if (l.compare_device != nullptr) cudaFree(l.compare_device);
       if (l.compare_host != nullptr) cudaFreeHost(l.compare_host);
     }
-    for (cudaEvent_t e :
-         {l.input.copied, l.output_served.copied, l.output_shadow.copied, l.compare_done}) {
+    {
+      absl::MutexLock lock(&l.finite_mu);
+      if (l.finite_device != nullptr) cudaFree(l.finite_device);
+      if (l.finite_host != nullptr) cudaFreeHost(l.finite_host);
+    }
+    for (cudaEvent_t e : {l.input.copied, l.output_served.copied, l.output_shadow.copied,
+                          l.compare_done, l.finite_done}) {
       if (e != nullptr) cudaEventDestroy(e);
     }
     if (l.served != nullptr) cudaStreamDestroy(l.served);

@@ -45,6 +45,11 @@ struct Lane {
   kernels::DeviceDiffStats* compare_device ABSL_GUARDED_BY(compare_mu) = nullptr;
   kernels::DeviceDiffStats* compare_host ABSL_GUARDED_BY(compare_mu) = nullptr;  // pinned
   cudaEvent_t compare_done = nullptr;
+
+  absl::Mutex finite_mu;  // one finite check at a time per lane: shared flag
+  unsigned* finite_device ABSL_GUARDED_BY(finite_mu) = nullptr;
+  unsigned* finite_host ABSL_GUARDED_BY(finite_mu) = nullptr;  // pinned
+  cudaEvent_t finite_done = nullptr;
 };
 
 class DeviceWorker {
