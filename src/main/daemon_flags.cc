@@ -43,7 +43,7 @@ ABSL_FLAG(int, cpu_threads, 0, "CPU engine threads; 0 = all cores");
 ABSL_FLAG(std::vector<std::string>, devices, {}, "CUDA devices to serve; empty = all visible");
 ABSL_FLAG(int64_t, cuda_pool_mb, 8192, "CUDA memory pool per device, MiB");
 ABSL_FLAG(int64_t, max_message_mb, 2048, "Largest gRPC message accepted or sent, MiB");
-ABSL_FLAG(int, grpc_max_threads, 64,
+ABSL_FLAG(int, grpc_max_threads, 128,
           "Threads serving data-plane calls; a call or stream beyond them gets RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, grpc_max_concurrent_streams, 256, "Concurrent data-plane streams per connection");
 ABSL_FLAG(int64_t, gate_window, 1000, "Clean comparisons in a row needed to flip to canary/custom");

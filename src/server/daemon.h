@@ -53,7 +53,7 @@ struct DaemonOptions {
   int64_t max_message_bytes = int64_t{2} << 30;  // 1 GiB bundles with room to spare
   // gRPC ceilings of the data plane: threads serving calls (a call or stream beyond them is
   // answered RESOURCE_EXHAUSTED) and concurrent streams per connection.
-  int grpc_max_threads = 64;
+  int grpc_max_threads = 128;
   int grpc_max_concurrent_streams = 256;
   ControllerOptions controller;
   HandlerOptions handler;
