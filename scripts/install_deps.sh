@@ -6,7 +6,7 @@ packages=(
   build-essential cmake git pkg-config curl
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev prometheus-cpp-dev libcpp-httplib-dev
-  libtbb-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libssl-dev
+  libtbb-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libssl-dev libsystemd-dev openssl
   python3-numpy python3-grpcio python3-protobuf python3-yaml prometheus
 )
 missing=()

@@ -24,6 +24,11 @@ double NowSeconds() {
       .count();
 }
 
+// SaveBundleFile writes NAME.safetensors.tmp.XXXXXX and renames it when complete.
+bool IsTempFile(const std::string& name) {
+  return name.find(".safetensors.tmp.") != std::string::npos;
+}
+
 // %.17g: reading the number back gives the same double, so replay can check it exactly.
 std::string Exact(double v) { return absl::StrFormat("%.17g", v); }
 
@@ -37,7 +42,19 @@ absl::StatusOr<std::unique_ptr<Capturer>> Capturer::Create(const CaptureOptions&
   std::unique_ptr<Capturer> c(new Capturer(opts, std::move(build_info)));
   std::vector<std::pair<fs::file_time_type, File>> found;
   for (const auto& e : fs::directory_iterator(opts.dir, ec)) {
-    if (!e.is_regular_file() || e.path().extension() != ".safetensors") continue;
+    if (!e.is_regular_file()) continue;
+    if (IsTempFile(e.path().filename().string())) {  // a write cut short by a crash
+      std::error_code rm;
+      fs::remove(e.path(), rm);
+      if (rm) {
+        spdlog::warn("capture: cannot remove the unfinished {}: {}", e.path().string(),
+                     rm.message());
+      } else {
+        spdlog::info("capture: removed the unfinished {}", e.path().string());
+      }
+      continue;
+    }
+    if (e.path().extension() != ".safetensors") continue;
     found.push_back({e.last_write_time(), {e.path().string(), static_cast<int64_t>(e.file_size())}});
   }
   std::sort(found.begin(), found.end(), [](auto& a, auto& b) { return a.first < b.first; });
@@ -69,6 +86,17 @@ std::string Capturer::Claim(bool breach) {
   return "breach";
 }
 
+absl::Status Capturer::Dropped(const std::string& trigger, absl::Status why) {
+  absl::MutexLock l(&mu_);
+  return DroppedLocked(trigger, std::move(why));
+}
+
+absl::Status Capturer::DroppedLocked(const std::string& trigger, absl::Status why) {
+  ++dropped_;
+  if (trigger == "requested") ++pending_;  // a requested capture not written keeps its slot
+  return why;
+}
+
 void Capturer::RequestNext(int64_t n) {
   absl::MutexLock l(&mu_);
   pending_ = std::max<int64_t>(0, n);
@@ -80,8 +108,10 @@ CaptureStatus Capturer::Status() const {
 }
 
 void Capturer::EnforceQuotaLocked() {
-  while (!files_.empty() && (bytes_ > opts_.max_bytes ||
-                             static_cast<int64_t>(files_.size()) > opts_.max_files)) {
+  // Files being written count too: their temporary files are on the disk already.
+  while (!files_.empty() &&
+         (bytes_ + writing_bytes_ > opts_.max_bytes ||
+          static_cast<int64_t>(files_.size()) + writing_files_ > opts_.max_files)) {
     std::error_code ec;
     fs::remove(files_.front().path, ec);
     bytes_ -= files_.front().bytes;
@@ -152,18 +182,15 @@ absl::StatusOr<std::string> Capturer::Write(const ComparisonRecord& r, const std
   if (::statvfs(opts_.dir.c_str(), &sv) == 0) {
     const int64_t free_bytes = static_cast<int64_t>(sv.f_bavail) * sv.f_frsize;
     if (free_bytes - need < opts_.min_free_bytes) {
-      absl::MutexLock l(&mu_);
-      ++dropped_;
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "capture: ", free_bytes, " bytes free on ", opts_.dir, "; keeping ",
-          opts_.min_free_bytes, " free"));
+      return Dropped(trigger, absl::ResourceExhaustedError(absl::StrCat(
+                                  "capture: ", free_bytes, " bytes free on ", opts_.dir,
+                                  "; keeping ", opts_.min_free_bytes, " free")));
     }
   }
   if (need > opts_.max_bytes) {
-    absl::MutexLock l(&mu_);
-    ++dropped_;
-    return absl::ResourceExhaustedError(
-        absl::StrCat("capture: bundle of ", need, " bytes exceeds the quota ", opts_.max_bytes));
+    return Dropped(trigger, absl::ResourceExhaustedError(absl::StrCat(
+                                "capture: bundle of ", need, " bytes exceeds the quota ",
+                                opts_.max_bytes)));
   }
   std::string path;
   {
@@ -172,15 +199,17 @@ absl::StatusOr<std::string> Capturer::Write(const ComparisonRecord& r, const std
     path = absl::StrFormat("%s/%s-%06d-%s.safetensors", opts_.dir,
                            absl::FormatTime("%Y%m%dT%H%M%S", absl::Now(), absl::UTCTimeZone()),
                            ++seq_, trigger);
+    writing_bytes_ += need;
+    ++writing_files_;
+    EnforceQuotaLocked();  // make room before the temporary file takes it
   }
-  if (absl::Status st = SaveBundleFile(path, v, extra, meta); !st.ok()) {
-    absl::MutexLock l(&mu_);
-    ++dropped_;
-    return st;
-  }
+  const absl::Status saved = SaveBundleFile(path, v, extra, meta);
   std::error_code ec;
-  const int64_t size = static_cast<int64_t>(fs::file_size(path, ec));
+  const int64_t size = saved.ok() ? static_cast<int64_t>(fs::file_size(path, ec)) : 0;
   absl::MutexLock l(&mu_);
+  writing_bytes_ -= need;
+  --writing_files_;
+  if (!saved.ok()) return DroppedLocked(trigger, saved);
   ++written_;
   files_.push_back({path, ec ? need : size});
   bytes_ += files_.back().bytes;

@@ -44,14 +44,16 @@ struct CaptureStatus {
 
 class Capturer {
  public:
-  // Creates the directory and takes stock of the files already there.
+  // Creates the directory and takes stock of the files already there; removes the temporary
+  // files of writes cut short (a crash or kill -9 mid-write).
   static absl::StatusOr<std::unique_ptr<Capturer>> Create(const CaptureOptions& opts,
                                                           std::string build_info);
 
   // Whether to capture this comparison (and take a "next N" slot or the breach token).
   // Returns the trigger ("requested" or "breach") or "" for no.
   std::string Claim(bool breach);
-  // Writes the record atomically and enforces the quota. Returns the file written.
+  // Writes the record atomically and enforces the quota (counting the files being written).
+  // Returns the file written. A "requested" capture that is not written gives its slot back.
   absl::StatusOr<std::string> Write(const ComparisonRecord& r, const std::string& trigger);
   void RequestNext(int64_t n);
   CaptureStatus Status() const;
@@ -59,6 +61,10 @@ class Capturer {
  private:
   Capturer(CaptureOptions opts, std::string build_info);
   void EnforceQuotaLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a capture that was not written and returns `why`.
+  absl::Status Dropped(const std::string& trigger, absl::Status why) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status DroppedLocked(const std::string& trigger, absl::Status why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CaptureOptions opts_;
   const std::string build_info_;
@@ -74,6 +80,8 @@ class Capturer {
   };
   std::deque<File> files_ ABSL_GUARDED_BY(mu_);  // oldest first
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t writing_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // estimates of the writes in progress
+  int64_t writing_files_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace verifyd

@@ -54,9 +54,8 @@ absl::Status Corrupt(const std::string& what, const std::string& why) {
   return absl::DataLossError(absl::StrCat(what, ": ", why));
 }
 
-absl::Status FromErrno(int err, const std::string& what) {
-  return absl::ErrnoToStatus(err, absl::StrCat(what, ": ", std::strerror(err)));
-}
+// ErrnoToStatus appends ": " and the system's reason itself.
+absl::Status FromErrno(int err, const std::string& what) { return absl::ErrnoToStatus(err, what); }
 
 uint64_t ReadLe64(const char* p) {
   uint64_t v;

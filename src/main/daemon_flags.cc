@@ -1,6 +1,8 @@
 #include "src/main/daemon_flags.h"
 
+#include <cstdio>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string_view>
 
@@ -12,14 +14,27 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage_config.h"
 #include "spdlog/spdlog.h"
+#include "src/common/admin_token.h"
+#include "src/common/status_macros.h"
 
 ABSL_FLAG(std::vector<std::string>, listen, {"127.0.0.1:50051"},
           "Data-plane address, HOST:PORT or unix:PATH; repeat or comma-separate for several. "
           "Port 0 picks a free port (logged).");
-ABSL_FLAG(std::string, admin_listen, "unix:verifyd-admin.sock",
-          "Admin address: unix:PATH (mode 0600) or HOST:PORT with --admin_token_file");
-ABSL_FLAG(std::string, admin_token_file, "", "File holding the admin bearer token (TCP admin)");
+ABSL_FLAG(std::string, admin_listen, verifyd::kDefaultAdminAddress,
+          "Admin address: unix:PATH (mode 0600; the directory is created) or HOST:PORT with "
+          "--admin_token_file");
+ABSL_FLAG(std::string, admin_token_file, "",
+          "File holding the admin bearer token (TCP admin); one line, mode 0600 or stricter");
+ABSL_FLAG(bool, insecure_admin_tcp, false,
+          "Allow a TCP --admin_listen without TLS (the admin token then travels in clear)");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM certificate chain: serve the TCP listeners (data plane and admin) over TLS");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "PEM CA bundle: TCP clients must present a certificate it signed (mutual TLS)");
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9464",
           "Prometheus /metrics address HOST:PORT; empty disables");
 ABSL_FLAG(std::string, state_dir, "verifyd-state", "Directory for the mode and the audit log");
@@ -28,6 +43,9 @@ ABSL_FLAG(int, cpu_threads, 0, "CPU engine threads; 0 = all cores");
 ABSL_FLAG(std::vector<std::string>, devices, {}, "CUDA devices to serve; empty = all visible");
 ABSL_FLAG(int64_t, cuda_pool_mb, 8192, "CUDA memory pool per device, MiB");
 ABSL_FLAG(int64_t, max_message_mb, 2048, "Largest gRPC message accepted or sent, MiB");
+ABSL_FLAG(int, grpc_max_threads, 128,
+          "Threads serving data-plane calls; a call or stream beyond them gets RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, grpc_max_concurrent_streams, 256, "Concurrent data-plane streams per connection");
 ABSL_FLAG(int64_t, gate_window, 1000, "Clean comparisons in a row needed to flip to canary/custom");
 ABSL_FLAG(int64_t, rollback_breaches, 3, "Breaches within --rollback_window that roll back");
 ABSL_FLAG(int64_t, rollback_window, 1000, "Sampled comparisons the rollback counts over");
@@ -78,6 +96,38 @@ absl::StatusOr<CustomFault> ParseFault(const std::string& s) {
   return f;
 }
 
+absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat(flag, ": cannot read ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (ss.str().find("-----BEGIN ") == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", path, " holds no PEM block"));
+  }
+  return ss.str();
+}
+
+absl::StatusOr<TlsOptions> ParseTls() {
+  TlsOptions tls;
+  const std::string cert = absl::GetFlag(FLAGS_tls_cert_file);
+  const std::string key = absl::GetFlag(FLAGS_tls_key_file);
+  const std::string ca = absl::GetFlag(FLAGS_tls_client_ca_file);
+  if (cert.empty() != key.empty()) {
+    return absl::InvalidArgumentError(
+        "tls_cert_file, tls_key_file: give both (or neither for plaintext TCP)");
+  }
+  if (!ca.empty() && cert.empty()) {
+    return absl::InvalidArgumentError("tls_client_ca_file: needs --tls_cert_file and --tls_key_file");
+  }
+  if (cert.empty()) return tls;
+  VERIFYD_ASSIGN_OR_RETURN(tls.cert_chain, ReadPem("tls_cert_file", cert));
+  VERIFYD_ASSIGN_OR_RETURN(tls.private_key, ReadPem("tls_key_file", key));
+  if (!ca.empty()) {
+    VERIFYD_ASSIGN_OR_RETURN(tls.client_ca, ReadPem("tls_client_ca_file", ca));
+  }
+  return tls;
+}
+
 // absl keeps only the last --listen; collect every occurrence so the flag can repeat.
 std::vector<std::string> AllListen(int argc, char** argv) {
   std::vector<std::string> out;
@@ -92,12 +142,55 @@ std::vector<std::string> AllListen(int argc, char** argv) {
   return out;
 }
 
+constexpr char kUsage[] =
+    "verifyd: shadow-verifies a custom MLA tree-verify attention kernel against a reference.\n"
+    "  verifyd --listen=127.0.0.1:50051 --state_dir=DIR [--engine=auto|cpu|cuda]";
+
+// The daemon's own flags are the ones defined in this file.
+bool IsDaemonFlagFile(absl::string_view file) { return absl::EndsWith(file, "daemon_flags.cc"); }
+
+void ConfigureUsage() {
+  static const bool once = [] {
+    absl::SetProgramUsageMessage(kUsage);
+    absl::FlagsUsageConfig config;
+    config.contains_help_flags = IsDaemonFlagFile;
+    config.contains_helpshort_flags = IsDaemonFlagFile;
+    config.version_string = [] { return DaemonVersion() + "\n"; };
+    absl::SetFlagsUsageConfig(config);
+    return true;
+  }();
+  (void)once;
+}
+
 }  // namespace
 
+bool HelpRequested(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view a = argv[i];
+    if (a == "--") break;
+    if (a == "--help" || a == "-help" || a == "-h" || a == "--help=true") return true;
+  }
+  return false;
+}
+
+std::string DaemonHelp() {
+  ConfigureUsage();
+  std::map<std::string, const absl::CommandLineFlag*> flags;  // sorted by name
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (IsDaemonFlagFile(flag->Filename())) flags.emplace(std::string(name), flag);
+  }
+  std::string out = absl::StrCat(kUsage, "\n\nFlags:\n");
+  for (const auto& [name, flag] : flags) {
+    absl::StrAppend(&out, "  --", name, "=", flag->DefaultValue(), "\n      ", flag->Help(),
+                    "\n");
+  }
+  absl::StrAppend(&out, "  --help\n      Print this and exit\n",
+                  "  --version\n      Print the version and commit and exit\n");
+  return out;
+}
+
 absl::StatusOr<DaemonOptions> ParseDaemonFlags(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "verifyd: shadow-verifies a custom MLA tree-verify attention kernel against a reference.\n"
-      "  verifyd --listen=127.0.0.1:50051 --state_dir=DIR [--engine=auto|cpu|cuda]");
+  ConfigureUsage();
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() > 1) {
     return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", rest[1], "'"));
@@ -110,15 +203,10 @@ absl::StatusOr<DaemonOptions> ParseDaemonFlags(int argc, char** argv) {
   if (o.listen.empty()) o.listen = absl::GetFlag(FLAGS_listen);
   o.admin_listen = absl::GetFlag(FLAGS_admin_listen);
   if (const std::string f = absl::GetFlag(FLAGS_admin_token_file); !f.empty()) {
-    std::ifstream in(f);
-    if (!in) return absl::NotFoundError(absl::StrCat("admin_token_file: cannot read ", f));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    o.admin_token = std::string(absl::StripAsciiWhitespace(ss.str()));
-    if (o.admin_token.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("admin_token_file: ", f, " is empty"));
-    }
+    VERIFYD_ASSIGN_OR_RETURN(o.admin_token, ReadAdminTokenFile("admin_token_file", f, true));
   }
+  o.insecure_admin_tcp = absl::GetFlag(FLAGS_insecure_admin_tcp);
+  VERIFYD_ASSIGN_OR_RETURN(o.tls, ParseTls());
   o.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   o.state_dir = absl::GetFlag(FLAGS_state_dir);
   o.engine.kind = absl::GetFlag(FLAGS_engine);
@@ -132,6 +220,12 @@ absl::StatusOr<DaemonOptions> ParseDaemonFlags(int argc, char** argv) {
   }
   o.engine.cuda_pool_bytes = absl::GetFlag(FLAGS_cuda_pool_mb) << 20;
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_mb) << 20;
+  o.grpc_max_threads = absl::GetFlag(FLAGS_grpc_max_threads);
+  o.grpc_max_concurrent_streams = absl::GetFlag(FLAGS_grpc_max_concurrent_streams);
+  if (o.grpc_max_threads < 2) return absl::InvalidArgumentError("grpc_max_threads: must be >= 2");
+  if (o.grpc_max_concurrent_streams < 1) {
+    return absl::InvalidArgumentError("grpc_max_concurrent_streams: must be >= 1");
+  }
   o.controller.gate_window = absl::GetFlag(FLAGS_gate_window);
   o.controller.rollback_breaches = absl::GetFlag(FLAGS_rollback_breaches);
   o.controller.rollback_window = absl::GetFlag(FLAGS_rollback_window);

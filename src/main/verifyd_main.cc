@@ -1,4 +1,7 @@
-// verifyd: parse flags, start the daemon, wait for SIGINT/SIGTERM or a fatal engine fault.
+// verifyd: parse flags, start the daemon, tell systemd, wait for SIGINT/SIGTERM or a fatal
+// engine fault.
+
+#include <systemd/sd-daemon.h>
 
 #include <csignal>
 #include <cstdio>
@@ -11,6 +14,10 @@
 
 int main(int argc, char** argv) {
   verifyd::BoundMallocArenas();
+  if (verifyd::HelpRequested(argc, argv)) {
+    std::fputs(verifyd::DaemonHelp().c_str(), stdout);
+    return 0;
+  }
   absl::StatusOr<verifyd::DaemonOptions> opts = verifyd::ParseDaemonFlags(argc, argv);
   if (!opts.ok()) {
     std::fprintf(stderr, "verifyd: %s\n", std::string(opts.status().message()).c_str());
@@ -28,6 +35,8 @@ int main(int argc, char** argv) {
     spdlog::critical("{}", std::string(daemon.status().message()));
     return 1;
   }
+  // systemd (Type=notify) learns that verifyd serves; a no-op without NOTIFY_SOCKET.
+  sd_notify(0, "READY=1\nSTATUS=serving");
   std::thread([&stop, d = daemon->get()] {
     int sig = 0;
     sigwait(&stop, &sig);
@@ -35,6 +44,7 @@ int main(int argc, char** argv) {
     d->Shutdown();
   }).detach();
   const int code = (*daemon)->Wait();
+  sd_notify(0, "STOPPING=1");
   daemon->reset();
   spdlog::info("verifyd stopped");
   return code;

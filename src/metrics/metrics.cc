@@ -9,6 +9,7 @@
 #include "httplib.h"
 #include "prometheus/text_serializer.h"
 #include "src/metrics/buckets.h"
+#include "src/metrics/connection_task_queue.h"
 
 namespace verifyd {
 namespace {
@@ -16,6 +17,8 @@ namespace {
 // Ranges of the two diff histograms, as powers of ten.
 constexpr int kRelL2From = -6, kRelL2To = 1;
 constexpr int kMaxAbsFrom = -5, kMaxAbsTo = 2;
+
+constexpr size_t kMaxConnectionThreads = 128;
 
 // Computed once: Add() takes the edges on every call, also for an existing series.
 const std::vector<double>& Latency() {
@@ -229,6 +232,17 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   std::string host = address.substr(0, colon);
   if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
   std::unique_ptr<MetricsServer> s(new MetricsServer);
+  // Exclusive bind: httplib's default sets SO_REUSEPORT, which lets a second daemon share the port.
+  s->impl_->http.set_socket_options([](int sock) {
+    const int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
+  // A scrape is answered within a second whatever other connections do: a thread per
+  // connection (bounded) and idle or slow connections closed after a second.
+  s->impl_->http.new_task_queue = [] { return new ConnectionTaskQueue(kMaxConnectionThreads); };
+  s->impl_->http.set_keep_alive_timeout(1);
+  s->impl_->http.set_read_timeout(1, 0);
+  s->impl_->http.set_write_timeout(1, 0);
   s->impl_->http.Get("/metrics", [registry](const httplib::Request&, httplib::Response& res) {
     res.set_content(prometheus::TextSerializer().Serialize(registry->Collect()),
                     "text/plain; version=0.0.4; charset=utf-8");

@@ -2,19 +2,22 @@
 
 #include <sys/stat.h>
 
-#include <filesystem>
-
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "grpc/grpc.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
+#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "spdlog/spdlog.h"
+#include "src/common/status_macros.h"
 #include "src/server/admin_service.h"
 #include "src/server/runtime_facts.h"
 #include "src/server/unix_socket_acceptor.h"
+#include "src/server/listen_address.h"
 #include "src/server/verify_service.h"
 
 #ifndef VERIFYD_VERSION
@@ -29,11 +32,61 @@ namespace {
 
 constexpr char kServiceName[] = "verifyd.v1.VerifyService";
 
-bool IsUnix(const std::string& a) { return absl::StartsWith(a, "unix:"); }
+// Before anything starts: every address must be free (a unix:PATH listener may replace only a
+// stale socket), so that a second daemon fails fast and touches nothing of the first.
+absl::Status PrepareListeners(const DaemonOptions& opts) {
+  auto prepare = [](const char* flag, const std::string& a) {
+    return IsUnixAddress(a) ? PrepareUnixSocketPath(flag, a.substr(5)) : CheckTcpAddressFree(flag, a);
+  };
+  for (const std::string& a : opts.listen) VERIFYD_RETURN_IF_ERROR(prepare("listen", a));
+  if (!opts.admin_listen.empty()) {
+    VERIFYD_RETURN_IF_ERROR(prepare("admin_listen", opts.admin_listen));
+  }
+  if (!opts.metrics_address.empty()) {
+    VERIFYD_RETURN_IF_ERROR(CheckTcpAddressFree("metrics_address", opts.metrics_address));
+  }
+  return absl::OkStatus();
+}
+
+// The credentials of one listener: TLS on TCP when configured, else plaintext.
+std::shared_ptr<grpc::ServerCredentials> ListenerCredentials(const std::string& address,
+                                                             const TlsOptions& tls) {
+  if (IsUnixAddress(address) || !tls.enabled()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions ssl(
+      tls.client_ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                            : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  ssl.pem_root_certs = tls.client_ca;
+  ssl.pem_key_cert_pairs.push_back({tls.private_key, tls.cert_chain});
+  return grpc::SslServerCredentials(ssl);
+}
+
+// Why a server did not start: a taken port, or else TLS credentials gRPC refused.
+std::string StartFailure(const std::vector<std::string>& addresses, const TlsOptions& tls) {
+  std::string why = BindFailure(addresses);
+  if (tls.enabled() && absl::StartsWith(why, "could not bind")) {
+    absl::StrAppend(&why, " (check that --tls_key_file is the key of --tls_cert_file)");
+  }
+  return why;
+}
+
+// Exclusive binds (without this gRPC sets SO_REUSEPORT and a second daemon shares the port) and
+// the ceilings on threads and streams.
+void ConfigureServer(grpc::ServerBuilder& b, const std::string& name, int max_threads,
+                     int max_streams) {
+  b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  b.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, max_streams);
+  grpc::ResourceQuota quota(name);
+  quota.SetMaxThreads(max_threads);
+  b.SetResourceQuota(quota);
+}
+
+// The admin API's own ceilings: a flooded data plane cannot take its threads.
+constexpr int kAdminMaxThreads = 8;
+constexpr int kAdminMaxStreams = 16;
 
 // Resolves port 0 to the bound port for logs and tests.
 std::string Bound(const std::string& addr, int port) {
-  if (IsUnix(addr)) return addr;
+  if (IsUnixAddress(addr)) return addr;
   const size_t colon = addr.rfind(':');
   return absl::StrCat(addr.substr(0, colon), ":", port);
 }
@@ -50,13 +103,30 @@ std::string CustomConfigDescription(const EngineInfo& info, const DaemonOptions&
 
 }  // namespace
 
+std::string DaemonVersion() {
+  return absl::StrCat("verifyd ", VERIFYD_VERSION, " (commit ", VERIFYD_GIT_COMMIT, ")");
+}
+
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
   std::unique_ptr<Daemon> d(new Daemon);
   d->opts_ = opts;
-  if (!IsUnix(opts.admin_listen) && !opts.admin_listen.empty() && opts.admin_token.empty()) {
-    return absl::InvalidArgumentError(
-        "admin_listen: a TCP admin listener needs --admin_token_file (or use unix:PATH)");
+  if (!IsUnixAddress(opts.admin_listen) && !opts.admin_listen.empty()) {
+    if (opts.admin_token.empty()) {
+      return absl::InvalidArgumentError(
+          "admin_listen: a TCP admin listener needs --admin_token_file (or use unix:PATH)");
+    }
+    if (!opts.tls.enabled() && !opts.insecure_admin_tcp) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "admin_listen: ", opts.admin_listen,
+          " is TCP without TLS and the admin token would travel in clear; give "
+          "--tls_cert_file and --tls_key_file, use unix:PATH, or accept it with "
+          "--insecure_admin_tcp"));
+    }
   }
+
+  // One daemon per state dir and per address: refuse before touching anything the other uses.
+  VERIFYD_ASSIGN_OR_RETURN(d->state_lock_, StateDirLock::Acquire(opts.state_dir));
+  VERIFYD_RETURN_IF_ERROR(PrepareListeners(opts));
 
   absl::StatusOr<std::unique_ptr<Engine>> engine = MakeEngine(opts.engine);
   if (!engine.ok()) return engine.status();
@@ -97,6 +167,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
   if (!opts.metrics_address.empty()) {
     auto ms = MetricsServer::Start(opts.metrics_address, d->metrics_->registry(),
                                    [daemon = d.get()] { return daemon->ready_.load(); });
+    if (absl::IsUnavailable(ms.status())) {
+      return absl::UnavailableError(
+          absl::StrCat("metrics_address: ", BindFailure({opts.metrics_address})));
+    }
     if (!ms.ok()) return ms.status();
     d->metrics_server_ = std::move(*ms);
   }
@@ -122,25 +196,20 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
   {
     grpc::ServerBuilder b;
     std::vector<int> ports(opts.listen.size(), 0);
+    ConfigureServer(b, "verifyd-data", opts.grpc_max_threads, opts.grpc_max_concurrent_streams);
     for (size_t i = 0; i < opts.listen.size(); ++i) {
-      if (IsUnix(opts.listen[i])) {
-        std::error_code ec;
-        std::filesystem::remove(opts.listen[i].substr(5), ec);  // a stale socket from a crash
-      }
-      b.AddListeningPort(opts.listen[i], grpc::InsecureServerCredentials(), &ports[i]);
+      b.AddListeningPort(opts.listen[i], ListenerCredentials(opts.listen[i], opts.tls),
+                         &ports[i]);
     }
     const int max_bytes = static_cast<int>(std::min<int64_t>(opts.max_message_bytes, INT32_MAX));
     b.SetMaxReceiveMessageSize(max_bytes);
     b.SetMaxSendMessageSize(max_bytes);
     b.RegisterService(d->verify_service_.get());
     d->data_server_ = b.BuildAndStart();
-    if (!d->data_server_) {
-      return absl::UnavailableError(absl::StrCat(
-          "listen: could not bind ", absl::StrJoin(opts.listen, ", "), " (in use?)"));
-    }
     for (size_t i = 0; i < opts.listen.size(); ++i) {
-      if (!IsUnix(opts.listen[i]) && ports[i] == 0) {
-        return absl::UnavailableError(absl::StrCat("listen: could not bind ", opts.listen[i]));
+      if (!d->data_server_ || (!IsUnixAddress(opts.listen[i]) && ports[i] == 0)) {
+        return absl::UnavailableError(
+            absl::StrCat("listen: ", StartFailure(opts.listen, opts.tls)));
       }
       d->listen_addresses_.push_back(Bound(opts.listen[i], ports[i]));
     }
@@ -160,23 +229,22 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
         d->metrics_server_ ? Bound(opts.metrics_address, d->metrics_port()) : "");
     actx.capturer = d->capturer_.get();
     actx.counters = [self] { return self->handler_->counters(); };
-    actx.token = IsUnix(opts.admin_listen) ? "" : opts.admin_token;
+    actx.token = IsUnixAddress(opts.admin_listen) ? "" : opts.admin_token;
     d->admin_service_ = std::make_unique<AdminServiceImpl>(std::move(actx));
     grpc::ServerBuilder b;
     int port = 0;
-    if (IsUnix(opts.admin_listen)) {
-      std::error_code ec;
-      std::filesystem::remove(opts.admin_listen.substr(5), ec);  // a stale socket from a crash
-    } else {
-      b.AddListeningPort(opts.admin_listen, grpc::InsecureServerCredentials(), &port);
+    ConfigureServer(b, "verifyd-admin", kAdminMaxThreads, kAdminMaxStreams);
+    if (!IsUnixAddress(opts.admin_listen)) {  // a unix socket is accepted below
+      b.AddListeningPort(opts.admin_listen, ListenerCredentials(opts.admin_listen, opts.tls),
+                         &port);
     }
     b.RegisterService(d->admin_service_.get());
     d->admin_server_ = b.BuildAndStart();
-    if (!d->admin_server_ || (!IsUnix(opts.admin_listen) && port == 0)) {
-      return absl::UnavailableError(absl::StrCat("admin_listen: could not bind ",
-                                                 opts.admin_listen));
+    if (!d->admin_server_ || (!IsUnixAddress(opts.admin_listen) && port == 0)) {
+      return absl::UnavailableError(
+          absl::StrCat("admin_listen: ", StartFailure({opts.admin_listen}, opts.tls)));
     }
-    if (IsUnix(opts.admin_listen)) {
+    if (IsUnixAddress(opts.admin_listen)) {
       // Accepted here so that each call's peer uid comes from the kernel (SO_PEERCRED).
       auto acceptor = UnixSocketAcceptor::Start(opts.admin_listen.substr(5),
                                                 d->admin_server_.get());
@@ -193,6 +261,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
                    : absl::StrCat(", ", info.sm_count, " SMs, sm_", info.compute_capability));
   spdlog::info("data plane on {}", absl::StrJoin(d->listen_addresses_, ", "));
   if (!d->admin_address_.empty()) spdlog::info("admin on {}", d->admin_address_);
+  if (opts.tls.enabled()) {
+    spdlog::info("TLS on the TCP listeners{}",
+                 opts.tls.client_ca.empty() ? "" : ", client certificates required");
+  } else if (!IsUnixAddress(opts.admin_listen) && !opts.admin_listen.empty()) {
+    spdlog::warn("the admin token travels in clear on {} (--insecure_admin_tcp)",
+                 d->admin_address_);
+  }
   if (d->metrics_server_) {
     spdlog::info("metrics on http://{}/metrics", Bound(opts.metrics_address, d->metrics_port()));
   }

@@ -9,12 +9,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "src/common/admin_address.h"
 #include "src/compare/compare.h"
 #include "src/control/mode_controller.h"
 #include "src/engine/engine.h"
 #include "src/metrics/metrics.h"
 #include "src/engine/engine_factory.h"
 #include "src/server/shadow_runner.h"
+#include "src/server/state_dir_lock.h"
 #include "src/server/verify_handler.h"
 
 namespace grpc {
@@ -28,14 +30,30 @@ class AdminServiceImpl;
 class UnixSocketAcceptor;
 class VerifyServiceImpl;
 
+// "verifyd VERSION (commit COMMIT)".
+std::string DaemonVersion();
+
+// TLS for the TCP listeners (data plane and admin); unix sockets stay plain. PEM text.
+struct TlsOptions {
+  std::string cert_chain, private_key;  // both empty: TCP is plaintext
+  std::string client_ca;                // non-empty: clients must present a certificate from it
+  bool enabled() const { return !cert_chain.empty(); }
+};
+
 struct DaemonOptions {
   std::vector<std::string> listen = {"127.0.0.1:50051"};  // HOST:PORT or unix:PATH
-  std::string admin_listen = "unix:verifyd-admin.sock";
+  std::string admin_listen = kDefaultAdminAddress;
   std::string admin_token;                                  // required for a TCP admin listener
+  bool insecure_admin_tcp = false;  // allow the token over a TCP admin listener without TLS
+  TlsOptions tls;
   std::string metrics_address = "127.0.0.1:9464";           // empty: no /metrics
   std::string state_dir = "verifyd-state";
   EngineOptions engine;
   int64_t max_message_bytes = int64_t{2} << 30;  // 1 GiB bundles with room to spare
+  // gRPC ceilings of the data plane: threads serving calls (a call or stream beyond them is
+  // answered RESOURCE_EXHAUSTED) and concurrent streams per connection.
+  int grpc_max_threads = 128;
+  int grpc_max_concurrent_streams = 256;
   ControllerOptions controller;
   HandlerOptions handler;
   int shadow_threads = 1;
@@ -73,6 +91,7 @@ class Daemon {
  private:
   Daemon() = default;
   DaemonOptions opts_;
+  std::unique_ptr<StateDirLock> state_lock_;  // first member: released last
   std::atomic<bool> ready_{false};  // /readyz: serving, engine up and mode loaded
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<ModeController> controller_;

@@ -331,6 +331,7 @@ TEST_F(EndToEndTest, ATcpAdminNeedsTheBearerToken) {
   auto o = testing::TestOptions(testing::TestDir("e2e"));
   o.admin_listen = "127.0.0.1:0";
   o.admin_token = "s3cret";
+  o.insecure_admin_tcp = true;
   StartDaemon(o);
   {
     grpc::ClientContext ctx;

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The verifyd binary as an operator starts it: --help and --version, refusals with a one-line
+# reason and a non-zero exit (a second instance, a token file others can read or with a newline
+# inside, plaintext TCP admin), and systemd's READY/STOPPING notifications.
+set -euo pipefail
+verifyd=$1
+dir=$(mktemp -d)
+pid=""
+trap '[ -n "$pid" ] && kill -9 $pid 2>/dev/null; rm -rf "$dir"' EXIT
+fail() { echo "FAIL: $*"; cat "$dir/log" 2>/dev/null || true; exit 1; }
+
+# --help lists the daemon's own flags and exits 0; --version prints version and commit.
+"$verifyd" --help >"$dir/help" 2>&1 || fail "--help exited $?"
+for f in listen admin_listen state_dir metrics_address tls_cert_file grpc_max_threads; do
+  grep -q -- "--$f=" "$dir/help" || fail "--help does not list --$f: $(head -5 "$dir/help")"
+done
+grep -q "unix:/run/verifyd/admin.sock" "$dir/help" || fail "--help shows another admin default"
+if grep -q "No flags matched" "$dir/help"; then fail "--help matched no flags"; fi
+"$verifyd" --version >"$dir/version" 2>&1 || fail "--version exited $?"
+grep -Eq "^verifyd [0-9]+\.[0-9]+\.[0-9]+ \(commit ([0-9a-f]+|unknown)\)$" "$dir/version" \
+  || fail "--version: $(cat "$dir/version")"
+
+# A refusal: exit code non-zero, one line naming the reason ($1: the text, rest: verifyd flags).
+refused() {
+  local want=$1
+  shift
+  if "$verifyd" --engine=cpu --metrics_address= "$@" >"$dir/out" 2>&1; then
+    fail "started with $*"
+  fi
+  [ "$(wc -l <"$dir/out")" -eq 1 ] || fail "expected one line for $*, got: $(cat "$dir/out")"
+  grep -qF -- "$want" "$dir/out" || fail "expected '$want', got: $(cat "$dir/out")"
+}
+flags=(--listen="unix:$dir/d2.sock" --admin_listen="unix:$dir/a2.sock" --state_dir="$dir/s2")
+printf 's3cret\n' >"$dir/token"
+chmod 644 "$dir/token"
+refused "admin_token_file: $dir/token has mode 0644" "${flags[@]}" --admin_token_file="$dir/token"
+printf 'abc\ndef\n' >"$dir/token2"
+chmod 600 "$dir/token2"
+refused "the token has byte 0x0a at offset 3" "${flags[@]}" --admin_token_file="$dir/token2"
+chmod 600 "$dir/token"
+refused "is TCP without TLS" --listen="unix:$dir/d2.sock" --admin_listen=127.0.0.1:0 \
+  --state_dir="$dir/s2" --admin_token_file="$dir/token"
+
+# The first instance, with systemd's notify socket.
+python3 - "$dir/notify" >"$dir/notified" <<'PY' &
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.bind(sys.argv[1])
+s.settimeout(60)
+for _ in range(2):
+    print(s.recv(4096).decode().replace("\n", " "), flush=True)
+PY
+listener=$!
+for _ in $(seq 100); do [ -S "$dir/notify" ] && break; sleep 0.05; done
+NOTIFY_SOCKET="$dir/notify" "$verifyd" --listen=127.0.0.1:0 --admin_listen="unix:$dir/admin.sock" \
+  --metrics_address=127.0.0.1:0 --state_dir="$dir/state" --engine=cpu >"$dir/log" 2>&1 &
+pid=$!
+for _ in $(seq 200); do grep -q "READY=1" "$dir/notified" && break; sleep 0.05; done
+grep -q "READY=1" "$dir/notified" || fail "no READY=1 from systemd's notify socket"
+[ -S "$dir/admin.sock" ] || fail "READY=1 before the admin socket exists"
+
+# A second instance on the same state dir or admin socket: refused, naming the first's pid.
+refused "state_dir $dir/state is locked by pid $pid" --listen=127.0.0.1:0 \
+  --admin_listen="unix:$dir/a3.sock" --state_dir="$dir/state"
+refused "admin_listen: unix:$dir/admin.sock is in use by pid $pid" --listen=127.0.0.1:0 \
+  --admin_listen="unix:$dir/admin.sock" --state_dir="$dir/s3"
+kill -0 "$pid" || fail "the first daemon died"
+[ -S "$dir/admin.sock" ] || fail "the first daemon's socket was removed"
+
+kill -TERM "$pid"
+wait "$pid" || fail "verifyd exited $? on SIGTERM"
+pid=""
+wait "$listener" || true
+grep -q "STOPPING=1" "$dir/notified" || fail "no STOPPING=1: $(cat "$dir/notified")"
+echo "PASS"
