@@ -62,6 +62,11 @@ TEST_F(ValidationTest, EveryBadBundleIsRejectedByFieldAndTheDaemonKeepsServing) 
          q->set_shape(1, 129);
          q->set_raw_contents(std::string(6 * 129 * 576 * 2, '\0'));
        }, "q: heads"},
+      {"q byte count overflows", [](auto* r) {
+         auto* q = r->mutable_q();
+         q->set_shape(0, int64_t{1} << 40);
+         q->set_shape(1, int64_t{1} << 40);
+       }, "q: shape [1099511627776, 1099511627776, 576] has more than 2^63 bytes"},
       {"q in shared memory", [](auto* r) {
          r->mutable_q()->mutable_shm()->set_region("r0");
        }, "q: shared-memory", grpc::StatusCode::UNIMPLEMENTED},
