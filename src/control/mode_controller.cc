@@ -36,8 +36,6 @@ std::string RollbackLabel(const Outcome& o) {
   return "tolerance";
 }
 
-bool ValidRate(double r) { return std::isfinite(r) && r >= 0 && r <= 1; }
-
 }  // namespace
 
 const char* OutcomeName(OutcomeKind k) {
@@ -53,22 +51,64 @@ const char* OutcomeName(OutcomeKind k) {
 
 absl::StatusOr<std::unique_ptr<ModeController>> ModeController::Create(StateStore store,
                                                                        ControllerOptions opts) {
-  absl::StatusOr<PersistedState> s = store.Load();
+  absl::StatusOr<std::optional<PersistedState>> s = store.Read();
   if (!s.ok()) return s.status();
-  std::unique_ptr<ModeController> c(new ModeController(std::move(store), opts, *s));
-  if (s->custom_faulted && ServesCustom(s->mode)) {
+  const bool had_state = s->has_value();
+  PersistedState state = s->value_or(PersistedState{});
+  if (!had_state) state.build = opts.build;
+  std::unique_ptr<ModeController> c(new ModeController(std::move(store), std::move(opts), state));
+  {
     absl::MutexLock l(&c->mu_);
-    absl::Status st = c->ChangeLocked(
-        Mode::kShadow, s->canary_fraction,
-        "restart after a custom-path fault: " + s->custom_fault_reason, false, "verifyd");
-    if (!st.ok()) return st;
+    if (absl::Status st = c->RestoreLocked(had_state); !st.ok()) return st;
   }
-  spdlog::info("mode restored from {}: {}", c->store_.dir(), ModeName(c->mode()));
+  c->MalformedAuditLines();  // warns about a damaged audit log at start
   return c;
 }
 
+absl::Status ModeController::RestoreLocked(bool had_state) {
+  const std::string& dir = store_.dir();
+  if (!had_state) {
+    spdlog::info("no state file in {}; starting in shadow", dir);
+    return absl::OkStatus();
+  }
+  // The gate's evidence and a flip's approval hold for the build that recorded them only.
+  const bool same_build = state_.build == opts_.build;
+  const std::string build_note = absl::StrCat(
+      "restart under build ", opts_.build.ToString(), "; the state was recorded under ",
+      state_.build.ToString(), ": the gate's evidence (", state_.gate.clean,
+      " clean) does not carry over");
+  PersistedState next = state_;
+  if (!same_build) {
+    next.gate = {};
+    next.forced = false;
+  }
+  absl::Status st;
+  if (state_.custom_faulted && ServesCustom(state_.mode)) {
+    next.mode = Mode::kShadow;
+    st = DaemonChangeLocked(std::move(next), "custom_fault",
+                            "restart after a custom-path fault: " + state_.custom_fault_reason +
+                                (same_build ? "" : "; " + build_note));
+  } else if (!same_build && ServesCustom(state_.mode)) {
+    next.mode = Mode::kShadow;
+    st = DaemonChangeLocked(std::move(next), "build_changed",
+                            build_note + ", and canary/custom needs the gate again (or --force)");
+  } else if (!same_build) {
+    next.build = opts_.build;
+    st = SaveLocked(next);
+    if (st.ok()) {
+      state_ = std::move(next);
+      spdlog::info("{}", build_note);
+    }
+  }
+  if (!st.ok()) return st;
+  const GateStatus g = GateLocked();
+  spdlog::info("mode restored from {}: {} (gate {} of {} clean{}{})", dir, ModeName(state_.mode),
+               g.clean, g.needed, g.ready ? ", ready" : "", g.forced ? "; entered by --force" : "");
+  return absl::OkStatus();
+}
+
 ModeController::ModeController(StateStore store, ControllerOptions opts, PersistedState s)
-    : store_(std::move(store)), opts_(opts), state_(std::move(s)), rng_(opts.seed) {}
+    : store_(std::move(store)), opts_(std::move(opts)), state_(std::move(s)), rng_(opts_.seed) {}
 
 Mode ModeController::mode() const {
   absl::ReaderMutexLock l(&mu_);
@@ -110,46 +150,103 @@ Plan ModeController::Decide(std::string_view request_id) {
 
 std::optional<std::string> ModeController::Record(const Outcome& o) {
   if (o.kind == OutcomeKind::kSkipped) return std::nullopt;
-  absl::MutexLock l(&mu_);
-  const bool breach = o.kind != OutcomeKind::kMatch;
-  if (breach) {
-    clean_run_ = 0;
-    last_breach_ = absl::StrCat(Now(), " ", OutcomeName(o.kind), ": ", o.reason);
-  } else {
-    ++clean_run_;
-  }
-  if (o.stats) {
-    recent_.push_back({o.stats->rel_l2, o.stats->max_abs, breach});
-  } else {
-    recent_.push_back({std::numeric_limits<double>::quiet_NaN(), 0, breach});
-  }
-  while (static_cast<int64_t>(recent_.size()) > opts_.recent_window) recent_.pop_front();
+  std::optional<PersistedState> to_save;
+  uint64_t seq = 0;
+  std::optional<std::string> label;
+  {
+    absl::MutexLock l(&mu_);
+    const bool breach = o.kind != OutcomeKind::kMatch;
+    const bool was_ready = GateLocked().ready;
+    const bool was_clean = state_.gate.clean > 0;
+    if (breach) {
+      state_.gate.clean = 0;
+      state_.gate.last_breach = absl::StrCat(Now(), " ", OutcomeName(o.kind), ": ", o.reason);
+    } else {
+      ++state_.gate.clean;
+    }
+    evidence_dirty_ = true;
+    if (o.stats) {
+      recent_.push_back({o.stats->rel_l2, o.stats->max_abs, breach});
+    } else {
+      recent_.push_back({std::numeric_limits<double>::quiet_NaN(), 0, breach});
+    }
+    while (static_cast<int64_t>(recent_.size()) > opts_.recent_window) recent_.pop_front();
 
-  // Only comparisons made while custom was being served count toward a rollback.
-  if (!ServesCustom(state_.mode) || !ServesCustom(o.mode)) return std::nullopt;
-  rollback_window_.push_back(breach);
-  window_breaches_ += breach;
-  while (static_cast<int64_t>(rollback_window_.size()) > opts_.rollback_window) {
-    window_breaches_ -= rollback_window_.front();
-    rollback_window_.pop_front();
+    // Only comparisons made while custom was being served count toward a rollback.
+    if (ServesCustom(state_.mode) && ServesCustom(o.mode)) {
+      rollback_window_.push_back(breach);
+      window_breaches_ += breach;
+      while (static_cast<int64_t>(rollback_window_.size()) > opts_.rollback_window) {
+        window_breaches_ -= rollback_window_.front();
+        rollback_window_.pop_front();
+      }
+      if (window_breaches_ >= opts_.rollback_breaches) {
+        label = RollbackLabel(o);
+        PersistedState next = state_;
+        next.mode = Mode::kShadow;
+        DaemonChangeLocked(next, *label,
+                           absl::StrFormat("auto-rollback: %d breaches in the last %d sampled "
+                                           "comparisons; last: %s",
+                                           window_breaches_, rollback_window_.size(),
+                                           state_.gate.last_breach))
+            .IgnoreError();  // logged there; the in-memory rollback happened
+      }
+    }
+    // Save the evidence when a breach resets the streak or the gate opens (never overstate
+    // it on disk), and otherwise at most every evidence_save_interval while it grows.
+    const absl::Time now = absl::Now();
+    if (evidence_dirty_ &&
+        ((breach && was_clean) || GateLocked().ready != was_ready ||
+         now - evidence_saved_at_ >= opts_.evidence_save_interval)) {
+      to_save = state_;
+      seq = ++save_seq_;
+      evidence_saved_at_ = now;
+      evidence_dirty_ = false;
+    }
   }
-  if (window_breaches_ < opts_.rollback_breaches) return std::nullopt;
-
-  const std::string label = RollbackLabel(o);
-  const std::string why =
-      absl::StrFormat("auto-rollback: %d breaches in the last %d sampled comparisons; last: %s",
-                      window_breaches_, rollback_window_.size(), last_breach_);
-  const Mode from = state_.mode;
-  absl::Status st = ChangeLocked(Mode::kShadow, state_.canary_fraction, why, false, "verifyd");
-  if (!st.ok()) {
-    // The in-memory mode still falls back: serving the reference is always safe.
-    state_.mode = Mode::kShadow;
-    spdlog::error("auto-rollback could not be persisted: {}", st.ToString());
+  if (to_save) {
+    if (absl::Status st = SaveEvidence(*to_save, seq); !st.ok()) {
+      spdlog::error("gate evidence could not be saved: {}", st.ToString());
+      absl::MutexLock l(&mu_);
+      evidence_dirty_ = true;
+    }
   }
-  ++rollbacks_;
-  last_rollback_reason_ = absl::StrCat(label, ": ", why);
-  spdlog::warn("rolled back from {} to shadow ({}): {}", ModeName(from), label, why);
   return label;
+}
+
+absl::Status ModeController::SaveLocked(const PersistedState& s) {
+  const uint64_t seq = ++save_seq_;
+  absl::MutexLock l(&save_mu_);
+  if (absl::Status st = store_.Save(s); !st.ok()) return st;
+  saved_seq_ = seq;
+  return absl::OkStatus();
+}
+
+absl::Status ModeController::SaveEvidence(const PersistedState& s, uint64_t seq) {
+  absl::MutexLock l(&save_mu_);
+  if (seq <= saved_seq_) return absl::OkStatus();  // a newer state is already on disk
+  if (absl::Status st = store_.Save(s); !st.ok()) return st;
+  saved_seq_ = seq;
+  return absl::OkStatus();
+}
+
+absl::Status ModeController::Flush() {
+  PersistedState s;
+  uint64_t seq = 0;
+  {
+    absl::MutexLock l(&mu_);
+    if (!evidence_dirty_) return absl::OkStatus();
+    s = state_;
+    seq = ++save_seq_;
+    evidence_saved_at_ = absl::Now();
+    evidence_dirty_ = false;
+  }
+  absl::Status st = SaveEvidence(s, seq);
+  if (!st.ok()) {
+    absl::MutexLock l(&mu_);
+    evidence_dirty_ = true;
+  }
+  return st;
 }
 
 void ModeController::RecordOracle(double custom_vs_oracle, double reference_vs_oracle) {
@@ -158,35 +255,64 @@ void ModeController::RecordOracle(double custom_vs_oracle, double reference_vs_o
   while (static_cast<int64_t>(oracle_.size()) > opts_.recent_window) oracle_.pop_front();
 }
 
-absl::Status ModeController::ChangeLocked(Mode to, double fraction, const std::string& reason,
-                                          bool forced, const std::string& who) {
-  PersistedState next = state_;
-  next.mode = to;
-  next.canary_fraction = fraction;
+absl::Status ModeController::CommitLocked(PersistedState next, AuditEntry e, bool always) {
+  next.build = opts_.build;
+  if (!ServesCustom(next.mode)) next.forced = false;
+  e.time = Now();
+  e.from = state_.mode;
+  e.to = next.mode;
+  e.canary_fraction =
+      e.action == AuditAction::kMode && next.mode == Mode::kCanary ? next.canary_fraction : 0;
+  e.build = opts_.build;
   // Persist before switching: a state we could not write is a state a restart would lose.
-  if (absl::Status st = store_.Save(next); !st.ok()) return st;
-  AuditEntry e{Now(), state_.mode, to, fraction, reason, forced, who};
+  absl::Status saved = SaveLocked(next);
+  if (!saved.ok()) {
+    if (!always) return saved;
+    absl::StrAppend(&e.reason, " (state.json not saved: ", saved.message(), ")");
+  }
   if (absl::Status st = store_.AppendAudit(e); !st.ok()) {
     spdlog::error("audit append failed: {}", st.ToString());
   }
-  state_ = next;
-  if (ServesCustom(to)) {
+  state_ = std::move(next);
+  evidence_dirty_ = !saved.ok();
+  if (e.action == AuditAction::kMode && ServesCustom(e.to)) {
     rollback_window_.clear();
     window_breaches_ = 0;
   }
-  return absl::OkStatus();
+  if (opts_.on_change) opts_.on_change(state_, GateLocked());
+  return saved;
+}
+
+absl::Status ModeController::DaemonChangeLocked(PersistedState next, std::string_view label,
+                                                const std::string& why) {
+  const Mode from = state_.mode;
+  AuditEntry e;
+  e.action = AuditAction::kMode;
+  e.origin = AuditOrigin::kDaemon;
+  e.who = "verifyd";
+  e.reason = why;
+  absl::Status st = CommitLocked(std::move(next), std::move(e), /*always=*/true);
+  if (!st.ok()) spdlog::error("the change below could not be saved: {}", st.ToString());
+  spdlog::warn("verifyd changed the mode from {} to {} ({}): {}", ModeName(from),
+               ModeName(state_.mode), label, why);
+  if (ServesCustom(from) && !ServesCustom(state_.mode)) {
+    ++rollbacks_;
+    last_rollback_reason_ = absl::StrCat(std::string(label), ": ", why);
+    if (opts_.on_rollback) opts_.on_rollback(label);
+  }
+  return st;
 }
 
 GateStatus ModeController::GateLocked() const {
   GateStatus g;
-  g.clean = clean_run_;
+  g.clean = state_.gate.clean;
   g.needed = opts_.gate_window;
-  g.ready = clean_run_ >= opts_.gate_window;
-  g.last_breach = last_breach_;
+  g.ready = g.clean >= opts_.gate_window;
+  g.last_breach = state_.gate.last_breach;
+  g.forced = ServesCustom(state_.mode) && state_.forced;
   if (!g.ready) {
-    g.reason = absl::StrCat(clean_run_, " of ", opts_.gate_window,
-                            " comparisons in a row are clean");
-    if (!last_breach_.empty()) absl::StrAppend(&g.reason, "; last breach ", last_breach_);
+    g.reason = absl::StrCat(g.clean, " of ", opts_.gate_window, " comparisons in a row are clean");
+    if (!g.last_breach.empty()) absl::StrAppend(&g.reason, "; last breach ", g.last_breach);
   }
   return g;
 }
@@ -194,48 +320,85 @@ GateStatus ModeController::GateLocked() const {
 absl::StatusOr<PersistedState> ModeController::SetMode(const ModeChange& c) {
   if (c.reason.empty()) return absl::InvalidArgumentError("reason: a reason is required");
   absl::MutexLock l(&mu_);
-  double fraction = state_.canary_fraction;
+  PersistedState next = state_;
+  next.mode = c.mode;
   if (c.mode == Mode::kCanary) {
-    if (!(c.canary_fraction > 0 && c.canary_fraction <= 1)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("canary_fraction: ", c.canary_fraction, " must be in (0, 1]"));
-    }
-    fraction = c.canary_fraction;
+    next.canary_fraction = c.canary_fraction;
+    if (absl::Status st = ValidateState(next); !st.ok()) return st;
   }
-  if (ServesCustom(c.mode) && !c.force) {
-    if (state_.custom_faulted) {
-      return absl::FailedPreconditionError(
-          "gate: the custom path faulted (" + state_.custom_fault_reason +
-          "); --force to serve it anyway");
-    }
-    GateStatus g = GateLocked();
-    if (!g.ready) {
+  bool past_gate = false;
+  if (ServesCustom(c.mode)) {
+    const GateStatus g = GateLocked();
+    past_gate = state_.custom_faulted || !g.ready;
+    if (past_gate && !c.force) {
+      if (state_.custom_faulted) {
+        return absl::FailedPreconditionError(
+            "gate: the custom path faulted (" + state_.custom_fault_reason +
+            "); --force to serve it anyway");
+      }
       return absl::FailedPreconditionError("gate: not ready: " + g.reason +
                                            "; --force overrides");
     }
   }
-  if (absl::Status st = ChangeLocked(c.mode, fraction, c.reason, c.force, c.who); !st.ok()) {
-    return st;
-  }
-  spdlog::info("mode set to {} by {}{}: {}", ModeName(c.mode), c.who, c.force ? " (forced)" : "",
-               c.reason);
+  next.forced = past_gate;
+  AuditEntry e;
+  e.action = AuditAction::kMode;
+  e.origin = AuditOrigin::kClient;
+  e.reason = c.reason;
+  e.forced = c.force;
+  e.who = c.who;
+  e.peer = c.peer;
+  if (absl::Status st = CommitLocked(std::move(next), std::move(e), false); !st.ok()) return st;
+  spdlog::info("mode set to {} by {}{}: {}", ModeName(c.mode), c.who,
+               c.force ? (past_gate ? " (forced past the gate)" : " (forced)") : "", c.reason);
   return state_;
 }
 
-absl::Status ModeController::SetSampleRate(Mode mode, double rate, const std::string& who) {
-  if (!ValidRate(rate)) {
-    return absl::InvalidArgumentError(absl::StrCat("sample_rate: ", rate, " must be in [0, 1]"));
-  }
-  if (mode != Mode::kShadow && mode != Mode::kCustom) {
+absl::Status ModeController::SetSampleRateLocked(const SampleRateChange& c, AuditOrigin origin) {
+  if (c.mode != Mode::kShadow && c.mode != Mode::kCustom) {
     return absl::InvalidArgumentError("sample_rate: applies to shadow or custom mode only");
   }
-  absl::MutexLock l(&mu_);
   PersistedState next = state_;
-  (mode == Mode::kShadow ? next.shadow_sample_rate : next.custom_sample_rate) = rate;
-  if (absl::Status st = store_.Save(next); !st.ok()) return st;
-  state_ = next;
-  spdlog::info("{} sample rate set to {} by {}", ModeName(mode), rate, who);
+  double& rate = c.mode == Mode::kShadow ? next.shadow_sample_rate : next.custom_sample_rate;
+  const double previous = rate;
+  rate = c.rate;
+  if (absl::Status st = ValidateState(next); !st.ok()) return st;
+  if (origin == AuditOrigin::kDaemon && previous == c.rate) return absl::OkStatus();
+  AuditEntry e;
+  e.action = AuditAction::kSampleRate;
+  e.origin = origin;
+  e.reason = c.reason;
+  e.who = c.who;
+  e.peer = c.peer;
+  e.sample_mode = c.mode;
+  e.sample_rate = c.rate;
+  e.previous_sample_rate = previous;
+  if (absl::Status st = CommitLocked(std::move(next), std::move(e), false); !st.ok()) return st;
+  spdlog::info("{} sample rate set from {} to {} by {}", ModeName(c.mode), previous, c.rate, c.who);
   return absl::OkStatus();
+}
+
+absl::Status ModeController::SetSampleRate(const SampleRateChange& c) {
+  absl::MutexLock l(&mu_);
+  return SetSampleRateLocked(c, AuditOrigin::kClient);
+}
+
+absl::Status ModeController::SetSampleRate(Mode mode, double rate, const std::string& who) {
+  SampleRateChange c;
+  c.mode = mode;
+  c.rate = rate;
+  c.who = who;
+  return SetSampleRate(c);
+}
+
+absl::Status ModeController::ApplySampleRateFlag(Mode mode, double rate) {
+  SampleRateChange c;
+  c.mode = mode;
+  c.rate = rate;
+  c.who = "flag";
+  c.reason = "start-up flag";
+  absl::MutexLock l(&mu_);
+  return SetSampleRateLocked(c, AuditOrigin::kDaemon);
 }
 
 absl::Status ModeController::MarkCustomFaulted(const std::string& reason) {
@@ -243,14 +406,8 @@ absl::Status ModeController::MarkCustomFaulted(const std::string& reason) {
   PersistedState next = state_;
   next.custom_faulted = true;
   next.custom_fault_reason = reason;
-  const Mode from = state_.mode;
-  next.mode = ServesCustom(from) ? Mode::kShadow : from;
-  if (absl::Status st = store_.Save(next); !st.ok()) return st;
-  store_.AppendAudit({Now(), from, next.mode, next.canary_fraction,
-                      "custom-path fault: " + reason, false, "verifyd"})
-      .IgnoreError();
-  state_ = next;
-  return absl::OkStatus();
+  if (ServesCustom(next.mode)) next.mode = Mode::kShadow;
+  return DaemonChangeLocked(std::move(next), "custom_fault", "custom-path fault: " + reason);
 }
 
 ControllerSnapshot ModeController::Snapshot() const {
@@ -260,6 +417,7 @@ ControllerSnapshot ModeController::Snapshot() const {
   s.gate = GateLocked();
   s.rollbacks = rollbacks_;
   s.last_rollback_reason = last_rollback_reason_;
+  s.audit_malformed_lines = audit_malformed_.load();
   RecentSummary& r = s.recent;
   double sum = 0;
   int64_t finite = 0;
@@ -287,9 +445,33 @@ ControllerSnapshot ModeController::Snapshot() const {
   return s;
 }
 
+void ModeController::NoteMalformed(const StateStore::AuditLog& log) const {
+  audit_malformed_ = log.malformed_lines;
+  // Warn once per newly damaged line, not on every status call.
+  int64_t warned = audit_malformed_warned_.load();
+  while (log.malformed_lines > warned) {
+    if (audit_malformed_warned_.compare_exchange_weak(warned, log.malformed_lines)) {
+      spdlog::warn("{}: {} malformed line(s) skipped (first: {})", store_.audit_path(),
+                   log.malformed_lines, log.first_malformed);
+      break;
+    }
+  }
+}
+
 std::vector<AuditEntry> ModeController::RecentAudit(size_t limit) const {
-  auto a = store_.ReadAudit(limit);
-  return a.ok() ? *a : std::vector<AuditEntry>{};
+  absl::StatusOr<StateStore::AuditLog> log = store_.ReadAuditLog(limit);
+  if (!log.ok()) {
+    spdlog::warn("audit log: {}", log.status().ToString());
+    return {};
+  }
+  NoteMalformed(*log);
+  return std::move(log->entries);
+}
+
+int64_t ModeController::MalformedAuditLines() const {
+  absl::StatusOr<StateStore::AuditLog> log = store_.ReadAuditLog(0);
+  if (log.ok()) NoteMalformed(*log);
+  return audit_malformed_.load();
 }
 
 }  // namespace verifyd

@@ -2,8 +2,10 @@
 // The mode state machine of DESIGN §4: which path serves each call, which calls also run the
 // other path, the flip gate, auto-rollback, and durability through StateStore.
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <random>
@@ -14,12 +16,25 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "src/compare/compare.h"
+#include "src/control/build_identity.h"
 #include "src/control/mode.h"
 #include "src/control/state_store.h"
 #include "src/engine/engine.h"
 
 namespace verifyd {
+
+struct GateStatus {
+  bool ready = false;
+  int64_t clean = 0;
+  int64_t needed = 0;
+  std::string reason;
+  std::string last_breach;
+  // Canary/custom is served because a --force flip overrode a closed gate (not restored after a
+  // restart, not opened by evidence): the fact an alert tells apart from "breaches since".
+  bool forced = false;
+};
 
 struct ControllerOptions {
   int64_t gate_window = 1000;      // clean comparisons in a row needed to flip without --force
@@ -27,6 +42,21 @@ struct ControllerOptions {
   int64_t rollback_window = 1000;  // ...within this many sampled comparisons roll back
   int64_t recent_window = 1000;    // comparisons summarized in status
   uint64_t seed = 0x5eed;          // sampling and canary draws for calls without a request id
+  // This binary. state.json binds a flip to canary/custom and the gate's evidence to it: a
+  // restart under another build comes back in shadow (when serving custom) with the gate reset.
+  BuildIdentity build;
+  // The gate's evidence (the clean streak) is saved with every change, when a breach resets it,
+  // when the gate opens, on Flush(), and otherwise at most this often while it grows. So the saved
+  // streak never overstates the true one, and a crash loses at most this much of its growth.
+  absl::Duration evidence_save_interval = absl::Seconds(10);
+  // Called once for every mode change the daemon makes by itself that leaves canary/custom, with
+  // its reason label: "tolerance", "nan_inf", "error", "timeout" (auto-rollback),
+  // "custom_fault", "build_changed" (restart). Called with the controller's lock held: it must
+  // not call back into the controller.
+  std::function<void(std::string_view reason)> on_rollback;
+  // Called after every change of mode or sampling, by a client or by the daemon, with the new
+  // state and gate. Same lock rule.
+  std::function<void(const PersistedState&, const GateStatus&)> on_change;
 };
 
 // What to do with one call.
@@ -52,16 +82,18 @@ struct ModeChange {
   double canary_fraction = 0;  // canary only, in (0, 1]
   std::string reason;          // required
   bool force = false;
-  std::string who;
+  std::string who;   // the name the client sent, recorded as sent
+  std::string peer;  // the identity the transport established; may be empty
 };
 
-struct GateStatus {
-  bool ready = false;
-  int64_t clean = 0;
-  int64_t needed = 0;
-  std::string reason;
-  std::string last_breach;
+struct SampleRateChange {
+  Mode mode = Mode::kShadow;  // shadow or custom: whose sample rate
+  double rate = 0;            // [0, 1]
+  std::string who;            // as for ModeChange
+  std::string peer;
+  std::string reason;         // optional
 };
+
 
 struct RecentSummary {
   int64_t comparisons = 0, breaches = 0;
@@ -75,48 +107,80 @@ struct ControllerSnapshot {
   PersistedState state;
   GateStatus gate;
   RecentSummary recent;
-  int64_t rollbacks = 0;
+  int64_t rollbacks = 0;  // mode changes by the daemon itself that left canary/custom
   std::string last_rollback_reason;
+  int64_t audit_malformed_lines = 0;  // audit.jsonl lines skipped, as of the last read
 };
 
 class ModeController {
  public:
-  // Restores the persisted mode. A recorded custom-path fault brings it back in shadow.
+  // Restores the persisted mode and the gate's evidence. Comes back in shadow, saying why in the
+  // log and the audit, after a recorded custom-path fault or under another build than the one
+  // that approved canary/custom. Any failure to read an existing state file is an error.
   static absl::StatusOr<std::unique_ptr<ModeController>> Create(StateStore store,
                                                                 ControllerOptions opts);
 
   Plan Decide(std::string_view request_id);
 
-  // Feeds the gate and the rollback window. Returns the rollback reason label ("tolerance",
-  // "nan_inf", "error", "timeout") when this outcome rolled the mode back to shadow.
+  // Feeds the gate and the rollback window. When this outcome rolls the mode back to shadow the
+  // controller logs, audits and counts it (ControllerOptions::on_rollback) itself, and returns
+  // the reason label ("tolerance", "nan_inf", "error", "timeout") for the caller's information.
   std::optional<std::string> Record(const Outcome& o);
   void RecordOracle(double custom_vs_oracle_rel_l2, double reference_vs_oracle_rel_l2);
 
-  // INVALID_ARGUMENT for a bad request, FAILED_PRECONDITION when the gate refuses.
+  // A client's change. INVALID_ARGUMENT for a bad request, FAILED_PRECONDITION when the gate
+  // refuses. Audited with origin "client", whatever name `who` claims.
   absl::StatusOr<PersistedState> SetMode(const ModeChange& c);
-  // Fraction of calls that run the non-served path, per mode ("shadow" or "custom").
+  // Fraction of calls that run the non-served path, per mode ("shadow" or "custom"); a client's
+  // change, audited (action "sample_rate", origin "client").
+  absl::Status SetSampleRate(const SampleRateChange& c);
   absl::Status SetSampleRate(Mode mode, double rate, const std::string& who);
+  // A rate given by a start-up flag: audited (origin "daemon", who "flag") when it changes the
+  // persisted rate.
+  absl::Status ApplySampleRateFlag(Mode mode, double rate);
   // A sticky custom-path fault: persist it and fall back to shadow before the process exits.
   absl::Status MarkCustomFaulted(const std::string& reason);
+  // Saves the gate's evidence if it changed since the last save (on clean shutdown).
+  absl::Status Flush();
 
   ControllerSnapshot Snapshot() const;
+  // The last `limit` audit entries; malformed lines are skipped, counted and warned about.
   std::vector<AuditEntry> RecentAudit(size_t limit) const;
+  int64_t MalformedAuditLines() const;
   Mode mode() const;
 
  private:
   ModeController(StateStore store, ControllerOptions opts, PersistedState s);
-  absl::Status ChangeLocked(Mode to, double fraction, const std::string& reason, bool forced,
-                            const std::string& who) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RestoreLocked(bool had_state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Saves `next` (under this build) and appends `e` (time, from, to, fraction and build filled
+  // in), then makes `next` current. When the save fails, nothing changes unless `always`.
+  absl::Status CommitLocked(PersistedState next, AuditEntry e, bool always)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The one place where the daemon changes its own mode: persists, audits (origin "daemon"),
+  // logs, and counts a change that leaves canary/custom under `label`. The in-memory change
+  // happens even when it cannot be saved: serving the reference is always safe.
+  absl::Status DaemonChangeLocked(PersistedState next, std::string_view label,
+                                  const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status SaveLocked(const PersistedState& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Saves a copy taken under mu_ with sequence number `seq`, unless a newer one was saved.
+  absl::Status SaveEvidence(const PersistedState& s, uint64_t seq) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status SetSampleRateLocked(const SampleRateChange& c, AuditOrigin origin)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   GateStatus GateLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   double DrawLocked(std::string_view request_id, uint64_t salt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NoteMalformed(const StateStore::AuditLog& log) const;
 
   const StateStore store_;
   const ControllerOptions opts_;
   mutable absl::Mutex mu_;
   PersistedState state_ ABSL_GUARDED_BY(mu_);
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
-  int64_t clean_run_ ABSL_GUARDED_BY(mu_) = 0;  // consecutive clean comparisons
-  std::string last_breach_ ABSL_GUARDED_BY(mu_);
+  // state_.gate is the live evidence; these say when it was last saved.
+  bool evidence_dirty_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time evidence_saved_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  uint64_t save_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Mutex save_mu_ ABSL_ACQUIRED_AFTER(mu_);  // one writer of state.json at a time
+  uint64_t saved_seq_ ABSL_GUARDED_BY(save_mu_) = 0;
   std::deque<bool> rollback_window_ ABSL_GUARDED_BY(mu_);  // true = breach
   int64_t window_breaches_ ABSL_GUARDED_BY(mu_) = 0;
   struct RecentItem {
@@ -127,6 +191,8 @@ class ModeController {
   std::deque<std::pair<double, double>> oracle_ ABSL_GUARDED_BY(mu_);
   int64_t rollbacks_ ABSL_GUARDED_BY(mu_) = 0;
   std::string last_rollback_reason_ ABSL_GUARDED_BY(mu_);
+  mutable std::atomic<int64_t> audit_malformed_{0};
+  mutable std::atomic<int64_t> audit_malformed_warned_{0};
 };
 
 }  // namespace verifyd

@@ -9,19 +9,15 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "nlohmann/json.hpp"
 
 namespace verifyd {
 namespace {
 
-using nlohmann::json;
+constexpr size_t kMaxStateBytes = 1 << 20;  // state.json is a few hundred bytes
 
-absl::Status Errno(const std::string& what) {
-  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
-}
+absl::Status Errno(const std::string& what) { return absl::ErrnoToStatus(errno, what); }
 
 absl::Status WriteAll(int fd, const std::string& data, const std::string& path) {
   size_t off = 0;
@@ -36,9 +32,22 @@ absl::Status WriteAll(int fd, const std::string& data, const std::string& path) 
   return absl::OkStatus();
 }
 
-Mode ModeOr(const json& j, const char* key, Mode def) {
-  if (!j.contains(key)) return def;
-  return ParseMode(j.at(key).get<std::string>()).value_or(def);
+// The whole file, or an error naming it and the system's reason (EACCES, EISDIR, ...).
+absl::StatusOr<std::string> ReadSmallFile(int fd, const std::string& path) {
+  std::string text;
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Errno(path + " cannot be read");
+    }
+    if (n == 0) return text;
+    text.append(buf, static_cast<size_t>(n));
+    if (text.size() > kMaxStateBytes) {
+      return absl::DataLossError(absl::StrCat(path, " is larger than ", kMaxStateBytes, " bytes"));
+    }
+  }
 }
 
 }  // namespace
@@ -51,40 +60,37 @@ absl::StatusOr<StateStore> StateStore::Open(const std::string& dir) {
   return StateStore(dir);
 }
 
-absl::StatusOr<PersistedState> StateStore::Load() const {
-  const std::string path = dir_ + "/state.json";
-  PersistedState s;
-  std::ifstream in(path);
-  if (!in) return s;
-  try {
-    json j = json::parse(in);
-    const auto mode = ParseMode(j.at("mode").get<std::string>());
-    if (!mode) return absl::DataLossError(absl::StrCat(path, ": unknown mode ", j.at("mode").dump()));
-    s.mode = *mode;
-    s.canary_fraction = j.value("canary_fraction", s.canary_fraction);
-    s.shadow_sample_rate = j.value("shadow_sample_rate", s.shadow_sample_rate);
-    s.custom_sample_rate = j.value("custom_sample_rate", s.custom_sample_rate);
-    s.custom_faulted = j.value("custom_faulted", false);
-    s.custom_fault_reason = j.value("custom_fault_reason", std::string());
-  } catch (const std::exception& e) {
-    return absl::DataLossError(absl::StrCat(path, " is unreadable (", e.what(),
-                                            "); fix or remove it to start in shadow"));
+absl::StatusOr<std::optional<PersistedState>> StateStore::Read() const {
+  const std::string path = state_path();
+  const char* const fix = "; fix or remove it to start in shadow";
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return std::nullopt;
+    absl::Status st = Errno(path + " cannot be opened");
+    return absl::Status(st.code(), absl::StrCat(st.message(), fix));
   }
-  return s;
+  absl::StatusOr<std::string> text = ReadSmallFile(fd, path);
+  ::close(fd);
+  if (!text.ok()) return absl::Status(text.status().code(), absl::StrCat(text.status().message(), fix));
+  absl::StatusOr<PersistedState> s = ParseState(*text);
+  if (!s.ok()) {
+    return absl::DataLossError(absl::StrCat(path, " is unreadable: ", s.status().message(), fix));
+  }
+  return std::optional<PersistedState>(*std::move(s));
+}
+
+absl::StatusOr<PersistedState> StateStore::Load() const {
+  absl::StatusOr<std::optional<PersistedState>> s = Read();
+  if (!s.ok()) return s.status();
+  return s->value_or(PersistedState{});
 }
 
 absl::Status StateStore::Save(const PersistedState& s) const {
-  json j = {{"mode", ModeName(s.mode)},
-            {"canary_fraction", s.canary_fraction},
-            {"shadow_sample_rate", s.shadow_sample_rate},
-            {"custom_sample_rate", s.custom_sample_rate},
-            {"custom_faulted", s.custom_faulted},
-            {"custom_fault_reason", s.custom_fault_reason}};
-  const std::string path = dir_ + "/state.json";
+  const std::string path = state_path();
   const std::string tmp = path + ".tmp";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("open " + tmp);
-  absl::Status st = WriteAll(fd, j.dump(2) + "\n", tmp);
+  absl::Status st = WriteAll(fd, SerializeState(s), tmp);
   if (st.ok() && ::fsync(fd) != 0) st = Errno("fsync " + tmp);
   ::close(fd);
   if (!st.ok()) return st;
@@ -98,39 +104,56 @@ absl::Status StateStore::Save(const PersistedState& s) const {
 }
 
 absl::Status StateStore::AppendAudit(const AuditEntry& e) const {
-  json j = {{"time", e.time},     {"from", ModeName(e.from)},
-            {"to", ModeName(e.to)}, {"canary_fraction", e.canary_fraction},
-            {"reason", e.reason}, {"forced", e.forced},
-            {"who", e.who}};
-  const std::string path = dir_ + "/audit.jsonl";
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  const std::string path = audit_path();
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("open " + path);
-  absl::Status st = WriteAll(fd, j.dump() + "\n", path);
+  std::string line = SerializeAuditEntry(e) + "\n";
+  // A crash mid-append leaves a torn last line; start on a line of our own.
+  struct stat st_buf;
+  char last = '\n';
+  if (::fstat(fd, &st_buf) == 0 && st_buf.st_size > 0 &&
+      ::pread(fd, &last, 1, st_buf.st_size - 1) == 1 && last != '\n') {
+    line.insert(line.begin(), '\n');
+  }
+  absl::Status st = WriteAll(fd, line, path);
   if (st.ok() && ::fsync(fd) != 0) st = Errno("fsync " + path);
   ::close(fd);
   return st;
 }
 
-absl::StatusOr<std::vector<AuditEntry>> StateStore::ReadAudit(size_t limit) const {
-  std::ifstream in(dir_ + "/audit.jsonl");
+absl::StatusOr<StateStore::AuditLog> StateStore::ReadAuditLog(size_t limit) const {
+  const std::string path = audit_path();
+  AuditLog log;
+  std::ifstream in(path);
+  if (!in) {
+    if (errno == ENOENT || !std::filesystem::exists(path)) return log;
+    return Errno(path + " cannot be read");
+  }
   std::deque<AuditEntry> last;
   std::string line;
+  int64_t line_no = 0;
   while (std::getline(in, line)) {
+    ++line_no;
     if (line.empty()) continue;
-    json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) continue;  // a torn last line from a crash mid-append
-    AuditEntry e;
-    e.time = j.value("time", "");
-    e.from = ModeOr(j, "from", Mode::kShadow);
-    e.to = ModeOr(j, "to", Mode::kShadow);
-    e.canary_fraction = j.value("canary_fraction", 0.0);
-    e.reason = j.value("reason", "");
-    e.forced = j.value("forced", false);
-    e.who = j.value("who", "");
-    last.push_back(std::move(e));
+    absl::StatusOr<AuditEntry> e = ParseAuditLine(line);
+    if (!e.ok()) {
+      if (log.malformed_lines++ == 0) {
+        log.first_malformed = absl::StrCat("line ", line_no, ": ", e.status().message());
+      }
+      continue;
+    }
+    last.push_back(*std::move(e));
     if (last.size() > limit) last.pop_front();
   }
-  return std::vector<AuditEntry>(last.begin(), last.end());
+  if (in.bad()) return Errno(path + " cannot be read");
+  log.entries.assign(std::make_move_iterator(last.begin()), std::make_move_iterator(last.end()));
+  return log;
+}
+
+absl::StatusOr<std::vector<AuditEntry>> StateStore::ReadAudit(size_t limit) const {
+  absl::StatusOr<AuditLog> log = ReadAuditLog(limit);
+  if (!log.ok()) return log.status();
+  return std::move(log->entries);
 }
 
 }  // namespace verifyd

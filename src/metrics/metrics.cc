@@ -82,9 +82,18 @@ Metrics::Metrics(const BuildInfo& info) : registry_(std::make_shared<prometheus:
                      .Help("Clean comparisons in a row, toward the gate's window")
                      .Register(r)
                      .Add({});
+  mode_forced_ = &prometheus::BuildGauge()
+                      .Name("verifyd_mode_forced")
+                      .Help("1 while canary/custom is served because a --force flip overrode a "
+                            "closed gate; 0 when the gate's evidence approved it, or in any "
+                            "other mode")
+                      .Register(r)
+                      .Add({});
   rollbacks_ = &prometheus::BuildCounter()
                     .Name("verifyd_rollbacks_total")
-                    .Help("Automatic rollbacks to shadow by reason (tolerance, nan_inf, error, timeout)")
+                    .Help("Mode changes verifyd made by itself away from canary/custom, by "
+                          "reason (tolerance, nan_inf, error, timeout, custom_fault, "
+                          "build_changed)")
                     .Register(r);
   oracle_errors_ = &prometheus::BuildCounter()
                         .Name("verifyd_oracle_errors_total")
@@ -118,7 +127,8 @@ Metrics::Metrics(const BuildInfo& info) : registry_(std::make_shared<prometheus:
     diff_rel_l2_->Add({{"pair", p}}, LogBuckets(1e-6, 10));
     diff_max_abs_->Add({{"pair", p}}, LogBuckets(1e-5, 100));
   }
-  for (const char* reason : {"tolerance", "nan_inf", "error", "timeout"}) {
+  for (const char* reason :
+       {"tolerance", "nan_inf", "error", "timeout", "custom_fault", "build_changed"}) {
     rollbacks_->Add({{"reason", reason}});
   }
 }
@@ -155,6 +165,7 @@ void Metrics::SetMode(Mode m, double canary_fraction) {
 void Metrics::SetGate(const GateStatus& g) {
   gate_ready_->Set(g.ready ? 1 : 0);
   gate_clean_->Set(static_cast<double>(g.clean));
+  mode_forced_->Set(g.forced ? 1 : 0);
 }
 
 void Metrics::Rollback(std::string_view reason) {

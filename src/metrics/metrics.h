@@ -38,7 +38,7 @@ class Metrics {
   // `pair`: "custom_vs_reference", "custom_vs_oracle" or "reference_vs_oracle".
   void Diff(std::string_view pair, const DiffStats& d);
   void SetMode(Mode m, double canary_fraction);
-  void SetGate(const GateStatus& g);
+  void SetGate(const GateStatus& g);  // also verifyd_mode_forced
   void Rollback(std::string_view reason);
   void OracleError();
   void SetShadowQueueDepth(int64_t depth);
@@ -57,6 +57,7 @@ class Metrics {
   prometheus::Gauge* canary_fraction_;
   prometheus::Gauge* gate_ready_;
   prometheus::Gauge* gate_clean_;
+  prometheus::Gauge* mode_forced_;
   prometheus::Family<prometheus::Counter>* rollbacks_;
   prometheus::Counter* oracle_errors_;
   prometheus::Gauge* shadow_queue_depth_;

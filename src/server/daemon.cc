@@ -36,6 +36,17 @@ std::string Bound(const std::string& addr, int port) {
   return absl::StrCat(addr.substr(0, colon), ":", port);
 }
 
+// What shapes the custom path's output and the gate's verdicts: state.json binds a flip and the
+// gate's evidence to it (with the version and commit).
+std::string CustomConfigDescription(const EngineInfo& info, const DaemonOptions& o) {
+  const Tolerance& t = o.handler.tolerance;
+  return absl::StrCat("engine=", info.engine, ";cc=", info.compute_capability,
+                      ";fault=", static_cast<int>(o.inject_custom_fault.kind), ":",
+                      o.inject_custom_fault.amount, ";tol=", t.atol, ",", t.rtol, ",",
+                      t.max_rel_l2, ",", t.max_abs, ",", t.max_lse_abs, ",", t.max_beyond_tol,
+                      ";custom_timeout=", o.handler.custom_timeout_seconds);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
@@ -55,20 +66,30 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
   }
   const EngineInfo info = d->engine_->Info();
 
+  BuildInfo build{VERIFYD_VERSION, VERIFYD_GIT_COMMIT, info.engine, info.device,
+                  info.compute_capability};
+  d->metrics_ = std::make_unique<Metrics>(build);
+  Metrics* metrics = d->metrics_.get();
+
   absl::StatusOr<StateStore> store = StateStore::Open(opts.state_dir);
   if (!store.ok()) return store.status();
-  auto controller = ModeController::Create(std::move(*store), opts.controller);
+  ControllerOptions copts = opts.controller;
+  copts.build = {VERIFYD_VERSION, VERIFYD_GIT_COMMIT,
+                 ConfigFingerprint(CustomConfigDescription(info, opts))};
+  copts.on_rollback = [metrics](std::string_view reason) { metrics->Rollback(reason); };
+  copts.on_change = [metrics](const PersistedState& s, const GateStatus& g) {
+    metrics->SetMode(s.mode, s.canary_fraction);
+    metrics->SetGate(g);
+  };
+  auto controller = ModeController::Create(std::move(*store), std::move(copts));
   if (!controller.ok()) return controller.status();
   d->controller_ = std::move(*controller);
   for (auto [mode, rate] : {std::pair{Mode::kShadow, opts.shadow_sample_rate},
                             std::pair{Mode::kCustom, opts.custom_sample_rate}}) {
     if (rate < 0) continue;
-    if (absl::Status st = d->controller_->SetSampleRate(mode, rate, "flag"); !st.ok()) return st;
+    if (absl::Status st = d->controller_->ApplySampleRateFlag(mode, rate); !st.ok()) return st;
   }
 
-  BuildInfo build{VERIFYD_VERSION, VERIFYD_GIT_COMMIT, info.engine, info.device,
-                  info.compute_capability};
-  d->metrics_ = std::make_unique<Metrics>(build);
   const ControllerSnapshot snap = d->controller_->Snapshot();
   d->metrics_->SetMode(snap.state.mode, snap.state.canary_fraction);
   d->metrics_->SetGate(snap.gate);
@@ -206,6 +227,11 @@ Daemon::~Daemon() {
   if (data_server_) data_server_->Shutdown(deadline);
   if (admin_server_) admin_server_->Shutdown(deadline);
   shadow_.reset();  // finishes queued comparisons while the engine still exists
+  if (controller_) {
+    if (absl::Status st = controller_->Flush(); !st.ok()) {
+      spdlog::error("gate evidence not saved at shutdown: {}", st.ToString());
+    }
+  }
 }
 
 }  // namespace verifyd

@@ -253,9 +253,7 @@ Outcome VerifyHandler::CompareAndRecord(PreparedBundle& b, const Plan& plan,
   if (o.kind != OutcomeKind::kMatch) {
     spdlog::warn("comparison {} in {} mode: {}", OutcomeName(o.kind), ModeName(o.mode), o.reason);
   }
-  if (std::optional<std::string> rb = controller_->Record(o)) {
-    metrics_->Rollback(*rb);
-  }
+  controller_->Record(o);  // a rollback is logged, audited and counted by the controller
   const ControllerSnapshot snap = controller_->Snapshot();
   metrics_->SetGate(snap.gate);
   metrics_->SetMode(snap.state.mode, snap.state.canary_fraction);
