@@ -28,6 +28,8 @@ ABSL_FLAG(int, cpu_threads, 0, "CPU engine threads; 0 = all cores");
 ABSL_FLAG(std::vector<std::string>, devices, {}, "CUDA devices to serve; empty = all visible");
 ABSL_FLAG(int64_t, cuda_pool_mb, 8192, "CUDA memory pool per device, MiB");
 ABSL_FLAG(int64_t, max_message_mb, 2048, "Largest gRPC message accepted or sent, MiB");
+ABSL_FLAG(int64_t, max_inflight_mb, 8192,
+          "Memory budget: request bytes all calls in flight may hold together, MiB; 0 = none");
 ABSL_FLAG(int64_t, gate_window, 1000, "Clean comparisons in a row needed to flip to canary/custom");
 ABSL_FLAG(int64_t, rollback_breaches, 3, "Breaches within --rollback_window that roll back");
 ABSL_FLAG(int64_t, rollback_window, 1000, "Sampled comparisons the rollback counts over");
@@ -129,6 +131,7 @@ absl::StatusOr<DaemonOptions> ParseDaemonFlags(int argc, char** argv) {
   }
   o.engine.cuda_pool_bytes = absl::GetFlag(FLAGS_cuda_pool_mb) << 20;
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_mb) << 20;
+  o.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_mb) << 20;
   o.controller.gate_window = absl::GetFlag(FLAGS_gate_window);
   o.controller.rollback_breaches = absl::GetFlag(FLAGS_rollback_breaches);
   o.controller.rollback_window = absl::GetFlag(FLAGS_rollback_window);

@@ -118,7 +118,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   d->verify_service_ = std::make_unique<VerifyServiceImpl>(
       d->handler_.get(), d->metrics_.get(),
-      VerifyServiceOptions{opts.max_message_bytes});
+      VerifyServiceOptions{opts.max_message_bytes, opts.max_inflight_bytes});
   {
     grpc::ServerBuilder b;
     std::vector<int> ports(opts.listen.size(), 0);

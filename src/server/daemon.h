@@ -35,6 +35,7 @@ struct DaemonOptions {
   std::string state_dir = "verifyd-state";
   EngineOptions engine;
   int64_t max_message_bytes = int64_t{2} << 30;  // 1 GiB bundles with room to spare
+  int64_t max_inflight_bytes = int64_t{8} << 30;  // memory budget of calls in flight; 0 = none
   ControllerOptions controller;
   HandlerOptions handler;
   int shadow_threads = 1;

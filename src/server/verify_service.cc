@@ -35,6 +35,7 @@ VerifyServiceImpl::VerifyServiceImpl(VerifyHandler* handler, Metrics* metrics,
     : handler_(handler),
       metrics_(metrics),
       opts_(opts),
+      budget_(opts.max_inflight_bytes, "--max_inflight_mb"),
       verify_method_(MethodName("Verify")),
       stream_method_(MethodName("VerifyStream")) {
   // The unary call reads its message itself (a streamed unary handler is, to the server, a
@@ -52,13 +53,16 @@ VerifyServiceImpl::VerifyServiceImpl(VerifyHandler* handler, Metrics* metrics,
           this)));
 }
 
-absl::Status VerifyServiceImpl::CheckSize(const Raw& in) const {
+absl::Status VerifyServiceImpl::Admit(Raw& in, MemoryBudget::Admission* admitted) {
   const int64_t bytes = static_cast<int64_t>(in.Length());
   if (bytes > opts_.max_message_bytes) {
     return absl::ResourceExhaustedError(
         absl::StrCat("message of ", bytes, " bytes exceeds the limit of ",
                      opts_.max_message_bytes >> 20, " MiB (--max_message_mb)"));
   }
+  absl::StatusOr<MemoryBudget::Admission> a = budget_.Admit(bytes);
+  if (!a.ok()) return a.status();
+  *admitted = std::move(*a);
   return absl::OkStatus();
 }
 
@@ -71,10 +75,11 @@ absl::Status VerifyServiceImpl::Parse(Raw& in, v1::VerifyRequest* req) {
   return absl::OkStatus();
 }
 
-absl::Status VerifyServiceImpl::Serve(grpc::ServerContext*, Raw& in, v1::VerifyRequest* req,
+absl::Status VerifyServiceImpl::Serve(grpc::ServerContext*, Raw& in,
+                                      MemoryBudget::Admission* admitted, v1::VerifyRequest* req,
                                       v1::VerifyResponse* resp) {
   const auto t0 = std::chrono::steady_clock::now();
-  absl::Status st = CheckSize(in);
+  absl::Status st = Admit(in, admitted);
   if (st.ok()) st = Parse(in, req);
   if (!st.ok()) {
     in.Clear();
@@ -89,9 +94,10 @@ absl::Status VerifyServiceImpl::Serve(grpc::ServerContext*, Raw& in, v1::VerifyR
 grpc::Status VerifyServiceImpl::Verify(grpc::ServerContext* ctx, RawUnary* call) {
   Raw in;
   if (!call->Read(&in)) return grpc::Status(grpc::StatusCode::INTERNAL, "no request message");
+  MemoryBudget::Admission admitted;
   v1::VerifyRequest req;
   v1::VerifyResponse resp;
-  if (absl::Status st = Serve(ctx, in, &req, &resp); !st.ok()) return ToGrpc(st);
+  if (absl::Status st = Serve(ctx, in, &admitted, &req, &resp); !st.ok()) return ToGrpc(st);
   Raw out;
   if (grpc::Status st = Serialize(resp, &out); !st.ok()) return st;
   call->Write(out);
@@ -101,9 +107,10 @@ grpc::Status VerifyServiceImpl::Verify(grpc::ServerContext* ctx, RawUnary* call)
 grpc::Status VerifyServiceImpl::VerifyStream(grpc::ServerContext* ctx, RawStream* stream) {
   Raw in;
   while (stream->Read(&in)) {
+    MemoryBudget::Admission admitted;
     v1::VerifyRequest req;
     v1::VerifyResponse resp;
-    absl::Status st = Serve(ctx, in, &req, &resp);
+    absl::Status st = Serve(ctx, in, &admitted, &req, &resp);
     if (!st.ok()) {
       resp.Clear();
       resp.set_request_id(req.request_id());
