@@ -51,6 +51,7 @@ t=0
 while kill -0 "$load" 2>/dev/null; do
   sleep 10
   t=$((t + 10))
+  kill -0 "$load" 2>/dev/null || break  # samples are taken under load only
   kill -0 "$pid" 2>/dev/null || { echo "soak: verifyd died" >&2; tail -20 "$work/verifyd.log" >&2; exit 1; }
   last_rss=$(rss_mb)
   [ -n "$first_rss" ] || first_rss=$last_rss
