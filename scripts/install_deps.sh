@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages verifyd builds with, if any is missing. nvcc is optional: with
-# CUDA installed (/usr/local/cuda) the kernels and the CUDA engine build too.
+# CUDA installed (/usr/local/cuda) the kernels and the CUDA engine build too. clang-14 builds the
+# libFuzzer targets (tests/fuzz/run_fuzz.sh).
 set -euo pipefail
 packages=(
   build-essential cmake git pkg-config curl
@@ -8,6 +9,7 @@ packages=(
   libabsl-dev libspdlog-dev libfmt-dev prometheus-cpp-dev libcpp-httplib-dev
   libtbb-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libssl-dev libsystemd-dev openssl
   python3-numpy python3-grpcio python3-protobuf python3-yaml prometheus
+  clang-14 libclang-rt-14-dev
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "src/bundle/validate.h"
@@ -48,12 +49,18 @@ absl::StatusOr<const void*> Raw(const char* name, const v1::Tensor& t, v1::DType
                      rank));
   }
   int64_t n = ElemSize(dtype);
+  bool overflow = false;
   for (int64_t d : t.shape()) {
     if (d < 0 || d > (int64_t{1} << 40)) {
       return absl::InvalidArgumentError(absl::StrCat(name, ": bad dimension in shape ", ShapeStr(t)));
     }
-    n *= d;
+    overflow = overflow || __builtin_mul_overflow(n, d, &n);
   }
+  if (overflow && !absl::c_linear_search(t.shape(), 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": shape ", ShapeStr(t), " has more than 2^63 bytes"));
+  }
+  if (overflow) n = 0;
   if (static_cast<int64_t>(t.raw_contents().size()) != n) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": ", t.raw_contents().size(),
                                                    " bytes for shape ", ShapeStr(t), ", expected ",

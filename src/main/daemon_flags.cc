@@ -46,6 +46,8 @@ ABSL_FLAG(int64_t, max_message_mb, 2048, "Largest gRPC message accepted or sent,
 ABSL_FLAG(int, grpc_max_threads, 128,
           "Threads serving data-plane calls; a call or stream beyond them gets RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, grpc_max_concurrent_streams, 256, "Concurrent data-plane streams per connection");
+ABSL_FLAG(int64_t, max_inflight_mb, 8192,
+          "Memory budget: request bytes all calls in flight may hold together, MiB; 0 = none");
 ABSL_FLAG(int64_t, gate_window, 1000, "Clean comparisons in a row needed to flip to canary/custom");
 ABSL_FLAG(int64_t, rollback_breaches, 3, "Breaches within --rollback_window that roll back");
 ABSL_FLAG(int64_t, rollback_window, 1000, "Sampled comparisons the rollback counts over");
@@ -226,6 +228,7 @@ absl::StatusOr<DaemonOptions> ParseDaemonFlags(int argc, char** argv) {
   if (o.grpc_max_concurrent_streams < 1) {
     return absl::InvalidArgumentError("grpc_max_concurrent_streams: must be >= 1");
   }
+  o.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_mb) << 20;
   o.controller.gate_window = absl::GetFlag(FLAGS_gate_window);
   o.controller.rollback_breaches = absl::GetFlag(FLAGS_rollback_breaches);
   o.controller.rollback_window = absl::GetFlag(FLAGS_rollback_window);

@@ -192,7 +192,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
   // Data plane.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  d->verify_service_ = std::make_unique<VerifyServiceImpl>(d->handler_.get());
+  d->verify_service_ = std::make_unique<VerifyServiceImpl>(
+      d->handler_.get(), d->metrics_.get(),
+      VerifyServiceOptions{opts.max_message_bytes, opts.max_inflight_bytes});
   {
     grpc::ServerBuilder b;
     std::vector<int> ports(opts.listen.size(), 0);
@@ -202,7 +204,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
                          &ports[i]);
     }
     const int max_bytes = static_cast<int>(std::min<int64_t>(opts.max_message_bytes, INT32_MAX));
-    b.SetMaxReceiveMessageSize(max_bytes);
+    b.SetMaxReceiveMessageSize(-1);  // the verify service refuses (and counts) larger ones
     b.SetMaxSendMessageSize(max_bytes);
     b.RegisterService(d->verify_service_.get());
     d->data_server_ = b.BuildAndStart();

@@ -54,6 +54,7 @@ struct DaemonOptions {
   // answered RESOURCE_EXHAUSTED) and concurrent streams per connection.
   int grpc_max_threads = 128;
   int grpc_max_concurrent_streams = 256;
+  int64_t max_inflight_bytes = int64_t{8} << 30;  // memory budget of calls in flight; 0 = none
   ControllerOptions controller;
   HandlerOptions handler;
   int shadow_threads = 1;

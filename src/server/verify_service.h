@@ -1,24 +1,55 @@
 #pragma once
-// verifyd.v1.VerifyService over gRPC: the unary call and the bidirectional stream.
+// verifyd.v1.VerifyService over gRPC: the unary call and the bidirectional stream. Messages
+// arrive as raw bytes and are parsed here, so that a message that cannot be parsed, one over the
+// size limit or one that does not fit the memory budget gets a clear error (in band on the
+// stream, which goes on) and is counted. The wire bytes are freed once parsed.
 
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "grpcpp/impl/service_type.h"
+#include "grpcpp/server_context.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/sync_stream.h"
+#include "src/metrics/metrics.h"
+#include "src/server/memory_budget.h"
 #include "src/server/verify_handler.h"
-#include "verifyd/v1/verify.grpc.pb.h"
+#include "verifyd/v1/verify.pb.h"
 
 namespace verifyd {
 
-class VerifyServiceImpl final : public v1::VerifyService::Service {
- public:
-  explicit VerifyServiceImpl(VerifyHandler* handler) : handler_(handler) {}
+struct VerifyServiceOptions {
+  int64_t max_message_bytes = int64_t{2} << 30;  // larger requests: RESOURCE_EXHAUSTED
+  // Requests in flight hold at most this many message bytes together; <= 0: no ceiling.
+  int64_t max_inflight_bytes = int64_t{8} << 30;
+};
 
-  grpc::Status Verify(grpc::ServerContext* ctx, const v1::VerifyRequest* req,
-                      v1::VerifyResponse* resp) override;
+class VerifyServiceImpl final : public grpc::Service {
+ public:
+  VerifyServiceImpl(VerifyHandler* handler, Metrics* metrics, VerifyServiceOptions opts);
+
+  grpc::Status Verify(grpc::ServerContext* ctx,
+                      grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>* call);
   // A bad message gets its error in the response (error_code, error_message); the stream goes on.
-  grpc::Status VerifyStream(
-      grpc::ServerContext* ctx,
-      grpc::ServerReaderWriter<v1::VerifyResponse, v1::VerifyRequest>* stream) override;
+  grpc::Status VerifyStream(grpc::ServerContext* ctx,
+                            grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream);
 
  private:
+  // Admits `in` to the memory budget (held in `admitted` until the response is sent), parses it
+  // into `req` and runs the handler. A message refused before the handler saw it is counted here
+  // (path "none").
+  absl::Status Serve(grpc::ServerContext* ctx, grpc::ByteBuffer& in,
+                     MemoryBudget::Admission* admitted, v1::VerifyRequest* req,
+                     v1::VerifyResponse* resp);
+  absl::Status Admit(grpc::ByteBuffer& in, MemoryBudget::Admission* admitted);
+  static absl::Status Parse(grpc::ByteBuffer& in, v1::VerifyRequest* req);
+
   VerifyHandler* handler_;
+  Metrics* metrics_;
+  VerifyServiceOptions opts_;
+  MemoryBudget budget_;
+  const std::string verify_method_, stream_method_;
 };
 
 grpc::Status ToGrpc(const absl::Status& st);

@@ -6,6 +6,8 @@
 #include <functional>
 #include <limits>
 
+#include "grpcpp/impl/client_unary_call.h"
+#include "grpcpp/support/sync_stream.h"
 #include "tests/service/daemon_fixture.h"
 
 namespace verifyd {
@@ -29,7 +31,63 @@ struct BadCase {
   grpc::StatusCode code = grpc::StatusCode::INVALID_ARGUMENT;
 };
 
-class ValidationTest : public DaemonTest {};
+class ValidationTest : public DaemonTest {
+ protected:
+  // Bytes on the wire as they are, whether they parse or not.
+  static grpc::ByteBuffer Bytes(const std::string& s) {
+    grpc::Slice slice(s);
+    return grpc::ByteBuffer(&slice, 1);
+  }
+  static grpc::ByteBuffer Bytes(const v1::VerifyRequest& r) { return Bytes(r.SerializeAsString()); }
+  static v1::VerifyResponse Parsed(grpc::ByteBuffer& b) {
+    v1::VerifyResponse resp;
+    EXPECT_TRUE(grpc::SerializationTraits<v1::VerifyResponse>::Deserialize(&b, &resp).ok());
+    return resp;
+  }
+  grpc::Status RawVerify(const grpc::ByteBuffer& in, v1::VerifyResponse* resp) {
+    grpc::ClientContext ctx;
+    grpc::ByteBuffer out;
+    grpc::Status st = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+        channel_.get(),
+        grpc::internal::RpcMethod("/verifyd.v1.VerifyService/Verify",
+                                  grpc::internal::RpcMethod::NORMAL_RPC),
+        &ctx, in, &out);
+    if (st.ok()) *resp = Parsed(out);
+    return st;
+  }
+  // Sends every message on one stream, then reads until the server ends it.
+  grpc::Status RawStream(const std::vector<grpc::ByteBuffer>& msgs,
+                         std::vector<v1::VerifyResponse>* resps) {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
+        grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+            channel_.get(),
+            grpc::internal::RpcMethod("/verifyd.v1.VerifyService/VerifyStream",
+                                      grpc::internal::RpcMethod::BIDI_STREAMING),
+            &ctx));
+    for (const grpc::ByteBuffer& m : msgs) {
+      if (!stream->Write(m)) break;
+    }
+    stream->WritesDone();
+    grpc::ByteBuffer out;
+    while (stream->Read(&out)) resps->push_back(Parsed(out));
+    return stream->Finish();
+  }
+  void Start(int64_t max_message_bytes = int64_t{2} << 30) {
+    DaemonOptions o = testing::TestOptions(testing::TestDir("validation"));
+    o.max_message_bytes = max_message_bytes;
+    StartDaemon(o);
+    channel_ = testing::Channel(tcp_);
+  }
+  std::shared_ptr<grpc::Channel> channel_;
+};
+
+// The sample count of a verifyd_requests_total series, or -1 when there is none.
+double RequestsTotal(const std::string& metrics, const std::string& labels) {
+  const std::string key = "verifyd_requests_total{" + labels + "} ";
+  const size_t at = metrics.find(key);
+  return at == std::string::npos ? -1 : std::stod(metrics.substr(at + key.size()));
+}
 
 TEST_F(ValidationTest, EveryBadBundleIsRejectedByFieldAndTheDaemonKeepsServing) {
   StartDaemon(testing::TestOptions(testing::TestDir("validation")));
@@ -62,6 +120,11 @@ TEST_F(ValidationTest, EveryBadBundleIsRejectedByFieldAndTheDaemonKeepsServing) 
          q->set_shape(1, 129);
          q->set_raw_contents(std::string(6 * 129 * 576 * 2, '\0'));
        }, "q: heads"},
+      {"q byte count overflows", [](auto* r) {
+         auto* q = r->mutable_q();
+         q->set_shape(0, int64_t{1} << 40);
+         q->set_shape(1, int64_t{1} << 40);
+       }, "q: shape [1099511627776, 1099511627776, 576] has more than 2^63 bytes"},
       {"q in shared memory", [](auto* r) {
          r->mutable_q()->mutable_shm()->set_region("r0");
        }, "q: shared-memory", grpc::StatusCode::UNIMPLEMENTED},
@@ -178,6 +241,67 @@ TEST_F(ValidationTest, ABadMessageOnTheStreamGetsAnInBandErrorAndTheStreamGoesOn
   }
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST_F(ValidationTest, UnparseableStreamMessageGetsAnInBandError) {
+  Start();
+  v1::VerifyRequest good = testing::SmallRequest(3);
+  good.set_request_id("good");
+  std::vector<v1::VerifyResponse> resps;
+  grpc::Status st = RawStream(
+      {Bytes(good), Bytes(std::string("\xff\xff\xff\xff")), Bytes(good), Bytes(good)}, &resps);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  ASSERT_EQ(resps.size(), 4u);
+  for (int i : {0, 2, 3}) {
+    EXPECT_EQ(resps[i].error_code(), 0) << resps[i].error_message();
+    EXPECT_EQ(resps[i].request_id(), "good");
+    EXPECT_EQ(resps[i].o().shape(0), 6);
+  }
+  EXPECT_EQ(resps[1].error_code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_NE(resps[1].error_message().find("message could not be parsed"), std::string::npos)
+      << resps[1].error_message();
+  EXPECT_EQ(RequestsTotal(testing::Scrape(daemon_->metrics_port()),
+                          "code=\"INVALID_ARGUMENT\",path=\"none\""),
+            1);
+}
+
+TEST_F(ValidationTest, UnparseableUnaryMessageIsInvalidArgument) {
+  Start();
+  v1::VerifyResponse resp;
+  grpc::Status st = RawVerify(Bytes(std::string("\xff\xff\xff\xff")), &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(st.error_message().find("message could not be parsed"), std::string::npos)
+      << st.error_message();
+  EXPECT_EQ(RequestsTotal(testing::Scrape(daemon_->metrics_port()),
+                          "code=\"INVALID_ARGUMENT\",path=\"none\""),
+            1);
+  // The same bytes through the raw client parse and serve when they are a request.
+  st = RawVerify(Bytes(testing::SmallRequest(4)), &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(resp.o().shape(0), 6);
+}
+
+TEST_F(ValidationTest, OverLimitMessageIsResourceExhausted) {
+  Start(int64_t{1} << 20);
+  const grpc::ByteBuffer big = Bytes(std::string((1 << 20) + 1, '\0'));
+  v1::VerifyResponse resp;
+  grpc::Status st = RawVerify(big, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(st.error_message().find("1 MiB (--max_message_mb)"), std::string::npos)
+      << st.error_message();
+  // On a stream the refusal is in band and the stream goes on.
+  std::vector<v1::VerifyResponse> resps;
+  st = RawStream({big, Bytes(testing::SmallRequest(5))}, &resps);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  ASSERT_EQ(resps.size(), 2u);
+  EXPECT_EQ(resps[0].error_code(), static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED));
+  EXPECT_NE(resps[0].error_message().find("1048577 bytes"), std::string::npos);
+  EXPECT_EQ(resps[1].error_code(), 0) << resps[1].error_message();
+  EXPECT_EQ(RequestsTotal(testing::Scrape(daemon_->metrics_port()),
+                          "code=\"RESOURCE_EXHAUSTED\",path=\"none\""),
+            2);
+  // A request that fits is still served by the unary call.
+  ASSERT_TRUE(Verify(testing::SmallRequest(6), &resp).ok());
 }
 
 }  // namespace

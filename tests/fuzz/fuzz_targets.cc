@@ -1,0 +1,110 @@
+#include "tests/fuzz/fuzz_targets.h"
+
+#include <string>
+#include <string_view>
+
+#include "absl/strings/str_cat.h"
+
+#include "src/bundle/request_codec.h"
+#include "src/bundle/validate.h"
+#include "src/control/state_store.h"
+#include "src/io/bundle_file.h"
+#include "src/io/safetensors.h"
+
+namespace verifyd::fuzz {
+namespace {
+
+// Reads everything a validated bundle lets an engine read; ASan reports any byte out of bounds.
+uint64_t Touch(const BundleView& v) {
+  uint64_t sum = v.q[0] + v.q[v.q_elems() - 1];
+  for (int b = 0; b < v.shape.batch; ++b) {
+    for (int64_t t = 0; t < v.kv_lens[b]; ++t) {
+      const uint16_t* row = v.KvRow(b, t);
+      sum += row[0] + row[kernels::kHeadDimQK - 1];
+    }
+    for (int i = 0; i < v.shape.draft; ++i) {
+      for (int j = 0; j < v.shape.draft; ++j) sum += v.MaskBit(b, i, j);
+    }
+  }
+  return sum;
+}
+
+volatile uint64_t sink;
+
+absl::Status RoundTripBroke(const std::string& what, const std::string& first,
+                            const std::string& second) {
+  return absl::InternalError(
+      absl::StrCat(what, " does not survive a round trip: '", first, "' vs '", second, "'"));
+}
+
+}  // namespace
+
+absl::Status Request(const uint8_t* data, size_t size) {
+  v1::VerifyRequest req;
+  if (!req.ParseFromArray(data, static_cast<int>(size))) {
+    return absl::InvalidArgumentError("message could not be parsed");
+  }
+  absl::StatusOr<BundleView> v = DecodeRequest(req);
+  if (!v.ok()) return v.status();
+  sink = Touch(*v);
+  return absl::OkStatus();
+}
+
+absl::Status Safetensors(const uint8_t* data, size_t size) {
+  absl::StatusOr<SafetensorsFile> file =
+      ParseSafetensors(std::string_view(reinterpret_cast<const char*>(data), size), "input");
+  if (!file.ok()) return file.status();
+  absl::StatusOr<BundleFile> b = BundleFileFromSafetensors(std::move(*file), "input");
+  if (!b.ok()) return b.status();
+  if (absl::Status st = ValidateBundle(b->view); !st.ok()) return st;
+  sink = Touch(b->view);
+  return absl::OkStatus();
+}
+
+absl::Status State(const uint8_t* data, size_t size) {
+  absl::StatusOr<PersistedState> s =
+      ParseState(std::string_view(reinterpret_cast<const char*>(data), size));
+  if (!s.ok()) return s.status();
+  const std::string once = SerializeState(*s);
+  absl::StatusOr<PersistedState> again = ParseState(once);
+  if (!again.ok()) return RoundTripBroke("state", once, again.status().ToString());
+  if (const std::string twice = SerializeState(*again); twice != once) {
+    return RoundTripBroke("state", once, twice);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Audit(const uint8_t* data, size_t size) {
+  absl::Status first = absl::OkStatus();
+  std::string_view rest(reinterpret_cast<const char*>(data), size);
+  while (!rest.empty()) {
+    const size_t nl = rest.find('\n');
+    const std::string_view line = rest.substr(0, nl);
+    rest = nl == std::string_view::npos ? std::string_view() : rest.substr(nl + 1);
+    if (line.empty()) continue;  // as the audit reader skips them
+    absl::StatusOr<AuditEntry> e = ParseAuditLine(line);
+    if (!e.ok()) {
+      first.Update(e.status());
+      continue;
+    }
+    const std::string once = SerializeAuditEntry(*e);
+    absl::StatusOr<AuditEntry> again = ParseAuditLine(once);
+    if (!again.ok()) return RoundTripBroke("audit line", once, again.status().ToString());
+    if (const std::string twice = SerializeAuditEntry(*again); twice != once) {
+      return RoundTripBroke("audit line", once, twice);
+    }
+  }
+  return first;
+}
+
+const std::vector<Target>& Targets() {
+  static const std::vector<Target> targets = {
+      {"request", &Request},
+      {"safetensors", &Safetensors},
+      {"state", &State},
+      {"audit", &Audit},
+  };
+  return targets;
+}
+
+}  // namespace verifyd::fuzz

@@ -1,0 +1,34 @@
+#pragma once
+// The entry points the fuzzers drive, each one input parsed the way the daemon or verifyctl
+// parses it. libFuzzer runs them in tests/fuzz/fuzz_main.cc; test_fuzz_corpus replays the seed
+// corpus and the kept crashing inputs through them in the regular builds.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace verifyd::fuzz {
+
+// Every entry point returns what the input deserves; INTERNAL means an invariant broke.
+
+// A VerifyRequest's wire bytes: parse, decode, validate; on success touch every byte an engine
+// would read.
+absl::Status Request(const uint8_t* data, size_t size);
+// A .safetensors file as `verifyctl replay` reads it: parse, map to a bundle, validate, touch.
+absl::Status Safetensors(const uint8_t* data, size_t size);
+// state.json's text, and audit.jsonl's lines, as the state store parses them; what parses must
+// serialize and parse back to the same text (INTERNAL when it does not: a bug, never an input
+// error).
+absl::Status State(const uint8_t* data, size_t size);
+absl::Status Audit(const uint8_t* data, size_t size);
+
+struct Target {
+  const char* name;  // the corpus directory: tests/fuzz/corpus/<name>, regressions/<name>
+  absl::Status (*run)(const uint8_t*, size_t);
+};
+const std::vector<Target>& Targets();
+
+}  // namespace verifyd::fuzz

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus of the fuzz targets into tests/fuzz/corpus/<target>/.
+
+    PYTHONPATH=<dir with the generated verifyd/v1/*_pb2.py> tests/fuzz/make_seeds.py
+
+The seeds are small valid inputs (and a few near misses) for each target; libFuzzer mutates them.
+"""
+
+import json
+import os
+import struct
+import sys
+
+from verifyd.v1 import types_pb2, verify_pb2
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+D = 576
+
+
+def bf16(n, seed):
+    # Small bf16 values (sign, exponent around 1), deterministic.
+    out = bytearray()
+    x = seed
+    for _ in range(n):
+        x = (x * 1103515245 + 12345) & 0x7FFFFFFF
+        out += struct.pack("<H", 0x3F00 | (x & 0x7F) | ((x >> 8) & 1) << 15)
+    return bytes(out)
+
+
+def i32(vals):
+    return struct.pack(f"<{len(vals)}i", *vals)
+
+
+def bundle(batch, draft, prefix, page_size, bits, seed):
+    """The tensors of a small valid bundle: name -> (dtype, shape, bytes)."""
+    kv_len = prefix + draft
+    pages = (kv_len + page_size - 1) // page_size
+    indptr = [b * pages for b in range(batch + 1)]
+    indices = list(range(batch * pages))
+    rows = []
+    for _ in range(batch):
+        for i in range(draft):
+            if bits:
+                row = bytearray((draft + 7) // 8)
+                for j in range(i + 1):
+                    row[j >> 3] |= 1 << (j & 7)
+            else:
+                row = bytearray(1 if j <= i else 0 for j in range(draft))
+            rows.append(bytes(row))
+    row_bytes = (draft + 7) // 8 if bits else draft
+    return {
+        "q": ("BF16", [batch * draft, 1, D], bf16(batch * draft * D, seed)),
+        "kv_pool": ("BF16", [batch * pages, page_size, D],
+                    bf16(batch * pages * page_size * D, seed + 1)),
+        "kv_indptr": ("I32", [batch + 1], i32(indptr)),
+        "kv_indices": ("I32", [len(indices)], i32(indices)),
+        "kv_lens": ("I32", [batch], i32([kv_len] * batch)),
+        "tree_mask": ("U8", [batch, draft, row_bytes], b"".join(rows)),
+    }
+
+
+def request(tensors, bits, sm_scale=0.0417):
+    dt = {"BF16": types_pb2.DTYPE_BF16, "I32": types_pb2.DTYPE_I32, "U8": types_pb2.DTYPE_U8}
+    req = verify_pb2.VerifyRequest(request_id="seed", sm_scale=sm_scale,
+                                   mask_format=verify_pb2.MASK_FORMAT_BITS if bits
+                                   else verify_pb2.MASK_FORMAT_BYTES)
+    for name, (dtype, shape, data) in tensors.items():
+        t = getattr(req, name)
+        t.dtype = dt[dtype]
+        t.shape.extend(shape)
+        t.raw_contents = data
+    return req.SerializeToString()
+
+
+def safetensors(tensors, sm_scale=0.0417):
+    tensors = dict(tensors)
+    tensors["sm_scale"] = ("F32", [1], struct.pack("<f", sm_scale))
+    header, offset, body = {"__metadata__": {"source": "seed"}}, 0, b""
+    for name, (dtype, shape, data) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+        body += data
+    h = json.dumps(header, separators=(",", ":")).encode()
+    return struct.pack("<Q", len(h)) + h + body
+
+
+def write(target, name, data):
+    d = os.path.join(HERE, "corpus", target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode())
+
+
+def main():
+    small = bundle(batch=1, draft=1, prefix=1, page_size=1, bits=False, seed=1)
+    tree = bundle(batch=2, draft=2, prefix=0, page_size=1, bits=False, seed=2)
+    bits = bundle(batch=1, draft=2, prefix=0, page_size=1, bits=True, seed=3)
+    write("request", "small", request(small, False))
+    write("request", "tree", request(tree, False))
+    write("request", "bits", request(bits, True))
+    write("request", "bad_sm_scale", request(small, False, sm_scale=-1))
+    write("safetensors", "small", safetensors(small))
+    write("safetensors", "tree", safetensors(tree))
+    write("safetensors", "bad_header_only", struct.pack("<Q", 2) + b"{}")
+    write("state", "shadow", '{"mode":"shadow","canary_fraction":0.05,'
+          '"shadow_sample_rate":1.0,"custom_sample_rate":0.01}\n')
+    write("state", "canary", '{"mode":"canary","canary_fraction":0.25,"shadow_sample_rate":0.5,'
+          '"custom_sample_rate":0.1,"custom_faulted":false}\n')
+    write("state", "faulted", '{"mode":"shadow","custom_faulted":true,'
+          '"custom_fault_reason":"sticky CUDA error"}\n')
+    write("audit", "two_lines",
+          '{"time":"2026-01-01T00:00:00Z","from":"shadow","to":"canary","canary_fraction":0.05,'
+          '"reason":"gate","forced":false,"who":"verifyctl"}\n'
+          '{"time":"2026-01-01T00:01:00Z","from":"canary","to":"shadow","canary_fraction":0,'
+          '"reason":"rollback","forced":false,"who":"verifyd"}\n')
+    write("audit", "bad_torn", '\n{"time":"2026-01-01T00:00:00Z","from":"shadow"')
+
+
+if __name__ == "__main__":
+    sys.exit(main())
