@@ -21,6 +21,11 @@ fail() { echo "FAIL: $*"; cat "$dir/log"; exit 1; }
 start
 ctl send --shape 2,3,8,54 --page_size 16 --count 4 --json >"$dir/send.json" || fail "send"
 grep -q '"ok": 4' "$dir/send.json" || fail "send did not get 4 answers: $(cat "$dir/send.json")"
+ctl send --shape 1,4,2,40 --page_size 16 --count 2 --traffic realistic --json \
+  >"$dir/send_real.json" || fail "send --traffic realistic"
+grep -q '"traffic": "realistic"' "$dir/send_real.json" || fail "traffic model not reported"
+if ctl send --count 1 --traffic bogus >/dev/null 2>"$dir/err"; then fail "--traffic bogus passed"; fi
+grep -q -- "--traffic" "$dir/err" || fail "no field named for a bad --traffic: $(cat "$dir/err")"
 if ctl flip canary --reason x >/dev/null 2>"$dir/err"; then fail "canary without --fraction passed"; fi
 grep -q "fraction" "$dir/err" || fail "no reason given for the missing fraction"
 if ctl flip custom >/dev/null 2>&1; then fail "flip without --reason passed"; fi
