@@ -63,6 +63,11 @@ Metrics::Metrics(const BuildInfo& info) : registry_(std::make_shared<prometheus:
                        .Name("verifyd_diff_max_abs")
                        .Help("Largest absolute element difference by pair")
                        .Register(r);
+  diff_max_row_rel_l2_ = &prometheus::BuildHistogram()
+                             .Name("verifyd_diff_max_row_rel_l2")
+                             .Help("Largest per-row (one head's output) relative L2 difference "
+                                   "of a comparison, by pair")
+                             .Register(r);
   mode_ = &prometheus::BuildGauge()
                .Name("verifyd_mode")
                .Help("1 for the mode being served (reference, shadow, canary, custom), else 0")
@@ -117,6 +122,7 @@ Metrics::Metrics(const BuildInfo& info) : registry_(std::make_shared<prometheus:
   for (const char* p : {"custom_vs_reference", "custom_vs_oracle", "reference_vs_oracle"}) {
     diff_rel_l2_->Add({{"pair", p}}, LogBuckets(1e-6, 10));
     diff_max_abs_->Add({{"pair", p}}, LogBuckets(1e-5, 100));
+    diff_max_row_rel_l2_->Add({{"pair", p}}, LogBuckets(1e-6, 10));
   }
   for (const char* reason : {"tolerance", "nan_inf", "error", "timeout"}) {
     rollbacks_->Add({{"reason", reason}});
@@ -143,6 +149,8 @@ void Metrics::Diff(std::string_view pair, const DiffStats& d) {
   auto clean = [](double v) { return std::isfinite(v) ? v : 1e30; };
   diff_rel_l2_->Add({{"pair", p}}, LogBuckets(1e-6, 10)).Observe(clean(d.rel_l2));
   diff_max_abs_->Add({{"pair", p}}, LogBuckets(1e-5, 100)).Observe(clean(d.max_abs));
+  diff_max_row_rel_l2_->Add({{"pair", p}}, LogBuckets(1e-6, 10))
+      .Observe(d.zero_row_breaches > 0 ? 1e30 : clean(d.max_row_rel_l2));
 }
 
 void Metrics::SetMode(Mode m, double canary_fraction) {

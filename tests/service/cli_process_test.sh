@@ -18,6 +18,10 @@ start() {
 ctl() { "$verifyctl" --target="unix:$dir/data.sock" --admin="unix:$dir/admin.sock" "$@"; }
 fail() { echo "FAIL: $*"; cat "$dir/log"; exit 1; }
 
+if "$verifyd" --engine=cpu --state_dir="$dir/bad" --atol_rel=-1 >"$dir/bad.log" 2>&1; then
+  fail "a negative --atol_rel started"
+fi
+grep -q "atol_rel" "$dir/bad.log" || fail "no field named for a bad --atol_rel: $(cat "$dir/bad.log")"
 start
 ctl send --shape 2,3,8,54 --page_size 16 --count 4 --json >"$dir/send.json" || fail "send"
 grep -q '"ok": 4' "$dir/send.json" || fail "send did not get 4 answers: $(cat "$dir/send.json")"
