@@ -54,7 +54,9 @@ __device__ __forceinline__ double Load(const void* p, ElemType t, int64_t i) {
 
 // The lane sums of one warp combined by an xor butterfly; every lane gets the same total.
 __device__ __forceinline__ double WarpSum(double x) {
-  for (int off = kLanes / 2; off > 0; off /= 2) x = __dadd_rn(x, __shfl_xor_sync(kFullMask, x, off));
+  for (int off = kLanes / 2; off > 0; off /= 2) {
+    x = __dadd_rn(x, __shfl_xor_sync(kFullMask, x, off));
+  }
   return x;
 }
 

@@ -82,7 +82,9 @@ void FillRealisticQueries(const BundleView& v, const std::vector<std::vector<int
         for (const Target& t : RealisticTargets(prefix, kv_len, i, parents[b], heavy)) {
           const uint16_t* key = v.KvRow(b, t.token);
           double k2 = 0;
-          for (int d = 0; d < kHeadDimQK; ++d) k2 += double{Bf16ToFloat(key[d])} * Bf16ToFloat(key[d]);
+          for (int d = 0; d < kHeadDimQK; ++d) {
+            k2 += double{Bf16ToFloat(key[d])} * Bf16ToFloat(key[d]);
+          }
           const double u = (t.logit + jitter(rng)) / (double{v.sm_scale} * k2);
           for (int d = 0; d < kHeadDimQK; ++d) acc[d] += u * Bf16ToFloat(key[d]);
         }
@@ -186,7 +188,9 @@ RandomBundle::RandomBundle(const RandomBundleSpec& spec) : spec_(spec) {
   view_.sm_scale = spec.sm_scale;
   view_.max_kv_len = *std::max_element(kv_lens.begin(), kv_lens.end());
   view_.total_kv_len = std::accumulate(kv_lens.begin(), kv_lens.end(), int64_t{0});
-  if (spec.traffic == Traffic::kRealistic) FillRealisticQueries(view_, parents, spec.seed, q.data());
+  if (spec.traffic == Traffic::kRealistic) {
+    FillRealisticQueries(view_, parents, spec.seed, q.data());
+  }
 }
 
 }  // namespace verifyd

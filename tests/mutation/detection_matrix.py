@@ -118,7 +118,8 @@ def main():
            f"against the limit {tol['max_row_rel_l2']:g}, and the largest atol_rel the element "
            f"check would have needed against {tol['atol_rel']:g}).", ""]
     if survivors:
-        md += ["| mutant | traffic | prefix | page | T | calls | max row rel-L2 | atol_rel needed |",
+        md += ["| mutant | traffic | prefix | page | T | calls | max row rel-L2 "
+               "| atol_rel needed |",
                "|---|---|---|---|---|---|---|---|"]
         for label, c in survivors:
             mx = c["max"]

@@ -93,7 +93,8 @@ struct Maxima {
 struct ClassResult {
   Traffic traffic = Traffic::kRandom;
   int64_t prefix = 0;
-  int page = 0, draft = 0, calls = 0, breaches = 0, first_breach = 0;  // first_breach: 1-based, 0 none
+  int page = 0, draft = 0, calls = 0, breaches = 0;
+  int first_breach = 0;  // the call of the first breach, 1-based; 0: none
   std::map<std::string, int> criteria;
   std::string first_reason;
   Maxima max;
@@ -202,7 +203,8 @@ int Main(int argc, char** argv) {
   app.add_option("--batch", o.batch, "requests per bundle")->check(CLI::Range(1, 64));
   app.add_option("--calls", o.calls, "most calls per class")->check(CLI::Range(1, 1 << 30));
   app.add_option("--budget", o.budget, "per class: calls <= budget / (T * kv_len)");
-  app.add_option("--min_calls", o.min_calls, "fewest calls per class")->check(CLI::Range(1, 1 << 30));
+  app.add_option("--min_calls", o.min_calls, "fewest calls per class")
+      ->check(CLI::Range(1, 1 << 30));
   app.add_option("--seed", o.seed, "seed of the first bundle");
   app.add_flag("--oracle", o.oracle, "also compare both paths with the fp64 oracle");
   app.add_flag("--fail_on_breach", o.fail_on_breach, "exit 1 when any call breaches");
