@@ -40,7 +40,8 @@ custom=src/engine/cpu/cpu_custom.cc
 cp "$tree/$custom" "$work/cpu_custom.clean.cc"
 
 commit=$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
-if [ "$commit" != unknown ] && ! git -C "$root" diff --quiet HEAD -- src kernels tests/mutation; then
+if [ "$commit" != unknown ] &&
+  ! git -C "$root" diff --quiet HEAD -- src kernels tests/mutation; then
   commit=$commit-dirty
 fi
 
