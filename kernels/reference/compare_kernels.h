@@ -26,17 +26,30 @@ struct DeviceDiffStats {
   long long beyond_tol;
   long long nan_test, inf_test, nan_ref, inf_ref;
   double lse_max_abs;  // NaN when either lse pointer is null
+  long long rows;
+  double max_row_rel_l2;
+  long long worst_row;  // -1 when every row is exact
+  long long zero_row_breaches;
+};
+
+// The element and row limits of the comparison (Tolerance's element part) and the row length.
+struct CompareLimits {
+  long long row_len;  // elements per row (the last row may be shorter)
+  double atol, atol_rel, rtol;
 };
 
 // Bytes of device workspace LaunchCompare needs (per-block partial sums; independent of n).
 size_t CompareWorkspaceBytes();
 
-// test/ref [n] (bf16 or fp32), test_lse/ref_lse fp32 [n_lse] or null. Element check:
-// |test - ref| <= atol + rtol * |ref|. Non-finite elements are counted and kept out of the norms;
-// one that differs from the other side counts beyond tolerance and makes max_abs inf.
-// Deterministic: a fixed grid and a fixed reduction order. Writes *out on `stream`.
+// test/ref [n] (bf16 or fp32) as rows of limits.row_len, test_lse/ref_lse fp32 [n_lse] or null.
+// Element check: |test - ref| <= atol + atol_rel * rms(ref row) + rtol * |ref|; per-row rel-L2,
+// its maximum and the rows whose reference is all zero but test is not. Non-finite elements are
+// counted and kept out of the norms; one that differs from the other side counts beyond
+// tolerance and makes max_abs inf. One warp per row; the row sums follow the order that
+// src/compare/compare.cc reproduces, so rms and the element check agree with the host bit for
+// bit. Deterministic: a fixed grid and a fixed reduction order. Writes *out on `stream`.
 cudaError_t LaunchCompare(DeviceValues test, DeviceValues ref, int64_t n, const float* test_lse,
-                          const float* ref_lse, int64_t n_lse, double atol, double rtol,
+                          const float* ref_lse, int64_t n_lse, const CompareLimits& limits,
                           void* workspace, size_t workspace_bytes, DeviceDiffStats* out,
                           cudaStream_t stream);
 

@@ -1,6 +1,7 @@
 #include "src/bundle/random_bundle.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <random>
 #include <utility>
@@ -33,7 +34,81 @@ void SetMaskBit(kernels::MaskFormat f, uint8_t* row, int j) {
   }
 }
 
+// A key a realistic query attends to and the logit (natural-log units) it should get.
+struct Target {
+  int64_t token;
+  double logit;
+};
+
+// The keys draft token i of request b attends to in head h: sinks, recent prefix tokens, the
+// head's heavy hitters, itself and its nearest ancestors. Logits are relative to log(kv_len) so
+// that the chosen keys keep most of the weight at any prefix length.
+std::vector<Target> RealisticTargets(int64_t prefix, int64_t kv_len, int i,
+                                     const std::vector<int>& parent,
+                                     const std::vector<int64_t>& heavy) {
+  const double base = std::log(static_cast<double>(kv_len));
+  std::vector<Target> t;
+  for (int64_t s = 0; s < std::min<int64_t>(2, prefix); ++s) t.push_back({s, base + 3});
+  for (int64_t d = 1; d <= std::min<int64_t>(8, prefix); ++d) {
+    t.push_back({prefix - d, base + 2 - 0.25 * static_cast<double>(d - 1)});
+  }
+  for (int64_t pos : heavy) t.push_back({pos, base + 2.5});
+  t.push_back({prefix + i, base + 4});
+  int depth = 0;
+  for (int j = parent[i]; j >= 0 && depth < 3; j = parent[j], ++depth) {
+    t.push_back({prefix + j, base + (depth == 0 ? 3 : 1.5)});
+  }
+  return t;
+}
+
+// q of every (draft token, head): sum over targets of u * K_target, u chosen so that
+// sm_scale * q . K_target ~ its logit (cross terms add noise of a few nats, as real heads have).
+void FillRealisticQueries(const BundleView& v, const std::vector<std::vector<int>>& parents,
+                          uint64_t seed, uint16_t* q) {
+  using kernels::kHeadDimQK;
+  const int B = v.shape.batch, T = v.shape.draft, H = v.shape.heads;
+  std::mt19937_64 rng(seed ^ 0x7ea1157c7a77e11full);
+  std::uniform_real_distribution<double> jitter(-1.0, 1.0);
+  std::vector<double> acc(kHeadDimQK);
+  for (int b = 0; b < B; ++b) {
+    const int64_t kv_len = v.kv_lens[b], prefix = kv_len - T;
+    for (int h = 0; h < H; ++h) {
+      std::vector<int64_t> heavy;
+      for (int k = 0; k < 3 && prefix > 0; ++k) {
+        heavy.push_back(std::uniform_int_distribution<int64_t>(0, prefix - 1)(rng));
+      }
+      for (int i = 0; i < T; ++i) {
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (const Target& t : RealisticTargets(prefix, kv_len, i, parents[b], heavy)) {
+          const uint16_t* key = v.KvRow(b, t.token);
+          double k2 = 0;
+          for (int d = 0; d < kHeadDimQK; ++d) {
+            k2 += double{Bf16ToFloat(key[d])} * Bf16ToFloat(key[d]);
+          }
+          const double u = (t.logit + jitter(rng)) / (double{v.sm_scale} * k2);
+          for (int d = 0; d < kHeadDimQK; ++d) acc[d] += u * Bf16ToFloat(key[d]);
+        }
+        uint16_t* dst = q + ((int64_t{b} * T + i) * H + h) * kHeadDimQK;
+        for (int d = 0; d < kHeadDimQK; ++d) dst[d] = FloatToBf16(static_cast<float>(acc[d]));
+      }
+    }
+  }
+}
+
 }  // namespace
+
+bool ParseTraffic(const std::string& name, Traffic* out) {
+  if (name == "random") {
+    *out = Traffic::kRandom;
+  } else if (name == "realistic") {
+    *out = Traffic::kRealistic;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+const char* TrafficName(Traffic t) { return t == Traffic::kRealistic ? "realistic" : "random"; }
 
 RandomBundle::RandomBundle(const RandomBundleSpec& spec) : spec_(spec) {
   using kernels::kHeadDimQK;
@@ -77,12 +152,16 @@ RandomBundle::RandomBundle(const RandomBundleSpec& spec) : spec_(spec) {
   }
 
   q.resize(int64_t{B} * T * H * kHeadDimQK);
-  for (auto& x : q) x = FloatToBf16(normal(rng) * spec.q_scale);
+  if (spec.traffic == Traffic::kRandom) {
+    for (auto& x : q) x = FloatToBf16(normal(rng) * spec.q_scale);
+  }
 
   const int64_t row_bytes = kernels::MaskRowBytes(spec.mask_format, T);
   tree_mask.assign(int64_t{B} * T * row_bytes, 0);
+  std::vector<std::vector<int>> parents(B);
   for (int b = 0; b < B; ++b) {
-    const std::vector<int> parent = MakeParents(spec.tree, T, rng);
+    parents[b] = MakeParents(spec.tree, T, rng);
+    const std::vector<int>& parent = parents[b];
     for (int i = 0; i < T; ++i) {
       uint8_t* row = tree_mask.data() + (int64_t{b} * T + i) * row_bytes;
       for (int j = i; j >= 0; j = parent[j]) SetMaskBit(spec.mask_format, row, j);
@@ -109,6 +188,9 @@ RandomBundle::RandomBundle(const RandomBundleSpec& spec) : spec_(spec) {
   view_.sm_scale = spec.sm_scale;
   view_.max_kv_len = *std::max_element(kv_lens.begin(), kv_lens.end());
   view_.total_kv_len = std::accumulate(kv_lens.begin(), kv_lens.end(), int64_t{0});
+  if (spec.traffic == Traffic::kRealistic) {
+    FillRealisticQueries(view_, parents, spec.seed, q.data());
+  }
 }
 
 }  // namespace verifyd

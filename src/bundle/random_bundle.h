@@ -2,6 +2,7 @@
 // Random bundles with a fixed seed, for tests, benchmarks and `verifyctl send`.
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "src/bundle/bundle.h"
@@ -9,6 +10,20 @@
 namespace verifyd {
 
 enum class TreeKind { kChain, kRandomTree };
+
+// How queries relate to keys.
+//   kRandom: q ~ N(0, q_scale^2) independent of K; attention is diffuse, each key carries about
+//     1/kv_len of the weight and outputs shrink as the prefix grows.
+//   kRealistic: attention concentrated the way served models concentrate it. Each (draft token,
+//     head) query is a mix of chosen keys' K vectors, scaled so that their logits sit a few nats
+//     above log(kv_len) and dominate the softmax: attention-sink tokens at the start of the
+//     prefix, the most recent prefix tokens (recency bias), a few heavy-hitter positions per
+//     head, and the draft token itself with its tree ancestors. q_scale is not applied.
+enum class Traffic { kRandom, kRealistic };
+
+// "random" / "realistic"; false for anything else.
+bool ParseTraffic(const std::string& name, Traffic* out);
+const char* TrafficName(Traffic t);
 
 struct RandomBundleSpec {
   int batch = 1;
@@ -18,6 +33,7 @@ struct RandomBundleSpec {
   int64_t prefix = 0;                 // prefix length of every request...
   std::vector<int64_t> prefix_lens;   // ...unless this gives one per request
   TreeKind tree = TreeKind::kRandomTree;
+  Traffic traffic = Traffic::kRandom;
   bool empty_row = false;  // request 0 gets prefix 0 and draft row T/2 sees nothing
   kernels::MaskFormat mask_format = kernels::MaskFormat::kBytes;
   float q_scale = 1.f;     // scales q (large logits)

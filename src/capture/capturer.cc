@@ -166,6 +166,8 @@ absl::StatusOr<std::string> Capturer::Write(const ComparisonRecord& r, const std
       {"tol_max_abs", Exact(r.tolerance.max_abs)},
       {"tol_max_lse_abs", Exact(r.tolerance.max_lse_abs)},
       {"tol_max_beyond_tol", std::to_string(r.tolerance.max_beyond_tol)},
+      {"tol_atol_rel", Exact(r.tolerance.atol_rel)},
+      {"tol_max_row_rel_l2", Exact(r.tolerance.max_row_rel_l2)},
   };
   if (r.outcome.stats) {
     const DiffStats& d = *r.outcome.stats;
@@ -174,6 +176,9 @@ absl::StatusOr<std::string> Capturer::Write(const ComparisonRecord& r, const std
     meta["nmse"] = Exact(d.nmse);
     meta["beyond_tol"] = std::to_string(d.beyond_tol);
     meta["lse_max_abs"] = Exact(d.lse_max_abs);
+    meta["max_row_rel_l2"] = Exact(d.max_row_rel_l2);
+    meta["worst_row"] = std::to_string(d.worst_row);
+    meta["zero_row_breaches"] = std::to_string(d.zero_row_breaches);
   }
   // Size estimate: inputs + extras; refuse rather than fill the disk.
   int64_t need = v.q_elems() * 2 + v.kv_elems() * 2 + v.mask_bytes() + (v.shape.batch * 3 + 1) * 4;

@@ -22,13 +22,16 @@ json StatsJson(const DiffStats& d, const Verdict& v) {
   return {{"rel_l2", num(d.rel_l2)},       {"max_abs", num(d.max_abs)},
           {"nmse", num(d.nmse)},           {"beyond_tol", d.beyond_tol},
           {"nan_test", d.nan_test},        {"nan_ref", d.nan_ref},
-          {"lse_max_abs", num(d.lse_max_abs)}, {"match", v.match},
+          {"lse_max_abs", num(d.lse_max_abs)}, {"max_row_rel_l2", num(d.max_row_rel_l2)},
+          {"worst_row", d.worst_row},      {"zero_row_breaches", d.zero_row_breaches},
+          {"match", v.match},
           {"reason", v.reason}};
 }
 
 std::string StatsLine(const DiffStats& d, const Verdict& v) {
-  return fmt::format("rel-L2 {:.4g}  max-abs {:.4g}  lse {:.3g}  {}", d.rel_l2, d.max_abs,
-                     d.lse_max_abs, v.match ? "match" : "BREACH: " + v.reason);
+  return fmt::format("rel-L2 {:.4g}  row rel-L2 {:.4g}  max-abs {:.4g}  lse {:.3g}  {}",
+                     d.rel_l2, d.max_row_rel_l2, d.max_abs, d.lse_max_abs,
+                     v.match ? "match" : "BREACH: " + v.reason);
 }
 
 // The capture's tolerance when recorded, else the defaults.
@@ -44,6 +47,8 @@ Tolerance ToleranceOf(const BundleFile& f) {
   get("tol_max_rel_l2", &t.max_rel_l2);
   get("tol_max_abs", &t.max_abs);
   get("tol_max_lse_abs", &t.max_lse_abs);
+  get("tol_atol_rel", &t.atol_rel);  // absent in older captures: the defaults
+  get("tol_max_row_rel_l2", &t.max_row_rel_l2);
   if (auto it = m.find("tol_max_beyond_tol"); it != m.end()) {
     absl::SimpleAtoi(it->second, &t.max_beyond_tol);
   }

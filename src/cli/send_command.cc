@@ -73,6 +73,10 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
     return Fail(g, "send", "--count and --concurrency must be >= 1");
   }
   if (s.tree != "tree" && s.tree != "chain") return Fail(g, "send", "--tree: tree or chain");
+  Traffic traffic;
+  if (!ParseTraffic(s.traffic, &traffic)) {
+    return Fail(g, "send", "--traffic: random or realistic");
+  }
 
   // Encode a few distinct bundles once; the workers reuse them.
   const int distinct = static_cast<int>(std::clamp<int64_t>(s.distinct, 1, s.count));
@@ -86,6 +90,7 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
     spec.prefix = dims[3];
     spec.page_size = s.page_size;
     spec.tree = s.tree == "chain" ? TreeKind::kChain : TreeKind::kRandomTree;
+    spec.traffic = traffic;
     spec.seed = s.seed + i;
     RandomBundle b(spec);
     EncodeRequest(b.view(), &requests[i]);
@@ -157,6 +162,7 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
   const double srv50 = Percentile(tally.server_s, 0.5);
   if (g.json) {
     PrintJson({{"shape", s.shape}, {"page_size", s.page_size}, {"count", s.count},
+               {"distinct", distinct}, {"traffic", s.traffic},
                {"concurrency", s.concurrency}, {"stream", s.stream},
                {"bundle_bytes", bundle_bytes}, {"ok", nok}, {"failed", nerr},
                {"errors", tally.errors}, {"first_error", tally.first_error},
@@ -174,6 +180,9 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
         "{} calls of shape {} ({:.1f} MB each, page_size {}) to {}, concurrency {}{}\n", s.count,
         s.shape, bundle_bytes / 1e6, s.page_size, g.target, s.concurrency,
         s.stream ? ", streaming" : "");
+    std::cout << fmt::format("{} traffic, {} distinct bundle{} reused round-robin{}\n", s.traffic,
+                             distinct, distinct == 1 ? "" : "s",
+                             distinct < s.count ? " (raise --distinct for detection work)" : "");
     std::cout << fmt::format("succeeded {}  failed {}  {:.1f} calls/s over {:.2f} s\n", nok,
                              nerr, nok / wall, wall);
     if (nerr) {

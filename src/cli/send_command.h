@@ -15,7 +15,8 @@ struct SendOptions {
   int concurrency = 1;
   std::string tree = "tree";  // tree or chain
   uint64_t seed = 1;
-  int distinct = 4;           // distinct random bundles, reused round-robin
+  int distinct = 4;           // distinct random bundles, reused round-robin (see --distinct)
+  std::string traffic = "random";  // random (diffuse attention) or realistic (concentrated)
   bool stream = false;        // one bidirectional stream per worker instead of unary calls
   bool want_lse = false;
   bool compare_sync = false;

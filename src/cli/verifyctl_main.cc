@@ -52,8 +52,15 @@ int main(int argc, char** argv) {
   s->add_option("--count", send.count, "calls to send")->capture_default_str();
   s->add_option("--concurrency", send.concurrency, "calls in flight")->capture_default_str();
   s->add_option("--tree", send.tree, "tree (random draft tree) or chain")->capture_default_str();
+  s->add_option("--traffic", send.traffic,
+                "random (q independent of K: diffuse attention) or realistic (sinks, recency, "
+                "heavy hitters, draft tokens that matter)")
+      ->capture_default_str();
   s->add_option("--seed", send.seed, "seed of the first bundle")->capture_default_str();
-  s->add_option("--distinct", send.distinct, "distinct bundles reused round-robin")
+  s->add_option("--distinct", send.distinct,
+                "distinct bundles, encoded once and reused round-robin. NOTE: the default 4 is "
+                "for load tests; a fault that shows only on some inputs is sampled on those 4 "
+                "only, so use --distinct equal to --count for detection work")
       ->capture_default_str();
   s->add_option("--request_id_prefix", send.request_id_prefix, "request ids PREFIX-N");
   s->add_flag("--stream", send.stream, "use the bidirectional stream");

@@ -54,9 +54,15 @@ ABSL_FLAG(int64_t, rollback_window, 1000, "Sampled comparisons the rollback coun
 ABSL_FLAG(double, oracle_sample_rate, 0.001, "Fraction of comparisons that also run the oracle");
 ABSL_FLAG(int, shadow_threads, 1, "Threads running comparisons off the critical path");
 ABSL_FLAG(int, shadow_queue, 64, "Comparisons that may wait; beyond it they are skipped");
-ABSL_FLAG(double, atol, 1e-2, "Element tolerance: |custom - ref| <= atol + rtol*|ref|");
-ABSL_FLAG(double, rtol, 2e-2, "Element tolerance, relative part");
-ABSL_FLAG(double, max_rel_l2, 1e-2, "Breach when ||custom - ref|| / ||ref|| exceeds it");
+ABSL_FLAG(double, atol, verifyd::Tolerance{}.atol,
+          "Element tolerance: |custom - ref| <= atol + atol_rel*rms(ref row) + rtol*|ref|");
+ABSL_FLAG(double, atol_rel, verifyd::Tolerance{}.atol_rel,
+          "Element tolerance, part relative to the rms of the reference row (one head's 512)");
+ABSL_FLAG(double, rtol, verifyd::Tolerance{}.rtol, "Element tolerance, relative part");
+ABSL_FLAG(double, max_rel_l2, verifyd::Tolerance{}.max_rel_l2,
+          "Breach when ||custom - ref|| / ||ref|| exceeds it");
+ABSL_FLAG(double, max_row_rel_l2, verifyd::Tolerance{}.max_row_rel_l2,
+          "Breach when any row's ||custom - ref|| / ||ref|| exceeds it");
 ABSL_FLAG(double, max_abs, 0.25, "Breach when the largest element difference exceeds it");
 ABSL_FLAG(int64_t, max_beyond_tol, 0, "Breach when more elements than this fail atol/rtol");
 ABSL_FLAG(double, custom_timeout_ms, 0, "A custom path slower than this is a breach; 0 = none");
@@ -237,6 +243,8 @@ absl::StatusOr<DaemonOptions> ParseDaemonFlags(int argc, char** argv) {
   o.handler.tolerance.atol = absl::GetFlag(FLAGS_atol);
   o.handler.tolerance.rtol = absl::GetFlag(FLAGS_rtol);
   o.handler.tolerance.max_rel_l2 = absl::GetFlag(FLAGS_max_rel_l2);
+  o.handler.tolerance.atol_rel = absl::GetFlag(FLAGS_atol_rel);
+  o.handler.tolerance.max_row_rel_l2 = absl::GetFlag(FLAGS_max_row_rel_l2);
   o.handler.tolerance.max_abs = absl::GetFlag(FLAGS_max_abs);
   o.handler.tolerance.max_beyond_tol = absl::GetFlag(FLAGS_max_beyond_tol);
   o.handler.custom_timeout_seconds = absl::GetFlag(FLAGS_custom_timeout_ms) / 1000.0;
@@ -247,6 +255,12 @@ absl::StatusOr<DaemonOptions> ParseDaemonFlags(int argc, char** argv) {
   }
   o.shadow_threads = absl::GetFlag(FLAGS_shadow_threads);
   o.shadow_queue = absl::GetFlag(FLAGS_shadow_queue);
+  if (!(o.handler.tolerance.atol_rel >= 0)) {
+    return absl::InvalidArgumentError("atol_rel: must be >= 0");
+  }
+  if (!(o.handler.tolerance.max_row_rel_l2 >= 0)) {
+    return absl::InvalidArgumentError("max_row_rel_l2: must be >= 0");
+  }
   if (o.shadow_threads < 1) return absl::InvalidArgumentError("shadow_threads: must be >= 1");
   if (o.shadow_queue < 1) return absl::InvalidArgumentError("shadow_queue: must be >= 1");
   if (o.controller.gate_window < 1) return absl::InvalidArgumentError("gate_window: must be >= 1");

@@ -70,6 +70,11 @@ Metrics::Metrics(const BuildInfo& info) : registry_(std::make_shared<prometheus:
                        .Name("verifyd_diff_max_abs")
                        .Help("Largest absolute element difference by pair")
                        .Register(r);
+  diff_max_row_rel_l2_ = &prometheus::BuildHistogram()
+                             .Name("verifyd_diff_max_row_rel_l2")
+                             .Help("Largest per-row (one head's output) relative L2 difference "
+                                   "of a comparison, by pair")
+                             .Register(r);
   mode_ = &prometheus::BuildGauge()
                .Name("verifyd_mode")
                .Help("1 for the mode being served (reference, shadow, canary, custom), else 0")
@@ -144,6 +149,7 @@ Metrics::Metrics(const BuildInfo& info) : registry_(std::make_shared<prometheus:
   for (const char* p : {"custom_vs_reference", "custom_vs_oracle", "reference_vs_oracle"}) {
     diff_rel_l2_->Add({{"pair", p}}, RelL2());
     diff_max_abs_->Add({{"pair", p}}, MaxAbs());
+    diff_max_row_rel_l2_->Add({{"pair", p}}, RelL2());
   }
   for (const char* trigger : {"breach", "requested"}) {
     captures_->Add({{"trigger", trigger}});
@@ -174,6 +180,8 @@ void Metrics::Diff(std::string_view pair, const DiffStats& d) {
   auto clean = [](double v) { return std::isfinite(v) ? v : 1e30; };
   diff_rel_l2_->Add({{"pair", p}}, RelL2()).Observe(clean(d.rel_l2));
   diff_max_abs_->Add({{"pair", p}}, MaxAbs()).Observe(clean(d.max_abs));
+  diff_max_row_rel_l2_->Add({{"pair", p}}, RelL2())
+      .Observe(d.zero_row_breaches > 0 ? 1e30 : clean(d.max_row_rel_l2));
 }
 
 void Metrics::SetMode(Mode m, double canary_fraction) {

@@ -98,7 +98,8 @@ std::string CustomConfigDescription(const EngineInfo& info, const DaemonOptions&
   const Tolerance& t = o.handler.tolerance;
   return absl::StrCat("engine=", info.engine, ";cc=", info.compute_capability, ";tol=", t.atol,
                       ",", t.rtol, ",", t.max_rel_l2, ",", t.max_abs, ",", t.max_lse_abs, ",",
-                      t.max_beyond_tol, ";custom_timeout=", o.handler.custom_timeout_seconds);
+                      t.max_beyond_tol, ",", t.atol_rel, ",", t.max_row_rel_l2,
+                      ";custom_timeout=", o.handler.custom_timeout_seconds);
 }
 
 }  // namespace

@@ -27,6 +27,7 @@ TEST(Compare, HandComputedNorms) {
   Tolerance tol;
   tol.atol = 0.1;
   tol.rtol = 0.2;  // element limits: 0.3, 0.5, 0.7, 0.9 -> only |-1| > 0.7 fails (0.5 == 0.5)
+  tol.atol_rel = 0;
   const DiffStats d = CompareBf16ToF32(test.data(), ref.data(), 4, nullptr, nullptr, 0, tol);
   EXPECT_EQ(d.count, 4);
   EXPECT_NEAR(d.rel_l2, std::sqrt(1.25 / 30.0), 1e-15);
@@ -35,6 +36,119 @@ TEST(Compare, HandComputedNorms) {
   EXPECT_EQ(d.beyond_tol, 1);
   EXPECT_EQ(d.nan_test + d.inf_test + d.nan_ref + d.inf_ref, 0);
   EXPECT_TRUE(std::isnan(d.lse_max_abs));  // not compared
+  EXPECT_EQ(d.rows, 1);
+  EXPECT_NEAR(d.max_row_rel_l2, d.rel_l2, 1e-15);  // one row: the row figure is the global one
+  EXPECT_EQ(d.worst_row, 0);
+}
+
+// Rows of kCompareRowLen: `scale * pattern`, every value exact in bf16.
+std::vector<float> Rows(const std::vector<float>& scales) {
+  std::vector<float> x;
+  for (float s : scales) {
+    for (int64_t k = 0; k < kCompareRowLen; ++k) x.push_back(s * static_cast<float>(k % 7 - 3));
+  }
+  return x;
+}
+
+TEST(Compare, ElementCheckScalesWithTheRow) {
+  // Row 0 at scale 1, row 1 at scale 2^-10 (diffuse attention over a long prefix).
+  const std::vector<float> ref = Rows({1.f, 0x1p-10f});
+  std::vector<float> test = ref;
+  test[kCompareRowLen + 5] += 0x1p-10f;  // an element of row 1 off by one of its own units
+  test[7] += 0x1p-10f;                   // the same absolute error in row 0: rounding noise there
+  const std::vector<uint16_t> t = Bf16(test);
+  Tolerance tol;
+  tol.atol_rel = 0.1;
+  const DiffStats d = CompareBf16ToF32(t.data(), ref.data(), ref.size(), nullptr, nullptr, 0, tol);
+  EXPECT_EQ(d.rows, 2);
+  EXPECT_EQ(d.beyond_tol, 1);  // only row 1's
+  EXPECT_LT(d.rel_l2, 1e-3);   // invisible globally
+  EXPECT_FALSE(Judge(d, tol).match);
+
+  Tolerance legacy = tol;  // a fixed absolute floor swamps the small row
+  legacy.atol = 1e-2;
+  legacy.atol_rel = 0;
+  EXPECT_EQ(CompareBf16ToF32(t.data(), ref.data(), ref.size(), nullptr, nullptr, 0, legacy)
+                .beyond_tol,
+            0);
+}
+
+TEST(Compare, WorstRowRelL2) {
+  const std::vector<float> ref = Rows({1.f, 1.f, 0x1p-6f, 1.f});
+  std::vector<float> test = ref;
+  for (int64_t k = 0; k < kCompareRowLen; ++k) test[2 * kCompareRowLen + k] *= 1.0625f;  // row 2
+  const std::vector<uint16_t> t = Bf16(test);
+  Tolerance tol;
+  tol.max_beyond_tol = 1 << 20;  // judge by the row check alone
+  const DiffStats d = CompareBf16ToF32(t.data(), ref.data(), ref.size(), nullptr, nullptr, 0, tol);
+  EXPECT_NEAR(d.max_row_rel_l2, 0.0625, 1e-12);
+  EXPECT_EQ(d.worst_row, 2);
+  EXPECT_LT(d.rel_l2, 1e-3);
+  const Verdict v = Judge(d, tol);
+  EXPECT_FALSE(v.match);
+  EXPECT_EQ(v.reason, "row rel_l2 0.0625 > 0.01 (row 2)");
+}
+
+TEST(Compare, WorstRowIsTheFirstOfEqualRows) {
+  const std::vector<float> ref = Rows({1.f, 1.f, 1.f});
+  std::vector<float> test = ref;
+  test[kCompareRowLen + 1] = test[2 * kCompareRowLen + 1] = -1.f;  // rows 1 and 2 alike
+  const std::vector<uint16_t> t = Bf16(test);
+  const DiffStats d =
+      CompareBf16ToF32(t.data(), ref.data(), ref.size(), nullptr, nullptr, 0, Tolerance{});
+  EXPECT_EQ(d.worst_row, 1);
+  const DiffStats exact =
+      CompareBf16ToF32(Bf16(ref).data(), ref.data(), ref.size(), nullptr, nullptr, 0, Tolerance{});
+  EXPECT_EQ(exact.worst_row, -1);
+  EXPECT_EQ(exact.max_row_rel_l2, 0);
+}
+
+TEST(Compare, AllZeroReferenceRowMustStayZero) {
+  // Row 1 is a fully masked query row: exact zero expected.
+  const std::vector<float> ref = Rows({1.f, 0.f, 1.f});
+  std::vector<float> test = ref;
+  DiffStats d = CompareBf16ToF32(Bf16(test).data(), ref.data(), ref.size(), nullptr, nullptr, 0,
+                                 Tolerance{});
+  EXPECT_EQ(d.zero_row_breaches, 0);
+  EXPECT_TRUE(Judge(d, Tolerance{}).match);
+
+  test[kCompareRowLen + 100] = 1e-30f;  // far below any absolute tolerance
+  Tolerance loose;
+  loose.atol = 1;
+  loose.max_abs = 1;
+  loose.max_beyond_tol = 1 << 20;
+  loose.max_rel_l2 = 1;
+  loose.max_row_rel_l2 = 1;
+  d = CompareBf16ToF32(Bf16(test).data(), ref.data(), ref.size(), nullptr, nullptr, 0, loose);
+  EXPECT_EQ(d.zero_row_breaches, 1);
+  EXPECT_EQ(d.max_row_rel_l2, 0);  // zero rows are judged on their own, not as an inf ratio
+  const Verdict v = Judge(d, loose);
+  EXPECT_FALSE(v.match);
+  EXPECT_EQ(v.reason, "nonzero output in 1 all-zero reference rows");
+  EXPECT_EQ(CompareBf16ToF32(Bf16(test).data(), ref.data(), ref.size(), nullptr, nullptr, 0,
+                             Tolerance{})
+                .beyond_tol,
+            1);  // with the default atol 0 the element check flags it too
+}
+
+TEST(Compare, ShortLastRow) {
+  std::vector<float> ref = Rows({1.f});
+  ref.push_back(2.f);
+  ref.push_back(-2.f);
+  std::vector<float> test = ref;
+  test.back() = -1.f;  // the 2-element last row: rel-L2 1/sqrt(8)
+  const DiffStats d = CompareBf16ToF32(Bf16(test).data(), ref.data(), ref.size(), nullptr,
+                                       nullptr, 0, Tolerance{});
+  EXPECT_EQ(d.rows, 2);
+  EXPECT_EQ(d.worst_row, 1);
+  EXPECT_NEAR(d.max_row_rel_l2, 1 / std::sqrt(8.0), 1e-12);
+}
+
+TEST(Compare, DefaultsAreScaleAware) {
+  const Tolerance tol;
+  EXPECT_EQ(tol.atol, 0);  // no absolute floor to swamp small outputs
+  EXPECT_GT(tol.atol_rel, 0);
+  EXPECT_GT(tol.max_row_rel_l2, 0);
 }
 
 TEST(Compare, Bf16AgainstBf16) {

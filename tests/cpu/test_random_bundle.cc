@@ -1,5 +1,6 @@
 // Random bundles: NaN poisoning of unused pool slots, masks that are trees, determinism.
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <vector>
@@ -167,6 +168,100 @@ TEST(RandomBundle, QScale) {
   for (size_t k = 0; k < 100; ++k) {
     EXPECT_EQ(Bf16ToFloat(eight.q[k]), 8.f * Bf16ToFloat(one.q[k]));
   }
+}
+
+TEST(RandomBundle, TrafficNames) {
+  Traffic t;
+  ASSERT_TRUE(ParseTraffic("realistic", &t));
+  EXPECT_EQ(t, Traffic::kRealistic);
+  ASSERT_TRUE(ParseTraffic("random", &t));
+  EXPECT_EQ(t, Traffic::kRandom);
+  EXPECT_FALSE(ParseTraffic("Realistic", &t));
+  EXPECT_FALSE(ParseTraffic("", &t));
+  EXPECT_STREQ(TrafficName(Traffic::kRealistic), "realistic");
+  EXPECT_STREQ(TrafficName(Traffic::kRandom), "random");
+}
+
+// Softmax weights (fp64) of draft token i, head h of request 0 over the keys it sees.
+std::vector<double> Weights(const BundleView& v, int i, int h) {
+  const int64_t kv_len = v.kv_lens[0], prefix = kv_len - v.shape.draft;
+  const uint16_t* q = v.q + (int64_t{i} * v.shape.heads + h) * kHeadDimQK;
+  std::vector<double> s(kv_len, -INFINITY);
+  double m = -INFINITY;
+  for (int64_t t = 0; t < kv_len; ++t) {
+    if (t >= prefix && !v.MaskBit(0, i, static_cast<int>(t - prefix))) continue;
+    const uint16_t* k = v.KvRow(0, t);
+    double dot = 0;
+    for (int d = 0; d < kHeadDimQK; ++d) dot += double{Bf16ToFloat(q[d])} * Bf16ToFloat(k[d]);
+    s[t] = dot * v.sm_scale;
+    m = std::max(m, s[t]);
+  }
+  double sum = 0;
+  for (double& x : s) sum += (x = std::exp(x - m));
+  for (double& x : s) x /= sum;
+  return s;
+}
+
+struct Concentration {
+  double sinks_recent_draft = 0;  // mean weight on tokens 0-1, the last 8 prefix, the draft
+  double own_token_min = 1;       // smallest weight a draft token gives itself
+  double own_token_mean = 0;
+};
+
+Concentration Measure(const RandomBundle& rb) {
+  const BundleView& v = rb.view();
+  const int T = v.shape.draft, H = v.shape.heads;
+  const int64_t prefix = v.kv_lens[0] - T;
+  Concentration c;
+  for (int i = 0; i < T; ++i) {
+    for (int h = 0; h < H; ++h) {
+      const std::vector<double> w = Weights(v, i, h);
+      double mass = w[0] + w[1];
+      for (int64_t t = prefix - 8; t < prefix + T; ++t) mass += w[t];
+      c.sinks_recent_draft += mass / (T * H);
+      c.own_token_min = std::min(c.own_token_min, w[prefix + i]);
+      c.own_token_mean += w[prefix + i] / (T * H);
+    }
+  }
+  return c;
+}
+
+TEST(RandomBundle, RealisticTrafficConcentratesAttention) {
+  for (int64_t prefix : {512, 16384}) {
+    RandomBundleSpec s;
+    s.draft = 8;
+    s.heads = 2;
+    s.page_size = 64;
+    s.prefix = prefix;
+    s.seed = 11;
+    s.traffic = Traffic::kRealistic;
+    RandomBundle real(s);
+    BundleView checked = real.view();
+    ASSERT_TRUE(ValidateBundle(checked).ok());
+    const Concentration c = Measure(real);
+    SCOPED_TRACE(prefix);
+    // About 20 chosen keys of up to 16K carry most of the weight, and every draft token matters.
+    EXPECT_GT(c.sinks_recent_draft, 0.5);
+    const double uniform = 1.0 / static_cast<double>(prefix + s.draft);
+    EXPECT_GT(c.own_token_min, 10 * uniform);
+    EXPECT_GT(c.own_token_mean, 0.05);
+
+    s.traffic = Traffic::kRandom;
+    const Concentration diffuse = Measure(RandomBundle(s));
+    EXPECT_LT(diffuse.sinks_recent_draft, 0.2);
+    EXPECT_LT(diffuse.own_token_mean, 5 * uniform);
+  }
+}
+
+TEST(RandomBundle, RealisticTrafficIsSeeded) {
+  RandomBundleSpec s = Spec(12);
+  s.traffic = Traffic::kRealistic;
+  RandomBundle a(s), b(s);
+  EXPECT_EQ(a.q, b.q);
+  s.seed = 13;
+  EXPECT_NE(a.q, RandomBundle(s).q);
+  // The request with prefix 0 still gets finite queries (draft tokens only).
+  for (uint16_t x : a.q) ASSERT_TRUE(std::isfinite(Bf16ToFloat(x)));
 }
 
 }  // namespace

@@ -79,6 +79,9 @@ inline void ExpectSameStats(const DiffStats& dev, const DiffStats& host) {
   EXPECT_EQ(dev.inf_test, host.inf_test);
   EXPECT_EQ(dev.nan_ref, host.nan_ref);
   EXPECT_EQ(dev.inf_ref, host.inf_ref);
+  EXPECT_EQ(dev.rows, host.rows);
+  EXPECT_EQ(dev.worst_row, host.worst_row);
+  EXPECT_EQ(dev.zero_row_breaches, host.zero_row_breaches);
   auto near = [](double a, double b) {
     if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
     if (std::isinf(a) || std::isinf(b)) return a == b;
@@ -88,6 +91,7 @@ inline void ExpectSameStats(const DiffStats& dev, const DiffStats& host) {
   EXPECT_PRED2(near, dev.nmse, host.nmse);
   EXPECT_PRED2(near, dev.max_abs, host.max_abs);
   EXPECT_PRED2(near, dev.lse_max_abs, host.lse_max_abs);
+  EXPECT_PRED2(near, dev.max_row_rel_l2, host.max_row_rel_l2);
 }
 
 }  // namespace verifyd

@@ -314,7 +314,7 @@ TEST(CompareKernel, MatchesTheHostComparison) {
         kernels::LaunchCompare({d_test.get(), kernels::ElemType::kBf16}, r, count,
                                with_lse ? reinterpret_cast<float*>(d_tl.get()) : nullptr,
                                with_lse ? reinterpret_cast<float*>(d_rl.get()) : nullptr, n_lse,
-                               tol.atol, tol.rtol, ws.get(), ws.bytes(),
+                               ToCompareLimits(tol), ws.get(), ws.bytes(),
                                reinterpret_cast<kernels::DeviceDiffStats*>(out.get()), nullptr),
         cudaSuccess);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);

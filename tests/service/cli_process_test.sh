@@ -25,6 +25,10 @@ fail() { echo "FAIL: $*"; cat "$dir/log"; exit 1; }
 # json FILE PYTHON-EXPRESSION-ON-j: exits non-zero when the expression is false.
 json() { python3 -c "import json,sys; j=json.load(open(sys.argv[1])); sys.exit(0 if ($2) else 1)" "$1"; }
 
+if "$verifyd" --engine=cpu --state_dir="$dir/bad" --atol_rel=-1 >"$dir/bad.log" 2>&1; then
+  fail "a negative --atol_rel started"
+fi
+grep -q "atol_rel" "$dir/bad.log" || fail "no field named for a bad --atol_rel: $(cat "$dir/bad.log")"
 start
 # A refusal names its gRPC code, in text and in --json.
 if ctl flip custom --reason "too early" 2>"$dir/err"; then fail "flip past a closed gate passed"; fi
@@ -35,6 +39,11 @@ json "$dir/err.json" 'j["code"] == "FAILED_PRECONDITION"' || fail "json error: $
 
 ctl send --shape 2,3,8,54 --page_size 16 --count 4 --json >"$dir/send.json" || fail "send"
 grep -q '"ok": 4' "$dir/send.json" || fail "send did not get 4 answers: $(cat "$dir/send.json")"
+ctl send --shape 1,4,2,40 --page_size 16 --count 2 --traffic realistic --json \
+  >"$dir/send_real.json" || fail "send --traffic realistic"
+grep -q '"traffic": "realistic"' "$dir/send_real.json" || fail "traffic model not reported"
+if ctl send --count 1 --traffic bogus >/dev/null 2>"$dir/err"; then fail "--traffic bogus passed"; fi
+grep -q -- "--traffic" "$dir/err" || fail "no field named for a bad --traffic: $(cat "$dir/err")"
 if ctl flip canary --reason x >/dev/null 2>"$dir/err"; then fail "canary without --fraction passed"; fi
 grep -q "fraction" "$dir/err" || fail "no reason given for the missing fraction"
 if ctl flip custom >/dev/null 2>&1; then fail "flip without --reason passed"; fi

@@ -359,8 +359,8 @@ absl::StatusOr<DiffStats> CudaEngine::Compare(PreparedBundle& pb, Path test, Pat
     const kernels::DeviceValues tv{t.o, kernels::ElemType::kBf16};
     const kernels::DeviceValues rv{
         r.o, ref == Path::kOracle ? kernels::ElemType::kF32 : kernels::ElemType::kBf16};
-    st = w.Check(kernels::LaunchCompare(tv, rv, b.o_elems(), t.lse, r.lse, b.lse_elems(), tol.atol,
-                                        tol.rtol, lane.compare_workspace,
+    st = w.Check(kernels::LaunchCompare(tv, rv, b.o_elems(), t.lse, r.lse, b.lse_elems(),
+                                        ToCompareLimits(tol), lane.compare_workspace,
                                         kernels::CompareWorkspaceBytes(), lane.compare_device, s),
                  where);
   }

@@ -18,7 +18,16 @@ inline DiffStats ToDiffStats(const kernels::DeviceDiffStats& h) {
   d.nan_ref = h.nan_ref;
   d.inf_ref = h.inf_ref;
   d.lse_max_abs = h.lse_max_abs;
+  d.rows = h.rows;
+  d.max_row_rel_l2 = h.max_row_rel_l2;
+  d.worst_row = h.worst_row;
+  d.zero_row_breaches = h.zero_row_breaches;
   return d;
+}
+
+// The comparison's element and row limits for the on-device reduction.
+inline kernels::CompareLimits ToCompareLimits(const Tolerance& tol) {
+  return {kCompareRowLen, tol.atol, tol.atol_rel, tol.rtol};
 }
 
 }  // namespace verifyd

@@ -1,0 +1,291 @@
+// Runs the CPU engine's reference and custom paths on random bundles of each shape class and
+// traffic model, judges every call with the one comparison (Judge()), and reports per class:
+// calls, breaches, the call of the first breach, which criteria tripped, and the largest clean
+// figures. Built against a mutated custom path it measures detection; built against the clean
+// one (optionally with --oracle) it measures the clean distributions the defaults come from.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "fmt/format.h"
+#include "nlohmann/json.hpp"
+#include "src/bundle/random_bundle.h"
+#include "src/common/bf16.h"
+#include "src/compare/compare.h"
+#include "src/engine/cpu/cpu_engine.h"
+
+namespace verifyd {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+struct Options {
+  std::string label = "clean";
+  std::string commit = "unknown";
+  std::string traffic = "random,realistic";
+  std::string prefixes = "512,4096,16384,65536";
+  std::string pages = "1,64";
+  std::string drafts = "4,16,64";
+  int heads = 2;
+  int batch = 1;
+  int calls = 20;            // most calls per class
+  double budget = 4e6;       // per class: calls <= budget / (T * kv_len), at least min_calls
+  int min_calls = 1;
+  uint64_t seed = 1;
+  bool oracle = false;       // also measure both paths against the fp64 oracle
+  bool fail_on_breach = false;
+  int threads = 0;
+  std::string json_path;
+  Tolerance tol;
+};
+
+// The criterion a part of Judge()'s reason names.
+std::string Criterion(const std::string& part) {
+  if (part.rfind("row rel_l2", 0) == 0) return "row_rel_l2";
+  if (part.rfind("rel_l2", 0) == 0) return "rel_l2";
+  if (part.rfind("nonzero output", 0) == 0) return "zero_row";
+  if (part.rfind("beyond_tol", 0) == 0) return "element";
+  if (part.rfind("max_abs", 0) == 0) return "max_abs";
+  if (part.rfind("lse", 0) == 0) return "lse";
+  return "nonfinite";
+}
+
+// The smallest atol_rel under which every element of a comparison passes at the given rtol:
+// max over elements of (|test - ref| - rtol |ref|) / rms(ref row), over rows that are not all zero.
+template <typename RefAt>
+double NeededAtolRel(const std::vector<uint16_t>& test, RefAt ref_at, double rtol) {
+  double need = 0;
+  const int64_t n = static_cast<int64_t>(test.size());
+  for (int64_t begin = 0; begin < n; begin += kCompareRowLen) {
+    const int64_t m = std::min(kCompareRowLen, n - begin);
+    double sq = 0;
+    for (int64_t k = 0; k < m; ++k) sq += ref_at(begin + k) * ref_at(begin + k);
+    const double rms = std::sqrt(sq / static_cast<double>(m));
+    if (rms == 0) continue;
+    for (int64_t k = 0; k < m; ++k) {
+      const double r = ref_at(begin + k), t = Bf16ToFloat(test[begin + k]);
+      need = std::max(need, (std::fabs(t - r) - rtol * std::fabs(r)) / rms);
+    }
+  }
+  return need;
+}
+
+// Largest values seen over a class's calls.
+struct Maxima {
+  std::map<std::string, double> v;
+  void Take(const std::string& k, double x) {
+    if (std::isnan(x)) return;
+    auto [it, fresh] = v.emplace(k, x);
+    if (!fresh) it->second = std::max(it->second, x);
+  }
+};
+
+struct ClassResult {
+  Traffic traffic = Traffic::kRandom;
+  int64_t prefix = 0;
+  int page = 0, draft = 0, calls = 0, breaches = 0;
+  int first_breach = 0;  // the call of the first breach, 1-based; 0: none
+  std::map<std::string, int> criteria;
+  std::string first_reason;
+  Maxima max;
+};
+
+absl::StatusOr<ClassResult> RunClass(Engine& engine, const Options& o, Traffic traffic,
+                                     int64_t prefix, int page, int draft, uint64_t seed) {
+  ClassResult c;
+  c.traffic = traffic;
+  c.prefix = prefix;
+  c.page = page;
+  c.draft = draft;
+  const double work = static_cast<double>(draft) * static_cast<double>(prefix + draft);
+  const int calls = std::clamp(static_cast<int>(o.budget / work), o.min_calls, o.calls);
+  for (int call = 0; call < calls; ++call) {
+    RandomBundleSpec spec;
+    spec.batch = o.batch;
+    spec.draft = draft;
+    spec.heads = o.heads;
+    spec.page_size = page;
+    spec.prefix = prefix;
+    spec.traffic = traffic;
+    spec.seed = seed + static_cast<uint64_t>(call);
+    RandomBundle rb(spec);
+    auto pb = engine.Prepare(rb.view(), /*detach=*/false);
+    if (!pb.ok()) return pb.status();
+    PreparedBundle& b = **pb;
+    for (Path p : {Path::kReference, Path::kCustom}) {
+      if (absl::Status st = engine.Run(p, b); !st.ok()) return st;
+    }
+    auto d = engine.Compare(b, Path::kCustom, Path::kReference, o.tol);
+    if (!d.ok()) return d.status();
+    const Verdict v = Judge(*d, o.tol);
+    ++c.calls;
+    if (!v.match) {
+      ++c.breaches;
+      if (c.first_breach == 0) {
+        c.first_breach = call + 1;
+        c.first_reason = v.reason;
+      }
+      for (absl::string_view part : absl::StrSplit(v.reason, "; ")) {
+        ++c.criteria[Criterion(std::string(part))];
+      }
+    }
+    c.max.Take("rel_l2", d->rel_l2);
+    c.max.Take("max_row_rel_l2", d->max_row_rel_l2);
+    c.max.Take("max_abs", d->max_abs);
+    c.max.Take("lse_max_abs", d->lse_max_abs);
+    c.max.Take("beyond_tol", static_cast<double>(d->beyond_tol));
+    PathOutput cus, ref;
+    if (absl::Status st = engine.Fetch(Path::kCustom, b, &cus); !st.ok()) return st;
+    if (absl::Status st = engine.Fetch(Path::kReference, b, &ref); !st.ok()) return st;
+    c.max.Take("atol_rel_needed",
+               NeededAtolRel(cus.o, [&](int64_t i) { return double{Bf16ToFloat(ref.o[i])}; },
+                             o.tol.rtol));
+    if (o.oracle) {
+      if (absl::Status st = engine.Run(Path::kOracle, b); !st.ok()) return st;
+      PathOutput ora;
+      if (absl::Status st = engine.Fetch(Path::kOracle, b, &ora); !st.ok()) return st;
+      auto ora_at = [&](int64_t i) { return double{ora.o_f32[i]}; };
+      for (auto [name, path, out] : {std::tuple{"custom_vs_oracle", Path::kCustom, &cus},
+                                     std::tuple{"reference_vs_oracle", Path::kReference, &ref}}) {
+        auto od = engine.Compare(b, path, Path::kOracle, o.tol);
+        if (!od.ok()) return od.status();
+        c.max.Take(fmt::format("{}.rel_l2", name), od->rel_l2);
+        c.max.Take(fmt::format("{}.max_row_rel_l2", name), od->max_row_rel_l2);
+        c.max.Take(fmt::format("{}.atol_rel_needed", name),
+                   NeededAtolRel(out->o, ora_at, o.tol.rtol));
+      }
+    }
+  }
+  return c;
+}
+
+template <typename T>
+bool ParseList(const std::string& s, std::vector<T>* out) {
+  for (absl::string_view part : absl::StrSplit(s, ',')) {
+    T v;
+    if (!absl::SimpleAtoi(part, &v)) return false;
+    out->push_back(v);
+  }
+  return !out->empty();
+}
+
+json ToJson(const ClassResult& c) {
+  json j = {{"traffic", TrafficName(c.traffic)}, {"prefix", c.prefix}, {"page_size", c.page},
+            {"draft", c.draft},                   {"calls", c.calls},   {"breaches", c.breaches},
+            {"breach_fraction", c.calls ? double(c.breaches) / c.calls : 0.0}};
+  j["first_breach_call"] = c.first_breach ? json(c.first_breach) : json(nullptr);
+  j["criteria"] = c.criteria;
+  j["first_reason"] = c.first_reason;
+  j["max"] = c.max.v;
+  return j;
+}
+
+int Main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"reference vs custom on the CPU engine over shape classes and traffic models"};
+  app.add_option("--label", o.label, "name of the build (the mutant)");
+  app.add_option("--commit", o.commit, "commit the build is from");
+  app.add_option("--traffic", o.traffic, "traffic models, comma-separated");
+  app.add_option("--prefixes", o.prefixes, "prefix lengths, comma-separated");
+  app.add_option("--pages", o.pages, "page sizes, comma-separated");
+  app.add_option("--drafts", o.drafts, "draft lengths T, comma-separated");
+  app.add_option("--heads", o.heads, "heads")->check(CLI::Range(1, 128));
+  app.add_option("--batch", o.batch, "requests per bundle")->check(CLI::Range(1, 64));
+  app.add_option("--calls", o.calls, "most calls per class")->check(CLI::Range(1, 1 << 30));
+  app.add_option("--budget", o.budget, "per class: calls <= budget / (T * kv_len)");
+  app.add_option("--min_calls", o.min_calls, "fewest calls per class")
+      ->check(CLI::Range(1, 1 << 30));
+  app.add_option("--seed", o.seed, "seed of the first bundle");
+  app.add_flag("--oracle", o.oracle, "also compare both paths with the fp64 oracle");
+  app.add_flag("--fail_on_breach", o.fail_on_breach, "exit 1 when any call breaches");
+  app.add_option("--threads", o.threads, "CPU engine threads (0: all cores)");
+  app.add_option("--json", o.json_path, "write the results here");
+  app.add_option("--atol", o.tol.atol, "element check: absolute part");
+  app.add_option("--atol_rel", o.tol.atol_rel, "element check: part relative to the row's rms");
+  app.add_option("--rtol", o.tol.rtol, "element check: relative part");
+  app.add_option("--max_rel_l2", o.tol.max_rel_l2, "global rel-L2 limit");
+  app.add_option("--max_row_rel_l2", o.tol.max_row_rel_l2, "per-row rel-L2 limit");
+  CLI11_PARSE(app, argc, argv);
+
+  std::vector<std::string> traffic_names = absl::StrSplit(o.traffic, ',');
+  std::vector<Traffic> traffics;
+  for (const auto& name : traffic_names) {
+    Traffic t;
+    if (!ParseTraffic(name, &t)) {
+      std::cerr << "--traffic: random or realistic, got '" << name << "'\n";
+      return 2;
+    }
+    traffics.push_back(t);
+  }
+  std::vector<int64_t> prefixes;
+  std::vector<int> pages, drafts;
+  if (!ParseList(o.prefixes, &prefixes)) return std::cerr << "--prefixes: integers\n", 2;
+  if (!ParseList(o.pages, &pages)) return std::cerr << "--pages: integers\n", 2;
+  if (!ParseList(o.drafts, &drafts)) return std::cerr << "--drafts: integers\n", 2;
+
+  auto engine = MakeCpuEngine(o.threads);
+  json classes = json::array();
+  int64_t calls = 0, breaches = 0;
+  uint64_t class_seed = o.seed;
+  for (Traffic t : traffics) {
+    for (int64_t prefix : prefixes) {
+      for (int page : pages) {
+        for (int draft : drafts) {
+          class_seed += 1000003;
+          auto c = RunClass(*engine, o, t, prefix, page, draft, class_seed);
+          if (!c.ok()) {
+            std::cerr << o.label << ": " << c.status() << "\n";
+            return 1;
+          }
+          calls += c->calls;
+          breaches += c->breaches;
+          std::cout << fmt::format(
+              "{:<28} {:<9} prefix {:>6} page {:>2} T {:>2}: {:>3}/{:<3} breached, first {}  "
+              "row rel-L2 max {:.3g}  atol_rel needed {:.3g}  {}\n",
+              o.label, TrafficName(t), prefix, page, draft, c->breaches, c->calls,
+              c->first_breach, c->max.v["max_row_rel_l2"], c->max.v["atol_rel_needed"],
+              c->first_reason);
+          std::cout.flush();
+          classes.push_back(ToJson(*c));
+        }
+      }
+    }
+  }
+  std::cout << fmt::format("{}: {} breaches in {} calls\n", o.label, breaches, calls);
+  if (!o.json_path.empty()) {
+    json doc = {{"label", o.label},
+                {"commit", o.commit},
+                {"device", "cpu"},
+                {"heads", o.heads},
+                {"batch", o.batch},
+                {"tolerance",
+                 {{"atol", o.tol.atol},
+                  {"atol_rel", o.tol.atol_rel},
+                  {"rtol", o.tol.rtol},
+                  {"max_rel_l2", o.tol.max_rel_l2},
+                  {"max_row_rel_l2", o.tol.max_row_rel_l2},
+                  {"max_abs", o.tol.max_abs},
+                  {"max_lse_abs", o.tol.max_lse_abs},
+                  {"max_beyond_tol", o.tol.max_beyond_tol}}},
+                {"calls", calls},
+                {"breaches", breaches},
+                {"classes", classes}};
+    std::ofstream(o.json_path) << doc.dump(1) << "\n";
+  }
+  return o.fail_on_breach && breaches > 0 ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace verifyd
+
+int main(int argc, char** argv) { return verifyd::Main(argc, argv); }

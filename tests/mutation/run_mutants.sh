@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# The CPU mutation suite. For the clean custom path and for every planted bug in
+# tests/mutation/patches/, builds mutant_driver from a scratch copy of the sources (the checkout
+# is never patched), runs it over the shape classes and traffic models, and writes the detection
+# matrix (markdown + JSON) under bench/results/.
+#
+#   run_mutants.sh [--quick] [--out DIR] [--only a,b,...] [-- extra mutant_driver arguments]
+#
+# --quick: the reduced set CTest runs (prefixes 512 and 4096, T 4 and 16, 3 calls per class);
+#          fails when the clean build breaches or when a mutant not listed in
+#          expected_survivors.txt goes undetected on realistic traffic at some prefix.
+# Default: every shape class of the matrix (prefix 512..64K, page 1 and 64, T 4/16/64).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+quick=0
+out=$root/bench/results
+only=""
+extra=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) quick=1 ;;
+    --out) out=$2; shift ;;
+    --only) only=$2; shift ;;
+    --) shift; extra=("$@"); break ;;
+    *) echo "run_mutants.sh: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/verifyd-mutants.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+trap 'exit 130' INT TERM
+tree=$work/tree
+mkdir -p "$tree" "$work/obj" "$work/json"
+cp -r "$root/src" "$root/kernels" "$tree/"
+mkdir -p "$tree/tests/mutation"
+cp "$here/mutant_driver.cc" "$tree/tests/mutation/"
+custom=src/engine/cpu/cpu_custom.cc
+cp "$tree/$custom" "$work/cpu_custom.clean.cc"
+
+commit=$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+if [ "$commit" != unknown ] &&
+  ! git -C "$root" diff --quiet HEAD -- src kernels tests/mutation; then
+  commit=$commit-dirty
+fi
+
+CXX=${CXX:-g++}
+flags=(-std=c++20 -O2 -DNDEBUG -Wall -Wextra -I"$tree")
+read -r -a deps <<<"$(pkg-config --cflags absl_strings absl_str_format absl_status \
+  absl_statusor absl_synchronization tbb fmt)"
+read -r -a libs <<<"$(pkg-config --libs absl_strings absl_str_format absl_status \
+  absl_statusor absl_synchronization tbb fmt)"
+
+# Everything but the custom path is compiled once.
+sources=(src/compare/compare.cc src/bundle/bundle.cc src/bundle/validate.cc
+         src/bundle/random_bundle.cc kernels/verify_problem.cc src/engine/cpu/cpu_oracle.cc
+         src/engine/cpu/cpu_reference.cc src/engine/cpu/cpu_engine.cc
+         tests/mutation/mutant_driver.cc)
+objs=()
+for s in "${sources[@]}"; do
+  o=$work/obj/$(echo "$s" | tr / _).o
+  "$CXX" "${flags[@]}" "${deps[@]}" -c "$tree/$s" -o "$o" &
+  objs+=("$o")
+done
+wait
+
+# Each set is one driver run per mutant; calls per class shrink with T * kv_len (--budget) so
+# that the 64K classes stay affordable on a small CPU box. Raise --calls/--budget with "--".
+if [ $quick = 1 ]; then
+  sets=("--prefixes 512,4096 --pages 1,64 --drafts 4,16 --calls 3 --budget 1e5")
+else
+  sets=("--prefixes 512 --pages 1,64 --drafts 4,16,64 --calls 3 --budget 5e4"
+        "--prefixes 4096 --pages 1,64 --drafts 4,16 --calls 3 --budget 5e4"
+        "--prefixes 16384,65536 --pages 64 --drafts 4 --calls 1")
+fi
+common=(--threads "$(nproc)" --commit "$commit")
+
+mutants=(clean)
+for p in "$here"/patches/*.patch; do mutants+=("$(basename "$p" .patch)"); done
+if [ -n "$only" ]; then IFS=, read -r -a mutants <<<"clean,$only"; fi
+
+start=$(date +%s)
+for m in "${mutants[@]}"; do
+  cp "$work/cpu_custom.clean.cc" "$tree/$custom"
+  if [ "$m" != clean ]; then
+    patch -s -p1 -d "$tree" <"$here/patches/$m.patch"
+  fi
+  "$CXX" "${flags[@]}" "${deps[@]}" -c "$tree/$custom" -o "$work/obj/custom.o"
+  "$CXX" -o "$work/driver" "${objs[@]}" "$work/obj/custom.o" "${libs[@]}" -lpthread
+  i=0
+  for set in "${sets[@]}"; do
+    read -r -a args <<<"$set"
+    "$work/driver" --label "$m" --json "$work/json/$m.$i.json" "${args[@]}" "${common[@]}" \
+      "${extra[@]}" | tail -n 1
+    i=$((i + 1))
+  done
+done
+echo "mutants ran in $(( $(date +%s) - start )) s"
+
+mode=full
+[ $quick = 1 ] && mode=quick
+check=()
+[ $quick = 1 ] && check=(--check "$here/expected_survivors.txt")
+python3 "$here/detection_matrix.py" --mode "$mode" --out "$out" \
+  --name "$(date -u +%F)-$commit-cpu-mutation" "${check[@]}" "$work"/json/*.json
