@@ -4,7 +4,7 @@
 #include "src/cli/admin_commands.h"
 #include "src/cli/replay_command.h"
 #include "src/cli/send_command.h"
-#include "src/common/bearer_token.h"
+#include "src/common/admin_token.h"
 
 #ifndef VERIFYD_VERSION
 #define VERIFYD_VERSION "0.0.0"
@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   flip.fraction_given = fraction->count() > 0;
   if (!g.admin_token_file.empty()) {
-    auto token = verifyd::ReadBearerTokenFile("--admin_token_file", g.admin_token_file);
+    auto token = verifyd::ReadAdminTokenFile("--admin_token_file", g.admin_token_file, false);
     if (!token.ok()) return Fail(g, "token", std::string(token.status().message()));
     g.admin_token = *token;
   }

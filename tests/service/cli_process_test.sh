@@ -104,7 +104,7 @@ ctl --admin_token_file="$dir/token-ok" status >/dev/null || fail "token with a t
 printf 'to\nk\n' >"$dir/token-bad"
 rc=0; ctl --admin_token_file="$dir/token-bad" status 2>"$dir/err" || rc=$?
 [ "$rc" -eq 1 ] || fail "token with an inner newline: exit $rc: $(cat "$dir/err")"
-grep -q "admin_token_file: .*token-bad holds a control" "$dir/err" || fail "token: $(cat "$dir/err")"
+grep -q "admin_token_file: .*token-bad: the token has byte 0x0a" "$dir/err" || fail "token: $(cat "$dir/err")"
 
 # Captures replay: "reproduced" agrees with the per-path re-run results.
 ctl capture --next 1 >/dev/null || fail "capture"
