@@ -101,7 +101,9 @@ int RunStatus(const GlobalOptions& g) {
                  {"tolerances", {{"atol", tol.atol()}, {"rtol", tol.rtol()},
                                  {"max_rel_l2", tol.max_rel_l2()}, {"max_abs", tol.max_abs()},
                                  {"max_lse_abs", tol.max_lse_abs()},
-                                 {"max_beyond_tol", tol.max_beyond_tol()}}},
+                                 {"max_beyond_tol", tol.max_beyond_tol()},
+                                 {"atol_rel", tol.atol_rel()},
+                                 {"max_row_rel_l2", tol.max_row_rel_l2()}}},
                  {"gate_window", rt.gate_window()},
                  {"rollback_breaches", rt.rollback_breaches()},
                  {"rollback_window", rt.rollback_window()},
@@ -159,9 +161,10 @@ int RunStatus(const GlobalOptions& g) {
                            rt.oracle_sample_rate());
   const auto& tol = rt.tolerances();
   std::cout << fmt::format(
-      "tolerances  atol {}  rtol {}  max rel-L2 {}  max-abs {}  max lse {}  beyond tol {}{}\n",
-      tol.atol(), tol.rtol(), tol.max_rel_l2(), tol.max_abs(), tol.max_lse_abs(),
-      tol.max_beyond_tol(),
+      "tolerances  atol {}  atol_rel {}  rtol {}  max rel-L2 {}  max row rel-L2 {}  max-abs {}  "
+      "max lse {}  beyond tol {}{}\n",
+      tol.atol(), tol.atol_rel(), tol.rtol(), tol.max_rel_l2(), tol.max_row_rel_l2(),
+      tol.max_abs(), tol.max_lse_abs(), tol.max_beyond_tol(),
       rt.custom_timeout_ms() > 0 ? fmt::format("  custom timeout {} ms", rt.custom_timeout_ms())
                                  : "");
   std::cout << fmt::format("rollback    after {} breaches within {} sampled comparisons; gate {}\n",

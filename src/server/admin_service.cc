@@ -31,6 +31,8 @@ void FillRuntime(const RuntimeFacts& f, v1::RuntimeConfig* out) {
   t->set_max_abs(f.tolerance.max_abs);
   t->set_max_lse_abs(f.tolerance.max_lse_abs);
   t->set_max_beyond_tol(f.tolerance.max_beyond_tol);
+  t->set_atol_rel(f.tolerance.atol_rel);
+  t->set_max_row_rel_l2(f.tolerance.max_row_rel_l2);
   out->set_gate_window(f.gate_window);
   out->set_rollback_breaches(f.rollback_breaches);
   out->set_rollback_window(f.rollback_window);

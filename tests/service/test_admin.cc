@@ -87,6 +87,7 @@ TEST_F(AdminTest, TcpRecordsTheTokenIdentityNotTheToken) {
   auto o = testing::TestOptions(testing::TestDir("admin"));
   o.admin_listen = "127.0.0.1:0";
   o.admin_token = "s3cret";
+  o.insecure_admin_tcp = true;  // plaintext loopback; TLS is covered by test_tls
   StartDaemon(o);
   ASSERT_TRUE(SetModeAs(admin_.get(), "s3cret", "verifyd", v1::MODE_REFERENCE).ok());
   const auto audit = daemon_->controller().RecentAudit(10);
@@ -145,6 +146,7 @@ TEST_F(AdminTest, FailedAuthenticationsAreCountedFromZero) {
   auto o = testing::TestOptions(testing::TestDir("admin"));
   o.admin_listen = "127.0.0.1:0";
   o.admin_token = "s3cret";
+  o.insecure_admin_tcp = true;  // plaintext loopback; TLS is covered by test_tls
   StartDaemon(o);
   EXPECT_EQ(MetricValue(testing::Scrape(daemon_->metrics_port()),
                         "verifyd_admin_auth_failures_total"),

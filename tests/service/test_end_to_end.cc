@@ -449,7 +449,7 @@ TEST_F(EndToEndTest, AnAbandonedCallStopsComputingAndIsCountedAsSuch) {
   RandomBundleSpec spec;
   spec.batch = 2;
   spec.draft = 16;
-  spec.heads = 16;
+  spec.heads = 64;  // seconds of work even on an idle machine; the message stays ~21 MB
   spec.prefix = 8192;
   spec.page_size = 64;
   spec.seed = 22;
@@ -458,7 +458,7 @@ TEST_F(EndToEndTest, AnAbandonedCallStopsComputingAndIsCountedAsSuch) {
   EncodeRequest(big_bundle.view(), &big);
   {
     grpc::ClientContext ctx;
-    // Long enough for the 19 MB request to arrive, far shorter than computing it (seconds).
+    // Long enough for the 21 MB request to arrive, far shorter than computing it (seconds).
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(1500));
     v1::VerifyResponse resp;
     EXPECT_EQ(verify_->Verify(&ctx, big, &resp).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
