@@ -3,6 +3,8 @@
 # test. GPU suites skip with a message when no GPU is visible. SANITIZE=1 adds an ASan/UBSan build
 # of the CPU targets and runs the CPU and service suites under it. FUZZ=1 runs every fuzz target
 # for FUZZ_SECONDS (60) under ASan/UBSan; SOAK=1 runs the soak for SOAK_SECONDS (60).
+# CONTAINER_STEPS=1 runs the container recipe's build steps on the host (a Release build of the
+# daemon and the CLI, installed into a staging dir, then checked against the runtime stage).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/install_deps.sh"
@@ -20,4 +22,9 @@ if [ "${FUZZ:-0}" = 1 ]; then
 fi
 if [ "${SOAK:-0}" = 1 ]; then
   SOAK_SECONDS=${SOAK_SECONDS:-60} "$root/scripts/soak.sh" "$build"
+fi
+if [ "${CONTAINER_STEPS:-0}" = 1 ]; then
+  rc=0
+  "$root/deploy/container/check_build_steps.sh" || rc=$?
+  [ "$rc" = 0 ] || [ "$rc" = 77 ] || exit "$rc"  # 77: not a Debian 12 host, skipped
 fi
