@@ -11,12 +11,13 @@ dir=$(mktemp -d)
 commit=$(cat "$PACK/COMMIT" 2>/dev/null || echo unknown)
 shapes=("4,16,8,4096" "1,64,16,8192")
 results=$OUT/service.jsonl
+METRICS_PORT=${METRICS_PORT:-9477}
 : > "$results"
 
 start_daemon() {
   rm -rf "$dir/state"
   "$bin/verifyd" --engine=cuda --listen="unix:$dir/data.sock" --admin_listen="unix:$dir/admin.sock" \
-    --metrics_address=127.0.0.1:0 --state_dir="$dir/state" --capture_dir=off \
+    --metrics_address=127.0.0.1:$METRICS_PORT --state_dir="$dir/state" --capture_dir=off \
     --shadow_threads=2 --shadow_queue=256 --log_level=warn >> "$OUT/service_daemon.log" 2>&1 &
   pid=$!
   for _ in $(seq 200); do [ -S "$dir/admin.sock" ] && return 0; sleep 0.05; done
@@ -39,6 +40,32 @@ for shape in "${shapes[@]}"; do
       done
     done
   done
+done
+# Appends the finite check's and the custom path's histogram sums and counts to finite_check.jsonl.
+scrape_check() {
+  python3 - "$METRICS_PORT" "$1" "$OUT/finite_check.jsonl" "$2" <<'PY'
+import json, re, sys, urllib.request
+text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics").read().decode()
+def val(name):
+    m = re.search(r"^" + re.escape(name) + r" ([0-9.e+-]+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+row = {"shape": sys.argv[2], "phase": sys.argv[4],
+       "check_sum": val("verifyd_finite_check_seconds_sum"),
+       "check_count": val("verifyd_finite_check_seconds_count"),
+       "custom_sum": val('verifyd_path_duration_seconds_sum{path="custom"}'),
+       "custom_count": val('verifyd_path_duration_seconds_count{path="custom"}')}
+open(sys.argv[3], "a").write(json.dumps(row) + "\n")
+PY
+}
+# The NaN/Inf check of a served custom output, in custom mode: its mean time (the
+# verifyd_finite_check_seconds histogram) against the served custom path's mean time, which
+# includes it (verifyd_path_duration_seconds{path="custom"}), per shape at concurrency 1.
+ctl flip custom --force --reason "service bench: finite check" > /dev/null || echo "flip custom failed"
+for shape in "${shapes[@]}"; do
+  ctl send --shape "$shape" --page_size 64 --count 20 > /dev/null
+  scrape_check "$shape" before
+  ctl send --shape "$shape" --page_size 64 --count "$COUNT" --concurrency 1 > /dev/null
+  scrape_check "$shape" after
 done
 ctl status > "$OUT/service_status.txt"
 kill "$pid"; wait "$pid" 2>/dev/null
@@ -86,9 +113,30 @@ for r in rows:
                  f"{r['calls_per_second']:.1f} | {lat['p50']*1e3:.2f} | {lat['p99']*1e3:.2f} | {add} | "
                  f"{st['decode']*1e3:.3f} | {st['prepare']*1e3:.3f} | {st['served_path']*1e3:.3f} | "
                  f"{st['fetch']*1e3:.3f} | {transport*1e3:.2f} |")
+fc_rows = []
+try:
+    fc = [json.loads(l) for l in open(f"{out}/finite_check.jsonl") if l.strip()]
+except OSError:
+    fc = []
+for b, a in zip(fc[0::2], fc[1::2]):
+    n = a["check_count"] - b["check_count"]
+    m = a["custom_count"] - b["custom_count"]
+    if n > 0 and m > 0:
+        check = (a["check_sum"] - b["check_sum"]) / n
+        served = (a["custom_sum"] - b["custom_sum"]) / m
+        fc_rows.append({"shape": a["shape"], "calls": int(n), "check_ms": check * 1e3,
+                        "served_custom_ms": served * 1e3, "share": check / served})
+if fc_rows:
+    lines += ["", "NaN/Inf check of the served custom output (custom mode, concurrency 1; means):", "",
+              "| shape | calls | check ms | served custom path ms (incl. check) | check share |",
+              "|---|---:|---:|---:|---:|"]
+    for r in fc_rows:
+        lines.append(f"| {r['shape']} | {r['calls']} | {r['check_ms']:.4f} | "
+                     f"{r['served_custom_ms']:.4f} | {100 * r['share']:.2f}% |")
 md = "\n".join(lines) + "\n"
 open(f"{out}/service-{commit}.md", "w").write(md)
 json.dump({"device": device, "commit": commit, "date": str(datetime.date.today()), "rows": rows,
+           "finite_check": fc_rows,
            "runs": runs},
           open(f"{out}/service-{commit}.json", "w"), indent=1)
 print(md)

@@ -57,6 +57,12 @@ Metrics::Metrics(const BuildInfo& info) : registry_(std::make_shared<prometheus:
            .Help("Time added to a response to hand the non-served path off to the shadow queue")
            .Register(r)
            .Add({}, Latency());
+  finite_check_seconds_ =
+      &prometheus::BuildHistogram()
+           .Name("verifyd_finite_check_seconds")
+           .Help("Time of the NaN/Inf check of a served custom output, before it is returned")
+           .Register(r)
+           .Add({}, Latency());
   comparisons_ = &prometheus::BuildCounter()
                       .Name("verifyd_comparisons_total")
                       .Help("Custom-vs-reference comparisons by outcome "
@@ -171,6 +177,8 @@ void Metrics::PathDuration(Path p, double seconds) {
 }
 
 void Metrics::ShadowOverhead(double seconds) { shadow_overhead_seconds_->Observe(seconds); }
+
+void Metrics::FiniteCheck(double seconds) { finite_check_seconds_->Observe(seconds); }
 
 void Metrics::Comparison(OutcomeKind k) { comparisons_->Add({{"outcome", OutcomeName(k)}}).Increment(); }
 

@@ -35,6 +35,7 @@ class Metrics {
   void Request(std::string_view served, absl::StatusCode code, double seconds);
   void PathDuration(Path p, double seconds);
   void ShadowOverhead(double seconds);
+  void FiniteCheck(double seconds);  // the served custom output's NaN/Inf check
   void Comparison(OutcomeKind k);
   // `pair`: "custom_vs_reference", "custom_vs_oracle" or "reference_vs_oracle".
   void Diff(std::string_view pair, const DiffStats& d);
@@ -54,6 +55,7 @@ class Metrics {
   prometheus::Family<prometheus::Histogram>* request_seconds_;
   prometheus::Family<prometheus::Histogram>* path_seconds_;
   prometheus::Histogram* shadow_overhead_seconds_;
+  prometheus::Histogram* finite_check_seconds_ = nullptr;
   prometheus::Family<prometheus::Counter>* comparisons_;
   prometheus::Family<prometheus::Histogram>* diff_rel_l2_;
   prometheus::Family<prometheus::Histogram>* diff_max_abs_;

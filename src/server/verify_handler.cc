@@ -252,7 +252,9 @@ absl::Status VerifyHandler::RunServed(const Plan& plan, PreparedBundle& b,
   // An abandoned call stops here: not the custom path's fault, nothing to serve.
   if (*served != Path::kCustom || call.Abandoned()) return st;
   if (st.ok()) {
+    const auto t = Clock::now();
     absl::StatusOr<bool> finite = engine_->AllFinite(Path::kCustom, b);
+    metrics_->FiniteCheck(Since(t));
     if (finite.ok() && *finite) return absl::OkStatus();
     if (finite.ok()) {
       spdlog::warn("custom output has non-finite values; serving the reference");
