@@ -7,7 +7,6 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -38,15 +37,18 @@ httplib::Result Get(int port, const std::string& path) {
 std::vector<std::string> LeLabels(const std::string& text, const std::string& bucket_series,
                                   const std::string& other_label) {
   std::vector<std::string> out;
-  const std::regex line("^" + bucket_series + R"(\{([^}]*)\} )");
-  const std::regex le(R"(le="([^"]*)\")");
   std::istringstream in(text);
   for (std::string l; std::getline(in, l);) {
-    std::smatch m, v;
-    if (!std::regex_search(l, m, line)) continue;
-    const std::string labels = m[1];
+    if (l.rfind(bucket_series + "{", 0) != 0) continue;
+    const size_t open = bucket_series.size() + 1, close = l.find('}', open);
+    if (close == std::string::npos) continue;
+    const std::string labels = l.substr(open, close - open);
     if (!other_label.empty() && labels.find(other_label) == std::string::npos) continue;
-    if (std::regex_search(labels, v, le) && v[1] != "+Inf") out.push_back(v[1]);
+    const size_t at = labels.find("le=\"");
+    if (at == std::string::npos) continue;
+    const size_t from = at + 4, to = labels.find('"', from);
+    const std::string le = labels.substr(from, to - from);
+    if (to != std::string::npos && le != "+Inf") out.push_back(le);
   }
   return out;
 }
