@@ -5,13 +5,7 @@
 #include "src/cli/replay_command.h"
 #include "src/cli/send_command.h"
 #include "src/common/admin_token.h"
-
-#ifndef VERIFYD_VERSION
-#define VERIFYD_VERSION "0.0.0"
-#endif
-#ifndef VERIFYD_GIT_COMMIT
-#define VERIFYD_GIT_COMMIT "unknown"
-#endif
+#include "src/common/build_version.h"
 
 int main(int argc, char** argv) {
   using namespace verifyd::cli;

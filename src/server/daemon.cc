@@ -19,13 +19,7 @@
 #include "src/server/unix_socket_acceptor.h"
 #include "src/server/listen_address.h"
 #include "src/server/verify_service.h"
-
-#ifndef VERIFYD_VERSION
-#define VERIFYD_VERSION "0.0.0"
-#endif
-#ifndef VERIFYD_GIT_COMMIT
-#define VERIFYD_GIT_COMMIT "unknown"
-#endif
+#include "src/common/build_version.h"
 
 namespace verifyd {
 namespace {
