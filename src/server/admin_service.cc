@@ -191,7 +191,6 @@ grpc::Status AdminServiceImpl::SetMode(grpc::ServerContext* ctx, const v1::SetMo
   c.peer = peer;
   absl::StatusOr<PersistedState> st = ctx_.controller->SetMode(c);
   if (!st.ok()) return ToGrpc(st.status());
-  ctx_.metrics->SetMode(st->mode, st->canary_fraction);
   resp->set_mode(ModeToProto(st->mode));
   resp->set_canary_fraction(st->canary_fraction);
   resp->set_forced(req->force());
