@@ -17,7 +17,7 @@ BINS=(tests/kernels/test_custom_kernel tests/kernels/test_custom_kernel_golden
       tests/kernels/test_custom_plan bench/verifyd-bench
       tests/cuda_engine/test_reference_kernels tests/cuda_engine/test_cuda_engine
       tests/cuda_engine/test_cuda_sticky_error
-      tests/service/test_end_to_end tests/service/test_capture
+      tests/service/test_end_to_end tests/service/test_capture tests/service/test_regions
       src/main/verifyd src/cli/verifyctl)
 # shellcheck disable=SC2206
 BINS+=(${VERIFYD_PACK_BINS:-})
@@ -44,7 +44,8 @@ for b in "${BINS[@]}"; do
   done
 done
 cp -r "$ROOT/tests/data/golden" "$PACK/data/"
-cp "$ROOT/scripts/gpu_run.sh" "$ROOT/scripts/gpu_service_bench.sh" "$PACK/"
+cp "$ROOT/scripts/gpu_run.sh" "$ROOT/scripts/gpu_service_bench.sh" "$ROOT/scripts/gpu_region_test.sh" \
+  "$PACK/"
 
 commit=$(git -C "$ROOT" rev-parse --short=12 HEAD)
 if [[ -n $(git -C "$ROOT" status --porcelain --untracked-files=no -- kernels bench src \

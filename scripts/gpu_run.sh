@@ -55,7 +55,7 @@ if [[ $run_tests == 1 ]]; then
   # The service suites start verifyd in-process on the CUDA engine.
   export VERIFYD_TEST_ENGINE=cuda
   for t in test_custom_plan test_custom_kernel_golden test_custom_kernel test_reference_kernels \
-           test_cuda_engine test_cuda_sticky_error test_end_to_end test_capture; do
+           test_cuda_engine test_cuda_sticky_error test_end_to_end test_capture test_regions; do
     [[ -x "$PACK/bin/$t" ]] || continue
     filter='*'
     [[ $t == test_custom_kernel ]] && filter=$kernel_filter
@@ -89,6 +89,13 @@ for cfg, (p, fl, s) in sorted(by_cfg.items()):
     print(f"  {cfg:28s} {p:4d} {fl:4d} {s:4d}")
 PY
   grep -E "^\[  FAILED  \]" "$OUT/tests.log" | sort -u | head -40 >> "$SUMMARY"
+  # Region transports across two processes (verifyd and verifyctl), the shadow hazard, and the
+  # replay of a captured region call.
+  timeout 300 "$PACK/gpu_region_test.sh" "$PACK" "$OUT" > "$OUT/region_test.txt" 2>&1
+  rc=$?
+  [[ $rc == 0 ]] || status=1
+  echo "gpu_region_test.sh: rc=$rc" >> "$SUMMARY"
+  grep -E "^(FAIL|shadow comparisons)" "$OUT/region_test.txt" >> "$SUMMARY"
   # The golden cases through every path of the CUDA engine, as an operator would replay them.
   "$PACK/bin/verifyctl" replay --engine cuda "$PACK"/data/golden/*.safetensors \
     > "$OUT/replay_golden.txt" 2>&1

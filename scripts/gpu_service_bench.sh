@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Service-level benchmark on the GPU machine: verifyd --engine=cuda driven by `verifyctl send`
-# at concurrency 1 and 8 on two shapes, in reference and in shadow mode. Writes
-# service-<commit>.{md,json} into OUT_DIR; shadow's added p50 is reported per row.
+# (another process) through each transport (inline bytes, a POSIX shm region, a CUDA IPC region
+# of verifyctl's own GPU memory) at concurrency 1 and 8 on two shapes, in reference and in shadow
+# mode. Also measures one host memcpy of each bundle's bytes on the same machine. Writes
+# service-<commit>.{md,json} into OUT_DIR; per row: p50/p99, the served path's own time,
+# overhead = p50 - served path, and shadow's added p50.
 #
 #   gpu_service_bench.sh PACK_DIR OUT_DIR [COUNT]
 set -uo pipefail
@@ -27,20 +30,46 @@ ctl() { "$bin/verifyctl" --target="unix:$dir/data.sock" --admin="unix:$dir/admin
 
 start_daemon || exit 1
 # Reference and shadow alternate, twice per configuration, so that drift hits both alike.
-for shape in "${shapes[@]}"; do
-  for conc in 1 8; do
-    for rep in 1 2; do
-      for mode in reference shadow; do
-        ctl flip "$mode" --reason "service bench" > /dev/null || { echo "flip $mode failed"; exit 1; }
-        ctl send --shape "$shape" --page_size 64 --count 20 --concurrency "$conc" > /dev/null
-        ctl send --shape "$shape" --page_size 64 --count "$COUNT" --concurrency "$conc" --json \
-          > "$dir/one.json" || echo "send failed: $mode $shape $conc"
-        python3 -c "import json,sys; j=json.load(open(sys.argv[1])); j['mode']=sys.argv[2]; j['rep']=int(sys.argv[3]); print(json.dumps(j))" \
-          "$dir/one.json" "$mode" "$rep" >> "$results"
+for transport in inline shm cuda_ipc; do
+  for shape in "${shapes[@]}"; do
+    for conc in 1 8; do
+      for rep in 1 2; do
+        for mode in reference shadow; do
+          ctl flip "$mode" --reason "service bench" > /dev/null || { echo "flip $mode failed"; exit 1; }
+          ctl send --transport "$transport" --shape "$shape" --page_size 64 --count 20 \
+            --concurrency "$conc" > /dev/null
+          ctl send --transport "$transport" --shape "$shape" --page_size 64 --count "$COUNT" \
+            --concurrency "$conc" --json > "$dir/one.json" ||
+            echo "send failed: $transport $mode $shape $conc: $(tail -c 300 "$dir/one.json")"
+          python3 -c "import json,sys; j=json.load(open(sys.argv[1])); j['mode']=sys.argv[2]; j['rep']=int(sys.argv[3]); print(json.dumps(j))" \
+            "$dir/one.json" "$mode" "$rep" >> "$results"
+        done
       done
     done
   done
 done
+# One host memcpy of each shape's bundle bytes (median of 20, after 3 warm-ups): the yardstick of
+# the shm target (overhead <= 2x this) and of the inline one (>= 50% of this bandwidth).
+python3 - "$results" > "$OUT/memcpy.json" <<'PY'
+import json, sys, time
+import numpy as np
+sizes = {}
+for l in open(sys.argv[1]):
+    if l.strip():
+        r = json.loads(l)
+        sizes[r["shape"]] = r["bundle_bytes"]
+out = {}
+for shape, n in sizes.items():
+    a = np.random.randint(0, 255, n, dtype=np.uint8)
+    b = np.empty_like(a)
+    ts = []
+    for i in range(23):
+        t = time.perf_counter(); np.copyto(b, a); ts.append(time.perf_counter() - t)
+    ts = sorted(ts[3:])
+    med = ts[len(ts) // 2]
+    out[shape] = {"bytes": n, "seconds": med, "gb_per_s": n / med / 1e9}
+print(json.dumps(out))
+PY
 # Appends the finite check's and the custom path's histogram sums and counts to finite_check.jsonl.
 scrape_check() {
   python3 - "$METRICS_PORT" "$1" "$OUT/finite_check.jsonl" "$2" <<'PY'
@@ -73,13 +102,14 @@ kill "$pid"; wait "$pid" 2>/dev/null
 python3 - "$results" "$OUT" "$commit" <<'PY'
 import json, sys, datetime, subprocess
 runs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-# One row per (mode, shape, concurrency): the mean over the alternating repetitions.
+# One row per (transport, mode, shape, concurrency): the mean over the alternating repetitions.
 rows, groups = [], {}
 for r in runs:
-    groups.setdefault((r["mode"], r["shape"], r["concurrency"]), []).append(r)
+    r.setdefault("transport", "inline")
+    groups.setdefault((r["transport"], r["mode"], r["shape"], r["concurrency"]), []).append(r)
 def mean(xs):
     return sum(xs) / len(xs)
-for (mode, shape, conc), rs in groups.items():
+for (transport, mode, shape, conc), rs in groups.items():
     row = dict(rs[0])
     row["reps"] = len(rs)
     row["calls_per_second"] = mean([r["calls_per_second"] for r in rs])
@@ -88,31 +118,49 @@ for (mode, shape, conc), rs in groups.items():
     row["server_stage_seconds_p50"] = {k: mean([r["server_stage_seconds_p50"][k] for r in rs])
                                        for k in rs[0]["server_stage_seconds_p50"]}
     rows.append(row)
-rows.sort(key=lambda r: (r["mode"] != "reference", r["shape"], r["concurrency"]))
+order = {"inline": 0, "shm": 1, "cuda_ipc": 2}
+rows.sort(key=lambda r: (order.get(r["transport"], 9), r["shape"], r["concurrency"], r["mode"] != "reference"))
+try:
+    memcpy = json.load(open(f"{sys.argv[2]}/memcpy.json"))
+except (OSError, ValueError):
+    memcpy = {}
 out, commit = sys.argv[2], sys.argv[3]
 try:
     device = subprocess.check_output(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]).decode().strip()
 except Exception:
     device = "unknown"
-base = {(r["shape"], r["concurrency"]): r for r in rows if r["mode"] == "reference"}
+base = {(r["transport"], r["shape"], r["concurrency"]): r for r in rows if r["mode"] == "reference"}
 lines = [f"# verifyd service benchmark on {device}", "",
-         f"commit `{commit}`, {datetime.date.today()}; `verifyctl send` over a Unix socket, page size 64, "
-         "CUDA engine; latency is client-side, stages are server-side p50; each row is the mean of "
-         "two runs, reference and shadow alternating.", "",
-         "| mode | shape B,T,H,prefix | conc | MB/call | calls/s | p50 ms | p99 ms | shadow adds to p50 | decode ms | H2D (prepare) ms | served path ms | fetch (D2H) ms | transport+encode ms |",
-         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+         f"commit `{commit}`, {datetime.date.today()}; `verifyctl send` (another process) over a Unix "
+         "socket, page size 64, CUDA engine; latency is client-side, stages are server-side p50; "
+         "overhead = p50 - served path; each row is the mean of two runs, reference and shadow "
+         "alternating. Bundle bytes: what inline carries (shm and cuda_ipc carry refs; cuda_ipc "
+         "sends the index tensors inline).", "",
+         "Host memcpy of one bundle on this machine (median of 20): " +
+         ", ".join(f"{k}: {v['bytes']/1e6:.1f} MB in {v['seconds']*1e3:.2f} ms ({v['gb_per_s']:.1f} GB/s)"
+                   for k, v in memcpy.items()), "",
+         "| transport | mode | shape B,T,H,prefix | conc | MB/call | calls/s | p50 ms | p99 ms | served path ms | overhead ms | shadow adds to p50 | decode ms | prepare ms | fetch/deliver ms | end-to-end GB/s | vs memcpy |",
+         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 for r in rows:
     lat, st = r["latency_seconds"], r["server_stage_seconds_p50"]
     add = ""
     if r["mode"] == "shadow":
-        b = base.get((r["shape"], r["concurrency"]))
+        b = base.get((r["transport"], r["shape"], r["concurrency"]))
         if b:
             add = f"{100 * (lat['p50'] / b['latency_seconds']['p50'] - 1):+.1f}%"
-    transport = lat["p50"] - r["server_seconds_p50"]
-    lines.append(f"| {r['mode']} | {r['shape']} | {r['concurrency']} | {r['bundle_bytes']/1e6:.1f} | "
-                 f"{r['calls_per_second']:.1f} | {lat['p50']*1e3:.2f} | {lat['p99']*1e3:.2f} | {add} | "
-                 f"{st['decode']*1e3:.3f} | {st['prepare']*1e3:.3f} | {st['served_path']*1e3:.3f} | "
-                 f"{st['fetch']*1e3:.3f} | {transport*1e3:.2f} |")
+    overhead = lat["p50"] - st["served_path"]
+    r["overhead_seconds_p50"] = overhead
+    mc = memcpy.get(r["shape"])
+    gbps = r["bundle_bytes"] / lat["p50"] / 1e9
+    vs = ""
+    if mc:
+        vs = (f"{100 * gbps / mc['gb_per_s']:.0f}% of bw" if r["transport"] == "inline"
+              else f"{overhead / mc['seconds']:.2f}x memcpy time")
+    lines.append(f"| {r['transport']} | {r['mode']} | {r['shape']} | {r['concurrency']} | {r['bundle_bytes']/1e6:.1f} | "
+                 f"{r['calls_per_second']:.1f} | {lat['p50']*1e3:.3f} | {lat['p99']*1e3:.3f} | "
+                 f"{st['served_path']*1e3:.3f} | {overhead*1e3:.3f} | {add} | "
+                 f"{st['decode']*1e3:.3f} | {st['prepare']*1e3:.3f} | {st['fetch']*1e3:.3f} | "
+                 f"{gbps:.2f} | {vs} |")
 fc_rows = []
 try:
     fc = [json.loads(l) for l in open(f"{out}/finite_check.jsonl") if l.strip()]
@@ -136,6 +184,7 @@ if fc_rows:
 md = "\n".join(lines) + "\n"
 open(f"{out}/service-{commit}.md", "w").write(md)
 json.dump({"device": device, "commit": commit, "date": str(datetime.date.today()), "rows": rows,
+           "memcpy": memcpy,
            "finite_check": fc_rows,
            "runs": runs},
           open(f"{out}/service-{commit}.json", "w"), indent=1)

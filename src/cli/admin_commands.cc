@@ -20,6 +20,10 @@ std::string ModeStr(v1::Mode m) {
   return absl::AsciiStrToLower(s.substr(5));  // MODE_SHADOW -> shadow
 }
 
+std::string RegionKindStr(const v1::RegionInfo& r) {
+  return r.kind() == v1::REGION_KIND_SHM ? "shm" : "cuda_ipc";
+}
+
 std::string Who() {
   const char* user = std::getenv("USER");
   if (user == nullptr) {
@@ -60,6 +64,13 @@ int RunStatus(const GlobalOptions& g) {
       audit.push_back({{"time", a.time()}, {"from", ModeStr(a.from())}, {"to", ModeStr(a.to())},
                        {"canary_fraction", a.canary_fraction()}, {"reason", a.reason()},
                        {"forced", a.forced()}, {"who", a.who()}, {"peer", a.peer()}});
+    }
+    nlohmann::json regions = nlohmann::json::array();
+    for (const auto& r : s.regions()) {
+      regions.push_back({{"name", r.name()}, {"kind", RegionKindStr(r)},
+                         {"shm_key", r.shm_key()}, {"shm_offset", r.shm_offset()},
+                         {"device", r.device()}, {"byte_size", r.byte_size()},
+                         {"client", r.client()}, {"in_use", r.in_use()}, {"calls", r.calls()}});
     }
     const auto& rt = s.runtime();
     const auto& tol = rt.tolerances();
@@ -111,11 +122,11 @@ int RunStatus(const GlobalOptions& g) {
                  {"custom_timeout_ms", rt.custom_timeout_ms()},
                  {"uptime_seconds", rt.uptime_seconds()},
                  {"started", rt.started()},
-                 {"regions", std::vector<std::string>(rt.regions().begin(), rt.regions().end())},
                  {"listen", std::vector<std::string>(rt.listen().begin(), rt.listen().end())},
                  {"admin_listen", rt.admin_listen()},
                  {"metrics_address", rt.metrics_address()},
                  {"state_dir", rt.state_dir()}}},
+               {"regions", regions},
                {"audit", audit}});
     return 0;
   }
@@ -172,9 +183,15 @@ int RunStatus(const GlobalOptions& g) {
   std::cout << fmt::format("listening   data {}  admin {}  metrics {}\n",
                            fmt::join(rt.listen(), ", "), rt.admin_listen(),
                            rt.metrics_address().empty() ? "off" : rt.metrics_address());
-  std::cout << fmt::format("regions     {}\n", rt.regions().empty()
-                                                  ? std::string("none")
-                                                  : fmt::format("{}", fmt::join(rt.regions(), ", ")));
+  if (s.regions().empty()) std::cout << "regions     none\n";
+  for (const auto& r : s.regions()) {
+    std::cout << fmt::format("region      {}  {} {:.1f} MB{}  client '{}'  calls {}  in use {}\n",
+                             r.name(), RegionKindStr(r), r.byte_size() / 1e6,
+                             r.kind() == v1::REGION_KIND_SHM
+                                 ? fmt::format(" of {} at {}", r.shm_key(), r.shm_offset())
+                                 : fmt::format(" on GPU {}", r.device()),
+                             r.client(), r.calls(), r.in_use());
+  }
   std::cout << fmt::format("up          {} since {}, state in {}\n",
                            Duration(rt.uptime_seconds()), rt.started(), rt.state_dir());
   std::cout << (cap.dir().empty()

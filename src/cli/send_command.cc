@@ -15,6 +15,7 @@
 #include "src/bundle/random_bundle.h"
 #include "src/bundle/request_codec.h"
 #include "src/cli/cli_common.h"
+#include "src/cli/send_regions.h"
 #include "verifyd/v1/verify.grpc.pb.h"
 
 namespace verifyd::cli {
@@ -38,6 +39,7 @@ struct Tally {
   std::map<std::string, int64_t> served;
   std::map<std::string, int64_t> errors;
   std::string first_error;
+  int64_t checked = 0, unchecked = 0;  // --check: outputs compared with inline / not comparable
 
   void Ok(double lat, const v1::VerifyResponse& r) {
     std::lock_guard<std::mutex> l(mu);
@@ -78,9 +80,19 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
     return Fail(g, "send", "--traffic: random or realistic");
   }
 
+  SendTransport transport;
+  if (!ParseSendTransport(s.transport, &transport)) {
+    return Fail(g, "send", "--transport: inline, shm or cuda_ipc");
+  }
+  const bool regions = transport != SendTransport::kInline;
+  if ((s.check || s.scribble) && !regions) {
+    return Fail(g, "send", "--check and --scribble need --transport shm or cuda_ipc");
+  }
+
   // Encode a few distinct bundles once; the workers reuse them.
   const int distinct = static_cast<int>(std::clamp<int64_t>(s.distinct, 1, s.count));
   std::vector<v1::VerifyRequest> requests(distinct);
+  std::vector<std::unique_ptr<RandomBundle>> bundles;
   int64_t bundle_bytes = 0;
   for (int i = 0; i < distinct; ++i) {
     RandomBundleSpec spec;
@@ -92,19 +104,37 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
     spec.tree = s.tree == "chain" ? TreeKind::kChain : TreeKind::kRandomTree;
     spec.traffic = traffic;
     spec.seed = s.seed + i;
-    RandomBundle b(spec);
+    const RandomBundle& b = *bundles.emplace_back(std::make_unique<RandomBundle>(spec));
     EncodeRequest(b.view(), &requests[i]);
     requests[i].set_want_lse(s.want_lse);
     requests[i].set_compare_sync(s.compare_sync);
+    requests[i].set_device(s.device);
     bundle_bytes = requests[i].ByteSizeLong();
   }
 
   auto channel = MakeChannel(g.target);
   auto stub = v1::VerifyService::NewStub(channel);
+  // Region transports: the memory, registered once, one slot per worker; with --check, each
+  // bundle's inline output to compare with.
+  std::unique_ptr<SendRegion> region;
+  std::vector<v1::VerifyResponse> inline_out(s.check ? distinct : 0);
+  if (regions) {
+    auto r = SendRegion::Create(transport, *stub, g, s.concurrency, bundles[0]->view(), s.device,
+                                s.want_lse);
+    if (!r.ok()) return Fail(g, "send", std::string(r.status().message()));
+    region = std::move(*r);
+    for (size_t i = 0; i < inline_out.size(); ++i) {
+      auto ctx = MakeContext(g, false);
+      grpc::Status st = stub->Verify(ctx.get(), requests[i], &inline_out[i]);
+      if (!st.ok()) return Fail(g, "send --check (the inline call)", st);
+    }
+  }
   Tally tally;
   std::atomic<int64_t> next{0};
   const auto t0 = Clock::now();
+  std::atomic<int> next_slot{0};
   auto worker = [&] {
+    const int slot = next_slot.fetch_add(1);
     std::unique_ptr<grpc::ClientContext> sctx;
     std::unique_ptr<grpc::ClientReaderWriter<v1::VerifyRequest, v1::VerifyResponse>> stream;
     if (s.stream) {
@@ -115,6 +145,12 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
     for (int64_t n; (n = next.fetch_add(1)) < s.count;) {
       v1::VerifyRequest req = requests[n % distinct];
       if (!s.request_id_prefix.empty()) req.set_request_id(fmt::format("{}-{}", s.request_id_prefix, n));
+      if (region) {
+        if (absl::Status st = region->Stage(slot, bundles[n % distinct]->view(), &req); !st.ok()) {
+          tally.Err(static_cast<int>(st.code()), std::string(st.message()));
+          continue;
+        }
+      }
       v1::VerifyResponse resp;
       const auto t = Clock::now();
       if (stream) {
@@ -140,6 +176,29 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
         }
       }
       tally.Ok(std::chrono::duration<double>(Clock::now() - t).count(), resp);
+      if (region && s.check) {
+        const v1::VerifyResponse& want = inline_out[n % distinct];
+        absl::StatusOr<std::string> o = region->Output(slot);
+        if (!o.ok()) {
+          tally.Err(static_cast<int>(o.status().code()), std::string(o.status().message()));
+        } else if (want.served_path() != resp.served_path()) {
+          std::lock_guard<std::mutex> l(tally.mu);
+          ++tally.unchecked;
+        } else if (*o != want.o().raw_contents()) {
+          tally.Err(grpc::StatusCode::DATA_LOSS,
+                    fmt::format("--check: call {}: o in the region differs from the inline "
+                                "transport's",
+                                n));
+        } else {
+          std::lock_guard<std::mutex> l(tally.mu);
+          ++tally.checked;
+        }
+      }
+      if (region && s.scribble) {
+        if (absl::Status st = region->Scribble(slot); !st.ok()) {
+          tally.Err(static_cast<int>(st.code()), std::string(st.message()));
+        }
+      }
     }
     if (stream) {
       stream->WritesDone();
@@ -162,6 +221,8 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
   const double srv50 = Percentile(tally.server_s, 0.5);
   if (g.json) {
     PrintJson({{"shape", s.shape}, {"page_size", s.page_size}, {"count", s.count},
+               {"transport", s.transport}, {"checked", tally.checked},
+               {"unchecked", tally.unchecked}, {"scribble", s.scribble},
                {"distinct", distinct}, {"traffic", s.traffic},
                {"concurrency", s.concurrency}, {"stream", s.stream},
                {"bundle_bytes", bundle_bytes}, {"ok", nok}, {"failed", nerr},
@@ -177,9 +238,15 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
                  {"fetch", Percentile(tally.fetch_s, 0.5)}}}});
   } else {
     std::cout << fmt::format(
-        "{} calls of shape {} ({:.1f} MB each, page_size {}) to {}, concurrency {}{}\n", s.count,
-        s.shape, bundle_bytes / 1e6, s.page_size, g.target, s.concurrency,
-        s.stream ? ", streaming" : "");
+        "{} calls of shape {} ({:.1f} MB each, page_size {}) to {}, concurrency {}{}, transport "
+        "{}\n",
+        s.count, s.shape, bundle_bytes / 1e6, s.page_size, g.target, s.concurrency,
+        s.stream ? ", streaming" : "", s.transport);
+    if (s.check) {
+      std::cout << fmt::format("check: {} outputs equal the inline transport's bit for bit, {} "
+                               "served by another path (not compared)\n",
+                               tally.checked, tally.unchecked);
+    }
     std::cout << fmt::format("{} traffic, {} distinct bundle{} reused round-robin{}\n", s.traffic,
                              distinct, distinct == 1 ? "" : "s",
                              distinct < s.count ? " (raise --distinct for detection work)" : "");

@@ -21,6 +21,10 @@ struct SendOptions {
   bool want_lse = false;
   bool compare_sync = false;
   std::string request_id_prefix;  // request ids PREFIX-N (canary stays stable per id)
+  std::string transport = "inline";  // inline, shm or cuda_ipc (see send_regions.h)
+  int device = 0;                 // the request's device (and the cuda_ipc region's GPU)
+  bool check = false;     // region transports: o must equal the inline transport's bit for bit
+  bool scribble = false;  // region transports: overwrite q and the pool after each response
 };
 
 int RunSend(const GlobalOptions& g, const SendOptions& s);

@@ -60,6 +60,17 @@ int main(int argc, char** argv) {
   s->add_flag("--stream", send.stream, "use the bidirectional stream");
   s->add_flag("--want_lse", send.want_lse, "ask for lse too");
   s->add_flag("--compare_sync", send.compare_sync, "compare before responding");
+  s->add_option("--transport", send.transport,
+                "inline, shm (a POSIX shm region verifyctl creates) or cuda_ipc (GPU memory "
+                "verifyctl allocates, shared by CUDA IPC); regions need a unix: target")
+      ->capture_default_str();
+  s->add_option("--device", send.device, "the request's GPU (and the cuda_ipc region's)")
+      ->capture_default_str();
+  s->add_flag("--check", send.check,
+              "region transports: each output must equal the inline transport's bit for bit");
+  s->add_flag("--scribble", send.scribble,
+              "region transports: overwrite q and the pool right after each response, as a "
+              "client reusing its buffers");
 
   std::string sample_mode;
   double sample_rate = 0;
