@@ -10,7 +10,6 @@ from ._channel import ChannelClient
 from ._proto import verify_pb2_grpc
 from .errors import VerifydError, status_code
 from .regions import RegionCalls, client_id
-from .result import VerifyResult
 from .transport import Transport
 
 TRANSPORTS = ("inline", "shm", "cuda_ipc")
@@ -102,6 +101,12 @@ class VerifyClient(ChannelClient):
         by reference instead of copying the pages they read.
         """
         return self._transport.register_kv_pool(pool)
+
+    def register_buffer(self, tensor):
+        """cuda_ipc only: registers the CUDA allocation holding ``tensor`` (e.g. a q buffer the
+        caller writes each step) and returns ``tensor``; inputs that live in a registered
+        allocation are named in place instead of copied to the device staging slot."""
+        return self._transport.register_buffer(tensor)
 
     def shm_array(self, shape, dtype="uint16"):
         """shm only: a zeroed numpy array in a new registered shared-memory region; any input

@@ -246,7 +246,7 @@ class CudaIpcTransport(Transport):
     def close(self):
         """Unregisters every region of this client at once and drops the tensors it kept."""
         try:
-            self._calls.unregister(client=self._client)
+            self._calls.unregister_client(self._client)
         finally:
             for ring in self._rings.values():
                 ring.close(unregister=False)

@@ -47,18 +47,36 @@ class RegionCalls:
     def __init__(self, stub, timeout):
         self._stub = stub
         self._timeout = timeout
+        self.registered_any = False  # whether this client ever registered a region
+
+    def unregister_client(self, client):
+        """close(): every region of ``client``, if it registered any. A verifyd that is gone
+        (UNAVAILABLE) has dropped them itself."""
+        if not self.registered_any:
+            return []
+        try:
+            return self.unregister(client=client)
+        except VerifydError as e:
+            if e.code == grpc.StatusCode.UNAVAILABLE:
+                return []
+            raise
 
     def _call(self, method, req):
         try:
             return method(req, timeout=self._timeout)
         except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                raise VerifydError(e.code(), "transport: this verifyd does not serve registered "
+                                             "regions; use transport='inline'") from None
             raise VerifydError.from_rpc_error(e) from None
 
     def register_shm(self, name, key, offset, byte_size, client):
+        self.registered_any = True
         return self._call(self._stub.RegisterShmRegion, verify_pb2.RegisterShmRegionRequest(
             name=name, key=key, offset=offset, byte_size=byte_size, client=client)).region
 
     def register_cuda(self, name, ipc_handle, device, byte_size, client):
+        self.registered_any = True
         return self._call(self._stub.RegisterCudaRegion, verify_pb2.RegisterCudaRegionRequest(
             name=name, ipc_handle=ipc_handle, device=device, byte_size=byte_size,
             client=client)).region

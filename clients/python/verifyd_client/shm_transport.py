@@ -214,7 +214,7 @@ class ShmTransport(Transport):
     def close(self):
         """Unregisters every region of this client at once, then unlinks them."""
         try:
-            self._calls.unregister(client=self._client)
+            self._calls.unregister_client(self._client)
         finally:
             self._ring.close(unregister=False)
             for region in self._regions:

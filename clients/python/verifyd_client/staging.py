@@ -7,7 +7,7 @@ when its answer has been read. A slot too small for a call is replaced by a larg
 
 import threading
 
-from .regions import ALIGN, align
+from .regions import align
 
 
 class Layout:

@@ -47,5 +47,9 @@ class Transport:
         raise ValueError(f"register_kv_pool: the '{self.kind}' transport sends tensors in the "
                          f"message; create the client with transport='shm' or 'cuda_ipc'")
 
+    def register_buffer(self, tensor):
+        raise ValueError(f"register_buffer: needs transport='cuda_ipc', not '{self.kind}' (shm: "
+                         f"allocate the array with shm_array)")
+
     def close(self):
         pass
