@@ -129,10 +129,9 @@ class ShmTest(unittest.TestCase):
             # New pages written in place are what the next call reads.
             fresh = random_bundle(rng, batch=2, draft=3, heads=2, page_size=4, prefixes=[9, 21],
                                   unused_pages=40)
+            self.assertEqual(fresh["kv_pool"].shape, pool.shape)
             pool[...] = fresh["kv_pool"]
-            b2 = dict(fresh, kv_indptr=b["kv_indptr"], kv_indices=b["kv_indices"])
-            b2["kv_pool"] = fresh["kv_pool"]
-            self.assertSame(c.verify(**dict(b2, kv_pool=pool)), self.inline.verify(**b2))
+            self.assertSame(c.verify(**dict(fresh, kv_pool=pool)), self.inline.verify(**fresh))
             # A pool allocated in the client's shared memory and filled there.
             direct = c.shm_array(b["kv_pool"].shape)
             direct[...] = b["kv_pool"]
@@ -212,6 +211,25 @@ class ShmTest(unittest.TestCase):
             self.assertEqual(len(second), 1)
             self.assertGreater(second[0], first[0])
             self.assertSame(c.verify(**small), self.inline.verify(**small))
+
+    def test_a_call_past_its_deadline_retires_its_slot(self):
+        rng = rng_for(self, 44)
+        small = random_bundle(rng, batch=1, draft=2, heads=1, page_size=4, prefixes=[3])
+        large = random_bundle(rng, batch=8, draft=32, heads=64, page_size=16,
+                              prefixes=[2000] * 8)
+        with VerifyClient(self.daemon.data, timeout=60, transport="shm") as c:
+            c.verify(**large)
+            (slot,) = self.mine(c)  # the slot the next call uses too
+            c.timeout = 1e-4
+            with self.assertRaises(VerifydError) as cm:
+                c.verify(**large)
+            self.assertEqual(cm.exception.code, grpc.StatusCode.DEADLINE_EXCEEDED)
+            # verifyd may still be reading the slot: it is unregistered, never reused.
+            self.assertEqual(self.mine(c), [])
+            self.assertFalse(shm_exists(slot["shm_key"]))
+            c.timeout = 60
+            self.assertSame(c.verify(**small), self.inline.verify(**small))
+            self.assertNotEqual([r["name"] for r in self.mine(c)], [slot["name"]])
 
     def assertField(self, err, code, field):
         self.assertEqual(err.code, code, err)

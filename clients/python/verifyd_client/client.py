@@ -53,7 +53,9 @@ class VerifyClient(ChannelClient):
             raise ValueError(f"transport: '{transport}' is not one of {', '.join(TRANSPORTS)}")
         super().__init__(target, timeout, _CHANNEL_OPTIONS + list(channel_options or []))
         self._stub = verify_pb2_grpc.VerifyServiceStub(self._channel)
-        self._regions = RegionCalls(self._stub, timeout)
+        # Registering maps memory and unregistering waits for the calls using a region: not
+        # bound by a per-call deadline meant for Verify.
+        self._regions = RegionCalls(self._stub, None if timeout is None else max(timeout, 60.0))
         self.client_id = client_id()
         self.transport = transport
         try:

@@ -79,7 +79,7 @@ def ipc_handle(base):
     _check(lib, lib.cuCtxPushCurrent_v2(ctx), "cuCtxPushCurrent")
     try:
         handle = (ctypes.c_char * IPC_HANDLE_BYTES)()
-        rc = lib.cuIpcGetMemHandle(handle, base)
+        rc = lib.cuIpcGetMemHandle(ctypes.byref(handle), base)
         if rc != 0:
             try:
                 _check(lib, rc, "cuIpcGetMemHandle")

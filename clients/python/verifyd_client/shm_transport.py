@@ -74,7 +74,11 @@ class ShmRegion:
         try:
             self._shm.close()
         except BufferError:
-            pass  # the caller still holds arrays of it; the mapping goes with the last one
+            # The caller still holds arrays of it: they keep the mmap object, so the mapping
+            # goes with the last of them. Drop it here so SharedMemory does not retry (and
+            # complain) when it is collected; close() then closes the descriptor.
+            self._shm._mmap = None  # noqa: SLF001
+            self._shm.close()
         self._shm = None
 
 
