@@ -215,8 +215,8 @@ class ShmTest(unittest.TestCase):
     def test_a_call_past_its_deadline_retires_its_slot(self):
         rng = rng_for(self, 44)
         small = random_bundle(rng, batch=1, draft=2, heads=1, page_size=4, prefixes=[3])
-        large = random_bundle(rng, batch=8, draft=32, heads=64, page_size=16,
-                              prefixes=[2000] * 8)
+        large = random_bundle(rng, batch=2, draft=8, heads=8, page_size=16,
+                              prefixes=[500, 300])
         with VerifyClient(self.daemon.data, timeout=60, transport="shm") as c:
             c.verify(**large)
             (slot,) = self.mine(c)  # the slot the next call uses too
