@@ -21,6 +21,15 @@ struct BundleView {
   float sm_scale = 0.f;
   int64_t max_kv_len = 0;    // filled by Validate()
   int64_t total_kv_len = 0;  // filled by Validate()
+  // Where q and kv_pool are: -1 for host memory (inline bytes or a shm region), else the GPU of
+  // the CUDA IPC region the CUDA engine reads them from in place.
+  int q_device = -1;
+  int kv_pool_device = -1;
+  // kv_pool is a registered region the client keeps writing: a copy of the bundle takes only the
+  // pages kv_indices names (see OwnedBundle).
+  bool kv_pool_shared = false;
+
+  bool on_host() const { return q_device < 0 && kv_pool_device < 0; }
 
   int64_t rows() const { return int64_t{shape.batch} * shape.draft; }          // B*T
   int64_t q_elems() const { return rows() * shape.heads * kernels::kHeadDimQK; }
@@ -46,10 +55,12 @@ struct BundleView {
   }
 };
 
-// A deep copy of a bundle, for work that outlives the request that carried it.
+// A deep copy of a bundle, for work that outlives the request that carried it. From a shared
+// pool (kv_pool_shared) it copies only the pages kv_indices names, in that order, and renumbers
+// kv_indices 0, 1, ...: the same attention on a compact pool.
 class OwnedBundle {
  public:
-  explicit OwnedBundle(const BundleView& v);
+  explicit OwnedBundle(const BundleView& v);  // v.on_host()
   // Storage sized for `shape_of`'s shape and scalars, tensors left zero for the caller to fill
   // through the mutable accessors (a device-to-host copy lands here directly).
   struct Sized {};

@@ -28,46 +28,124 @@ std::string ShapeStr(const v1::Tensor& t) {
   return absl::StrCat("[", absl::StrJoin(t.shape(), ", "), "]");
 }
 
-// Checks presence, dtype, rank and byte size; returns the raw bytes.
-absl::StatusOr<const void*> Raw(const char* name, const v1::Tensor& t, v1::DType dtype, int rank) {
-  switch (t.contents_case()) {
-    case v1::Tensor::kRawContents: break;
-    case v1::Tensor::kShm:
-    case v1::Tensor::kCudaIpc:
-      return absl::UnimplementedError(
-          absl::StrCat(name, ": shared-memory and CUDA IPC tensors are not served yet; send "
-                             "raw_contents"));
-    default: return absl::InvalidArgumentError(absl::StrCat(name, ": missing tensor"));
-  }
+int64_t ShapeBytes(const char* name, const v1::Tensor& t, v1::DType dtype, int rank,
+                   absl::Status* st) {
   if (t.dtype() != dtype) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": dtype ", v1::DType_Name(t.dtype()),
-                                                   ", expected ", v1::DType_Name(dtype)));
+    *st = absl::InvalidArgumentError(absl::StrCat(name, ": dtype ", v1::DType_Name(t.dtype()),
+                                                  ", expected ", v1::DType_Name(dtype)));
+    return 0;
   }
   if (t.shape_size() != rank) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ": shape ", ShapeStr(t), " has rank ", t.shape_size(), ", expected ",
-                     rank));
+    *st = absl::InvalidArgumentError(absl::StrCat(name, ": shape ", ShapeStr(t), " has rank ",
+                                                  t.shape_size(), ", expected ", rank));
+    return 0;
   }
   int64_t n = ElemSize(dtype);
   bool overflow = false;
   for (int64_t d : t.shape()) {
     if (d < 0 || d > (int64_t{1} << 40)) {
-      return absl::InvalidArgumentError(absl::StrCat(name, ": bad dimension in shape ", ShapeStr(t)));
+      *st = absl::InvalidArgumentError(absl::StrCat(name, ": bad dimension in shape ", ShapeStr(t)));
+      return 0;
     }
     overflow = overflow || __builtin_mul_overflow(n, d, &n);
   }
   if (overflow && !absl::c_linear_search(t.shape(), 0)) {
-    return absl::InvalidArgumentError(
+    *st = absl::InvalidArgumentError(
         absl::StrCat(name, ": shape ", ShapeStr(t), " has more than 2^63 bytes"));
+    return 0;
   }
-  if (overflow) n = 0;
-  if (static_cast<int64_t>(t.raw_contents().size()) != n) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": ", t.raw_contents().size(),
-                                                   " bytes for shape ", ShapeStr(t), ", expected ",
-                                                   n));
-  }
-  return static_cast<const void*>(t.raw_contents().data());
+  return overflow ? 0 : n;
 }
+
+// Where a request's tensors are: inline bytes or a range of a registered region.
+class TensorLocator {
+ public:
+  TensorLocator(const v1::VerifyRequest& req, const RegionRegistry* regions, DecodedRequest* out)
+      : req_(req), regions_(regions), out_(out) {}
+
+  // The range a region tensor names, checked and pinned; the region on the request's device
+  // when it is a GPU's.
+  absl::StatusOr<RegionRange> Region(const char* name, const v1::Tensor& t, int64_t want) {
+    const bool shm = t.contents_case() == v1::Tensor::kShm;
+    const std::string& region = shm ? t.shm().region() : t.cuda_ipc().region();
+    const uint64_t offset = shm ? t.shm().offset() : t.cuda_ipc().offset();
+    const uint64_t size = shm ? t.shm().byte_size() : t.cuda_ipc().byte_size();
+    if (size != static_cast<uint64_t>(want)) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": byte_size ", size, " for shape ",
+                                                     ShapeStr(t), ", expected ", want));
+    }
+    if (regions_ == nullptr) {
+      return absl::NotFoundError(absl::StrCat(name, ": region '", region,
+                                              "' is not registered (no regions are served here)"));
+    }
+    absl::StatusOr<RegionRange> r = regions_->Resolve(
+        name, shm ? RegionKind::kShm : RegionKind::kCudaIpc, region, offset, size, &out_->pins);
+    if (!r.ok()) return r.status();
+    if (r->device() >= 0 && r->device() != req_.device()) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": region '", region,
+                                                     "' is on device ", r->device(),
+                                                     ", the request's device is ", req_.device()));
+    }
+    return r;
+  }
+
+  // Checks presence, dtype, rank and byte size. Returns where the bytes are, and sets `*device`
+  // to the GPU they are on (-1: host). Without `device`, bytes in a GPU region are copied to the
+  // host first.
+  absl::StatusOr<const void*> Locate(const char* name, const v1::Tensor& t, v1::DType dtype,
+                                     int rank, int* device = nullptr) {
+    if (t.contents_case() == v1::Tensor::CONTENTS_NOT_SET) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": missing tensor"));
+    }
+    absl::Status st;
+    const int64_t n = ShapeBytes(name, t, dtype, rank, &st);
+    if (!st.ok()) return st;
+    if (device != nullptr) *device = -1;
+    if (t.contents_case() == v1::Tensor::kRawContents) {
+      if (static_cast<int64_t>(t.raw_contents().size()) != n) {
+        return absl::InvalidArgumentError(absl::StrCat(name, ": ", t.raw_contents().size(),
+                                                       " bytes for shape ", ShapeStr(t),
+                                                       ", expected ", n));
+      }
+      return static_cast<const void*>(t.raw_contents().data());
+    }
+    absl::StatusOr<RegionRange> r = Region(name, t, n);
+    if (!r.ok()) return r.status();
+    if (r->device() < 0) return static_cast<const void*>(r->data);
+    if (device != nullptr) {
+      *device = r->device();
+      return static_cast<const void*>(r->data);
+    }
+    std::vector<char>& copy = out_->host_copies.emplace_back(static_cast<size_t>(n));
+    if (absl::Status rs = r->region->ReadToHost(r->offset, r->byte_size, copy.data()); !rs.ok()) {
+      return absl::Status(rs.code(), absl::StrCat(name, ": reading it from its region: ",
+                                                  rs.message()));
+    }
+    return static_cast<const void*>(copy.data());
+  }
+
+  // An output target: a region tensor with the output's dtype and shape.
+  absl::StatusOr<RegionRange> Output(const char* name, const v1::Tensor& t, v1::DType dtype,
+                                     const std::vector<int64_t>& shape) {
+    if (t.contents_case() != v1::Tensor::kShm && t.contents_case() != v1::Tensor::kCudaIpc) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": must name a shm or cuda_ipc region (no inline bytes)"));
+    }
+    absl::Status st;
+    const int64_t n = ShapeBytes(name, t, dtype, static_cast<int>(shape.size()), &st);
+    if (!st.ok()) return st;
+    if (!absl::c_equal(t.shape(), shape)) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": shape ", ShapeStr(t), ", expected [",
+                                                     absl::StrJoin(shape, ", "), "]"));
+    }
+    return Region(name, t, n);
+  }
+
+ private:
+  const v1::VerifyRequest& req_;
+  const RegionRegistry* regions_;
+  DecodedRequest* out_;
+};
 
 absl::Status DimIs(const char* name, const v1::Tensor& t, int axis, int64_t want,
                    const char* what) {
@@ -81,21 +159,24 @@ absl::Status DimIs(const char* name, const v1::Tensor& t, int axis, int64_t want
 
 }  // namespace
 
-absl::StatusOr<BundleView> DecodeRequest(const v1::VerifyRequest& req) {
-  BundleView v;
+absl::Status DecodeRequest(const v1::VerifyRequest& req, const RegionRegistry* regions,
+                           DecodedRequest* out) {
+  *out = DecodedRequest();
+  TensorLocator at(req, regions, out);
+  BundleView& v = out->view;
   const void* p;
   // kv_lens fixes B; tree_mask fixes T; q fixes H; kv_pool fixes the pool.
-  VERIFYD_ASSIGN_OR_RETURN(p, Raw("kv_lens", req.kv_lens(), v1::DTYPE_I32, 1));
+  VERIFYD_ASSIGN_OR_RETURN(p, at.Locate("kv_lens", req.kv_lens(), v1::DTYPE_I32, 1));
   v.kv_lens = static_cast<const int32_t*>(p);
   const int64_t batch = req.kv_lens().shape(0);
   if (batch < 1 || batch > kernels::kMaxBatch) {
     return absl::InvalidArgumentError(
         absl::StrCat("kv_lens: batch ", batch, " is outside [1, ", kernels::kMaxBatch, "]"));
   }
-  VERIFYD_ASSIGN_OR_RETURN(p, Raw("kv_indptr", req.kv_indptr(), v1::DTYPE_I32, 1));
+  VERIFYD_ASSIGN_OR_RETURN(p, at.Locate("kv_indptr", req.kv_indptr(), v1::DTYPE_I32, 1));
   v.kv_indptr = static_cast<const int32_t*>(p);
   VERIFYD_RETURN_IF_ERROR(DimIs("kv_indptr", req.kv_indptr(), 0, batch + 1, "B + 1"));
-  VERIFYD_ASSIGN_OR_RETURN(p, Raw("kv_indices", req.kv_indices(), v1::DTYPE_I32, 1));
+  VERIFYD_ASSIGN_OR_RETURN(p, at.Locate("kv_indices", req.kv_indices(), v1::DTYPE_I32, 1));
   v.kv_indices = static_cast<const int32_t*>(p);
 
   if (req.mask_format() != v1::MASK_FORMAT_BYTES && req.mask_format() != v1::MASK_FORMAT_BITS) {
@@ -104,7 +185,7 @@ absl::StatusOr<BundleView> DecodeRequest(const v1::VerifyRequest& req) {
   }
   const auto mask_format = req.mask_format() == v1::MASK_FORMAT_BITS ? kernels::MaskFormat::kBits
                                                                      : kernels::MaskFormat::kBytes;
-  VERIFYD_ASSIGN_OR_RETURN(p, Raw("tree_mask", req.tree_mask(), v1::DTYPE_U8, 3));
+  VERIFYD_ASSIGN_OR_RETURN(p, at.Locate("tree_mask", req.tree_mask(), v1::DTYPE_U8, 3));
   v.tree_mask = static_cast<const uint8_t*>(p);
   VERIFYD_RETURN_IF_ERROR(DimIs("tree_mask", req.tree_mask(), 0, batch, "B"));
   const int64_t draft = req.tree_mask().shape(1);
@@ -116,7 +197,7 @@ absl::StatusOr<BundleView> DecodeRequest(const v1::VerifyRequest& req) {
                                 kernels::MaskRowBytes(mask_format, static_cast<int>(draft)),
                                 mask_format == kernels::MaskFormat::kBytes ? "T" : "ceil(T/8)"));
 
-  VERIFYD_ASSIGN_OR_RETURN(p, Raw("q", req.q(), v1::DTYPE_BF16, 3));
+  VERIFYD_ASSIGN_OR_RETURN(p, at.Locate("q", req.q(), v1::DTYPE_BF16, 3, &v.q_device));
   v.q = static_cast<const uint16_t*>(p);
   VERIFYD_RETURN_IF_ERROR(DimIs("q", req.q(), 0, batch * draft, "B*T"));
   VERIFYD_RETURN_IF_ERROR(DimIs("q", req.q(), 2, kHeadDimQK, "576 = 512 latent + 64 rope"));
@@ -125,7 +206,22 @@ absl::StatusOr<BundleView> DecodeRequest(const v1::VerifyRequest& req) {
     return absl::InvalidArgumentError(absl::StrCat("q: heads H = ", heads, " is outside [1, ",
                                                    kernels::kMaxHeads, "]"));
   }
-  VERIFYD_ASSIGN_OR_RETURN(p, Raw("kv_pool", req.kv_pool(), v1::DTYPE_BF16, 3));
+  const v1::Tensor& pool = req.kv_pool();
+  if (pool.shape_size() == 3 && pool.shape(1) > 0 &&
+      (pool.contents_case() == v1::Tensor::kShm || pool.contents_case() == v1::Tensor::kCudaIpc)) {
+    // A registered pool is named whole: a whole number of pages of page_size x 576 bf16.
+    const uint64_t page_bytes = static_cast<uint64_t>(pool.shape(1)) * kHeadDimQK * 2;
+    const uint64_t bytes = pool.contents_case() == v1::Tensor::kShm ? pool.shm().byte_size()
+                                                                     : pool.cuda_ipc().byte_size();
+    if (bytes % page_bytes != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "kv_pool: byte_size ", bytes, " is not a whole number of pages of ", page_bytes,
+          " bytes (page_size ", pool.shape(1), " x 576 bf16)"));
+    }
+    v.kv_pool_shared = true;
+  }
+  VERIFYD_ASSIGN_OR_RETURN(
+      p, at.Locate("kv_pool", req.kv_pool(), v1::DTYPE_BF16, 3, &v.kv_pool_device));
   v.kv_pool = static_cast<const uint16_t*>(p);
   VERIFYD_RETURN_IF_ERROR(DimIs("kv_pool", req.kv_pool(), 2, kHeadDimQK, "576"));
   const int64_t page_size = req.kv_pool().shape(1);
@@ -143,7 +239,35 @@ absl::StatusOr<BundleView> DecodeRequest(const v1::VerifyRequest& req) {
   v.shape.mask_format = mask_format;
   v.sm_scale = req.sm_scale();
   VERIFYD_RETURN_IF_ERROR(ValidateBundle(v));
-  return v;
+
+  if (req.has_o_out()) {
+    VERIFYD_ASSIGN_OR_RETURN(
+        out->o_out, at.Output("o_out", req.o_out(), v1::DTYPE_BF16,
+                              {v.rows(), heads, kernels::kHeadDimV}));
+  }
+  if (req.has_lse_out()) {
+    if (!req.want_lse()) {
+      return absl::InvalidArgumentError("lse_out: set, but want_lse is false");
+    }
+    if (!req.has_o_out()) {
+      return absl::InvalidArgumentError("lse_out: set without o_out (both go to regions or "
+                                        "neither)");
+    }
+    VERIFYD_ASSIGN_OR_RETURN(out->lse_out,
+                             at.Output("lse_out", req.lse_out(), v1::DTYPE_F32, {v.rows(), heads}));
+  } else if (req.has_o_out() && req.want_lse()) {
+    return absl::InvalidArgumentError("lse_out: want_lse with o_out needs lse_out too");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<BundleView> DecodeRequest(const v1::VerifyRequest& req) {
+  DecodedRequest d;
+  if (absl::Status st = DecodeRequest(req, nullptr, &d); !st.ok()) return st;
+  if (!d.host_copies.empty() || d.o_out) {
+    return absl::FailedPreconditionError("request: names regions; decode it with a registry");
+  }
+  return d.view;
 }
 
 namespace {

@@ -3,14 +3,34 @@
 // then ValidateBundle() checks the contents. The view points into the request's bytes.
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "src/bundle/bundle.h"
+#include "src/region/region_registry.h"
 #include "verifyd/v1/verify.pb.h"
 
 namespace verifyd {
 
+// A decoded call: its bundle and what keeps the bundle's memory valid while the call runs.
+struct DecodedRequest {
+  BundleView view;
+  // The regions the call reads or writes, pinned until the call ends.
+  std::vector<RegionPin> pins;
+  // Small tensors named in a GPU region (indices, lengths, mask), copied to the host: verifyd
+  // checks their contents there.
+  std::vector<std::vector<char>> host_copies;
+  // Where the served output goes instead of the response (o_out, lse_out).
+  std::optional<RegionRange> o_out, lse_out;
+};
+
+// Tensors may be inline bytes or ranges of regions registered in `regions` (null: none are).
+// Checks each tensor's dtype, shape and byte size, where it is (a CUDA IPC region must be on the
+// request's device), then the contents (ValidateBundle).
+absl::Status DecodeRequest(const v1::VerifyRequest& req, const RegionRegistry* regions,
+                           DecodedRequest* out);
+// Inline tensors only.
 absl::StatusOr<BundleView> DecodeRequest(const v1::VerifyRequest& req);
 
 // Fills `req` from a view (raw little-endian bytes).

@@ -10,6 +10,7 @@
 #include "src/bundle/bundle.h"
 #include "src/compare/compare.h"
 #include "src/engine/call_context.h"
+#include "src/region/region_registry.h"
 
 namespace verifyd {
 
@@ -92,6 +93,21 @@ class Engine {
   }
   // Copies a path's output to the host.
   virtual absl::Status Fetch(Path path, PreparedBundle& b, PathOutput* out) = 0;
+  // Writes a path's output (reference or custom) into registered regions: o into `o`, lse into
+  // `lse` when given. Complete when it returns. This default goes through Fetch() and reaches
+  // host regions only.
+  virtual absl::Status Deliver(Path path, PreparedBundle& b, const RegionRange& o,
+                               const RegionRange* lse);
+  // Opens a CUDA IPC memory handle (64 bytes) on `device`, for a region of `byte_size` bytes
+  // from its base. FAILED_PRECONDITION on an engine without GPUs.
+  virtual absl::StatusOr<std::unique_ptr<MappedRegion>> OpenCudaIpc(int device,
+                                                                    const std::string& handle,
+                                                                    uint64_t byte_size) {
+    (void)device, (void)handle, (void)byte_size;
+    return absl::FailedPreconditionError(
+        "ipc_handle: this engine has no GPU to open CUDA IPC regions on (run verifyd with "
+        "--engine=cuda)");
+  }
   // Whether a path's output (reference or custom, already run on `b`) holds only finite values:
   // no NaN or Inf in o, no NaN or +Inf in lse (-Inf is the lse of a row that sees no key).
   // Checked where the output lives; the CUDA engine brings back only a flag.

@@ -48,6 +48,13 @@ ABSL_FLAG(int, grpc_max_threads, 128,
 ABSL_FLAG(int, grpc_max_concurrent_streams, 256, "Concurrent data-plane streams per connection");
 ABSL_FLAG(int64_t, max_inflight_mb, 8192,
           "Memory budget: request bytes all calls in flight may hold together, MiB; 0 = none");
+ABSL_FLAG(int64_t, max_regions, 64,
+          "Shared-memory and CUDA IPC regions clients may register; 0 = none are served");
+ABSL_FLAG(int64_t, max_region_mb, 1 << 20,
+          "Sum of the registered regions' sizes, MiB (regions are the clients' memory, mapped)");
+ABSL_FLAG(bool, allow_region_tcp, false,
+          "Serve shared-memory and CUDA IPC regions to TCP clients too (default: Unix sockets "
+          "only)");
 ABSL_FLAG(int64_t, gate_window, 1000, "Clean comparisons in a row needed to flip to canary/custom");
 ABSL_FLAG(int64_t, rollback_breaches, 3, "Breaches within --rollback_window that roll back");
 ABSL_FLAG(int64_t, rollback_window, 1000, "Sampled comparisons the rollback counts over");
@@ -235,6 +242,14 @@ absl::StatusOr<DaemonOptions> ParseDaemonFlags(int argc, char** argv) {
     return absl::InvalidArgumentError("grpc_max_concurrent_streams: must be >= 1");
   }
   o.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_mb) << 20;
+  o.regions.max_regions = absl::GetFlag(FLAGS_max_regions);
+  if (o.regions.max_regions < 0) return absl::InvalidArgumentError("max_regions: must be >= 0");
+  const int64_t region_mb = absl::GetFlag(FLAGS_max_region_mb);
+  if (region_mb < 1 || region_mb > (int64_t{1} << 40)) {
+    return absl::InvalidArgumentError("max_region_mb: must be in [1, 2^40]");
+  }
+  o.regions.max_total_bytes = static_cast<uint64_t>(region_mb) << 20;
+  o.allow_region_tcp = absl::GetFlag(FLAGS_allow_region_tcp);
   o.controller.gate_window = absl::GetFlag(FLAGS_gate_window);
   o.controller.rollback_breaches = absl::GetFlag(FLAGS_rollback_breaches);
   o.controller.rollback_window = absl::GetFlag(FLAGS_rollback_window);

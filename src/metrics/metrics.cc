@@ -123,6 +123,16 @@ Metrics::Metrics(const BuildInfo& info) : registry_(std::make_shared<prometheus:
                              .Help("Admin calls refused for a missing or wrong bearer token")
                              .Register(r)
                              .Add({});
+  regions_ = &prometheus::BuildGauge()
+                  .Name("verifyd_regions")
+                  .Help("Registered shared-memory and CUDA IPC regions")
+                  .Register(r)
+                  .Add({});
+  region_bytes_ = &prometheus::BuildGauge()
+                       .Name("verifyd_region_bytes")
+                       .Help("Sum of the byte sizes of the registered regions")
+                       .Register(r)
+                       .Add({});
   shadow_queue_depth_ = &prometheus::BuildGauge()
                              .Name("verifyd_shadow_queue_depth")
                              .Help("Comparisons waiting to run off the critical path")
@@ -212,6 +222,11 @@ void Metrics::Rollback(std::string_view reason) {
 }
 
 void Metrics::OracleError() { oracle_errors_->Increment(); }
+
+void Metrics::SetRegions(int64_t regions, uint64_t bytes) {
+  regions_->Set(static_cast<double>(regions));
+  region_bytes_->Set(static_cast<double>(bytes));
+}
 
 void Metrics::SetShadowQueueDepth(int64_t depth) {
   shadow_queue_depth_->Set(static_cast<double>(depth));

@@ -45,6 +45,8 @@ class Metrics {
   void OracleError();
   void AdminAuthFailure();
   void SetShadowQueueDepth(int64_t depth);
+  // Registered regions and the sum of their byte sizes.
+  void SetRegions(int64_t regions, uint64_t bytes);
   // A canary call served by the reference because its comparison could not be queued.
   void CanaryShed();
   void Capture(std::string_view trigger);  // "breach" or "requested"
@@ -69,6 +71,8 @@ class Metrics {
   prometheus::Counter* oracle_errors_;
   prometheus::Counter* admin_auth_failures_;
   prometheus::Gauge* shadow_queue_depth_;
+  prometheus::Gauge* regions_;
+  prometheus::Gauge* region_bytes_;
   prometheus::Counter* canary_shed_;
   prometheus::Family<prometheus::Counter>* captures_;
 };

@@ -1,5 +1,7 @@
 #include "src/server/admin_service.h"
 
+#include "src/server/region_rpcs.h"
+
 #include <openssl/sha.h>
 
 #include "absl/strings/escaping.h"
@@ -165,6 +167,9 @@ grpc::Status AdminServiceImpl::GetStatus(grpc::ServerContext* ctx, const v1::Get
   resp->set_version(ctx_.build.version);
   resp->set_commit(ctx_.build.commit);
   FillRuntime(ctx_.runtime, resp->mutable_runtime());
+  if (ctx_.regions != nullptr) {
+    for (const RegionSummary& r : ctx_.regions->List()) ToProto(r, resp->add_regions());
+  }
   return grpc::Status::OK;
 }
 

@@ -11,6 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "src/capture/capturer.h"
+#include "src/region/region_registry.h"
 #include "src/control/mode_controller.h"
 #include "src/engine/engine.h"
 #include "src/metrics/metrics.h"
@@ -27,6 +28,7 @@ struct AdminContext {
   RuntimeFacts runtime;
   std::string token;  // empty: no token required
   Capturer* capturer = nullptr;  // null: capture off
+  const RegionRegistry* regions = nullptr;  // null: no regions
   // Request counters, owned by the daemon.
   std::function<v1::Counters()> counters;
   // Failed authentications are logged at most once per this interval (the rest are counted).

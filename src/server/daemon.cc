@@ -183,13 +183,24 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
       d->engine_.get(), d->controller_.get(), d->metrics_.get(), d->shadow_.get(), opts.handler,
       [self](const absl::Status& st) { self->OnFatal(st); });
   d->handler_->SetCapturer(d->capturer_.get());
+  if (opts.regions.max_regions > 0) {
+    Engine* engine = d->engine_.get();
+    d->regions_ = std::make_unique<RegionRegistry>(
+        opts.regions, [engine](int device, const std::string& handle, uint64_t bytes) {
+          return engine->OpenCudaIpc(device, handle, bytes);
+        });
+    d->regions_->SetObserver(
+        [m = d->metrics_.get()](int64_t n, uint64_t bytes) { m->SetRegions(n, bytes); });
+    d->handler_->SetRegions(d->regions_.get());
+  }
 
   // Data plane.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   d->verify_service_ = std::make_unique<VerifyServiceImpl>(
       d->handler_.get(), d->metrics_.get(),
-      VerifyServiceOptions{opts.max_message_bytes, opts.max_inflight_bytes});
+      VerifyServiceOptions{opts.max_message_bytes, opts.max_inflight_bytes, d->regions_.get(),
+                           opts.allow_region_tcp});
   {
     grpc::ServerBuilder b;
     std::vector<int> ports(opts.listen.size(), 0);
@@ -225,6 +236,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
         opts, d->listen_addresses_,
         d->metrics_server_ ? Bound(opts.metrics_address, d->metrics_port()) : "");
     actx.capturer = d->capturer_.get();
+    actx.regions = d->regions_.get();
     actx.counters = [self] { return self->handler_->counters(); };
     actx.token = IsUnixAddress(opts.admin_listen) ? "" : opts.admin_token;
     d->admin_service_ = std::make_unique<AdminServiceImpl>(std::move(actx));

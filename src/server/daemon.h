@@ -15,6 +15,7 @@
 #include "src/engine/engine.h"
 #include "src/metrics/metrics.h"
 #include "src/engine/engine_factory.h"
+#include "src/region/region_registry.h"
 #include "src/server/shadow_runner.h"
 #include "src/server/state_dir_lock.h"
 #include "src/server/verify_handler.h"
@@ -62,6 +63,8 @@ struct DaemonOptions {
   double shadow_sample_rate = -1;   // >= 0 sets (and persists) the rate at start
   double custom_sample_rate = -1;
   CaptureOptions capture;           // capture.dir empty: capture off
+  RegionLimits regions;             // max_regions 0: no regions are served
+  bool allow_region_tcp = false;    // serve regions over TCP too
   CustomFault inject_custom_fault;  // test only
 };
 
@@ -99,6 +102,7 @@ class Daemon {
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<MetricsServer> metrics_server_;
   std::unique_ptr<Capturer> capturer_;
+  std::unique_ptr<RegionRegistry> regions_;  // after the engine (which unmaps CUDA regions)
   std::unique_ptr<ShadowRunner> shadow_;
   std::unique_ptr<VerifyHandler> handler_;
   std::unique_ptr<VerifyServiceImpl> verify_service_;

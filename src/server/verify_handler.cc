@@ -133,16 +133,16 @@ absl::Status VerifyHandler::CheckWork(const BundleView& v) const {
 absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyResponse* resp,
                                   const CallContext& call) {
   const auto t0 = Clock::now();
-  absl::StatusOr<BundleView> view = DecodeRequest(req);
-  if (view.ok()) {
-    if (absl::Status work = CheckWork(*view); !work.ok()) view = work;
-  }
-  if (view.ok()) {
-    if (absl::Status gone = call.Check(); !gone.ok()) view = gone;
-  }
-  if (!view.ok()) {
-    metrics_->Request("none", view.status().code(), Since(t0));
-    return view.status();
+  // Holds the regions the call names until it returns; work that outlives the call has its own
+  // copy of the inputs (Prepare with detach).
+  DecodedRequest decoded;
+  absl::Status bad = DecodeRequest(req, regions_, &decoded);
+  const BundleView* view = &decoded.view;
+  if (bad.ok()) bad = CheckWork(*view);
+  if (bad.ok()) bad = call.Check();
+  if (!bad.ok()) {
+    metrics_->Request("none", bad.code(), Since(t0));
+    return bad;
   }
   const double decode_s = Since(t0);
   Plan plan = controller_->Decide(req.request_id());
@@ -174,7 +174,11 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
 
   t1 = Clock::now();
   PathOutput out;
-  if (st = call.Check(); st.ok()) st = engine_->Fetch(served, b, &out);
+  if (st = call.Check(); st.ok()) {
+    st = decoded.o_out ? engine_->Deliver(served, b, *decoded.o_out,
+                                          decoded.lse_out ? &*decoded.lse_out : nullptr)
+                       : engine_->Fetch(served, b, &out);
+  }
   if (!st.ok()) {
     if (IsFatal(st)) Fatal(st);
     metrics_->Request(PathName(served), st.code(), Since(t0));
@@ -182,8 +186,10 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
   }
   const double fetch_s = Since(t1);
   const auto& s = view->shape;
-  EncodeBf16({view->rows(), s.heads, kernels::kHeadDimV}, out.o.data(), resp->mutable_o());
-  if (req.want_lse()) EncodeF32({view->rows(), s.heads}, out.lse.data(), resp->mutable_lse());
+  if (!decoded.o_out) {
+    EncodeBf16({view->rows(), s.heads, kernels::kHeadDimV}, out.o.data(), resp->mutable_o());
+    if (req.want_lse()) EncodeF32({view->rows(), s.heads}, out.lse.data(), resp->mutable_lse());
+  }
   resp->set_request_id(req.request_id());
   resp->set_served_path(ToProto(served));
   resp->set_mode(ModeToProto(plan.mode));

@@ -45,6 +45,8 @@ class VerifyHandler {
   VerifyHandler(Engine* engine, ModeController* controller, Metrics* metrics,
                 ShadowRunner* shadow, HandlerOptions opts, FatalHandler on_fatal);
 
+  // The registered regions requests may name; null: none.
+  void SetRegions(const RegionRegistry* r) { regions_ = r; }
   // Captures breaching (and requested) comparisons; null turns capture off.
   void SetCapturer(Capturer* c) { capturer_ = c; }
   // `call`: the client's deadline and cancellation. An abandoned call stops before its next path
@@ -93,6 +95,7 @@ class VerifyHandler {
   HandlerOptions opts_;
   FatalHandler on_fatal_;
   Capturer* capturer_ = nullptr;
+  const RegionRegistry* regions_ = nullptr;
   // Every outcome goes through here: the counters, the controller's gate and rollback window,
   // and the rollback it may cause (logged by the controller, counted here).
   void Record(const Outcome& o);

@@ -35,6 +35,7 @@ VerifyServiceImpl::VerifyServiceImpl(VerifyHandler* handler, Metrics* metrics,
     : handler_(handler),
       metrics_(metrics),
       opts_(opts),
+      region_rpcs_(opts.regions, opts.allow_region_tcp),
       budget_(opts.max_inflight_bytes, "--max_inflight_mb"),
       verify_method_(MethodName("Verify")),
       stream_method_(MethodName("VerifyStream")) {
@@ -49,6 +50,43 @@ VerifyServiceImpl::VerifyServiceImpl(VerifyHandler* handler, Metrics* metrics,
       new grpc::internal::BidiStreamingHandler<VerifyServiceImpl, Raw, Raw>(
           [](VerifyServiceImpl* s, grpc::ServerContext* ctx, RawStream* stream) {
             return s->VerifyStream(ctx, stream);
+          },
+          this)));
+  AddUnary<v1::RegisterShmRegionRequest, v1::RegisterRegionResponse>(
+      "RegisterShmRegion", [](VerifyServiceImpl* s, grpc::ServerContext* ctx,
+                              const v1::RegisterShmRegionRequest& req,
+                              v1::RegisterRegionResponse* resp) {
+        return s->region_rpcs_.RegisterShm(*ctx, req, resp);
+      });
+  AddUnary<v1::RegisterCudaRegionRequest, v1::RegisterRegionResponse>(
+      "RegisterCudaRegion", [](VerifyServiceImpl* s, grpc::ServerContext* ctx,
+                               const v1::RegisterCudaRegionRequest& req,
+                               v1::RegisterRegionResponse* resp) {
+        return s->region_rpcs_.RegisterCuda(*ctx, req, resp);
+      });
+  AddUnary<v1::UnregisterRegionRequest, v1::UnregisterRegionResponse>(
+      "UnregisterRegion", [](VerifyServiceImpl* s, grpc::ServerContext* ctx,
+                             const v1::UnregisterRegionRequest& req,
+                             v1::UnregisterRegionResponse* resp) {
+        return s->region_rpcs_.Unregister(*ctx, req, resp);
+      });
+  AddUnary<v1::ListRegionsRequest, v1::ListRegionsResponse>(
+      "ListRegions", [](VerifyServiceImpl* s, grpc::ServerContext* ctx,
+                        const v1::ListRegionsRequest&, v1::ListRegionsResponse* resp) {
+        return s->region_rpcs_.List(*ctx, resp);
+      });
+}
+
+template <typename Req, typename Resp>
+void VerifyServiceImpl::AddUnary(const char* method,
+                                 absl::Status (*fn)(VerifyServiceImpl*, grpc::ServerContext*,
+                                                    const Req&, Resp*)) {
+  const char* name = method_names_.emplace_back(MethodName(method)).c_str();
+  AddMethod(new grpc::internal::RpcServiceMethod(
+      name, grpc::internal::RpcMethod::NORMAL_RPC,
+      new grpc::internal::RpcMethodHandler<VerifyServiceImpl, Req, Resp>(
+          [fn](VerifyServiceImpl* s, grpc::ServerContext* ctx, const Req* req, Resp* resp) {
+            return ToGrpc(fn(s, ctx, *req, resp));
           },
           this)));
 }
@@ -83,6 +121,12 @@ absl::Status VerifyServiceImpl::Serve(grpc::ServerContext* ctx, Raw& in,
   if (st.ok()) st = Parse(in, req);
   if (!st.ok()) {
     in.Clear();
+    metrics_->Request(
+        "none", st.code(),
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return st;
+  }
+  if (st = region_rpcs_.CheckRequest(*ctx, *req); !st.ok()) {
     metrics_->Request(
         "none", st.code(),
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

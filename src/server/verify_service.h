@@ -5,7 +5,9 @@
 // stream, which goes on) and is counted. The wire bytes are freed once parsed.
 
 #include <cstdint>
+#include <deque>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "grpcpp/impl/service_type.h"
@@ -14,6 +16,7 @@
 #include "grpcpp/support/sync_stream.h"
 #include "src/metrics/metrics.h"
 #include "src/server/memory_budget.h"
+#include "src/server/region_rpcs.h"
 #include "src/server/verify_handler.h"
 #include "verifyd/v1/verify.pb.h"
 
@@ -23,6 +26,8 @@ struct VerifyServiceOptions {
   int64_t max_message_bytes = int64_t{2} << 30;  // larger requests: RESOURCE_EXHAUSTED
   // Requests in flight hold at most this many message bytes together; <= 0: no ceiling.
   int64_t max_inflight_bytes = int64_t{8} << 30;
+  RegionRegistry* regions = nullptr;  // null: no regions
+  bool allow_region_tcp = false;      // --allow_region_tcp
 };
 
 class VerifyServiceImpl final : public grpc::Service {
@@ -45,9 +50,16 @@ class VerifyServiceImpl final : public grpc::Service {
   absl::Status Admit(grpc::ByteBuffer& in, MemoryBudget::Admission* admitted);
   static absl::Status Parse(grpc::ByteBuffer& in, v1::VerifyRequest* req);
 
+  // Adds a unary method whose typed request and response go to `fn`.
+  template <typename Req, typename Resp>
+  void AddUnary(const char* method,
+                absl::Status (*fn)(VerifyServiceImpl*, grpc::ServerContext*, const Req&, Resp*));
+
   VerifyHandler* handler_;
   Metrics* metrics_;
   VerifyServiceOptions opts_;
+  RegionRpcs region_rpcs_;
+  std::deque<std::string> method_names_;  // stable: the names gRPC's method table points at
   MemoryBudget budget_;
   const std::string verify_method_, stream_method_;
 };

@@ -78,6 +78,9 @@ class CpuEngine : public Engine {
         bundle.kv_lens == nullptr || bundle.tree_mask == nullptr) {
       return absl::InvalidArgumentError("bundle: a tensor is missing (null view)");
     }
+    if (!bundle.on_host()) {
+      return absl::FailedPreconditionError("q: the CPU engine reads host memory only");
+    }
     return std::make_shared<CpuPreparedBundle>(bundle, detach);
   }
 

@@ -10,8 +10,10 @@
 #include "src/engine/cuda/device_diff_stats.h"
 #include "kernels/reference/oracle_kernel.h"
 #include "kernels/reference/output_fault_kernels.h"
+#include "kernels/reference/page_gather_kernels.h"
 #include "kernels/reference/reference_attention.h"
 #include "src/common/status_macros.h"
+#include "src/engine/cuda/cuda_ipc_mapping.h"
 #include "src/engine/cuda/cuda_prepared_bundle.h"
 #include "src/engine/cuda/cuda_status.h"
 #include "src/engine/cuda/device_worker.h"
@@ -177,16 +179,19 @@ EngineInfo CudaEngine::Info() const {
 }
 
 absl::StatusOr<std::shared_ptr<PreparedBundle>> CudaEngine::Prepare(const BundleView& bundle,
-                                                                    bool /*detach*/) {
-  // Prepare copies the inputs to the device before returning, so nothing refers to `bundle`
-  // afterwards whether detached or not.
-  const unsigned i = next_device_.fetch_add(1, std::memory_order_relaxed);
-  return PrepareOn(static_cast<int>(i % workers_.size()), bundle, true);
+                                                                    bool detach) {
+  // A bundle in a CUDA IPC region runs on that region's device; others take turns.
+  int device = bundle.q_device >= 0 ? bundle.q_device : bundle.kv_pool_device;
+  if (device < 0) {
+    const unsigned i = next_device_.fetch_add(1, std::memory_order_relaxed);
+    device = static_cast<int>(i % workers_.size());
+  }
+  return PrepareOn(device, bundle, detach);
 }
 
 absl::StatusOr<std::shared_ptr<PreparedBundle>> CudaEngine::PrepareOn(int device_index,
                                                                       const BundleView& bundle,
-                                                                      bool /*detach*/) {
+                                                                      bool detach) {
   if (device_index < 0 || device_index >= num_devices()) {
     return absl::InvalidArgumentError(
         absl::StrCat("device: index ", device_index, " is outside [0, ", num_devices(), ")"));
@@ -203,10 +208,16 @@ absl::StatusOr<std::shared_ptr<PreparedBundle>> CudaEngine::PrepareOn(int device
     return absl::InvalidArgumentError(
         "bundle: max_kv_len/total_kv_len are not filled in (the bundle was not validated)");
   }
+  for (int d : {bundle.q_device, bundle.kv_pool_device}) {
+    if (d >= 0 && d != device_index) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "device: the bundle's CUDA IPC tensors are on device ", d, ", not ", device_index));
+    }
+  }
   DeviceWorker& w = *workers_[device_index];
   VERIFYD_RETURN_IF_ERROR(w.Activate());
   auto b = std::make_shared<CudaPreparedBundle>(w, w.NextLane(), bundle);
-  VERIFYD_RETURN_IF_ERROR(b->Upload(bundle));
+  VERIFYD_RETURN_IF_ERROR(b->Upload(bundle, detach));
   return b;
 }
 
@@ -220,17 +231,30 @@ absl::StatusOr<std::shared_ptr<const OwnedBundle>> CudaEngine::FetchInputs(Prepa
   v.sm_scale = p.sm_scale;
   v.max_kv_len = p.max_kv_len;
   v.total_kv_len = p.total_kv_len;
+  // A pool read in place is the client's whole pool: the capture takes the named pages only.
+  if (b.pool_in_place()) v.shape.num_pages = p.shape.num_indices;
   auto owned = std::make_shared<OwnedBundle>(v, OwnedBundle::Sized{});
   const BundleView& o = owned->view();
   const cudaStream_t s = b.lane().shadow;
   const char* where = "fetching the bundle's inputs";
   VERIFYD_RETURN_IF_ERROR(w.Check(cudaStreamWaitEvent(s, b.inputs_ready(), 0), where));
+  const void* pool = p.kv_pool;
+  ScopedWorkspace gathered(s);
+  if (b.pool_in_place()) {
+    VERIFYD_RETURN_IF_ERROR(gathered.Allocate(w, o.kv_elems() * 2, where));
+    VERIFYD_RETURN_IF_ERROR(w.Check(
+        kernels::LaunchGatherPages(p.kv_pool, p.kv_indices, p.shape.num_indices,
+                                   int64_t{p.shape.page_size} * kernels::kHeadDimQK * 2,
+                                   gathered.get(), s),
+        where));
+    pool = gathered.get();
+  }
   auto d2h = [&](void* dst, const void* src, size_t bytes) {
     return bytes == 0 ? absl::OkStatus()
                       : w.Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s), where);
   };
   VERIFYD_RETURN_IF_ERROR(d2h(owned->mutable_q(), p.q, o.q_elems() * 2));
-  VERIFYD_RETURN_IF_ERROR(d2h(owned->mutable_kv_pool(), p.kv_pool, o.kv_elems() * 2));
+  VERIFYD_RETURN_IF_ERROR(d2h(owned->mutable_kv_pool(), pool, o.kv_elems() * 2));
   VERIFYD_RETURN_IF_ERROR(d2h(owned->mutable_kv_indptr(), p.kv_indptr, (o.shape.batch + 1) * 4));
   VERIFYD_RETURN_IF_ERROR(
       d2h(owned->mutable_kv_indices(), p.kv_indices, o.shape.num_indices * 4));
@@ -238,7 +262,54 @@ absl::StatusOr<std::shared_ptr<const OwnedBundle>> CudaEngine::FetchInputs(Prepa
   VERIFYD_RETURN_IF_ERROR(d2h(owned->mutable_tree_mask(), p.tree_mask, o.mask_bytes()));
   VERIFYD_RETURN_IF_ERROR(b.RecordShadowUse());
   VERIFYD_RETURN_IF_ERROR(w.Check(cudaStreamSynchronize(s), where));
+  if (b.pool_in_place()) {
+    for (int64_t i = 0; i < o.shape.num_indices; ++i) {
+      owned->mutable_kv_indices()[i] = static_cast<int32_t>(i);
+    }
+  }
   return std::shared_ptr<const OwnedBundle>(std::move(owned));
+}
+
+absl::StatusOr<std::unique_ptr<MappedRegion>> CudaEngine::OpenCudaIpc(int device,
+                                                                      const std::string& handle,
+                                                                      uint64_t byte_size) {
+  if (device < 0 || device >= num_devices()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device: index ", device, " is outside [0, ", num_devices(), ")"));
+  }
+  return OpenCudaIpcMapping(*workers_[device], device, handle, byte_size);
+}
+
+absl::Status CudaEngine::Deliver(Path path, PreparedBundle& pb, const RegionRange& o,
+                                 const RegionRange* lse) {
+  auto& b = static_cast<CudaPreparedBundle&>(pb);
+  DeviceWorker& w = b.worker();
+  VERIFYD_RETURN_IF_ERROR(w.Activate());
+  if (path == Path::kOracle) return absl::InvalidArgumentError("o_out: the oracle is not served");
+  const DevicePathOutput st = b.State(path);
+  if (!st.ran) return NotRun(path);
+  const size_t o_bytes = size_t(b.o_elems()) * 2;
+  const size_t lse_bytes = size_t(b.lse_elems()) * 4;
+  if (o.byte_size != o_bytes || (lse != nullptr && lse->byte_size != lse_bytes)) {
+    return absl::InternalError("o_out: the output ranges do not match the bundle's outputs");
+  }
+  const bool served = path == Path::kReference;
+  const cudaStream_t s = served ? b.lane().served : b.lane().shadow;
+  const std::string where = absl::StrCat(PathName(path), " path (writing its output in place)");
+  auto copy = [&](const RegionRange& to, const void* from, size_t bytes) {
+    return w.Check(cudaMemcpyAsync(to.data, from, bytes,
+                                   to.device() >= 0 ? cudaMemcpyDeviceToDevice
+                                                    : cudaMemcpyDeviceToHost,
+                                   s),
+                   where);
+  };
+  absl::Status done = copy(o, st.o, o_bytes);
+  if (done.ok() && lse != nullptr) done = copy(*lse, st.lse, lse_bytes);
+  if (!served) {
+    if (absl::Status rec = b.RecordShadowUse(); done.ok()) done = rec;
+  }
+  VERIFYD_RETURN_IF_ERROR(done);
+  return w.Check(cudaStreamSynchronize(s), where);
 }
 
 absl::Status CudaEngine::Run(Path path, PreparedBundle& pb) {

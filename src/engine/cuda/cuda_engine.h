@@ -47,6 +47,12 @@ class CudaEngine : public Engine {
   // the shadow stream and returns once launched.
   absl::Status Run(Path path, PreparedBundle& b) override;
   absl::Status Fetch(Path path, PreparedBundle& b, PathOutput* out) override;
+  // A device-to-device copy into a CUDA IPC region (a device-to-host one into a shm region) on
+  // the path's stream, waited for.
+  absl::Status Deliver(Path path, PreparedBundle& b, const RegionRange& o,
+                       const RegionRange* lse) override;
+  absl::StatusOr<std::unique_ptr<MappedRegion>> OpenCudaIpc(int device, const std::string& handle,
+                                                            uint64_t byte_size) override;
   // One reduction kernel over o and lse on the path's own stream; a 4-byte flag comes back.
   absl::StatusOr<bool> AllFinite(Path path, PreparedBundle& b) override;
   absl::StatusOr<DiffStats> Compare(PreparedBundle& b, Path test, Path ref,

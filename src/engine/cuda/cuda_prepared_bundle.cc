@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/reference/page_gather_kernels.h"
 
 namespace verifyd {
 namespace {
@@ -28,22 +30,53 @@ CudaPreparedBundle::CudaPreparedBundle(DeviceWorker& worker, Lane& lane, const B
   problem_.total_kv_len = v.total_kv_len;
 }
 
-absl::Status CudaPreparedBundle::Upload(const BundleView& v) {
-  struct Piece {
-    const void* src;
-    size_t bytes;
-    size_t offset;
-  };
+absl::Status CudaPreparedBundle::Upload(const BundleView& v, bool detach) {
   const auto& s = v.shape;
-  Piece pieces[] = {
-      {v.q, size_t(v.q_elems()) * 2, 0},         {v.kv_pool, size_t(v.kv_elems()) * 2, 0},
-      {v.kv_indptr, size_t(s.batch + 1) * 4, 0}, {v.kv_indices, size_t(s.num_indices) * 4, 0},
-      {v.kv_lens, size_t(s.batch) * 4, 0},       {v.tree_mask, size_t(v.mask_bytes()), 0},
+  const size_t page_bytes = size_t(s.page_size) * kernels::kHeadDimQK * 2;
+  const size_t n_idx = size_t(s.num_indices);
+  // In place: q and the pool are read where the client keeps them (a CUDA IPC region), for a
+  // call that is over before the client may change them. Work after the response (detach) reads
+  // a snapshot instead. A shared pool that is copied is compacted to the pages the call names.
+  q_in_place_ = v.q_device >= 0 && !detach;
+  pool_in_place_ = v.kv_pool_device >= 0 && !detach;
+  const bool compact = v.kv_pool_shared && !pool_in_place_;
+  const bool gather_on_device = compact && v.kv_pool_device >= 0;
+  std::vector<int32_t> renumbered;
+  if (compact) {
+    renumbered.resize(n_idx);
+    for (size_t i = 0; i < n_idx; ++i) renumbered[i] = static_cast<int32_t>(i);
+  }
+
+  // Host bytes go through the lane's pinned staging in one copy; device bytes (q and pages of a
+  // CUDA IPC region, when snapshotted) are copied on the device after it.
+  enum { kQ, kPool, kIndptr, kIndices, kLens, kMask, kSrcPages, kPieces };
+  struct Piece {
+    const void* host = nullptr;  // staged from here; null: filled on the device (or absent)
+    size_t bytes = 0;
+    size_t offset = 0;
   };
-  size_t total = 0;
-  for (Piece& p : pieces) {
-    p.offset = total;
-    total += AlignUp(std::max<size_t>(p.bytes, 1));
+  Piece pieces[kPieces];
+  const size_t q_bytes = size_t(v.q_elems()) * 2;
+  if (!q_in_place_) pieces[kQ] = {v.q_device >= 0 ? nullptr : v.q, q_bytes};
+  if (!pool_in_place_) {
+    pieces[kPool] = compact ? Piece{v.kv_pool_device >= 0 ? nullptr : v.kv_pool, n_idx * page_bytes}
+                            : Piece{v.kv_pool, size_t(v.kv_elems()) * 2};
+  }
+  pieces[kIndptr] = {v.kv_indptr, size_t(s.batch + 1) * 4};
+  pieces[kIndices] = {compact ? renumbered.data() : v.kv_indices, n_idx * 4};
+  pieces[kLens] = {v.kv_lens, size_t(s.batch) * 4};
+  pieces[kMask] = {v.tree_mask, size_t(v.mask_bytes())};
+  if (gather_on_device) pieces[kSrcPages] = {v.kv_indices, n_idx * 4};
+  // Staged pieces first, so that one copy moves them all.
+  size_t staged = 0, total = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (Piece& p : pieces) {
+      const bool host = p.host != nullptr;
+      if (p.bytes == 0 || host != (pass == 0)) continue;
+      p.offset = total;
+      total += AlignUp(p.bytes);
+    }
+    if (pass == 0) staged = total;
   }
 
   const std::string where = "copying the bundle to the device";
@@ -53,31 +86,65 @@ absl::Status CudaPreparedBundle::Upload(const BundleView& v) {
     return st;
   }
   if (absl::Status st = worker_.Check(
-          cudaMallocFromPoolAsync(&inputs_, total, worker_.pool(), lane_.served), where);
+          cudaMallocFromPoolAsync(&inputs_, std::max<size_t>(total, kAlign), worker_.pool(),
+                                  lane_.served),
+          where);
       !st.ok()) {
     inputs_ = nullptr;
     return st;
   }
   char* dev = static_cast<char*>(inputs_);
-  problem_.q = reinterpret_cast<const uint16_t*>(dev + pieces[0].offset);
-  problem_.kv_pool = reinterpret_cast<const uint16_t*>(dev + pieces[1].offset);
-  problem_.kv_indptr = reinterpret_cast<const int32_t*>(dev + pieces[2].offset);
-  problem_.kv_indices = reinterpret_cast<const int32_t*>(dev + pieces[3].offset);
-  problem_.kv_lens = reinterpret_cast<const int32_t*>(dev + pieces[4].offset);
-  problem_.tree_mask = reinterpret_cast<const uint8_t*>(dev + pieces[5].offset);
+  problem_.q = q_in_place_ ? v.q : reinterpret_cast<const uint16_t*>(dev + pieces[kQ].offset);
+  problem_.kv_pool = pool_in_place_
+                         ? v.kv_pool
+                         : reinterpret_cast<const uint16_t*>(dev + pieces[kPool].offset);
+  problem_.kv_indptr = reinterpret_cast<const int32_t*>(dev + pieces[kIndptr].offset);
+  problem_.kv_indices = reinterpret_cast<const int32_t*>(dev + pieces[kIndices].offset);
+  problem_.kv_lens = reinterpret_cast<const int32_t*>(dev + pieces[kLens].offset);
+  problem_.tree_mask = reinterpret_cast<const uint8_t*>(dev + pieces[kMask].offset);
+  if (compact) problem_.shape.num_pages = s.num_indices;
 
   Staging& in = lane_.input;
   absl::MutexLock lock(&in.mu);
   // The previous upload through this buffer must have left it before it is overwritten.
   if (absl::Status st = worker_.Check(cudaEventSynchronize(in.copied), where); !st.ok()) return st;
-  if (absl::Status st = worker_.Check(in.buffer.Reserve(total), where); !st.ok()) return st;
-  for (const Piece& p : pieces) {
-    if (p.bytes > 0) std::memcpy(in.buffer.data() + p.offset, p.src, p.bytes);
+  if (absl::Status st = worker_.Check(in.buffer.Reserve(std::max<size_t>(staged, 1)), where);
+      !st.ok()) {
+    return st;
   }
-  absl::Status st = worker_.Check(
-      cudaMemcpyAsync(inputs_, in.buffer.data(), total, cudaMemcpyHostToDevice, lane_.served),
-      where);
+  for (int i = 0; i < kPieces; ++i) {
+    const Piece& p = pieces[i];
+    if (p.host == nullptr || p.bytes == 0) continue;
+    char* to = in.buffer.data() + p.offset;
+    if (i == kPool && compact) {  // the named pages of a host pool, in kv_indices order
+      for (size_t k = 0; k < n_idx; ++k) {
+        std::memcpy(to + k * page_bytes,
+                    reinterpret_cast<const char*>(v.kv_pool) + size_t(v.kv_indices[k]) * page_bytes,
+                    page_bytes);
+      }
+    } else {
+      std::memcpy(to, p.host, p.bytes);
+    }
+  }
+  absl::Status st;
+  if (staged > 0) {
+    st = worker_.Check(
+        cudaMemcpyAsync(inputs_, in.buffer.data(), staged, cudaMemcpyHostToDevice, lane_.served),
+        where);
+  }
   if (st.ok()) st = worker_.Check(cudaEventRecord(in.copied, lane_.served), where);
+  if (st.ok() && v.q_device >= 0 && !q_in_place_) {
+    st = worker_.Check(cudaMemcpyAsync(dev + pieces[kQ].offset, v.q, q_bytes,
+                                       cudaMemcpyDeviceToDevice, lane_.served),
+                       "snapshotting q");
+  }
+  if (st.ok() && gather_on_device) {
+    st = worker_.Check(kernels::LaunchGatherPages(
+                           v.kv_pool, reinterpret_cast<const int32_t*>(dev + pieces[kSrcPages].offset),
+                           s.num_indices, static_cast<int64_t>(page_bytes),
+                           dev + pieces[kPool].offset, lane_.served),
+                       "snapshotting the KV pages");
+  }
   if (st.ok()) st = worker_.Check(cudaEventRecord(inputs_ready_, lane_.served), where);
   return st;
 }

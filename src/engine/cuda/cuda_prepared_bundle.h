@@ -38,9 +38,15 @@ class CudaPreparedBundle : public PreparedBundle {
   int64_t o_elems() const { return o_elems_; }
   int64_t lse_elems() const { return lse_elems_; }
 
-  // Copies the bundle through the lane's pinned staging into one pool allocation, on the served
-  // stream; returns before the copy ends (inputs_ready() marks it).
-  absl::Status Upload(const BundleView& v);
+  // Copies the bundle's host tensors through the lane's pinned staging into one pool allocation,
+  // on the served stream; returns before the copy ends (inputs_ready() marks it). Tensors in a
+  // CUDA IPC region are read in place, or with `detach` (work after the response) snapshotted
+  // on the device: q copied, the pool's named pages gathered. A shared pool that is copied keeps
+  // only the pages the bundle names (problem().shape.num_pages is then num_indices).
+  absl::Status Upload(const BundleView& v, bool detach);
+  // Whether the kernels read the pool where the client keeps it (problem().kv_pool is then the
+  // client's whole pool).
+  bool pool_in_place() const { return pool_in_place_; }
 
   // The path's output buffers and events, allocated on `stream` the first time.
   absl::StatusOr<DevicePathOutput> Outputs(Path p, cudaStream_t stream) ABSL_LOCKS_EXCLUDED(mu_);
@@ -57,6 +63,7 @@ class CudaPreparedBundle : public PreparedBundle {
   int64_t o_elems_ = 0, lse_elems_ = 0;
   void* inputs_ = nullptr;
   cudaEvent_t inputs_ready_ = nullptr;
+  bool q_in_place_ = false, pool_in_place_ = false;
 
   mutable absl::Mutex mu_;
   DevicePathOutput paths_[3] ABSL_GUARDED_BY(mu_);

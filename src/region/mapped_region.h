@@ -1,0 +1,25 @@
+#pragma once
+// A registered region's memory as verifyd maps it: host memory (a POSIX shared-memory object)
+// or one GPU's memory (a CUDA IPC handle opened on that GPU). Unmapped when destroyed.
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace verifyd {
+
+class MappedRegion {
+ public:
+  virtual ~MappedRegion() = default;
+  // The first byte calls may name (offset 0).
+  virtual char* base() const = 0;
+  virtual uint64_t byte_size() const = 0;
+  // The GPU the memory is on; -1 for host memory.
+  virtual int device() const = 0;
+  bool on_device() const { return device() >= 0; }
+  // Copies [offset, offset + bytes) into host memory `dst` (a device-to-host copy on a GPU).
+  // The caller checked the range.
+  virtual absl::Status ReadToHost(uint64_t offset, uint64_t bytes, void* dst) const = 0;
+};
+
+}  // namespace verifyd

@@ -1,0 +1,113 @@
+#pragma once
+// The registered regions (shared-memory extension): a client registers a region once and names
+// byte ranges of it in every call. A region stays mapped until it is unregistered or verifyd
+// stops. Each call that names it holds a RegionPin while it runs; unregistering removes the name
+// at once (later calls get NOT_FOUND) and waits for the pinned calls to finish. The mapping goes
+// when the last pin does.
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "src/region/mapped_region.h"
+
+namespace verifyd {
+
+enum class RegionKind { kShm, kCudaIpc };
+const char* RegionKindName(RegionKind k);
+
+struct RegionLimits {
+  int64_t max_regions = 64;                 // --max_regions
+  uint64_t max_total_bytes = uint64_t{1} << 40;  // --max_region_bytes (sum of byte_size)
+  absl::Duration unregister_wait = absl::Seconds(30);  // how long an unregister waits for calls
+};
+
+struct RegionSummary {
+  std::string name;
+  RegionKind kind = RegionKind::kShm;
+  std::string shm_key;
+  uint64_t shm_offset = 0;
+  int device = -1;
+  uint64_t byte_size = 0;
+  std::string client;
+  int64_t in_use = 0;
+  int64_t calls = 0;
+};
+
+// Keeps one call's use of a region: while it lives, the region stays mapped and an unregister
+// waits.
+class RegionUse;
+using RegionPin = std::shared_ptr<RegionUse>;
+
+// A checked byte range of a registered region.
+struct RegionRange {
+  RegionPin pin;
+  const MappedRegion* region = nullptr;
+  char* data = nullptr;  // region->base() + offset
+  uint64_t offset = 0;
+  uint64_t byte_size = 0;
+  int device() const { return region->device(); }
+};
+
+class RegionRegistry {
+ public:
+  // Opens a CUDA IPC handle on a device (the engine's); FAILED_PRECONDITION when it cannot.
+  using CudaOpener = std::function<absl::StatusOr<std::unique_ptr<MappedRegion>>(
+      int device, const std::string& handle, uint64_t byte_size)>;
+  // Sees the region count and total bytes after every change (metrics).
+  using Observer = std::function<void(int64_t regions, uint64_t bytes)>;
+
+  RegionRegistry(RegionLimits limits, CudaOpener cuda_opener);
+  ~RegionRegistry();
+  void SetObserver(Observer o);
+  const RegionLimits& limits() const { return limits_; }
+
+  absl::StatusOr<RegionSummary> RegisterShm(const std::string& name, const std::string& key,
+                                            uint64_t offset, uint64_t byte_size,
+                                            const std::string& client);
+  absl::StatusOr<RegionSummary> RegisterCuda(const std::string& name, const std::string& handle,
+                                             int device, uint64_t byte_size,
+                                             const std::string& client);
+  // Unregisters `name`, or with an empty name every region of `client`. Returns the names.
+  // Waits up to limits().unregister_wait for the calls that use them; past that, UNAVAILABLE
+  // (the regions are unregistered all the same and unmapped when those calls end).
+  absl::StatusOr<std::vector<std::string>> Unregister(const std::string& name,
+                                                      const std::string& client);
+  std::vector<RegionSummary> List() const;
+  uint64_t total_bytes() const;
+
+  // The range [offset, offset + byte_size) of region `name` of kind `kind`, pinned for one
+  // call: `call_pins` holds the call's pins, one per region (a new one is added). `field` names
+  // the request field in errors: NOT_FOUND for an unknown region (or one of the other kind),
+  // INVALID_ARGUMENT for a range past its end.
+  absl::StatusOr<RegionRange> Resolve(const std::string& field, RegionKind kind,
+                                      const std::string& name, uint64_t offset,
+                                      uint64_t byte_size,
+                                      std::vector<RegionPin>* call_pins) const;
+
+ private:
+  struct Entry;
+  friend class RegionUse;
+  absl::StatusOr<RegionSummary> Add(std::shared_ptr<Entry> e);
+  absl::Status CheckNewName(const std::string& name, uint64_t byte_size) const;
+  static RegionSummary Summarize(const Entry& e);
+  void Notify();
+
+  RegionLimits limits_;
+  CudaOpener cuda_opener_;
+  Observer observer_;
+  mutable std::mutex mu_;
+  std::condition_variable released_;  // a pin went away
+  std::map<std::string, std::shared_ptr<Entry>> regions_;  // guarded by mu_
+  uint64_t total_bytes_ = 0;                                // guarded by mu_
+};
+
+}  // namespace verifyd

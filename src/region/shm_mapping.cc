@@ -1,0 +1,85 @@
+#include "src/region/shm_mapping.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace verifyd {
+namespace {
+
+class ShmMapping final : public MappedRegion {
+ public:
+  ShmMapping(void* map, uint64_t map_bytes, uint64_t skip, uint64_t byte_size)
+      : map_(map), map_bytes_(map_bytes), skip_(skip), byte_size_(byte_size) {}
+  ~ShmMapping() override { munmap(map_, map_bytes_); }
+
+  char* base() const override { return static_cast<char*>(map_) + skip_; }
+  uint64_t byte_size() const override { return byte_size_; }
+  int device() const override { return -1; }
+  absl::Status ReadToHost(uint64_t offset, uint64_t bytes, void* dst) const override {
+    std::memcpy(dst, base() + offset, bytes);
+    return absl::OkStatus();
+  }
+
+ private:
+  void* map_;
+  uint64_t map_bytes_, skip_, byte_size_;
+};
+
+std::string Errno() { return std::strerror(errno); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MappedRegion>> MapShm(const std::string& key, uint64_t offset,
+                                                     uint64_t byte_size) {
+  if (key.size() < 2 || key[0] != '/' || key.find('/', 1) != std::string::npos ||
+      key.size() > 255) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key: '", key, "' is not a POSIX shared-memory name ('/' then 1 to 254 characters, no "
+                       "other '/')"));
+  }
+  if (byte_size == 0) return absl::InvalidArgumentError("byte_size: must be > 0");
+  const int fd = shm_open(key.c_str(), O_RDWR, 0);
+  if (fd < 0) {
+    const int err = errno;
+    const std::string why = Errno();
+    if (err == ENOENT) {
+      return absl::NotFoundError(absl::StrCat("key: no shared-memory object '", key, "'"));
+    }
+    return absl::PermissionDeniedError(
+        absl::StrCat("key: cannot open shared-memory object '", key, "' read-write: ", why));
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    const std::string why = Errno();
+    close(fd);
+    return absl::InternalError(absl::StrCat("key: fstat of '", key, "': ", why));
+  }
+  const uint64_t object_bytes = static_cast<uint64_t>(st.st_size);
+  if (offset > object_bytes || byte_size > object_bytes - offset) {
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "byte_size: offset ", offset, " + byte_size ", byte_size, " is past the end of '", key,
+        "' (", object_bytes, " bytes)"));
+  }
+  // mmap's offset must be page-aligned: map from the page that holds `offset`.
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t skip = offset % page;
+  const uint64_t map_bytes = skip + byte_size;
+  void* map = mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                   static_cast<off_t>(offset - skip));
+  const std::string why = map == MAP_FAILED ? Errno() : "";
+  close(fd);  // the mapping keeps the object
+  if (map == MAP_FAILED) {
+    return absl::ResourceExhaustedError(absl::StrCat("key: mmap of '", key, "': ", why));
+  }
+  return std::unique_ptr<MappedRegion>(new ShmMapping(map, map_bytes, skip, byte_size));
+}
+
+}  // namespace verifyd

@@ -1,0 +1,99 @@
+#include "src/server/region_rpcs.h"
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace verifyd {
+namespace {
+
+bool NamesRegion(const v1::Tensor& t) {
+  return t.contents_case() == v1::Tensor::kShm || t.contents_case() == v1::Tensor::kCudaIpc;
+}
+
+}  // namespace
+
+void ToProto(const RegionSummary& s, v1::RegionInfo* out) {
+  out->set_name(s.name);
+  out->set_kind(s.kind == RegionKind::kShm ? v1::REGION_KIND_SHM : v1::REGION_KIND_CUDA_IPC);
+  out->set_shm_key(s.shm_key);
+  out->set_shm_offset(s.shm_offset);
+  out->set_device(s.device);
+  out->set_byte_size(s.byte_size);
+  out->set_client(s.client);
+  out->set_in_use(s.in_use);
+  out->set_calls(s.calls);
+}
+
+absl::Status RegionRpcs::CheckTransport(const grpc::ServerContext& ctx, const char* what) const {
+  if (regions_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": this verifyd serves no regions (--max_regions=0)"));
+  }
+  // gRPC names a Unix-socket peer "unix:..." and one accepted on a handed-over fd "fd:N" (only
+  // Unix sockets are accepted that way).
+  const std::string peer = ctx.peer();
+  if (allow_tcp_ || absl::StartsWith(peer, "unix:") || absl::StartsWith(peer, "fd:")) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      what, ": shared-memory and CUDA IPC regions are served on Unix sockets only (this call "
+            "came from ", peer, "; run verifyd with --allow_region_tcp to allow TCP)"));
+}
+
+absl::Status RegionRpcs::RegisterShm(const grpc::ServerContext& ctx,
+                                     const v1::RegisterShmRegionRequest& req,
+                                     v1::RegisterRegionResponse* resp) {
+  if (absl::Status st = CheckTransport(ctx, "RegisterShmRegion"); !st.ok()) return st;
+  absl::StatusOr<RegionSummary> s =
+      regions_->RegisterShm(req.name(), req.key(), req.offset(), req.byte_size(), req.client());
+  if (!s.ok()) return s.status();
+  ToProto(*s, resp->mutable_region());
+  return absl::OkStatus();
+}
+
+absl::Status RegionRpcs::RegisterCuda(const grpc::ServerContext& ctx,
+                                      const v1::RegisterCudaRegionRequest& req,
+                                      v1::RegisterRegionResponse* resp) {
+  if (absl::Status st = CheckTransport(ctx, "RegisterCudaRegion"); !st.ok()) return st;
+  absl::StatusOr<RegionSummary> s = regions_->RegisterCuda(req.name(), req.ipc_handle(),
+                                                           req.device(), req.byte_size(),
+                                                           req.client());
+  if (!s.ok()) return s.status();
+  ToProto(*s, resp->mutable_region());
+  return absl::OkStatus();
+}
+
+absl::Status RegionRpcs::Unregister(const grpc::ServerContext& ctx,
+                                    const v1::UnregisterRegionRequest& req,
+                                    v1::UnregisterRegionResponse* resp) {
+  if (absl::Status st = CheckTransport(ctx, "UnregisterRegion"); !st.ok()) return st;
+  absl::StatusOr<std::vector<std::string>> names = regions_->Unregister(req.name(), req.client());
+  if (!names.ok()) return names.status();
+  for (const std::string& n : *names) resp->add_unregistered(n);
+  return absl::OkStatus();
+}
+
+absl::Status RegionRpcs::List(const grpc::ServerContext& ctx, v1::ListRegionsResponse* resp) {
+  (void)ctx;  // listing shows no memory: served on every transport
+  if (regions_ == nullptr) return absl::OkStatus();
+  for (const RegionSummary& s : regions_->List()) ToProto(s, resp->add_regions());
+  resp->set_total_bytes(regions_->total_bytes());
+  resp->set_max_regions(regions_->limits().max_regions);
+  resp->set_max_total_bytes(regions_->limits().max_total_bytes);
+  return absl::OkStatus();
+}
+
+absl::Status RegionRpcs::CheckRequest(const grpc::ServerContext& ctx,
+                                      const v1::VerifyRequest& req) const {
+  const v1::Tensor* fields[] = {&req.q(),        &req.kv_pool(),   &req.kv_indptr(),
+                                &req.kv_indices(), &req.kv_lens(), &req.tree_mask(),
+                                &req.o_out(),    &req.lse_out()};
+  const char* names[] = {"q",       "kv_pool",   "kv_indptr", "kv_indices",
+                         "kv_lens", "tree_mask", "o_out",     "lse_out"};
+  for (size_t i = 0; i < std::size(fields); ++i) {
+    if (NamesRegion(*fields[i])) return CheckTransport(ctx, names[i]);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace verifyd

@@ -1,0 +1,45 @@
+#pragma once
+// The region RPCs of verifyd.v1.VerifyService (RegisterShmRegion, RegisterCudaRegion,
+// UnregisterRegion, ListRegions) over the region registry, and the rule for where regions are
+// served: on Unix sockets, and over TCP only with --allow_region_tcp. A region is memory on the
+// daemon's host; a peer on another host could not have registered it, and one that names it over
+// TCP reads and writes the daemon's memory through a transport that does not say who it is.
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "grpcpp/server_context.h"
+#include "src/region/region_registry.h"
+#include "verifyd/v1/admin.pb.h"
+#include "verifyd/v1/verify.pb.h"
+
+namespace verifyd {
+
+class RegionRpcs {
+ public:
+  // `regions` null: every region RPC and region tensor is refused (FAILED_PRECONDITION).
+  RegionRpcs(RegionRegistry* regions, bool allow_tcp) : regions_(regions), allow_tcp_(allow_tcp) {}
+
+  absl::Status RegisterShm(const grpc::ServerContext& ctx, const v1::RegisterShmRegionRequest& req,
+                           v1::RegisterRegionResponse* resp);
+  absl::Status RegisterCuda(const grpc::ServerContext& ctx,
+                            const v1::RegisterCudaRegionRequest& req,
+                            v1::RegisterRegionResponse* resp);
+  absl::Status Unregister(const grpc::ServerContext& ctx, const v1::UnregisterRegionRequest& req,
+                          v1::UnregisterRegionResponse* resp);
+  absl::Status List(const grpc::ServerContext& ctx, v1::ListRegionsResponse* resp);
+
+  // OK when `req` names no region, or the call came over a transport regions are served on.
+  absl::Status CheckRequest(const grpc::ServerContext& ctx, const v1::VerifyRequest& req) const;
+
+ private:
+  absl::Status CheckTransport(const grpc::ServerContext& ctx, const char* what) const;
+
+  RegionRegistry* regions_;
+  bool allow_tcp_;
+};
+
+// A registry entry as the protocol shows it (ListRegions, the admin status).
+void ToProto(const RegionSummary& s, v1::RegionInfo* out);
+
+}  // namespace verifyd

@@ -1,0 +1,421 @@
+// Registered shared-memory regions end to end over a Unix socket: inputs read in place and
+// outputs written in place give the inline transport's bytes; the shadow path is safe from a
+// client that reuses its buffers after the response; every bad reference gets a clear error
+// naming the field and the daemon keeps serving; an unregister waits for the calls that use the
+// region; regions are refused over TCP; limits, listing, metrics and status.
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <future>
+#include <thread>
+
+#include "tests/service/daemon_fixture.h"
+#include "tests/service/shm_region_fixture.h"
+
+namespace verifyd::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class RegionTest : public DaemonTest {
+ protected:
+  void Start(bool allow_tcp = false, int64_t max_regions = 64) {
+    dir_ = TestDir("region");
+    DaemonOptions o = TestOptions(dir_);
+    o.allow_region_tcp = allow_tcp;
+    o.regions.max_regions = max_regions;
+    o.regions.max_total_bytes = uint64_t{1} << 30;
+    o.handler.oracle_sample_rate = 0;
+    StartDaemon(std::move(o));
+    unix_ = v1::VerifyService::NewStub(Channel(daemon_->listen_addresses()[1]));
+  }
+  grpc::Status RegisterShm(const std::string& name, const ShmObject& shm, uint64_t offset = 0,
+                           uint64_t bytes = 0, const std::string& client = "",
+                           v1::VerifyService::Stub* via = nullptr) {
+    v1::RegisterShmRegionRequest req;
+    req.set_name(name);
+    req.set_key(shm.key());
+    req.set_offset(offset);
+    req.set_byte_size(bytes ? bytes : shm.size() - offset);
+    req.set_client(client);
+    v1::RegisterRegionResponse resp;
+    grpc::ClientContext ctx;
+    return (via ? via : unix_.get())->RegisterShmRegion(&ctx, req, &resp);
+  }
+  grpc::Status Unregister(const std::string& name, const std::string& client = "",
+                          v1::UnregisterRegionResponse* out = nullptr) {
+    v1::UnregisterRegionRequest req;
+    req.set_name(name);
+    req.set_client(client);
+    v1::UnregisterRegionResponse resp;
+    grpc::ClientContext ctx;
+    grpc::Status st = unix_->UnregisterRegion(&ctx, req, &resp);
+    if (out) *out = resp;
+    return st;
+  }
+  v1::ListRegionsResponse List() {
+    v1::ListRegionsResponse resp;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(unix_->ListRegions(&ctx, v1::ListRegionsRequest(), &resp).ok());
+    return resp;
+  }
+  grpc::Status VerifyUnix(const v1::VerifyRequest& req, v1::VerifyResponse* resp) {
+    grpc::ClientContext ctx;
+    return unix_->Verify(&ctx, req, resp);
+  }
+  // Waits until the shadow comparisons of `n` calls have been recorded.
+  v1::Counters WaitForComparisons(int64_t n) {
+    v1::Counters c;
+    for (int i = 0; i < 600; ++i) {
+      c = Status().counters();
+      if (c.comparisons_match() + c.comparisons_breach() + c.comparisons_error() +
+              c.comparisons_skipped() >= n) {
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return c;
+  }
+
+  std::string dir_;
+  std::unique_ptr<v1::VerifyService::Stub> unix_;
+};
+
+RandomBundleSpec Spec(uint64_t seed, int page_size, int draft, int64_t prefix) {
+  RandomBundleSpec spec;
+  spec.batch = 3;
+  spec.draft = draft;
+  spec.heads = 5;
+  spec.prefix = prefix;
+  spec.page_size = page_size;
+  spec.seed = seed;
+  spec.extra_pages = 7;  // NaN-poisoned pages a whole-pool reader would trip over
+  return spec;
+}
+
+// Inline and shm transports serve the same bytes, served by the reference (shadow) and by the
+// custom path (custom mode), on odd sizes and page sizes 1 and 16.
+TEST_F(RegionTest, ShmMatchesInlineBitForBit) {
+  Start();
+  ShmObject shm("bitwise", 8 << 20);
+  ASSERT_TRUE(RegisterShm("pool", shm).ok());
+  for (v1::Mode mode : {v1::MODE_SHADOW, v1::MODE_CUSTOM}) {
+    if (mode == v1::MODE_CUSTOM) {
+      ASSERT_TRUE(SetMode(mode, /*force=*/true).ok());
+    }
+    for (auto [seed, page, draft, prefix] : {std::tuple{11u, 1, 5, 37}, std::tuple{12u, 16, 7, 131},
+                                             std::tuple{13u, 16, 1, 0}}) {
+      RandomBundle b(Spec(seed, page, draft, prefix));
+      v1::VerifyRequest inline_req;
+      EncodeRequest(b.view(), &inline_req);
+      inline_req.set_want_lse(true);
+      v1::VerifyResponse want;
+      ASSERT_TRUE(VerifyUnix(inline_req, &want).ok());
+
+      v1::VerifyRequest req = inline_req;
+      const ShmLayout l = ShmLayout::Of(b.view(), 4096);
+      ASSERT_LE(l.end, shm.size());
+      std::memset(shm.data() + l.o, 0xAB, l.end - l.o);
+      PutInShm(b.view(), l, shm.data(), "pool", &req);
+      v1::VerifyResponse got;
+      grpc::Status st = VerifyUnix(req, &got);
+      ASSERT_TRUE(st.ok()) << st.error_message();
+      EXPECT_FALSE(got.has_o()) << "the output went to the region, not the response";
+      EXPECT_FALSE(got.has_lse());
+      EXPECT_EQ(got.served_path(), want.served_path());
+      ASSERT_EQ(want.o().raw_contents().size(), b.view().o_elems() * 2);
+      EXPECT_EQ(std::memcmp(shm.data() + l.o, want.o().raw_contents().data(),
+                            want.o().raw_contents().size()), 0)
+          << "o differs, seed " << seed;
+      EXPECT_EQ(std::memcmp(shm.data() + l.lse, want.lse().raw_contents().data(),
+                            want.lse().raw_contents().size()), 0)
+          << "lse differs, seed " << seed;
+
+      // Inputs in the region, output back in the response.
+      req.clear_o_out();
+      req.clear_lse_out();
+      v1::VerifyResponse back;
+      ASSERT_TRUE(VerifyUnix(req, &back).ok());
+      EXPECT_EQ(back.o().raw_contents(), want.o().raw_contents());
+      EXPECT_EQ(back.lse().raw_contents(), want.lse().raw_contents());
+    }
+  }
+  const v1::ListRegionsResponse list = List();
+  ASSERT_EQ(list.regions_size(), 1);
+  EXPECT_EQ(list.regions(0).calls(), 12);
+  EXPECT_EQ(list.regions(0).in_use(), 0);
+}
+
+// The shadow hazard: the other path and the comparison run after the response, when the client
+// may already reuse its buffers. verifyd copies what they read first, so garbage written into q
+// and the pool right after each response changes nothing: every comparison stays clean.
+TEST_F(RegionTest, ShadowIsCleanWhenTheClientReusesItsBuffers) {
+  Start();
+  ShmObject shm("hazard", 16 << 20);
+  ASSERT_TRUE(RegisterShm("pool", shm).ok());
+  ASSERT_EQ(Status().mode(), v1::MODE_SHADOW);
+  constexpr int kCalls = 6;
+  for (int i = 0; i < kCalls; ++i) {
+    RandomBundle b(Spec(100 + i, i % 2 ? 1 : 16, 6, 300));
+    v1::VerifyRequest req;
+    EncodeRequest(b.view(), &req);
+    const ShmLayout l = ShmLayout::Of(b.view());
+    PutInShm(b.view(), l, shm.data(), "pool", &req);
+    v1::VerifyResponse resp;
+    ASSERT_TRUE(VerifyUnix(req, &resp).ok());
+    // The client reuses q and the pages at once: NaN everywhere.
+    std::memset(shm.data() + l.q, 0xFF, l.kv_indptr - l.q);
+  }
+  const v1::Counters c = WaitForComparisons(kCalls);
+  EXPECT_EQ(c.comparisons_match(), kCalls);
+  EXPECT_EQ(c.comparisons_breach(), 0);
+  EXPECT_EQ(c.comparisons_error(), 0);
+}
+
+// A pool registered once and larger than any call: calls name scattered pages of it.
+TEST_F(RegionTest, ACallReadsOnlyItsPagesOfAPool) {
+  Start();
+  RandomBundle b(Spec(7, 16, 4, 200));
+  const BundleView& v = b.view();
+  const size_t page_bytes = size_t(v.shape.page_size) * kernels::kHeadDimQK * 2;
+  // The client's pool: 4x the pages, the bundle's pages at page 3*k+1, NaN elsewhere.
+  const int64_t pool_pages = v.shape.num_pages * 4;
+  ShmObject shm("bigpool", pool_pages * page_bytes);
+  std::memset(shm.data(), 0xFF, shm.size());
+  std::vector<int32_t> indices(v.kv_indices, v.kv_indices + v.shape.num_indices);
+  for (int32_t& p : indices) {
+    const int32_t to = 3 * p + 1;
+    std::memcpy(shm.data() + to * page_bytes, v.kv_pool + p * page_bytes / 2, page_bytes);
+    p = to;
+  }
+  ASSERT_TRUE(RegisterShm("kv", shm).ok());
+  v1::VerifyRequest inline_req;
+  EncodeRequest(v, &inline_req);
+  v1::VerifyResponse want;
+  ASSERT_TRUE(VerifyUnix(inline_req, &want).ok());
+  v1::VerifyRequest req = inline_req;
+  req.mutable_kv_pool()->set_shape(0, pool_pages);
+  SetShm(req.mutable_kv_pool(), "kv", 0, shm.size());
+  req.mutable_kv_indices()->set_raw_contents(indices.data(), indices.size() * 4);
+  v1::VerifyResponse got;
+  grpc::Status st = VerifyUnix(req, &got);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(got.o().raw_contents(), want.o().raw_contents());
+  const v1::Counters c = WaitForComparisons(2);
+  EXPECT_EQ(c.comparisons_match(), 2);
+}
+
+struct BadRef {
+  std::string name;
+  std::function<void(v1::VerifyRequest*)> mutate;
+  grpc::StatusCode code;
+  std::string field;  // the error names it
+};
+
+TEST_F(RegionTest, BadReferencesNameTheFieldAndServingGoesOn) {
+  Start();
+  ShmObject shm("bad", 8 << 20);
+  ASSERT_TRUE(RegisterShm("pool", shm, 0, 4 << 20).ok());
+  ASSERT_TRUE(RegisterShm("ids", shm, 6 << 20, 1 << 20).ok());
+  RandomBundle b(Spec(21, 16, 4, 90));
+  const ShmLayout l = ShmLayout::Of(b.view());
+  v1::VerifyRequest good;
+  EncodeRequest(b.view(), &good);
+  PutInShm(b.view(), l, shm.data(), "pool", &good);
+  const uint64_t page_bytes = 16 * 576 * 2;
+  const std::vector<BadRef> cases = {
+      {"unknown region", [](auto* r) { r->mutable_q()->mutable_shm()->set_region("nope"); },
+       grpc::StatusCode::NOT_FOUND, "q:"},
+      {"past the end",
+       [](auto* r) { r->mutable_kv_lens()->mutable_shm()->set_offset((4 << 20) - 4); },
+       grpc::StatusCode::INVALID_ARGUMENT, "kv_lens:"},
+      {"offset overflow",
+       [](auto* r) { r->mutable_kv_indptr()->mutable_shm()->set_offset(~uint64_t{0} - 2); },
+       grpc::StatusCode::INVALID_ARGUMENT, "kv_indptr:"},
+      {"byte size vs shape",
+       [](auto* r) { r->mutable_q()->mutable_shm()->set_byte_size(r->q().shm().byte_size() - 2); },
+       grpc::StatusCode::INVALID_ARGUMENT, "q:"},
+      {"pool not whole pages",
+       [&](auto* r) {
+         r->mutable_kv_pool()->mutable_shm()->set_byte_size(r->kv_pool().shm().byte_size() +
+                                                            page_bytes / 2);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "kv_pool:"},
+      {"page id past the pool",
+       [&](auto* r) {
+         int32_t* ids = reinterpret_cast<int32_t*>(shm.data() + (6 << 20));
+         std::memcpy(ids, b.view().kv_indices, b.view().shape.num_indices * 4);
+         ids[1] = static_cast<int32_t>(b.view().shape.num_pages);
+         r->mutable_kv_indices()->mutable_shm()->set_region("ids");
+         r->mutable_kv_indices()->mutable_shm()->set_offset(0);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "kv_indices[1]:"},
+      {"o_out inline",
+       [](auto* r) { r->mutable_o_out()->set_raw_contents("x"); },
+       grpc::StatusCode::INVALID_ARGUMENT, "o_out:"},
+      {"o_out shape",
+       [](auto* r) { r->mutable_o_out()->set_shape(1, 4); },
+       grpc::StatusCode::INVALID_ARGUMENT, "o_out:"},
+      {"o_out past the end",
+       [](auto* r) { r->mutable_o_out()->mutable_shm()->set_offset(4 << 20); },
+       grpc::StatusCode::INVALID_ARGUMENT, "o_out:"},
+      {"lse_out without want_lse",
+       [](auto* r) {
+         *r->mutable_lse_out() = r->o_out();
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "lse_out:"},
+      {"cuda_ipc region unknown",
+       [](auto* r) {
+         auto* t = r->mutable_kv_pool();
+         const auto ref = t->shm();
+         t->mutable_cuda_ipc()->set_region(ref.region());
+         t->mutable_cuda_ipc()->set_offset(ref.offset());
+         t->mutable_cuda_ipc()->set_byte_size(ref.byte_size());
+       },
+       grpc::StatusCode::NOT_FOUND, "kv_pool:"},
+  };
+  for (const BadRef& c : cases) {
+    v1::VerifyRequest req = good;
+    c.mutate(&req);
+    v1::VerifyResponse resp;
+    grpc::Status st = VerifyUnix(req, &resp);
+    EXPECT_EQ(st.error_code(), c.code) << c.name << ": " << st.error_message();
+    EXPECT_EQ(st.error_message().rfind(c.field, 0), 0u)
+        << c.name << ": the error names the field: " << st.error_message();
+    v1::VerifyResponse ok;
+    ASSERT_TRUE(VerifyUnix(good, &ok).ok()) << "still serving after " << c.name;
+  }
+}
+
+TEST_F(RegionTest, BadRegistrationsNameTheField) {
+  Start(false, 2);
+  ShmObject shm("reg", 1 << 20);
+  grpc::Status st = RegisterShm("a", shm, 0, (1 << 20) + 1);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_EQ(st.error_message().rfind("byte_size:", 0), 0u) << st.error_message();
+  {
+    v1::RegisterShmRegionRequest req;
+    req.set_name("a");
+    req.set_key("/vdtest-no-such-object");
+    req.set_byte_size(64);
+    v1::RegisterRegionResponse resp;
+    grpc::ClientContext ctx;
+    st = unix_->RegisterShmRegion(&ctx, req, &resp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND) << st.error_message();
+    EXPECT_EQ(st.error_message().rfind("key:", 0), 0u) << st.error_message();
+  }
+  {
+    v1::RegisterCudaRegionRequest req;
+    req.set_name("g");
+    req.set_ipc_handle(std::string(64, '\0'));
+    req.set_byte_size(64);
+    v1::RegisterRegionResponse resp;
+    grpc::ClientContext ctx;
+    st = unix_->RegisterCudaRegion(&ctx, req, &resp);
+    if (TestEngine() == "cpu") {
+      EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
+    } else {
+      EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+    }
+    EXPECT_EQ(st.error_message().rfind("ipc_handle:", 0), 0u) << st.error_message();
+  }
+  ASSERT_TRUE(RegisterShm("a", shm, 0, 4096, "c1").ok());
+  st = RegisterShm("a", shm, 0, 4096, "c1");
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::ALREADY_EXISTS) << st.error_message();
+  ASSERT_TRUE(RegisterShm("b", shm, 4096, 4096, "c1").ok());
+  st = RegisterShm("c", shm, 8192, 4096, "c2");
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+
+  // Listing, status and metrics show them.
+  const v1::ListRegionsResponse list = List();
+  ASSERT_EQ(list.regions_size(), 2);
+  EXPECT_EQ(list.total_bytes(), 8192u);
+  EXPECT_EQ(list.max_regions(), 2);
+  EXPECT_EQ(list.regions(0).shm_key(), shm.key());
+  EXPECT_EQ(Status().regions_size(), 2);
+  const std::string metrics = Scrape(daemon_->metrics_port());
+  EXPECT_NE(metrics.find("verifyd_regions 2"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("verifyd_region_bytes 8192"), std::string::npos);
+
+  // An empty name unregisters all of one client's regions.
+  v1::UnregisterRegionResponse out;
+  ASSERT_TRUE(Unregister("", "c1", &out).ok());
+  EXPECT_EQ(out.unregistered_size(), 2);
+  EXPECT_EQ(List().regions_size(), 0);
+  st = Unregister("a");
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_NE(Scrape(daemon_->metrics_port()).find("verifyd_regions 0"), std::string::npos);
+}
+
+// Regions are memory on the daemon's host: over TCP they are refused unless allowed.
+TEST_F(RegionTest, RefusedOverTcpByDefault) {
+  Start();
+  ShmObject shm("tcp", 4 << 20);
+  grpc::Status st = RegisterShm("pool", shm, 0, 0, "", verify_.get());
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
+  EXPECT_NE(st.error_message().find("--allow_region_tcp"), std::string::npos);
+  ASSERT_TRUE(RegisterShm("pool", shm).ok());
+  RandomBundle b(Spec(31, 16, 3, 40));
+  v1::VerifyRequest req;
+  EncodeRequest(b.view(), &req);
+  PutInShm(b.view(), ShmLayout::Of(b.view()), shm.data(), "pool", &req);
+  v1::VerifyResponse resp;
+  st = Verify(req, &resp);  // TCP
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
+  EXPECT_EQ(st.error_message().rfind("q:", 0), 0u) << st.error_message();
+  EXPECT_TRUE(VerifyUnix(req, &resp).ok());
+}
+
+TEST_F(RegionTest, ServedOverTcpWithTheFlag) {
+  Start(/*allow_tcp=*/true);
+  ShmObject shm("tcpok", 4 << 20);
+  ASSERT_TRUE(RegisterShm("pool", shm, 0, 0, "", verify_.get()).ok());
+  RandomBundle b(Spec(32, 16, 3, 40));
+  v1::VerifyRequest req;
+  EncodeRequest(b.view(), &req);
+  PutInShm(b.view(), ShmLayout::Of(b.view()), shm.data(), "pool", &req);
+  v1::VerifyResponse resp;
+  grpc::Status st = Verify(req, &resp);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+}
+
+// An unregister waits for the calls that use the region: the call in flight completes with the
+// region's data, and the unregister returns after it. Later calls get NOT_FOUND.
+TEST_F(RegionTest, UnregisterWaitsForTheCallInFlight) {
+  Start();
+  RandomBundleSpec spec = Spec(41, 16, 16, 6000);  // long enough on the CPU to overlap
+  spec.heads = 16;
+  RandomBundle b(spec);
+  const ShmLayout l = ShmLayout::Of(b.view());
+  ShmObject shm("inflight", l.end);
+  v1::VerifyRequest req;
+  EncodeRequest(b.view(), &req);
+  PutInShm(b.view(), l, shm.data(), "pool", &req);
+  ASSERT_TRUE(RegisterShm("pool", shm).ok());
+  ASSERT_TRUE(SetMode(v1::MODE_REFERENCE, true).ok());
+
+  std::atomic<int64_t> call_done_ns{0};
+  auto call = std::async(std::launch::async, [&] {
+    v1::VerifyResponse resp;
+    grpc::Status st = VerifyUnix(req, &resp);
+    call_done_ns = Clock::now().time_since_epoch().count();
+    return st;
+  });
+  // Wait until the call holds the region.
+  for (int i = 0; i < 400 && List().regions(0).in_use() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(List().regions(0).in_use(), 1) << "the call did not start in time";
+  ASSERT_TRUE(Unregister("pool").ok());
+  const int64_t unregistered_ns = Clock::now().time_since_epoch().count();
+  const grpc::Status st = call.get();
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  EXPECT_GT(call_done_ns.load(), 0);
+  EXPECT_LE(call_done_ns.load() - 50'000'000, unregistered_ns);  // within scheduling noise
+  v1::VerifyResponse resp;
+  EXPECT_EQ(VerifyUnix(req, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+}  // namespace
+}  // namespace verifyd::testing
