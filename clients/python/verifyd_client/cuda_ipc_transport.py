@@ -6,8 +6,8 @@ one region per allocation, found by the tensor's address, registered on first us
 until close(). The client keeps a reference to a tensor in every registered allocation, so the
 allocation cannot be freed and reused while verifyd maps it.
 
-Per call: the KV pool (registered once) and q when it lives in a registered allocation are
-named in place; otherwise q is copied into a staging slot on the device. verifyd writes o (and
+Per call: the KV pool (registered once) and q when it lives in a buffer registered with
+register_buffer are named in place; otherwise q is copied into a staging slot on the device. verifyd writes o (and
 lse) into the slot; the result is a copy of it on q's device, never through the host. Index
 tensors and the mask travel inline. Before sending, the client synchronizes the current stream
 of q's device, so the writes that produced q and the pool are complete.
@@ -45,6 +45,7 @@ class _Allocation:
     def __init__(self, name, base, size, device):
         self.name, self.base, self.size, self.device = name, base, size, device
         self.keep = {}  # id -> tensor living in it; the allocation stays while any does
+        self.spans = {}  # id -> (ptr, nbytes) of the kept tensors inputs may be named in
 
 
 class _Slot:
@@ -55,7 +56,7 @@ class _Slot:
         self._transport = transport
         self.size = size
         self.buffer = torch.empty(size, dtype=torch.uint8, device=device)
-        self.region, self.offset = transport.register(self.buffer)
+        self.region, self.offset = transport.register(self.buffer, named=False)
         self.done = None  # an event after the last copy out of the slot
 
     def view(self, offset, dtype, shape):
@@ -65,6 +66,12 @@ class _Slot:
 
     def close(self, unregister=True):
         self._transport.forget(self.buffer, unregister)
+        self.buffer = None
+
+    def retire(self):
+        """verifyd may still write into the buffer: it is kept (not returned to torch's
+        allocator) until the client closes, when the unregister waits for verifyd's calls."""
+        self._transport.retired.append(self.buffer)
         self.buffer = None
 
 
@@ -115,12 +122,13 @@ class CudaIpcTransport(Transport):
         self._lock = threading.RLock()
         self._slots = staging_slots
         self._rings = {}  # device index -> SlotRing
+        self.retired = []  # staging buffers of abandoned calls, kept until close()
 
     # Allocations -------------------------------------------------------------------------
 
-    def register(self, t):
+    def register(self, t, named=True):
         """(region, offset) of tensor ``t``'s memory; registers its allocation the first time
-        and keeps ``t`` alive with it."""
+        and keeps ``t`` alive with it. Inputs inside a ``named`` tensor are named in place."""
         ptr = t.data_ptr()
         base, size, device = cuda_driver.allocation(ptr)
         with self._lock:  # held over the call: one region per allocation, however many threads
@@ -132,12 +140,15 @@ class CudaIpcTransport(Transport):
                 a = _Allocation(name, base, size, device)
                 self._allocations[(device, base)] = a
             a.keep[id(t)] = t
+            if named:
+                a.spans[id(t)] = (ptr, t.numel() * t.element_size())
         return a.name, ptr - base
 
     def forget(self, t, unregister=True):
         """Drops the reference to ``t``; an allocation left with none is unregistered."""
         with self._lock:
             for key, a in list(self._allocations.items()):
+                a.spans.pop(id(t), None)
                 if a.keep.pop(id(t), None) is not None and not a.keep:
                     del self._allocations[key]
                     break
@@ -151,14 +162,17 @@ class CudaIpcTransport(Transport):
                     raise
 
     def _locate(self, t):
-        """(region, offset) when t's bytes lie in a registered allocation, else None."""
+        """(region, offset) when t's bytes lie in a registered pool or buffer, else None."""
         if not t.is_contiguous():
             return None
         ptr, n = t.data_ptr(), t.numel() * t.element_size()
         with self._lock:
             for (device, base), a in self._allocations.items():
-                if device == t.device.index and base <= ptr and ptr + n <= base + a.size:
-                    return a.name, ptr - base
+                if device != t.device.index:
+                    continue
+                for start, size in a.spans.values():
+                    if start <= ptr and ptr + n <= start + size:
+                        return a.name, ptr - base
         return None
 
     def register_kv_pool(self, pool):
@@ -253,6 +267,7 @@ class CudaIpcTransport(Transport):
             with self._lock:
                 self._allocations.clear()
                 self._rings.clear()
+                self.retired.clear()
 
 
 def _cuda_bf16(name, x):

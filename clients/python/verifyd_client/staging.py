@@ -24,8 +24,9 @@ class Layout:
 
 
 class SlotRing:
-    """Up to ``max_slots`` slots made by ``make_slot(nbytes)``; each has ``.size`` and
-    ``.close()``. acquire() raises RuntimeError when all are held (too many calls in flight)."""
+    """Up to ``max_slots`` slots made by ``make_slot(nbytes)``; each has ``.size``, ``.close()``
+    (idle: free it) and ``.retire()`` (verifyd may still use it: free it only when verifyd is
+    done). acquire() raises RuntimeError when all are held (too many calls in flight)."""
 
     MIN_SLOT_BYTES = 1 << 20
 
@@ -72,7 +73,7 @@ class SlotRing:
         """The slot's call may still run in verifyd (a cancelled stream): never reuse it."""
         with self._lock:
             self._held -= 1
-        slot.close()
+        slot.retire()
 
     def close(self, **how):
         """Closes the free slots (``how`` goes to their close())."""
