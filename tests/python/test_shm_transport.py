@@ -196,6 +196,20 @@ class ShmTest(unittest.TestCase):
             self.assertSame(s.recv(), want)
             self.assertSame(s.recv(), want)
 
+    def test_a_cancelled_stream_retires_its_slots(self):
+        b = random_bundle(rng_for(self, 45), batch=2, draft=4, heads=4, page_size=16,
+                          prefixes=[300, 100])
+        with VerifyClient(self.daemon.data, timeout=60, transport="shm") as c:
+            s = c.stream()
+            s.send(**b)
+            s.send(**b)
+            self.assertEqual(len(self.mine(c)), 2)
+            s.cancel()
+            # verifyd may still run those calls: their slots are unregistered, never reused.
+            self.assertEqual(self.mine(c), [])
+            self.assertEqual(c._transport._ring.held(), 0)  # noqa: SLF001
+            self.assertSame(c.verify(**b), self.inline.verify(**b))
+
     def test_slots_grow_for_larger_calls(self):
         rng = rng_for(self, 37)
         small = random_bundle(rng, batch=1, draft=2, heads=1, page_size=1, prefixes=[2])
