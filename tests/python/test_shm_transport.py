@@ -7,12 +7,13 @@ Seeds are fixed per test and printed; run through run_tests.py, which finds the 
 
 import importlib.util
 import os
+import time
 import unittest
 
 import grpc
 import numpy as np
 
-from random_bundles import oracle, random_bundle, rel_l2
+from random_bundles import BF16_NAN, oracle, random_bundle, rel_l2
 from sglang_reference import extend_attention_numpy, random_target_verify
 from verifyd_client import (InvalidBundleError, VerifyClient, VerifydError, from_bf16,
                             pack_mask, sglang_target_verify)
@@ -244,6 +245,47 @@ class ShmTest(unittest.TestCase):
             c.timeout = 60
             self.assertSame(c.verify(**small), self.inline.verify(**small))
             self.assertNotEqual([r["name"] for r in self.mine(c)], [slot["name"]])
+
+    def test_shadow_work_is_safe_from_inputs_changed_after_the_answer(self):
+        from verifyd_client import AdminClient
+
+        rng = rng_for(self, 46)
+        shape = dict(batch=2, draft=4, heads=4, page_size=16, prefixes=[200, 90],
+                     unused_pages=8)
+        calls = 8
+        with VerifyClient(self.daemon.data, timeout=60, transport="shm") as c, \
+                AdminClient(self.daemon.admin) as admin:
+            status = admin.status()
+            admin.set_sampling("shadow", 1.0)
+            try:
+                before = admin.status()["counters"]
+                b0 = random_bundle(rng, **shape)
+                pool = c.register_kv_pool(b0["kv_pool"])
+                q = c.shm_array(b0["q"].shape)
+                for k in range(calls):
+                    b = b0 if k == 0 else random_bundle(rng, **shape)
+                    pool[...] = b["kv_pool"]
+                    q[...] = b["q"]
+                    r = c.verify(**dict(b, q=q, kv_pool=pool))
+                    self.assertEqual(r.mode, "shadow")
+                    # Right after the answer, the pages it read and q change to garbage.
+                    pool[b["kv_indices"]] = BF16_NAN
+                    q[...] = BF16_NAN
+                    self.assertFalse(np.isnan(from_bf16(r.o)).any())
+                deadline = time.monotonic() + 60
+                keys = ("comparisons_match", "comparisons_breach", "comparisons_error",
+                        "comparisons_skipped")
+                while True:
+                    after = admin.status()["counters"]
+                    delta = {k: after[k] - before[k] for k in keys}
+                    if sum(delta.values()) >= calls or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.05)
+                print(f"  comparisons: {delta}")
+                self.assertEqual(delta["comparisons_match"], calls, delta)
+                self.assertEqual(delta["comparisons_breach"], 0, delta)
+            finally:
+                admin.set_sampling("shadow", status["shadow_sample_rate"])
 
     def assertField(self, err, code, field):
         self.assertEqual(err.code, code, err)
