@@ -17,6 +17,10 @@ _CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
 _CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11
 _CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12
 
+_NOT_EXPORTABLE = ("cuda_ipc: this allocation cannot be exported through a CUDA IPC handle "
+                   "(only cudaMalloc memory can; torch's "
+                   "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True allocations cannot)")
+
 _lib = None
 _lock = threading.Lock()
 
@@ -84,10 +88,7 @@ def ipc_handle(base):
             try:
                 _check(lib, rc, "cuIpcGetMemHandle")
             except CudaDriverError as e:
-                raise CudaDriverError(
-                    f"{e}: this allocation cannot be exported through CUDA IPC (torch's "
-                    f"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True allocations cannot)") \
-                    from None
+                raise CudaDriverError(f"{e}: {_NOT_EXPORTABLE}") from None
         return bytes(handle)
     finally:
         popped = ctypes.c_void_p()
