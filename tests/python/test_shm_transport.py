@@ -396,6 +396,28 @@ class ShmTest(unittest.TestCase):
             self.assertEqual([(r["kind"], r["byte_size"]) for r in regions],
                              [("shm", 4 * 576 * 2)])
 
+    def test_regions_are_refused_over_tcp(self):
+        b = random_bundle(rng_for(self, 47), batch=1, draft=2, heads=1, page_size=4,
+                          prefixes=[3])
+        for allow in (False, True):
+            with self.subTest(allow_region_tcp=allow):
+                flags = ("--allow_region_tcp",) if allow else ()
+                daemon = Daemon(*flags, tcp=True)
+                try:
+                    with VerifyClient(daemon.data_tcp, timeout=60, transport="shm") as c:
+                        if allow:
+                            self.assertSame(c.verify(**b), self.inline.verify(**b))
+                            continue
+                        with self.assertRaises(VerifydError) as cm:
+                            c.verify(**b)
+                        self.assertField(cm.exception, grpc.StatusCode.PERMISSION_DENIED,
+                                         "RegisterShmRegion")
+                        self.assertIn("--allow_region_tcp", cm.exception.message)
+                        # Nothing was registered, nothing is left behind.
+                        self.assertEqual(c._transport._ring.held(), 0)  # noqa: SLF001
+                finally:
+                    daemon.stop()
+
     def test_inline_and_cuda_ipc_refuse_what_they_cannot_do(self):
         with self.assertRaises(ValueError):
             self.inline.register_kv_pool(np.zeros((1, 1, 576), np.uint16))

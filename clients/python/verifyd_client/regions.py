@@ -70,16 +70,26 @@ class RegionCalls:
                                              "regions; use transport='inline'") from None
             raise VerifydError.from_rpc_error(e) from None
 
-    def register_shm(self, name, key, offset, byte_size, client):
+    def _register(self, method, req):
+        try:
+            r = self._call(method, req).region
+        except VerifydError as e:
+            # Past its deadline the region may have been registered all the same.
+            if e.code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+                self.registered_any = True
+            raise
         self.registered_any = True
-        return self._call(self._stub.RegisterShmRegion, verify_pb2.RegisterShmRegionRequest(
-            name=name, key=key, offset=offset, byte_size=byte_size, client=client)).region
+        return r
+
+    def register_shm(self, name, key, offset, byte_size, client):
+        return self._register(self._stub.RegisterShmRegion, verify_pb2.RegisterShmRegionRequest(
+            name=name, key=key, offset=offset, byte_size=byte_size, client=client))
 
     def register_cuda(self, name, ipc_handle, device, byte_size, client):
-        self.registered_any = True
-        return self._call(self._stub.RegisterCudaRegion, verify_pb2.RegisterCudaRegionRequest(
-            name=name, ipc_handle=ipc_handle, device=device, byte_size=byte_size,
-            client=client)).region
+        return self._register(self._stub.RegisterCudaRegion,
+                              verify_pb2.RegisterCudaRegionRequest(
+                                  name=name, ipc_handle=ipc_handle, device=device,
+                                  byte_size=byte_size, client=client))
 
     def unregister(self, name="", client=""):
         return list(self._call(self._stub.UnregisterRegion, verify_pb2.UnregisterRegionRequest(
