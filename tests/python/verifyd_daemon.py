@@ -8,7 +8,7 @@ import tempfile
 import time
 import urllib.request
 
-from verifyd_client import VerifyClient
+from verifyd_client import AdminClient, VerifyClient
 
 
 def verifyd_binary():
@@ -19,20 +19,29 @@ def verifyd_binary():
 
 
 class Daemon:
-    """One verifyd process; ``data``/``admin`` are its gRPC targets, ``metrics_url`` its page."""
+    """One verifyd process; ``data``/``admin`` are its gRPC targets, ``metrics_url`` its page.
 
-    def __init__(self, *extra_flags):
+    With ``tcp`` it also listens on 127.0.0.1 (a free port): ``data_tcp`` is that target.
+    """
+
+    def __init__(self, *extra_flags, tcp=False):
         self.dir = tempfile.mkdtemp(prefix="verifyd-py-")
         self.data = f"unix:{self.dir}/data.sock"
         self.admin = f"unix:{self.dir}/admin.sock"
         self.log_path = os.path.join(self.dir, "log")
         self._log = open(self.log_path, "wb")
+        listen = self.data + (",127.0.0.1:0" if tcp else "")
         self.proc = subprocess.Popen(
-            [verifyd_binary(), f"--listen={self.data}", f"--admin_listen={self.admin}",
+            [verifyd_binary(), f"--listen={listen}", f"--admin_listen={self.admin}",
              "--metrics_address=127.0.0.1:0", f"--state_dir={self.dir}/state", "--engine=cpu",
              "--cpu_threads=2", "--capture_dir=off", *extra_flags],
             stdout=self._log, stderr=subprocess.STDOUT)
         self.metrics_url = self._wait_ready()
+        self.data_tcp = None
+        if tcp:
+            with AdminClient(self.admin) as admin:
+                bound = admin.status()["runtime"]["listen"]
+            self.data_tcp = next(a for a in bound if not a.startswith("unix:"))
 
     def _wait_ready(self, seconds=30):
         deadline = time.monotonic() + seconds

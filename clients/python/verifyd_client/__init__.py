@@ -4,14 +4,20 @@
     with VerifyClient("unix:/run/verifyd/data.sock") as c:
         r = c.verify(q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale)
         r.o  # bf16 [B*T, H, 512]
+
+Zero-copy transports: VerifyClient(target, transport="shm") for host arrays,
+transport="cuda_ipc" for torch CUDA tensors; register the serving pool once with
+client.register_kv_pool(pool). sglang_target_verify adapts SGLang's target-verify arguments.
 """
 
 from .admin import AdminClient
 from .bundle import Bundle, make_bundle
-from .client import VerifyClient, VerifyResult, VerifyStream
+from .client import VerifyClient, VerifyStream
 from .errors import InvalidBundleError, VerifydError
+from .result import VerifyResult
+from .sglang import sglang_target_verify
 from .tensors import from_bf16, pack_mask, to_bf16, unpack_mask
 
 __all__ = ["AdminClient", "Bundle", "InvalidBundleError", "VerifyClient", "VerifyResult",
-           "VerifyStream", "VerifydError", "from_bf16", "make_bundle", "pack_mask", "to_bf16",
-           "unpack_mask"]
+           "VerifyStream", "VerifydError", "from_bf16", "make_bundle", "pack_mask",
+           "sglang_target_verify", "to_bf16", "unpack_mask"]

@@ -9,6 +9,7 @@ import grpc
 from ._channel import ChannelClient
 from ._proto import admin_pb2, admin_pb2_grpc, types_pb2
 from .errors import VerifydError
+from .regions import region_dict
 
 _MODES = {"reference": types_pb2.MODE_REFERENCE, "shadow": types_pb2.MODE_SHADOW,
           "canary": types_pb2.MODE_CANARY, "custom": types_pb2.MODE_CUSTOM}
@@ -101,6 +102,7 @@ class AdminClient(ChannelClient):
                        "peer": a.peer}
                       for a in s.recent_audit],
             "runtime": _runtime(s.runtime),
+            "regions": [region_dict(x) for x in s.regions],
         }
 
     def flip(self, mode, reason, fraction=None, force=False, who=None):

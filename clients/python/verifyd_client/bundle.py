@@ -10,6 +10,7 @@ large pool is copied, with the message the daemon would give.
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -40,8 +41,8 @@ def _fail(msg):
 @dataclass
 class Bundle:
     """The host-side, checked form of one call: numpy arrays ready to encode."""
-    q: np.ndarray            # uint16 bf16 bits [B*T, H, 576]
-    kv_pool: np.ndarray      # uint16 bf16 bits [num_pages, page_size, 576]
+    q: Any                   # uint16 bf16 bits [B*T, H, 576] (check_call: as given)
+    kv_pool: Any             # uint16 bf16 bits [num_pages, page_size, 576] (check_call: as given)
     kv_indptr: np.ndarray    # int32 [B+1]
     kv_indices: np.ndarray   # int32 [kv_indptr[B]]
     kv_lens: np.ndarray      # int32 [B]
@@ -52,20 +53,42 @@ class Bundle:
     draft: int
     heads: int
 
-    def to_request(self, want_lse=False, request_id=None, device=0, compare_sync=False):
+    def to_request(self, want_lse=False, request_id=None, device=0, compare_sync=False,
+                   refs=None):
+        """The VerifyRequest. ``refs`` maps field names (the six inputs, "o_out", "lse_out") to
+        ready types_pb2.Tensor messages (shm or cuda_ipc refs) that replace the inline bytes.
+        """
+        refs = refs or {}
         req = verify_pb2.VerifyRequest(
             request_id=request_id or "",
             mask_format=(verify_pb2.MASK_FORMAT_BITS if self.mask_format == MASK_BITS
                          else verify_pb2.MASK_FORMAT_BYTES),
             sm_scale=self.sm_scale, want_lse=want_lse, device=device,
             compare_sync=compare_sync)
-        _set(req.q, types_pb2.DTYPE_BF16, self.q)
-        _set(req.kv_pool, types_pb2.DTYPE_BF16, self.kv_pool)
-        _set(req.kv_indptr, types_pb2.DTYPE_I32, self.kv_indptr)
-        _set(req.kv_indices, types_pb2.DTYPE_I32, self.kv_indices)
-        _set(req.kv_lens, types_pb2.DTYPE_I32, self.kv_lens)
-        _set(req.tree_mask, types_pb2.DTYPE_U8, self.tree_mask)
+        for name, dtype, a in self.inputs():
+            if name in refs:
+                getattr(req, name).CopyFrom(refs[name])
+            else:
+                _set(getattr(req, name), dtype, a)
+        for name in ("o_out", "lse_out"):
+            if name in refs:
+                getattr(req, name).CopyFrom(refs[name])
         return req
+
+    def inputs(self):
+        """(field, DType, array) of the six input tensors, in request order."""
+        return (("q", types_pb2.DTYPE_BF16, self.q),
+                ("kv_pool", types_pb2.DTYPE_BF16, self.kv_pool),
+                ("kv_indptr", types_pb2.DTYPE_I32, self.kv_indptr),
+                ("kv_indices", types_pb2.DTYPE_I32, self.kv_indices),
+                ("kv_lens", types_pb2.DTYPE_I32, self.kv_lens),
+                ("tree_mask", types_pb2.DTYPE_U8, self.tree_mask))
+
+    def o_shape(self):
+        return (self.batch * self.draft, self.heads, HEAD_DIM_V)
+
+    def lse_shape(self):
+        return (self.batch * self.draft, self.heads)
 
 
 def _set(t, dtype, a):
@@ -143,6 +166,28 @@ def make_bundle(q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale,
     renumbered into that compact pool; a torch pool is gathered on its own device first, so a
     GPU serving pool is never copied whole.
     """
+    b = check_call(q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale,
+                   mask_format=mask_format)
+    compact_pool(b, kv_pool, compact)
+    b.q = tensors.bf16_bits("q", q)
+    return b
+
+
+def compact_pool(b, kv_pool, compact):
+    """Fills b.kv_pool with host bits of ``kv_pool``: the pages read (renumbering b's indices)
+    with ``compact``, else the whole pool."""
+    if compact:
+        b.kv_pool, b.kv_indptr, b.kv_indices = _compact(kv_pool, b.kv_indptr, b.kv_indices,
+                                                        b.kv_lens, _shape(kv_pool)[1])
+    else:
+        b.kv_pool = tensors.bf16_bits("kv_pool", kv_pool)
+
+
+def check_call(q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale,
+               mask_format=None):
+    """The checks of make_bundle without touching q's or kv_pool's data: a Bundle whose q and
+    kv_pool are the arguments as given (a transport that names them in place fills them in).
+    """
     for name, x in (("q", q), ("kv_pool", kv_pool), ("kv_indptr", kv_indptr),
                     ("kv_indices", kv_indices), ("kv_lens", kv_lens), ("tree_mask", tree_mask)):
         if x is None or not hasattr(x, "shape"):
@@ -198,14 +243,9 @@ def make_bundle(q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale,
     if not (math.isfinite(scale) and scale > 0):
         _fail(f"sm_scale: {scale} must be finite and > 0")
     _check_metadata(indptr, indices, lens, mask, fmt, batch, draft, page_size, pool_shape[0])
-
-    if compact:
-        pool, indptr, indices = _compact(kv_pool, indptr, indices, lens, page_size)
-    else:
-        pool = tensors.bf16_bits("kv_pool", kv_pool)
-    return Bundle(q=tensors.bf16_bits("q", q), kv_pool=pool, kv_indptr=indptr,
-                  kv_indices=indices, kv_lens=lens, tree_mask=mask, mask_format=fmt,
-                  sm_scale=scale, batch=batch, draft=draft, heads=heads)
+    return Bundle(q=q, kv_pool=kv_pool, kv_indptr=indptr, kv_indices=indices, kv_lens=lens,
+                  tree_mask=mask, mask_format=fmt, sm_scale=scale, batch=batch, draft=draft,
+                  heads=heads)
 
 
 def _compact(kv_pool, indptr, indices, lens, page_size):

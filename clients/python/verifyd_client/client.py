@@ -3,17 +3,14 @@
 import collections
 import queue
 import threading
-from dataclasses import dataclass, field
-from typing import Any, Optional
 
 import grpc
-import numpy as np
 
-from . import tensors
 from ._channel import ChannelClient
-from ._proto import types_pb2, verify_pb2_grpc
-from .bundle import make_bundle
+from ._proto import verify_pb2_grpc
 from .errors import VerifydError, status_code
+from .regions import RegionCalls, client_id
+from .transport import Transport
 
 TRANSPORTS = ("inline", "shm", "cuda_ipc")
 
@@ -22,111 +19,128 @@ _CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1),
                     ("grpc.max_receive_message_length", -1)]
 
 
-def _path_name(p):
-    return types_pb2.PathKind.Name(p)[len("PATH_"):].lower()
+def _transport(kind, calls, client, staging_slots):
+    if kind == "shm":
+        from .shm_transport import ShmTransport  # noqa: PLC0415
 
+        return ShmTransport(calls, client, staging_slots)
+    if kind == "cuda_ipc":
+        from .cuda_ipc_transport import CudaIpcTransport  # noqa: PLC0415
 
-def _mode_name(m):
-    return types_pb2.Mode.Name(m)[len("MODE_"):].lower()
-
-
-def _comparison(c):
-    return {"test": _path_name(c.test), "ref": _path_name(c.ref), "rel_l2": c.rel_l2,
-            "max_abs": c.max_abs, "nmse": c.nmse, "beyond_tol": c.beyond_tol,
-            "nan_test": c.nan_test, "inf_test": c.inf_test, "nan_ref": c.nan_ref,
-            "inf_ref": c.inf_ref, "lse_max_abs": c.lse_max_abs, "match": c.match,
-            "reason": c.reason, "count": c.count}
-
-
-@dataclass
-class VerifyResult:
-    """One call's answer.
-
-    o: bf16 [B*T, H, 512], as uint16 bit patterns (numpy) or a torch.bfloat16 tensor on q's
-    device when q was a torch tensor. lse: float32 [B*T, H] when asked for, else None.
-    """
-    o: Any
-    lse: Any
-    served_path: str                      # "reference" or "custom"
-    mode: str                             # "reference", "shadow", "canary" or "custom"
-    comparison: Optional[dict]            # with compare_sync, when the call was compared
-    timing: dict = field(default_factory=dict)  # server seconds per stage
-    request_id: str = ""
-
-
-@dataclass
-class _Pending:
-    torch_device: Any  # q's device when q was a torch tensor, else None
-
-
-def _decode(resp, pending):
-    o = np.frombuffer(resp.o.raw_contents, dtype="<u2").reshape(tuple(resp.o.shape))
-    lse = None
-    if resp.HasField("lse"):
-        lse = np.frombuffer(resp.lse.raw_contents, dtype="<f4").reshape(tuple(resp.lse.shape))
-    if pending.torch_device is not None:
-        import torch  # noqa: PLC0415 - present whenever q was a tensor
-
-        o = torch.from_numpy(o.view(np.int16).copy()).view(torch.bfloat16).to(pending.torch_device)
-        if lse is not None:
-            lse = torch.from_numpy(lse.copy()).to(pending.torch_device)
-    t = resp.timing
-    return VerifyResult(
-        o=o, lse=lse, served_path=_path_name(resp.served_path), mode=_mode_name(resp.mode),
-        comparison=_comparison(resp.comparison) if resp.HasField("comparison") else None,
-        timing={"decode": t.decode_seconds, "prepare": t.prepare_seconds,
-                "served": t.served_seconds, "fetch": t.fetch_seconds, "total": t.total_seconds},
-        request_id=resp.request_id)
-
-
-def _encode(q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale, want_lse,
-            request_id, compact, device, compare_sync, mask_format):
-    bundle = make_bundle(q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale,
-                         mask_format=mask_format, compact=compact)
-    req = bundle.to_request(want_lse=want_lse, request_id=request_id, device=device,
-                            compare_sync=compare_sync)
-    return req, _Pending(torch_device=q.device if tensors.is_torch(q) else None)
-
-
-def _check_transport(transport):
-    if transport not in TRANSPORTS:
-        raise ValueError(f"transport: '{transport}' is not one of {', '.join(TRANSPORTS)}")
-    if transport != "inline":
-        raise NotImplementedError(
-            f"transport '{transport}': verifyd does not serve shared-memory or CUDA IPC tensors "
-            f"yet (it answers UNIMPLEMENTED); use transport='inline'")
+        return CudaIpcTransport(calls, client, staging_slots)
+    return Transport()
 
 
 class VerifyClient(ChannelClient):
     """Sends verify-attention calls to verifyd's data plane.
 
     target: "HOST:PORT" or "unix:PATH". timeout: seconds per unary call (None: no deadline).
+    transport: how tensors travel:
+      "inline"    their bytes in each message (any target);
+      "shm"       numpy arrays and CPU torch tensors through the client's own POSIX shared
+                  memory, registered once as verifyd regions; o is written there by verifyd;
+      "cuda_ipc"  torch CUDA tensors named in place through CUDA IPC handles; o comes back on
+                  q's device without a host round trip.
+    shm and cuda_ipc need a Unix socket target (or verifyd's --allow_region_tcp) and a verifyd on
+    the same host. staging_slots: how many calls may be in flight at once with those transports
+    (each holds one slot of staging buffers until its answer is read).
+    Close the client (or leave its with-block) to unregister and free its regions.
     """
 
-    def __init__(self, target, timeout=30.0, transport="inline", channel_options=None):
-        _check_transport(transport)
+    def __init__(self, target, timeout=30.0, transport="inline", channel_options=None,
+                 staging_slots=8):
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport: '{transport}' is not one of {', '.join(TRANSPORTS)}")
         super().__init__(target, timeout, _CHANNEL_OPTIONS + list(channel_options or []))
         self._stub = verify_pb2_grpc.VerifyServiceStub(self._channel)
+        # Registering maps memory and unregistering waits for the calls using a region: not
+        # bound by a per-call deadline meant for Verify.
+        self._regions = RegionCalls(self._stub, None if timeout is None else max(timeout, 60.0))
+        self.client_id = client_id()
+        self.transport = transport
+        try:
+            self._transport = _transport(transport, self._regions, self.client_id,
+                                         staging_slots)
+        except BaseException:
+            super().close()
+            raise
+        self._closed = False
 
     def verify(self, q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale,
-               want_lse=False, request_id=None, compact=True, device=0, compare_sync=False,
+               want_lse=False, request_id=None, compact=True, device=None, compare_sync=False,
                mask_format=None):
         """One Verify call; see bundle.make_bundle for the tensors and what ``compact`` does.
 
+        device: the GPU worker (default 0; with cuda_ipc, q's device). A kv_pool registered
+        with ``register_kv_pool`` is named whole and in place, never compacted.
         Raises InvalidBundleError before sending a bundle the daemon would refuse, and
         VerifydError (with .code, .message, .field) for an error the daemon answers.
         """
-        req, pending = _encode(q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale,
-                               want_lse, request_id, compact, device, compare_sync, mask_format)
+        req, pending = self._transport.encode(q, kv_pool, kv_indptr, kv_indices, kv_lens,
+                                              tree_mask, sm_scale, want_lse, request_id,
+                                              compact, device, compare_sync, mask_format)
         try:
             resp = self._stub.Verify(req, timeout=self.timeout)
         except grpc.RpcError as e:
+            # A deadline may pass while verifyd still runs the call: do not reuse its staging.
+            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                pending.abandon()
+            else:
+                pending.release()
             raise VerifydError.from_rpc_error(e) from None
-        return _decode(resp, pending)
+        except BaseException:
+            pending.abandon()
+            raise
+        return pending.decode(resp)
+
+    def register_kv_pool(self, pool):
+        """Registers a serving KV pool (bf16 [num_pages, page_size, 576]) once.
+
+        shm: copies ``pool`` into a new shared-memory region of the client's and returns that
+        copy (numpy uint16, or a CPU torch bfloat16 tensor for a torch pool); write new pages into
+        the returned array in place and pass it as kv_pool. cuda_ipc: registers the CUDA
+        allocation that holds the tensor and returns the tensor itself. Calls then name the pool
+        by reference instead of copying the pages they read.
+        """
+        return self._transport.register_kv_pool(pool)
+
+    def register_buffer(self, tensor):
+        """cuda_ipc only: registers the CUDA allocation holding ``tensor`` (e.g. a q buffer the
+        caller writes each step) and returns ``tensor``; inputs that live in a registered
+        allocation are named in place instead of copied to the device staging slot."""
+        return self._transport.register_buffer(tensor)
+
+    def shm_array(self, shape, dtype="uint16"):
+        """shm only: a zeroed numpy array in a new registered shared-memory region; any input
+        (a pool written in place, q, index arrays) that lives in it is named without a copy."""
+        if self.transport != "shm":
+            raise ValueError(f"shm_array: needs transport='shm', not '{self.transport}'")
+        return self._transport.shm_array(shape, dtype)
+
+    def list_regions(self):
+        """Every region registered with verifyd (all clients'), as dicts."""
+        return self._regions.list()
+
+    def unregister_regions(self, client):
+        """Unregisters every region registered by ``client`` (a client_id); returns the names.
+
+        For regions a crashed process left behind; a live client's close() does this itself.
+        """
+        return self._regions.unregister(client=client)
+
+    def close(self):
+        """Unregisters this client's regions, frees its shared memory, closes the channel."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._transport.close()
+        finally:
+            super().close()
 
     def stream(self, timeout=None):
         """A VerifyStream context manager: calls in order over one bidirectional stream."""
-        return VerifyStream(self._stub, timeout)
+        return VerifyStream(self._stub, timeout, self._transport)
 
     def health(self, service="", timeout=5.0):
         """grpc.health.v1 Check on the data plane: "SERVING", "NOT_SERVING", ...
@@ -167,7 +181,8 @@ class VerifyStream:
     error on one call raises VerifydError from its ``recv`` and leaves the stream open.
     """
 
-    def __init__(self, stub, timeout):
+    def __init__(self, stub, timeout, transport):
+        self._transport = transport
         self._requests = queue.Queue()
         self._pending = collections.deque()
         self._lock = threading.Lock()
@@ -184,12 +199,13 @@ class VerifyStream:
             self.cancel()
 
     def send(self, q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale,
-             want_lse=False, request_id=None, compact=True, device=0, compare_sync=False,
+             want_lse=False, request_id=None, compact=True, device=None, compare_sync=False,
              mask_format=None):
         if self._closed:
             raise RuntimeError("VerifyStream: send after close")
-        req, pending = _encode(q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale,
-                               want_lse, request_id, compact, device, compare_sync, mask_format)
+        req, pending = self._transport.encode(q, kv_pool, kv_indptr, kv_indices, kv_lens,
+                                              tree_mask, sm_scale, want_lse, request_id,
+                                              compact, device, compare_sync, mask_format)
         with self._lock:
             self._pending.append(pending)
             self._requests.put(req)
@@ -202,13 +218,19 @@ class VerifyStream:
         try:
             resp = next(self._call)
         except grpc.RpcError as e:
+            pending.abandon()
             raise VerifydError.from_rpc_error(e) from None
         except StopIteration:
+            pending.abandon()
             raise VerifydError(grpc.StatusCode.UNAVAILABLE,
                                "stream: verifyd closed the stream") from None
+        except BaseException:
+            pending.abandon()
+            raise
         if resp.error_code != 0:
+            pending.release()
             raise VerifydError(status_code(resp.error_code), resp.error_message)
-        return _decode(resp, pending)
+        return pending.decode(resp)
 
     def verify(self, *args, **kwargs):
         self.send(*args, **kwargs)
@@ -222,12 +244,28 @@ class VerifyStream:
         self._requests.put(_END)
         try:
             for _ in self._call:
-                pass
+                self._drop(1, done=True)
         except grpc.RpcError as e:
+            self._drop(len(self._pending), done=False)
             if e.code() != grpc.StatusCode.CANCELLED:
                 raise VerifydError.from_rpc_error(e) from None
+        self._drop(len(self._pending), done=False)
 
     def cancel(self):
         self._closed = True
         self._requests.put(_END)
         self._call.cancel()
+        self._drop(len(self._pending), done=False)
+
+    def _drop(self, n, done):
+        """Gives back the staging of the n oldest unanswered calls: for reuse when verifyd
+        answered them (``done``), else never reused (verifyd may still run them)."""
+        for _ in range(n):
+            with self._lock:
+                if not self._pending:
+                    return
+                pending = self._pending.popleft()
+            if done:
+                pending.release()
+            else:
+                pending.abandon()

@@ -1,0 +1,95 @@
+"""The CUDA driver calls the cuda_ipc transport needs, through ctypes (libcuda.so.1).
+
+torch's own handle (``untyped_storage()._share_cuda_()[1]``) is not a bare cudaIpcMemHandle_t:
+it is 66 bytes, a version byte and a type byte ('c' for a cudaMalloc block, 'e' for an
+expandable segment, which CUDA IPC handles cannot export) before the 64-byte handle, and
+asking for it turns the storage into one shared through torch.multiprocessing. The driver gives
+the bare handle and the allocation's range directly.
+"""
+
+import ctypes
+import threading
+
+IPC_HANDLE_BYTES = 64
+
+_CU_POINTER_ATTRIBUTE_CONTEXT = 1
+_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
+_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11
+_CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12
+
+_NOT_EXPORTABLE = ("cuda_ipc: this allocation cannot be exported through a CUDA IPC handle "
+                   "(only cudaMalloc memory can; torch's "
+                   "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True allocations cannot)")
+
+_lib = None
+_lock = threading.Lock()
+
+
+class CudaDriverError(RuntimeError):
+    pass
+
+
+def _driver():
+    global _lib
+    with _lock:
+        if _lib is None:
+            try:
+                lib = ctypes.CDLL("libcuda.so.1")
+            except OSError as e:
+                raise CudaDriverError(f"cuda_ipc: cannot load the CUDA driver (libcuda.so.1): "
+                                      f"{e}") from None
+            lib.cuInit.argtypes = [ctypes.c_uint]
+            lib.cuPointerGetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64]
+            lib.cuIpcGetMemHandle.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
+            lib.cuCtxPushCurrent_v2.argtypes = [ctypes.c_void_p]
+            lib.cuCtxPopCurrent_v2.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+            lib.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+            _check(lib, lib.cuInit(0), "cuInit")
+            _lib = lib
+        return _lib
+
+
+def _check(lib, rc, what):
+    if rc != 0:
+        s = ctypes.c_char_p()
+        lib.cuGetErrorString(rc, ctypes.byref(s))
+        why = s.value.decode() if s.value else "unknown error"
+        raise CudaDriverError(f"{what}: CUDA error {rc} ({why})")
+
+
+def _attribute(lib, ctype, attribute, ptr, what):
+    v = ctype()
+    _check(lib, lib.cuPointerGetAttribute(ctypes.byref(v), attribute, ptr), what)
+    return v.value
+
+
+def allocation(ptr):
+    """(base, size, device) of the device allocation (cudaMalloc block) holding ``ptr``."""
+    lib = _driver()
+    base = _attribute(lib, ctypes.c_uint64, _CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, ptr,
+                      "cuPointerGetAttribute(RANGE_START_ADDR)")
+    size = _attribute(lib, ctypes.c_size_t, _CU_POINTER_ATTRIBUTE_RANGE_SIZE, ptr,
+                      "cuPointerGetAttribute(RANGE_SIZE)")
+    device = _attribute(lib, ctypes.c_int, _CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr,
+                        "cuPointerGetAttribute(DEVICE_ORDINAL)")
+    return base, size, device
+
+
+def ipc_handle(base):
+    """The 64 bytes of the cudaIpcMemHandle_t of the allocation starting at ``base``."""
+    lib = _driver()
+    ctx = _attribute(lib, ctypes.c_void_p, _CU_POINTER_ATTRIBUTE_CONTEXT, base,
+                     "cuPointerGetAttribute(CONTEXT)")
+    _check(lib, lib.cuCtxPushCurrent_v2(ctx), "cuCtxPushCurrent")
+    try:
+        handle = (ctypes.c_char * IPC_HANDLE_BYTES)()
+        rc = lib.cuIpcGetMemHandle(ctypes.byref(handle), base)
+        if rc != 0:
+            try:
+                _check(lib, rc, "cuIpcGetMemHandle")
+            except CudaDriverError as e:
+                raise CudaDriverError(f"{e}: {_NOT_EXPORTABLE}") from None
+        return bytes(handle)
+    finally:
+        popped = ctypes.c_void_p()
+        lib.cuCtxPopCurrent_v2(ctypes.byref(popped))

@@ -1,0 +1,280 @@
+"""transport="cuda_ipc": torch CUDA tensors named in place through CUDA IPC handles.
+
+verifyd opens a handle of a whole device allocation (a cudaMalloc block; torch's caching
+allocator hands out pieces of such blocks), so the client registers allocations, not tensors:
+one region per allocation, found by the tensor's address, registered on first use and kept
+until close(). The client keeps a reference to a tensor in every registered allocation, so the
+allocation cannot be freed and reused while verifyd maps it.
+
+Per call: the KV pool (registered once) and q when it lives in a buffer registered with
+register_buffer are named in place; otherwise q is copied into a staging slot on the device. verifyd writes o (and
+lse) into the slot; the result is a copy of it on q's device, never through the host. Index
+tensors and the mask travel inline. Before sending, the client synchronizes the current stream
+of q's device, so the writes that produced q and the pool are complete.
+"""
+
+import itertools
+import math
+import threading
+
+import grpc
+
+from . import cuda_driver, tensors
+from ._proto import types_pb2
+from .bundle import HEAD_DIM_QK, check_call
+from .errors import InvalidBundleError, VerifydError
+from .regions import ref
+from .result import inline_outputs, make_result, to_torch
+from .staging import Layout, SlotRing
+from .transport import Pending, Transport
+
+
+def _torch():
+    try:
+        import torch  # noqa: PLC0415 - the transport needs it, the package does not
+    except ImportError:
+        raise ImportError("transport 'cuda_ipc' needs torch with CUDA") from None
+    if not torch.cuda.is_available():
+        raise RuntimeError("transport 'cuda_ipc': torch sees no CUDA device")
+    return torch
+
+
+class _Allocation:
+    """One registered device allocation: region ``name`` over [base, base + size)."""
+
+    def __init__(self, name, base, size, device):
+        self.name, self.base, self.size, self.device = name, base, size, device
+        self.keep = {}  # id -> tensor living in it; the allocation stays while any does
+        self.spans = {}  # id -> (ptr, nbytes) of the kept tensors inputs may be named in
+
+
+class _Slot:
+    """A staging buffer on one device (uint8), in a registered allocation."""
+
+    def __init__(self, transport, device, size):
+        torch = _torch()
+        self._transport = transport
+        self.size = size
+        self.buffer = torch.empty(size, dtype=torch.uint8, device=device)
+        self.region, self.offset = transport.register(self.buffer, named=False)
+        self.done = None  # an event after the last copy out of the slot
+
+    def view(self, offset, dtype, shape):
+        torch = _torch()
+        n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        return self.buffer[offset:offset + n].view(dtype).view(shape)
+
+    def close(self, unregister=True):
+        self._transport.forget(self.buffer, unregister)
+        self.buffer = None
+
+    def retire(self):
+        """verifyd may still write into the buffer: it is kept (not returned to torch's
+        allocator) until the client closes, when the unregister waits for verifyd's calls."""
+        self._transport.retired.append(self.buffer)
+        self.buffer = None
+
+
+class _CudaPending(Pending):
+    def __init__(self, ring, slot, o_at, lse_at, device):
+        super().__init__(device)
+        self._ring, self._slot = ring, slot
+        self._o_at, self._lse_at = o_at, lse_at
+
+    def decode(self, resp):
+        torch = _torch()
+        try:
+            if resp.o.raw_contents:  # verifyd answered inline after all
+                o, lse = to_torch(*inline_outputs(resp), self.torch_device)
+            else:
+                with torch.cuda.device(self.torch_device):
+                    o = self._slot.view(self._o_at[0], torch.bfloat16, self._o_at[1]).clone()
+                    lse = None
+                    if self._lse_at is not None:
+                        lse = self._slot.view(self._lse_at[0], torch.float32,
+                                              self._lse_at[1]).clone()
+                    self._slot.done = torch.cuda.Event()
+                    self._slot.done.record()
+        finally:
+            self.release()
+        return make_result(resp, o, lse)
+
+    def release(self):
+        if self._slot is not None:
+            self._ring.release(self._slot)
+            self._slot = None
+
+    def abandon(self):
+        if self._slot is not None:
+            self._ring.retire(self._slot)
+            self._slot = None
+
+
+class CudaIpcTransport(Transport):
+    kind = "cuda_ipc"
+
+    def __init__(self, calls, client, staging_slots):
+        _torch()
+        self._calls = calls
+        self._client = client
+        self._names = itertools.count()
+        self._allocations = {}  # (device, base) -> _Allocation
+        self._lock = threading.RLock()
+        self._slots = staging_slots
+        self._rings = {}  # device index -> SlotRing
+        self.retired = []  # staging buffers of abandoned calls, kept until close()
+
+    # Allocations -------------------------------------------------------------------------
+
+    def register(self, t, named=True):
+        """(region, offset) of tensor ``t``'s memory; registers its allocation the first time
+        and keeps ``t`` alive with it. Inputs inside a ``named`` tensor are named in place."""
+        ptr = t.data_ptr()
+        base, size, device = cuda_driver.allocation(ptr)
+        with self._lock:  # held over the call: one region per allocation, however many threads
+            a = self._allocations.get((device, base))
+            if a is None:
+                name = f"{self._client}/cuda{next(self._names)}"
+                handle = cuda_driver.ipc_handle(base)
+                self._calls.register_cuda(name, handle, device, size, self._client)
+                a = _Allocation(name, base, size, device)
+                self._allocations[(device, base)] = a
+            a.keep[id(t)] = t
+            if named:
+                a.spans[id(t)] = (ptr, t.numel() * t.element_size())
+        return a.name, ptr - base
+
+    def forget(self, t, unregister=True):
+        """Drops the reference to ``t``; an allocation left with none is unregistered."""
+        with self._lock:
+            for key, a in list(self._allocations.items()):
+                a.spans.pop(id(t), None)
+                if a.keep.pop(id(t), None) is not None and not a.keep:
+                    del self._allocations[key]
+                    break
+            else:
+                return
+        if unregister:
+            try:
+                self._calls.unregister(name=a.name)
+            except VerifydError as e:
+                if e.code not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
+                    raise
+
+    def _locate(self, t):
+        """(region, offset) when t's bytes lie in a registered pool or buffer, else None."""
+        if not t.is_contiguous():
+            return None
+        ptr, n = t.data_ptr(), t.numel() * t.element_size()
+        with self._lock:
+            for (device, base), a in self._allocations.items():
+                if device != t.device.index:
+                    continue
+                for start, size in a.spans.values():
+                    if start <= ptr and ptr + n <= start + size:
+                        return a.name, ptr - base
+        return None
+
+    def register_kv_pool(self, pool):
+        """Registers the allocation holding ``pool`` (CUDA bf16 [num_pages, page_size, 576],
+        contiguous) and returns ``pool``; calls name it in place."""
+        _cuda_bf16("kv_pool", pool)
+        if len(pool.shape) != 3 or int(pool.shape[2]) != HEAD_DIM_QK:
+            raise InvalidBundleError(f"kv_pool: shape {list(pool.shape)}, expected "
+                                     f"[num_pages, page_size, {HEAD_DIM_QK}]")
+        if not pool.is_contiguous():
+            raise InvalidBundleError("kv_pool: must be contiguous to be named in place")
+        self.register(pool)
+        return pool
+
+    def register_buffer(self, t):
+        """Registers the allocation holding CUDA tensor ``t`` (e.g. a q buffer the caller writes
+        each step); inputs that live in it are then named in place. Returns ``t``."""
+        if not (tensors.is_torch(t) and t.is_cuda):
+            raise InvalidBundleError("register_buffer: expected a torch CUDA tensor")
+        self.register(t)
+        return t
+
+    # Calls -------------------------------------------------------------------------------
+
+    def _ring(self, device):
+        with self._lock:
+            ring = self._rings.get(device.index)
+            if ring is None:
+                ring = SlotRing(lambda n: _Slot(self, device, n), self._slots)
+                self._rings[device.index] = ring
+        return ring
+
+    def encode(self, q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale, want_lse,
+               request_id, compact, device, compare_sync, mask_format):
+        torch = _torch()
+        _cuda_bf16("q", q)
+        _cuda_bf16("kv_pool", kv_pool)
+        dev = q.device
+        if kv_pool.device != dev:
+            raise InvalidBundleError(f"kv_pool: on {kv_pool.device}, q on {dev}; verifyd reads "
+                                     f"both on one GPU")
+        if device is not None and device != dev.index:
+            raise InvalidBundleError(f"device: {device}, but q is on {dev} (cuda_ipc tensors "
+                                     f"are read on the GPU they live on)")
+        b = check_call(q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale,
+                       mask_format=mask_format)
+        pool_at = self._locate(kv_pool)
+        if pool_at is None:  # registered on first use, then named in place on every call
+            if not kv_pool.is_contiguous():
+                raise InvalidBundleError("kv_pool: must be contiguous with transport cuda_ipc")
+            pool_at = self.register(kv_pool)
+        q_at = self._locate(q)
+        layout = Layout()
+        q_off = layout.add("q", q.numel() * 2) if q_at is None else None
+        o_shape, lse_shape = b.o_shape(), b.lse_shape()
+        o_at = (layout.add("o", math.prod(o_shape) * 2), o_shape)
+        lse_at = (layout.add("lse", math.prod(lse_shape) * 4), lse_shape) if want_lse else None
+        ring = self._ring(dev)
+        slot = ring.acquire(layout.size)
+        try:
+            with torch.cuda.device(dev):
+                if slot.done is not None:
+                    slot.done.synchronize()  # the previous call's o is copied out
+                if q_at is None:
+                    slot.view(q_off, torch.bfloat16, tuple(q.shape)).copy_(q)
+                    q_at = (slot.region, slot.offset + q_off)
+                torch.cuda.current_stream(dev).synchronize()
+            refs = {
+                "q": ref("cuda_ipc", q_at[0], q_at[1], types_pb2.DTYPE_BF16, q.shape),
+                "kv_pool": ref("cuda_ipc", pool_at[0], pool_at[1], types_pb2.DTYPE_BF16,
+                               kv_pool.shape),
+                "o_out": ref("cuda_ipc", slot.region, slot.offset + o_at[0],
+                             types_pb2.DTYPE_BF16, o_shape),
+            }
+            if lse_at is not None:
+                refs["lse_out"] = ref("cuda_ipc", slot.region, slot.offset + lse_at[0],
+                                      types_pb2.DTYPE_F32, lse_shape)
+            req = b.to_request(want_lse=want_lse, request_id=request_id, device=dev.index,
+                               compare_sync=compare_sync, refs=refs)
+        except BaseException:
+            ring.release(slot)
+            raise
+        return req, _CudaPending(ring, slot, o_at, lse_at, dev)
+
+    def close(self):
+        """Unregisters every region of this client at once and drops the tensors it kept."""
+        try:
+            self._calls.unregister_client(self._client)
+        finally:
+            for ring in self._rings.values():
+                ring.close(unregister=False)
+            with self._lock:
+                self._allocations.clear()
+                self._rings.clear()
+                self.retired.clear()
+
+
+def _cuda_bf16(name, x):
+    torch = _torch()
+    if not (tensors.is_torch(x) and x.is_cuda):
+        raise InvalidBundleError(f"{name}: transport cuda_ipc needs a torch CUDA tensor, not "
+                                 f"{type(x).__name__}" + ("" if not tensors.is_torch(x) else
+                                                          f" on {x.device}"))
+    if x.dtype != torch.bfloat16:
+        raise InvalidBundleError(f"{name}: dtype {x.dtype}, expected torch.bfloat16")

@@ -1,0 +1,108 @@
+"""Registered regions on verifyd's VerifyService, and the refs that name byte ranges of them.
+
+A client registers a region once (RegisterShmRegion / RegisterCudaRegion) and then names
+[offset, offset + byte_size) of it in a Tensor instead of sending the bytes. Regions are served
+on Unix sockets (or over TCP with verifyd's --allow_region_tcp).
+"""
+
+import os
+import uuid
+
+import grpc
+
+from ._proto import types_pb2, verify_pb2
+from .errors import VerifydError
+
+DTYPE_SIZE = {types_pb2.DTYPE_BF16: 2, types_pb2.DTYPE_F32: 4, types_pb2.DTYPE_I32: 4,
+              types_pb2.DTYPE_U8: 1}
+ALIGN = 256  # every tensor a transport places starts on this boundary
+
+
+def align(n):
+    return -(-n // ALIGN) * ALIGN
+
+
+def client_id():
+    """A name that groups one client's regions: unique per process and client object."""
+    return f"py-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def ref(kind, region, offset, dtype, shape):
+    """A Tensor naming ``shape`` elements of ``dtype`` at ``offset`` of a region.
+
+    kind: "shm" or "cuda_ipc".
+    """
+    t = types_pb2.Tensor(dtype=dtype, shape=[int(d) for d in shape])
+    size = DTYPE_SIZE[dtype]
+    for d in shape:
+        size *= int(d)
+    r = getattr(t, kind)
+    r.region, r.offset, r.byte_size = region, int(offset), size
+    return t
+
+
+class RegionCalls:
+    """The four region calls of one VerifyService stub, raising VerifydError."""
+
+    def __init__(self, stub, timeout):
+        self._stub = stub
+        self._timeout = timeout
+        self.registered_any = False  # whether this client ever registered a region
+
+    def unregister_client(self, client):
+        """close(): every region of ``client``, if it registered any. A verifyd that is gone
+        (UNAVAILABLE) has dropped them itself."""
+        if not self.registered_any:
+            return []
+        try:
+            return self.unregister(client=client)
+        except VerifydError as e:
+            if e.code == grpc.StatusCode.UNAVAILABLE:
+                return []
+            raise
+
+    def _call(self, method, req):
+        try:
+            return method(req, timeout=self._timeout)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                raise VerifydError(e.code(), "transport: this verifyd does not serve registered "
+                                             "regions; use transport='inline'") from None
+            raise VerifydError.from_rpc_error(e) from None
+
+    def _register(self, method, req):
+        try:
+            r = self._call(method, req).region
+        except VerifydError as e:
+            # Past its deadline the region may have been registered all the same.
+            if e.code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+                self.registered_any = True
+            raise
+        self.registered_any = True
+        return r
+
+    def register_shm(self, name, key, offset, byte_size, client):
+        return self._register(self._stub.RegisterShmRegion, verify_pb2.RegisterShmRegionRequest(
+            name=name, key=key, offset=offset, byte_size=byte_size, client=client))
+
+    def register_cuda(self, name, ipc_handle, device, byte_size, client):
+        return self._register(self._stub.RegisterCudaRegion,
+                              verify_pb2.RegisterCudaRegionRequest(
+                                  name=name, ipc_handle=ipc_handle, device=device,
+                                  byte_size=byte_size, client=client))
+
+    def unregister(self, name="", client=""):
+        return list(self._call(self._stub.UnregisterRegion, verify_pb2.UnregisterRegionRequest(
+            name=name, client=client)).unregistered)
+
+    def list(self):
+        r = self._call(self._stub.ListRegions, verify_pb2.ListRegionsRequest())
+        return [region_dict(x) for x in r.regions]
+
+
+def region_dict(r):
+    """A RegionInfo as a dict (ListRegions, the admin status)."""
+    kind = types_pb2.RegionKind.Name(r.kind)[len("REGION_KIND_"):].lower()
+    return {"name": r.name, "kind": kind, "shm_key": r.shm_key, "shm_offset": r.shm_offset,
+            "device": r.device, "byte_size": r.byte_size, "client": r.client,
+            "in_use": r.in_use, "calls": r.calls}
