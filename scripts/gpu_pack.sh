@@ -47,6 +47,15 @@ cp -r "$ROOT/tests/data/golden" "$PACK/data/"
 cp "$ROOT/scripts/gpu_run.sh" "$ROOT/scripts/gpu_service_bench.sh" "$ROOT/scripts/gpu_region_test.sh" \
   "$PACK/"
 
+# The Python client, its GPU test (cuda_ipc with torch) and stubs generated here; the GPU machine
+# regenerates them when it has grpc_tools.
+mkdir -p "$PACK/py/clients/python" "$PACK/py/tests/python"
+cp -r "$ROOT/clients/python/verifyd_client" "$ROOT/clients/python/generate.sh" "$PACK/py/clients/python/"
+rm -rf "$PACK/py/clients/python/verifyd_client/_gen" "$PACK/py/clients/python/verifyd_client/__pycache__"
+cp "$ROOT"/tests/python/{gpu_cuda_ipc_test.py,random_bundles.py,sglang_reference.py} "$PACK/py/tests/python/"
+cp -r "$ROOT/proto" "$PACK/py/"
+"$ROOT/clients/python/generate.sh" "$PACK/py/gen" > /dev/null
+
 commit=$(git -C "$ROOT" rev-parse --short=12 HEAD)
 if [[ -n $(git -C "$ROOT" status --porcelain --untracked-files=no -- kernels bench src \
              tests proto) ]]; then

@@ -61,6 +61,25 @@ read -r match breach error skipped < <(counters)
 echo "shadow comparisons after $calls scribbled region calls: match $match breach $breach error $error skipped $skipped"
 [[ "$breach" == 0 && "$error" == 0 && "$match" -gt 0 ]] || fail "the shadow hazard: comparisons were not all clean"
 
+# The Python client's cuda_ipc transport with torch CUDA tensors (another process again).
+if [[ -d "$PACK/py" ]]; then
+  gen=$PACK/py/gen
+  if python3 -c "import grpc_tools" 2>/dev/null; then
+    mkdir -p "$dir/gen" && python3 -m grpc_tools.protoc -I"$PACK/py/proto" \
+      --python_out="$dir/gen" --grpc_python_out="$dir/gen" "$PACK"/py/proto/verifyd/v1/*.proto &&
+      gen=$dir/gen
+  fi
+  VERIFYD_CLIENT_GEN=$gen timeout 300 python3 "$PACK/py/tests/python/gpu_cuda_ipc_test.py" \
+    --data "unix://$dir/data.sock" --admin "unix://$dir/admin.sock" \
+    > "$OUT/python_cuda_ipc.txt" 2>&1
+  rc=$?
+  if [[ $rc == 0 ]]; then
+    echo "ok   python cuda_ipc transport: $(grep -cE '^PASS' "$OUT/python_cuda_ipc.txt") checks passed"
+  else
+    fail "python cuda_ipc transport (rc=$rc): $(grep -E '^(FAIL|SETUP)' "$OUT/python_cuda_ipc.txt" | head -5)"
+  fi
+fi
+
 # A captured region call replays bit for bit.
 ctl capture --next 1 > /dev/null || fail "capture --next 1"
 ctl send --transport cuda_ipc --shape 2,16,8,1024 --page_size 16 --count 1 > /dev/null ||
