@@ -72,12 +72,6 @@ __device__ __forceinline__ void NamedBarrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// Signals `id` without waiting: with NamedBarrier(id, threads) on the waiting side, a one-way
-// handoff from the arriving threads to the waiting ones.
-__device__ __forceinline__ void NamedBarrierArrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 // Programmatic dependent launch (sm_90+; no-ops elsewhere). The primary grid lets the next
 // kernel of its stream start launching; the dependent waits until the primary grid has completed
 // and its memory is visible.
