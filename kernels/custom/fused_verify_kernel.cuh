@@ -49,9 +49,10 @@ __device__ __forceinline__ void LoadRows(uint32_t tile, int tid, RowSrc row_src)
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // Named barriers of the seesaw handoffs (1..4 are the v3 row-group exchanges), each between the
-// two warpgroups (256 threads) once per tile. Both sides wait (bar.sync): the one-way form
-// (bar.arrive on the producing side) measured the same, and compute-sanitizer's racecheck does
-// not follow it.
+// two warpgroups (256 threads) once per tile. A one-way form (bar.arrive on the producing side,
+// bar.sync on the other, at different instructions) measured the same; compute-sanitizer's
+// racecheck does not follow it, and synccheck rejects two warpgroups meeting at different
+// bar.sync instructions.
 inline constexpr int kBarMaxHalf0 = 5;  // warpgroup 0's row max (after its keys) is in red[0, 64)
 inline constexpr int kBarHalf1 = 6;     // warpgroup 1's row max in red[64, 128), its P in P
 inline constexpr int kBarPHalf0 = 7;    // warpgroup 0's P (at warpgroup 1's max) is in P
@@ -123,19 +124,28 @@ __device__ __forceinline__ void SeesawTile(float (&s)[4][4], const float (&mx)[2
         rowsum[e >> 1] += pv[j][e];
       }
   };
+  // Each handoff is one named-barrier instruction that both warpgroups execute (bar.sync is
+  // .aligned: every thread of the CTA that takes part must reach the same instruction).
   float pv[4][4], rowsum[2] = {0.f, 0.f}, f[2];
+  float m_new[2], m_use[2], m0[2];
   uint32_t a[2][4];
+  // [0] publishes m0 = max(m, mx0).
   if (half == 0) {
-    float m0[2], m0_use[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       m0[i] = fmaxf(m_run[i], mx[i]);
-      m0_use[i] = m0[i] == -INFINITY ? 0.f : m0[i];
-      f[i] = FastExp2(m_run[i] - m0_use[i]);
       if (tq == 0) red[row + 8 * i] = m0[i];
     }
-    NamedBarrier(kBarMaxHalf0, 2 * 128);
-    exp_rows(m0_use, pv, rowsum);
+  }
+  NamedBarrier(kBarMaxHalf0, 2 * 128);
+  if (half == 0) {
+    // [0] P0 at m0 from registers into o_L; [1] meanwhile: m1, P1 into shared memory.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      m_use[i] = m0[i] == -INFINITY ? 0.f : m0[i];
+      f[i] = FastExp2(m_run[i] - m_use[i]);
+    }
+    exp_rows(m_use, pv, rowsum);
     PackPFragments(pv, a);
 #pragma unroll
     for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * f[i] + rowsum[i];
@@ -145,47 +155,33 @@ __device__ __forceinline__ void SeesawTile(float (&s)[4][4], const float (&mx)[2
     WgmmaM64N256K16RegATransB(o_acc, a[0], v_step(0));
     WgmmaM64N256K16RegATransB(o_acc, a[1], v_step(1));
     WgmmaCommit();
-    // Warpgroup 1's max and its P are published.
-    NamedBarrier(kBarHalf1, 2 * 128);
-    float m1[2], m1_use[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      m1[i] = red[kRows + row + 8 * i];
-      m1_use[i] = m1[i] == -INFINITY ? 0.f : m1[i];
-      f[i] = FastExp2(m0[i] - m1_use[i]);
-      l_run[i] *= f[i];
-      rowsum[i] = 0.f;
-    }
-    exp_rows(m1_use, pv, rowsum);
-    StorePTile(pv, row, key0, tq, p_words);
-    FenceProxyAsyncShared();
-    NamedBarrier(kBarPHalf0, 2 * 128);
-    WgmmaWait<0>();
-    FenceOperands(o_acc);
-    scale_o(f);
-    FenceOperands(o_acc);
-    WgmmaFence();
-    WgmmaM64N256K16TransB(o_acc, p_step(2), v_step(2));
-    WgmmaM64N256K16TransB(o_acc, p_step(3), v_step(3));
-    WgmmaCommit();
-    WgmmaWait<0>();
-    FenceOperands(o_acc);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) m_run[i] = m1[i];
   } else {
-    NamedBarrier(kBarMaxHalf0, 2 * 128);
-    float m1[2], m1_use[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      m1[i] = fmaxf(red[row + 8 * i], mx[i]);
-      m1_use[i] = m1[i] == -INFINITY ? 0.f : m1[i];
-      f[i] = FastExp2(m_run[i] - m1_use[i]);
-      if (tq == 0) red[kRows + row + 8 * i] = m1[i];
+      m0[i] = red[row + 8 * i];
+      m_new[i] = fmaxf(m0[i], mx[i]);
+      m_use[i] = m_new[i] == -INFINITY ? 0.f : m_new[i];
+      f[i] = FastExp2(m_run[i] - m_use[i]);
+      if (tq == 0) red[kRows + row + 8 * i] = m_new[i];
     }
-    exp_rows(m1_use, pv, rowsum);
+    exp_rows(m_use, pv, rowsum);
     StorePTile(pv, row, key0, tq, p_words);
     FenceProxyAsyncShared();
-    NamedBarrier(kBarHalf1, 2 * 128);
+  }
+  NamedBarrier(kBarHalf1, 2 * 128);
+  if (half == 0) {
+    // [0] P0 again at m1, into shared memory for [1]; [1] meanwhile: P1 from registers into o_R.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      m_new[i] = red[kRows + row + 8 * i];
+      m_use[i] = m_new[i] == -INFINITY ? 0.f : m_new[i];
+      f[i] = FastExp2(m0[i] - m_use[i]);
+      l_run[i] *= f[i];
+    }
+    exp_rows(m_use, pv, rowsum);
+    StorePTile(pv, row, key0, tq, p_words);
+    FenceProxyAsyncShared();
+  } else {
     PackPFragments(pv, a);
 #pragma unroll
     for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * f[i] + rowsum[i];
@@ -195,17 +191,28 @@ __device__ __forceinline__ void SeesawTile(float (&s)[4][4], const float (&mx)[2
     WgmmaM64N256K16RegATransB(o_acc, a[0], v_step(2));
     WgmmaM64N256K16RegATransB(o_acc, a[1], v_step(3));
     WgmmaCommit();
-    // Warpgroup 0's P at this tile's final max is in shared memory.
-    NamedBarrier(kBarPHalf0, 2 * 128);
+  }
+  NamedBarrier(kBarPHalf0, 2 * 128);
+  if (half == 0) {
+    // [0] o_L = o_L * 2^(m0 - m1) + P1 V1_L once its first product is done.
+    WgmmaWait<0>();
+    FenceOperands(o_acc);
+    scale_o(f);
+    FenceOperands(o_acc);
+    WgmmaFence();
+    WgmmaM64N256K16TransB(o_acc, p_step(2), v_step(2));
+    WgmmaM64N256K16TransB(o_acc, p_step(3), v_step(3));
+  } else {
+    // [1] o_R += P0(m1) V0_R.
     WgmmaFence();
     WgmmaM64N256K16TransB(o_acc, p_step(0), v_step(0));
     WgmmaM64N256K16TransB(o_acc, p_step(1), v_step(1));
-    WgmmaCommit();
-    WgmmaWait<0>();
-    FenceOperands(o_acc);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) m_run[i] = m1[i];
   }
+  WgmmaCommit();
+  WgmmaWait<0>();
+  FenceOperands(o_acc);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) m_run[i] = m_new[i];
 }
 #endif
 
