@@ -55,7 +55,8 @@ cudaError_t QueryDevice(int dev, DeviceFacts* f) {
   f->wgmma = major == 9 && minor == 0;
   f->hopper_tiles_fit = static_cast<size_t>(optin) >= HopperTiles::kSmemBytes;
   if (f->hopper_tiles_fit) {
-    for (auto* k : {custom::FusedVerifyKernel<HopperTiles, true, true, true>,
+    for (auto* k : {custom::FusedVerifyKernel<HopperTiles, true, true, true, true>,
+                    custom::FusedVerifyKernel<HopperTiles, true, true, true>,
                     custom::FusedVerifyKernel<HopperTiles, true, true>,
                     custom::FusedVerifyKernel<HopperTiles, true, false>,
                     custom::FusedVerifyKernel<HopperTiles, false, false>}) {
@@ -94,10 +95,9 @@ cudaError_t CurrentDeviceFacts(DeviceFacts* out) {
 }
 
 // Which wgmma schedule kAuto ships, per shape class: v3 (one softmax per tile, both
-// warpgroups in step) or v4 (seesaw, combine as a dependent launch). On the H200 the two tile
-// schedules time within ±2% of each other; v4's dependent combine launch saves 2–3% where the
-// KV is cut into many splits (verifyd-bench, kernels/NOTES.md).
-bool AutoPicksSeesaw(const CustomPlan& plan) { return plan.splits >= 8; }
+// warpgroups in step) or v4 (seesaw, combine as a dependent launch). Measured on the H200
+// (kernels/NOTES.md): v4 is not faster than v3 on any shape class, so v3 ships everywhere.
+bool AutoPicksSeesaw(const CustomPlan& /*plan*/) { return false; }
 
 struct ResolvedPlan {
   CustomPlan plan;
@@ -120,9 +120,12 @@ ResolvedPlan Resolve(const VerifyProblem& p, const CustomConfig& c, CustomScoreM
   r.plan.wgmma_scores = !small && f.wgmma && mma != CustomScoreMma::kMmaSync;
   r.plan.wgmma_pv = r.plan.wgmma_scores && (mma == CustomScoreMma::kAuto ||
                                             mma == CustomScoreMma::kWgmmaV3 ||
-                                            mma == CustomScoreMma::kWgmmaSeesaw);
+                                            mma == CustomScoreMma::kWgmmaSeesaw ||
+                                            mma == CustomScoreMma::kWgmmaSeesawSplitK);
   r.plan.seesaw = r.plan.wgmma_pv && (mma == CustomScoreMma::kWgmmaSeesaw ||
+                                      mma == CustomScoreMma::kWgmmaSeesawSplitK ||
                                       (mma == CustomScoreMma::kAuto && AutoPicksSeesaw(r.plan)));
+  r.plan.split_k_scores = r.plan.seesaw && mma == CustomScoreMma::kWgmmaSeesawSplitK;
   return r;
 }
 
@@ -132,7 +135,7 @@ int Log2(int v) {
   return s;
 }
 
-template <class Cfg, bool kWgmmaS, bool kWgmmaPV, bool kSeesaw = false>
+template <class Cfg, bool kWgmmaS, bool kWgmmaPV, bool kSeesaw = false, bool kSplitK = false>
 cudaError_t LaunchPlanned(const VerifyProblem& p, const CustomPlan& plan, void* workspace,
                           cudaStream_t stream) {
   KernelParams k{};
@@ -160,7 +163,7 @@ cudaError_t LaunchPlanned(const VerifyProblem& p, const CustomPlan& plan, void* 
         reinterpret_cast<float*>(static_cast<char*>(workspace) + plan.partial_lse_offset);
   }
   const dim3 grid(plan.row_blocks, plan.splits, p.shape.batch);
-  custom::FusedVerifyKernel<Cfg, kWgmmaS, kWgmmaPV, kSeesaw>
+  custom::FusedVerifyKernel<Cfg, kWgmmaS, kWgmmaPV, kSeesaw, kSplitK>
       <<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(k);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || plan.splits == 1) return e;
@@ -226,6 +229,9 @@ cudaError_t LaunchCustomWith(const VerifyProblem& p, const CustomConfig& c, Cust
   }
   if (r.plan.small_tiles) {
     return LaunchPlanned<Sm120Tiles, false, false>(p, r.plan, workspace, stream);
+  }
+  if (r.plan.split_k_scores) {
+    return LaunchPlanned<HopperTiles, true, true, true, true>(p, r.plan, workspace, stream);
   }
   if (r.plan.seesaw) {
     return LaunchPlanned<HopperTiles, true, true, true>(p, r.plan, workspace, stream);

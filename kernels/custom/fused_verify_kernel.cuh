@@ -49,13 +49,13 @@ __device__ __forceinline__ void LoadRows(uint32_t tile, int tid, RowSrc row_src)
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // Named barriers of the seesaw handoffs (1..4 are the v3 row-group exchanges), each between the
-// two warpgroups (256 threads) once per tile. A one-way form (bar.arrive on the producing side,
-// bar.sync on the other, at different instructions) measured the same; compute-sanitizer's
-// racecheck does not follow it, and synccheck rejects two warpgroups meeting at different
-// bar.sync instructions.
+// two warpgroups (256 threads) once per tile. The two warpgroups reach them at different places
+// in the code, hence the non-.aligned barrier.sync; both sides wait (a one-way bar.arrive on the
+// producing side timed the same, and compute-sanitizer's racecheck cannot follow it).
 inline constexpr int kBarMaxHalf0 = 5;  // warpgroup 0's row max (after its keys) is in red[0, 64)
 inline constexpr int kBarHalf1 = 6;     // warpgroup 1's row max in red[64, 128), its P in P
 inline constexpr int kBarPHalf0 = 7;    // warpgroup 0's P (at warpgroup 1's max) is in P
+inline constexpr int kBarSplitK = 8;  // split-K score halves exchanged (same instruction)
 
 // P (fp32, log2-domain exponent minus the row max) of this thread's 2 rows x 32 keys, as the A
 // fragments of two K = 16 steps of a register-A wgmma.
@@ -124,28 +124,19 @@ __device__ __forceinline__ void SeesawTile(float (&s)[4][4], const float (&mx)[2
         rowsum[e >> 1] += pv[j][e];
       }
   };
-  // Each handoff is one named-barrier instruction that both warpgroups execute (bar.sync is
-  // .aligned: every thread of the CTA that takes part must reach the same instruction).
   float pv[4][4], rowsum[2] = {0.f, 0.f}, f[2];
-  float m_new[2], m_use[2], m0[2];
   uint32_t a[2][4];
-  // [0] publishes m0 = max(m, mx0).
   if (half == 0) {
+    float m0[2], m0_use[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       m0[i] = fmaxf(m_run[i], mx[i]);
+      m0_use[i] = m0[i] == -INFINITY ? 0.f : m0[i];
+      f[i] = FastExp2(m_run[i] - m0_use[i]);
       if (tq == 0) red[row + 8 * i] = m0[i];
     }
-  }
-  NamedBarrier(kBarMaxHalf0, 2 * 128);
-  if (half == 0) {
-    // [0] P0 at m0 from registers into o_L; [1] meanwhile: m1, P1 into shared memory.
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      m_use[i] = m0[i] == -INFINITY ? 0.f : m0[i];
-      f[i] = FastExp2(m_run[i] - m_use[i]);
-    }
-    exp_rows(m_use, pv, rowsum);
+    NamedBarrierAnyPc(kBarMaxHalf0, 2 * 128);
+    exp_rows(m0_use, pv, rowsum);
     PackPFragments(pv, a);
 #pragma unroll
     for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * f[i] + rowsum[i];
@@ -155,33 +146,47 @@ __device__ __forceinline__ void SeesawTile(float (&s)[4][4], const float (&mx)[2
     WgmmaM64N256K16RegATransB(o_acc, a[0], v_step(0));
     WgmmaM64N256K16RegATransB(o_acc, a[1], v_step(1));
     WgmmaCommit();
-  } else {
+    // Warpgroup 1's max and its P are published.
+    NamedBarrierAnyPc(kBarHalf1, 2 * 128);
+    float m1[2], m1_use[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      m0[i] = red[row + 8 * i];
-      m_new[i] = fmaxf(m0[i], mx[i]);
-      m_use[i] = m_new[i] == -INFINITY ? 0.f : m_new[i];
-      f[i] = FastExp2(m_run[i] - m_use[i]);
-      if (tq == 0) red[kRows + row + 8 * i] = m_new[i];
-    }
-    exp_rows(m_use, pv, rowsum);
-    StorePTile(pv, row, key0, tq, p_words);
-    FenceProxyAsyncShared();
-  }
-  NamedBarrier(kBarHalf1, 2 * 128);
-  if (half == 0) {
-    // [0] P0 again at m1, into shared memory for [1]; [1] meanwhile: P1 from registers into o_R.
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      m_new[i] = red[kRows + row + 8 * i];
-      m_use[i] = m_new[i] == -INFINITY ? 0.f : m_new[i];
-      f[i] = FastExp2(m0[i] - m_use[i]);
+      m1[i] = red[kRows + row + 8 * i];
+      m1_use[i] = m1[i] == -INFINITY ? 0.f : m1[i];
+      f[i] = FastExp2(m0[i] - m1_use[i]);
       l_run[i] *= f[i];
+      rowsum[i] = 0.f;
     }
-    exp_rows(m_use, pv, rowsum);
+    exp_rows(m1_use, pv, rowsum);
     StorePTile(pv, row, key0, tq, p_words);
     FenceProxyAsyncShared();
+    NamedBarrierAnyPc(kBarPHalf0, 2 * 128);
+    WgmmaWait<0>();
+    FenceOperands(o_acc);
+    scale_o(f);
+    FenceOperands(o_acc);
+    WgmmaFence();
+    WgmmaM64N256K16TransB(o_acc, p_step(2), v_step(2));
+    WgmmaM64N256K16TransB(o_acc, p_step(3), v_step(3));
+    WgmmaCommit();
+    WgmmaWait<0>();
+    FenceOperands(o_acc);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) m_run[i] = m1[i];
   } else {
+    NamedBarrierAnyPc(kBarMaxHalf0, 2 * 128);
+    float m1[2], m1_use[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      m1[i] = fmaxf(red[row + 8 * i], mx[i]);
+      m1_use[i] = m1[i] == -INFINITY ? 0.f : m1[i];
+      f[i] = FastExp2(m_run[i] - m1_use[i]);
+      if (tq == 0) red[kRows + row + 8 * i] = m1[i];
+    }
+    exp_rows(m1_use, pv, rowsum);
+    StorePTile(pv, row, key0, tq, p_words);
+    FenceProxyAsyncShared();
+    NamedBarrierAnyPc(kBarHalf1, 2 * 128);
     PackPFragments(pv, a);
 #pragma unroll
     for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * f[i] + rowsum[i];
@@ -191,28 +196,17 @@ __device__ __forceinline__ void SeesawTile(float (&s)[4][4], const float (&mx)[2
     WgmmaM64N256K16RegATransB(o_acc, a[0], v_step(2));
     WgmmaM64N256K16RegATransB(o_acc, a[1], v_step(3));
     WgmmaCommit();
-  }
-  NamedBarrier(kBarPHalf0, 2 * 128);
-  if (half == 0) {
-    // [0] o_L = o_L * 2^(m0 - m1) + P1 V1_L once its first product is done.
-    WgmmaWait<0>();
-    FenceOperands(o_acc);
-    scale_o(f);
-    FenceOperands(o_acc);
-    WgmmaFence();
-    WgmmaM64N256K16TransB(o_acc, p_step(2), v_step(2));
-    WgmmaM64N256K16TransB(o_acc, p_step(3), v_step(3));
-  } else {
-    // [1] o_R += P0(m1) V0_R.
+    // Warpgroup 0's P at this tile's final max is in shared memory.
+    NamedBarrierAnyPc(kBarPHalf0, 2 * 128);
     WgmmaFence();
     WgmmaM64N256K16TransB(o_acc, p_step(0), v_step(0));
     WgmmaM64N256K16TransB(o_acc, p_step(1), v_step(1));
-  }
-  WgmmaCommit();
-  WgmmaWait<0>();
-  FenceOperands(o_acc);
+    WgmmaCommit();
+    WgmmaWait<0>();
+    FenceOperands(o_acc);
 #pragma unroll
-  for (int i = 0; i < 2; ++i) m_run[i] = m_new[i];
+    for (int i = 0; i < 2; ++i) m_run[i] = m1[i];
+  }
 }
 #endif
 
@@ -225,22 +219,25 @@ __device__ __forceinline__ void SeesawTile(float (&s)[4][4], const float (&mx)[2
 //             the PV role of tile_config.cuh. Needs kWgmmaS's warp-to-row mapping (warp w:
 //             rows 16*(w%4), warpgroup w/4), which the S role already has.
 // Anywhere else (sm_120, or the sm_120 tiles) both run as mma.sync.
-template <class Cfg, bool kWgmmaS, bool kWgmmaPV, bool kSeesaw = false>
+template <class Cfg, bool kWgmmaS, bool kWgmmaPV, bool kSeesaw = false, bool kSplitK = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const KernelParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int kRows = Cfg::kRows, kTokens = Cfg::kTokens, kStages = Cfg::kStages;
   static_assert(kWgmmaS || !kWgmmaPV, "wgmma P·V comes with wgmma Q·Kᵀ");
   static_assert(kWgmmaPV || !kSeesaw, "the seesaw schedule is a wgmma P·V schedule");
+  static_assert(kSeesaw || !kSplitK, "split-K scores come with the seesaw schedule");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr bool kUseWgmma = kWgmmaS;
   constexpr bool kUseWgmmaPV = kWgmmaPV;
   constexpr bool kUseSeesaw = kSeesaw;
+  constexpr bool kUseSplitK = kSplitK;
   static_assert(!kWgmmaS || (Cfg::kRows == 64 && Cfg::kTokens == 64 && Cfg::kWarps == 8),
                 "the wgmma phases are written for 64 rows x 64 keys and two warpgroups");
 #else
   constexpr bool kUseWgmma = false;
   constexpr bool kUseWgmmaPV = false;
   constexpr bool kUseSeesaw = false;
+  constexpr bool kUseSplitK = false;
 #endif
   // The split combine (launched as a programmatic dependent of this grid) may start launching;
   // it waits for this grid's completion before it reads anything.
@@ -373,7 +370,57 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const Kern
     for (int j = 0; j < Cfg::kNTilesS; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
-    if (use_wgmma) {
+    if constexpr (kUseSplitK) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+      // Warpgroup s_half: all 64 rows x all 64 keys over half of the 576 dims (k steps
+      // [18 * s_half, +18)): m64n64k16, so each warpgroup reads half of Q and of K instead of
+      // all of Q and half of K. The partial sums of the other warpgroup's 32 keys go to it
+      // through shared memory: warpgroup 0's through the P tile (free until P is written),
+      // warpgroup 1's through the tile's last 64-dim block (rope dims, which P·V does not read
+      // and only warpgroup 1's k steps do).
+      float acc[32];
+#pragma unroll
+      for (int i = 0; i < 32; ++i) acc[i] = 0.f;
+      const uint64_t desc_a = SmemDescSw128(q_s);
+      const uint64_t desc_b = SmemDescSw128(kv_tile);
+      FenceOperands(acc);
+      WgmmaFence();
+#pragma unroll
+      for (int k = 0; k < Cfg::kKSteps / 2; ++k) {
+        const int kk = s_half * (Cfg::kKSteps / 2) + k;
+        const uint64_t a_off = ((kk >> 2) * Cfg::kQBlockBytes + (kk & 3) * 32) >> 4;
+        const uint64_t b_off = ((kk >> 2) * Cfg::kKvBlockBytes + (kk & 3) * 32) >> 4;
+        WgmmaM64N64K16(acc, desc_a + a_off, desc_b + b_off);
+      }
+      WgmmaCommit();
+      WgmmaWait<0>();
+      FenceOperands(acc);
+      float4* to_wg1 = reinterpret_cast<float4*>(smem + Cfg::kPOffset);
+      float4* to_wg0 = reinterpret_cast<float4*>(smem + Cfg::kKvOffset + stage * Cfg::kStageBytes +
+                                                 8 * Cfg::kKvBlockBytes);
+      const int t = tid & 127;
+      float4* out = s_half == 0 ? to_wg1 : to_wg0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        // The other warpgroup's keys: 8-key tiles 4..7 for warpgroup 0, 0..3 for warpgroup 1.
+        const int o0 = 4 * (4 + k), o1 = 4 * k;
+        const float4 v0 = make_float4(acc[o0], acc[o0 + 1], acc[o0 + 2], acc[o0 + 3]);
+        const float4 v1 = make_float4(acc[o1], acc[o1 + 1], acc[o1 + 2], acc[o1 + 3]);
+        out[k * 128 + t] = s_half == 0 ? v0 : v1;
+      }
+      NamedBarrier(kBarSplitK, 2 * 128);
+      const float4* in = s_half == 0 ? to_wg0 : to_wg1;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float4 v = in[k * 128 + t];
+        const int m0 = 4 * k, m1 = 4 * (4 + k);
+        s[k][0] = (s_half == 0 ? acc[m0] : acc[m1]) + v.x;
+        s[k][1] = (s_half == 0 ? acc[m0 + 1] : acc[m1 + 1]) + v.y;
+        s[k][2] = (s_half == 0 ? acc[m0 + 2] : acc[m1 + 2]) + v.z;
+        s[k][3] = (s_half == 0 ? acc[m0 + 3] : acc[m1 + 3]) + v.w;
+      }
+#endif
+    } else if (use_wgmma) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
       // Warpgroup s_half: all kRows (= 64) rows x keys [s_key, s_key + 32).
       float acc[16];

@@ -56,7 +56,7 @@ TEST_P(CustomKernelGolden, MatchesTheStoredOracle) {
   testing::DeviceBundle dev;
   ASSERT_EQ(dev.Upload(v), cudaSuccess);
   // The shipped choice in both tile configurations, and the v3 and v4 schedules of the Hopper
-  // tiles by name.
+  // tiles (v4k: with split-K Q·Kᵀ) by name.
   struct Variant {
     const char* name;
     bool small;
@@ -65,6 +65,8 @@ TEST_P(CustomKernelGolden, MatchesTheStoredOracle) {
   for (const Variant& var : {Variant{"hopper", false, kernels::CustomScoreMma::kAuto},
                              Variant{"hopper_v3", false, kernels::CustomScoreMma::kWgmmaV3},
                              Variant{"hopper_v4", false, kernels::CustomScoreMma::kWgmmaSeesaw},
+                             Variant{"hopper_v4k", false,
+                                     kernels::CustomScoreMma::kWgmmaSeesawSplitK},
                              Variant{"sm120", true, kernels::CustomScoreMma::kAuto}}) {
     const bool small = var.small;
     SCOPED_TRACE(var.name);
