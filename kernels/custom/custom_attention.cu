@@ -94,11 +94,6 @@ cudaError_t CurrentDeviceFacts(DeviceFacts* out) {
   return f.error;
 }
 
-// Which wgmma schedule kAuto ships, per shape class: v3 (one softmax per tile, both
-// warpgroups in step) or v4 (seesaw, combine as a dependent launch). Measured on the H200
-// (kernels/NOTES.md): v4 is not faster than v3 on any shape class, so v3 ships everywhere.
-bool AutoPicksSeesaw(const CustomPlan& /*plan*/) { return false; }
-
 struct ResolvedPlan {
   CustomPlan plan;
   cudaError_t error = cudaSuccess;
@@ -124,7 +119,7 @@ ResolvedPlan Resolve(const VerifyProblem& p, const CustomConfig& c, CustomScoreM
                                             mma == CustomScoreMma::kWgmmaSeesawSplitK);
   r.plan.seesaw = r.plan.wgmma_pv && (mma == CustomScoreMma::kWgmmaSeesaw ||
                                       mma == CustomScoreMma::kWgmmaSeesawSplitK ||
-                                      (mma == CustomScoreMma::kAuto && AutoPicksSeesaw(r.plan)));
+                                      (mma == CustomScoreMma::kAuto && ShipsSeesaw(r.plan)));
   r.plan.split_k_scores = r.plan.seesaw && mma == CustomScoreMma::kWgmmaSeesawSplitK;
   return r;
 }
