@@ -218,7 +218,11 @@ __device__ __forceinline__ void SeesawTile(float (&s)[4][4], const float (&mx)[2
 //             128-byte-swizzled tile, V read MN-major from the KV stage. Otherwise mma.sync with
 //             the PV role of tile_config.cuh. Needs kWgmmaS's warp-to-row mapping (warp w:
 //             rows 16*(w%4), warpgroup w/4), which the S role already has.
-// Anywhere else (sm_120, or the sm_120 tiles) both run as mma.sync.
+//   kSeesaw:  with kWgmmaPV, the two warpgroups' softmax and P·V of a tile in turn
+//             (SeesawTile), and the split combine may launch early (programmatic dependent
+//             launch). kSplitK: with kSeesaw, Q·Kᵀ as m64n64k16 per warpgroup over half of the
+//             576 dims, the partial scores exchanged through shared memory.
+// Anywhere else (sm_120, or the sm_120 tiles) all of them run as mma.sync.
 template <class Cfg, bool kWgmmaS, bool kWgmmaPV, bool kSeesaw = false, bool kSplitK = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const KernelParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
