@@ -12,8 +12,9 @@
 namespace verifyd::bench {
 
 struct BenchRow {
-  // "custom" (as shipped), "custom-qkwgmma" (wgmma Q·Kᵀ only), "custom-mma" (mma.sync only),
-  // "custom-sm120cfg" (sm_120 tiles), "reference"
+  // "custom" (as shipped), "custom-v3", "custom-v4", "custom-v4k" (the wgmma schedules by name),
+  // "custom-qkwgmma" (wgmma Q·Kᵀ only), "custom-mma" (mma.sync only), "custom-sm120cfg" (sm_120
+  // tiles), "reference"
   std::string path;
   int batch = 0, draft = 0, heads = 0, page_size = 0;
   int64_t prefix = 0;

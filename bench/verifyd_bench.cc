@@ -1,5 +1,5 @@
 // verifyd-bench: times the custom kernel (both tile configurations) and, when built, the GPU
-// reference path on the verify shapes of issue 3, against the GEMM and copy ceilings measured
+// reference path on the verify and decode shapes, against the GEMM and copy ceilings measured
 // in the same run. Median of per-launch CUDA-event times, rotating input sets that together
 // exceed the L2 cache several times. Writes <date>-<commit>-<device>.{md,json} to --out.
 
@@ -13,6 +13,7 @@
 #include <ctime>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,10 +44,11 @@ struct Shape {
   int64_t prefix;
 };
 
-// (B, T, H, prefix) of issue 3.
+// (B, T, H, prefix): the verify shapes, then plain decode (T = 1).
 constexpr Shape kShapes[] = {{1, 16, 8, 4096},   {8, 16, 8, 4096},  {32, 16, 8, 8192},
                              {4, 16, 64, 8192},  {4, 128, 8, 4096}, {1, 1024, 8, 2048},
-                             {16, 8, 16, 32768}, {64, 4, 16, 2048}};
+                             {16, 8, 16, 32768}, {64, 4, 16, 2048}, {64, 1, 128, 4096},
+                             {128, 1, 16, 8192}};
 
 template <typename T>
 struct DevPtr {
@@ -132,10 +134,12 @@ struct Options {
   std::string out_dir = ".";
   std::string commit = VERIFYD_GIT_COMMIT;
   std::vector<int> pages = {1, 64};
-  std::vector<std::string> paths = {"custom", "custom-qkwgmma", "custom-mma", "custom-sm120cfg",
-                                    "reference"};
+  std::vector<std::string> paths = {"custom",     "custom-v3",      "custom-v4",
+                                    "custom-v4k", "custom-qkwgmma", "custom-mma",
+                                    "custom-sm120cfg", "reference"};
   double seconds_per_row = 0.25;
   int max_shapes = 0;
+  int shape_index = -1;  // >= 0: only kShapes[shape_index] (for profiling one launch)
   std::vector<std::string> bundles;  // --bundle files; empty: the random shapes above
 };
 
@@ -209,6 +213,9 @@ int Run(const Options& opt) {
         cfg.small_smem = path == "custom-sm120cfg";
         const auto mma = path == "custom-mma"       ? kernels::CustomScoreMma::kMmaSync
                          : path == "custom-qkwgmma" ? kernels::CustomScoreMma::kWgmmaScores
+                         : path == "custom-v3"      ? kernels::CustomScoreMma::kWgmmaV3
+                         : path == "custom-v4"      ? kernels::CustomScoreMma::kWgmmaSeesaw
+                         : path == "custom-v4k"     ? kernels::CustomScoreMma::kWgmmaSeesawSplitK
                                                     : kernels::CustomScoreMma::kAuto;
         kernels::CustomPlan plan;
         if (kernels::ResolveCustomPlan(in[0]->problem, cfg, &plan, mma) == cudaSuccess) {
@@ -288,6 +295,7 @@ int Run(const Options& opt) {
       for (const Shape& sh : kShapes) {
         if (opt.max_shapes > 0 && shapes_done >= opt.max_shapes) break;
         ++shapes_done;
+        if (opt.shape_index >= 0 && &sh != &kShapes[opt.shape_index]) continue;
         RandomBundleSpec spec;
         spec.batch = sh.batch;
         spec.draft = sh.draft;
@@ -322,9 +330,12 @@ int main(int argc, char** argv) {
   app.add_option("--commit", opt.commit, "commit the binaries were built from");
   app.add_option("--pages", opt.pages, "page sizes to run");
   app.add_option("--paths", opt.paths,
-                 "custom, custom-qkwgmma, custom-mma, custom-sm120cfg, reference");
+                 "custom, custom-v3, custom-v4, custom-v4k, custom-qkwgmma, custom-mma, "
+                 "custom-sm120cfg, reference");
   app.add_option("--seconds-per-row", opt.seconds_per_row, "timing budget per row");
   app.add_option("--max-shapes", opt.max_shapes, "stop after this many (shape, page) pairs");
+  app.add_option("--shape-index", opt.shape_index, "run only this shape of the built-in list")
+      ->check(CLI::Range(0, static_cast<int>(std::size(verifyd::bench::kShapes)) - 1));
   app.add_option("--bundle", opt.bundles,
                  "time the paths on these .safetensors bundles (captures, golden cases) instead");
   CLI11_PARSE(app, argc, argv);

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from a folder made by gpu_pack.sh: the kernel, CUDA-engine and service
 # suites (the daemon on --engine=cuda over gRPC), `verifyctl replay` of the golden cases on the
-# CUDA engine, compute-sanitizer memcheck over small grids, verifyd-bench and the service
-# benchmark. Writes into OUT_DIR: tests.log, tests.json (gtest), memcheck.log, bench.log,
-# <date>-<commit>-<device>.{md,json}, service-<commit>.{md,json}, summary.txt (printed last).
+# CUDA engine, compute-sanitizer memcheck, racecheck and synccheck over small grids,
+# verifyd-bench and the service benchmark. Writes into OUT_DIR: tests.log, tests.json (gtest),
+# memcheck.log, racecheck.log, synccheck.log, bench.log, <date>-<commit>-<device>.{md,json},
+# service-<commit>.{md,json}, summary.txt (printed last).
 #
 #   gpu_run.sh OUT_DIR [--skip-tests] [--skip-memcheck] [--skip-bench] [--skip-service]
 #                      [--bench-args "..."] [--kernel-filter GTEST_FILTER]
@@ -116,6 +117,17 @@ if [[ $run_memcheck == 1 ]]; then
   [[ $rc == 0 ]] || status=1
   echo "memcheck (Small/*): rc=$rc in $(( $(date +%s) - start )) s;" \
     "$(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)" >> "$SUMMARY"
+  # The kernels' shared-memory handoffs (barriers, named-barrier arrive/wait) over the same grid.
+  for tool in racecheck synccheck; do
+    start=$(date +%s)
+    timeout "${VERIFYD_MEMCHECK_TIMEOUT:-200}" \
+      compute-sanitizer --tool "$tool" --error-exitcode 3 \
+      "$PACK/bin/test_custom_kernel" --gtest_filter='Small/*' > "$OUT/$tool.log" 2>&1
+    rc=$?
+    [[ $rc == 0 ]] || status=1
+    echo "$tool (Small/*): rc=$rc in $(( $(date +%s) - start )) s;" \
+      "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.log" | tail -1)" >> "$SUMMARY"
+  done
   start=$(date +%s)
   timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$PACK/bin/test_cuda_engine" \
     --gtest_filter='FaultInjection.*:Cases/Golden.*tree_odd*:CudaEngine.Refuses*' \

@@ -55,7 +55,9 @@ cudaError_t QueryDevice(int dev, DeviceFacts* f) {
   f->wgmma = major == 9 && minor == 0;
   f->hopper_tiles_fit = static_cast<size_t>(optin) >= HopperTiles::kSmemBytes;
   if (f->hopper_tiles_fit) {
-    for (auto* k : {custom::FusedVerifyKernel<HopperTiles, true, true>,
+    for (auto* k : {custom::FusedVerifyKernel<HopperTiles, true, true, true, true>,
+                    custom::FusedVerifyKernel<HopperTiles, true, true, true>,
+                    custom::FusedVerifyKernel<HopperTiles, true, true>,
                     custom::FusedVerifyKernel<HopperTiles, true, false>,
                     custom::FusedVerifyKernel<HopperTiles, false, false>}) {
       e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -111,7 +113,14 @@ ResolvedPlan Resolve(const VerifyProblem& p, const CustomConfig& c, CustomScoreM
   }
   r.plan = PlanCustom(p, small, sms, ctas, c.force_splits);
   r.plan.wgmma_scores = !small && f.wgmma && mma != CustomScoreMma::kMmaSync;
-  r.plan.wgmma_pv = r.plan.wgmma_scores && mma == CustomScoreMma::kAuto;
+  r.plan.wgmma_pv = r.plan.wgmma_scores && (mma == CustomScoreMma::kAuto ||
+                                            mma == CustomScoreMma::kWgmmaV3 ||
+                                            mma == CustomScoreMma::kWgmmaSeesaw ||
+                                            mma == CustomScoreMma::kWgmmaSeesawSplitK);
+  r.plan.seesaw = r.plan.wgmma_pv && (mma == CustomScoreMma::kWgmmaSeesaw ||
+                                      mma == CustomScoreMma::kWgmmaSeesawSplitK ||
+                                      (mma == CustomScoreMma::kAuto && ShipsSeesaw(r.plan)));
+  r.plan.split_k_scores = r.plan.seesaw && mma == CustomScoreMma::kWgmmaSeesawSplitK;
   return r;
 }
 
@@ -121,7 +130,7 @@ int Log2(int v) {
   return s;
 }
 
-template <class Cfg, bool kWgmmaS, bool kWgmmaPV>
+template <class Cfg, bool kWgmmaS, bool kWgmmaPV, bool kSeesaw = false, bool kSplitK = false>
 cudaError_t LaunchPlanned(const VerifyProblem& p, const CustomPlan& plan, void* workspace,
                           cudaStream_t stream) {
   KernelParams k{};
@@ -149,12 +158,26 @@ cudaError_t LaunchPlanned(const VerifyProblem& p, const CustomPlan& plan, void* 
         reinterpret_cast<float*>(static_cast<char*>(workspace) + plan.partial_lse_offset);
   }
   const dim3 grid(plan.row_blocks, plan.splits, p.shape.batch);
-  custom::FusedVerifyKernel<Cfg, kWgmmaS, kWgmmaPV>
+  custom::FusedVerifyKernel<Cfg, kWgmmaS, kWgmmaPV, kSeesaw, kSplitK>
       <<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(k);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || plan.splits == 1) return e;
   const int64_t blocks =
       (k.rows_total + custom::kCombineRowsPerBlock - 1) / custom::kCombineRowsPerBlock;
+  if constexpr (kSeesaw) {
+    // A programmatic dependent of the fused kernel: it launches while the last CTAs of the
+    // fused kernel run and waits (griddepcontrol.wait) for their results.
+    cudaLaunchConfig_t lc{};
+    lc.gridDim = dim3(static_cast<unsigned>(blocks));
+    lc.blockDim = dim3(128, custom::kCombineRowsPerBlock);
+    lc.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    lc.attrs = attr;
+    lc.numAttrs = 1;
+    return cudaLaunchKernelEx(&lc, custom::CombineSplitsKernel, k, Cfg::kTokens);
+  }
   custom::CombineSplitsKernel<<<static_cast<unsigned>(blocks),
                                 dim3(128, custom::kCombineRowsPerBlock), 0, stream>>>(k,
                                                                                       Cfg::kTokens);
@@ -201,6 +224,12 @@ cudaError_t LaunchCustomWith(const VerifyProblem& p, const CustomConfig& c, Cust
   }
   if (r.plan.small_tiles) {
     return LaunchPlanned<Sm120Tiles, false, false>(p, r.plan, workspace, stream);
+  }
+  if (r.plan.split_k_scores) {
+    return LaunchPlanned<HopperTiles, true, true, true, true>(p, r.plan, workspace, stream);
+  }
+  if (r.plan.seesaw) {
+    return LaunchPlanned<HopperTiles, true, true, true>(p, r.plan, workspace, stream);
   }
   if (r.plan.wgmma_pv) return LaunchPlanned<HopperTiles, true, true>(p, r.plan, workspace, stream);
   if (r.plan.wgmma_scores) {

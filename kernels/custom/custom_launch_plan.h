@@ -10,10 +10,21 @@
 
 namespace verifyd::kernels {
 
-// Which instructions the Hopper tiles use. kAuto: wgmma for Q·Kᵀ and P·V on sm_90 devices,
-// mma.sync elsewhere. kWgmmaScores: wgmma for Q·Kᵀ only. kMmaSync: mma.sync everywhere. The
-// narrower choices stay to compare against and to fall back on.
-enum class CustomScoreMma { kAuto, kWgmmaScores, kMmaSync };
+// Which instructions and schedule the Hopper tiles use. kAuto: wgmma for Q·Kᵀ and P·V on sm_90
+// devices with the schedule shipped for the shape's class, mma.sync elsewhere. kWgmmaV3: wgmma
+// for both, both warpgroups' softmax in step (v3). kWgmmaSeesaw: wgmma for both, the
+// warpgroups' softmax and P·V in turn, combine as a programmatic dependent launch (v4).
+// kWgmmaSeesawSplitK: v4 with Q·Kᵀ as m64n64 per warpgroup over half of the 576 dims.
+// kWgmmaScores: wgmma for Q·Kᵀ only. kMmaSync: mma.sync everywhere. The narrower choices stay
+// to compare against and to fall back on.
+enum class CustomScoreMma {
+  kAuto,
+  kWgmmaScores,
+  kMmaSync,
+  kWgmmaV3,
+  kWgmmaSeesaw,
+  kWgmmaSeesawSplitK
+};
 
 cudaError_t ResolveCustomPlan(const VerifyProblem& p, const CustomConfig& c, CustomPlan* plan,
                               CustomScoreMma mma = CustomScoreMma::kAuto);

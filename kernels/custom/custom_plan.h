@@ -42,6 +42,8 @@ struct CustomPlan {
   bool small_tiles = false;
   bool wgmma_scores = false;  // Q·Kᵀ on wgmma (Hopper tiles on an sm_90 device)
   bool wgmma_pv = false;      // P·V on wgmma as well
+  bool seesaw = false;        // wgmma P·V in the seesaw schedule (v4)
+  bool split_k_scores = false;  // v4 with Q·Kᵀ split over the 576 dims between warpgroups
   CustomTileShape tiles{};
   int row_blocks = 0;        // ceil(T*H / tiles.rows)
   int64_t max_tiles = 0;     // ceil(max_kv_len / tiles.tokens)
@@ -50,6 +52,12 @@ struct CustomPlan {
   size_t workspace_bytes = 0;  // fp32 partial o [splits, B*T*H, 512] + lse [splits, B*T*H]
   size_t partial_lse_offset = 0;
 };
+
+// Which wgmma schedule the shipped choice (CustomScoreMma::kAuto) runs on the Hopper tiles:
+// true for v4 (seesaw, split combine as a dependent launch), false for v3. Per shape class, from
+// verifyd-bench on the H200 (kernels/NOTES.md): v4 is 2-5% faster where the KV is cut into 8 or
+// more splits (the combine's launch overlaps the fused kernel), and not faster elsewhere.
+bool ShipsSeesaw(const CustomPlan& plan);
 
 // `ctas_per_sm`: how many CTAs of the chosen configuration one multiprocessor holds.
 // `force_splits` > 0 fixes the split count (clamped to [1, max_tiles]).

@@ -47,6 +47,169 @@ __device__ __forceinline__ void LoadRows(uint32_t tile, int tid, RowSrc row_src)
   }
 }
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Named barriers of the seesaw handoffs (1..4 are the v3 row-group exchanges), each between the
+// two warpgroups (256 threads) once per tile. The two warpgroups reach them at different places
+// in the code, hence the non-.aligned barrier.sync; both sides wait (a one-way bar.arrive on the
+// producing side timed the same, and compute-sanitizer's racecheck cannot follow it).
+inline constexpr int kBarMaxHalf0 = 5;  // warpgroup 0's row max (after its keys) is in red[0, 64)
+inline constexpr int kBarHalf1 = 6;     // warpgroup 1's row max in red[64, 128), its P in P
+inline constexpr int kBarPHalf0 = 7;    // warpgroup 0's P (at warpgroup 1's max) is in P
+inline constexpr int kBarSplitK = 8;  // split-K score halves exchanged (same instruction)
+
+// P (fp32, log2-domain exponent minus the row max) of this thread's 2 rows x 32 keys, as the A
+// fragments of two K = 16 steps of a register-A wgmma.
+__device__ __forceinline__ void PackPFragments(const float (&pv)[4][4], uint32_t (&a)[2][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) {
+    a[kk][0] = PackBf16x2(pv[2 * kk][0], pv[2 * kk][1]);
+    a[kk][1] = PackBf16x2(pv[2 * kk][2], pv[2 * kk][3]);
+    a[kk][2] = PackBf16x2(pv[2 * kk + 1][0], pv[2 * kk + 1][1]);
+    a[kk][3] = PackBf16x2(pv[2 * kk + 1][2], pv[2 * kk + 1][3]);
+  }
+}
+
+// Writes this thread's P values (rows row, row + 8; keys key0 + 8j + 2tq (+1)) into the
+// 128-byte-swizzled [64 rows, 64 keys] P tile that wgmma reads as a K-major A operand.
+__device__ __forceinline__ void StorePTile(const float (&pv)[4][4], int row, int key0, int tq,
+                                           uint32_t* p_words) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int col = key0 + j * 8 + 2 * tq;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = row + 8 * hh;
+      p_words[(r * 128 + (((col >> 3) ^ (r & 7)) << 4) + (col & 7) * 2) >> 2] =
+          PackBf16x2(pv[j][2 * hh], pv[j][2 * hh + 1]);
+    }
+  }
+}
+
+// One KV tile of the seesaw schedule. Warpgroup w holds scores s of all 64 rows x keys
+// [32w, 32w + 32) (log2 domain, masked) with their row maxima mx, and owns output dims
+// [256w, 256w + 256) in o_acc. The running max m is the same in both warpgroups. In turn:
+//   [0] m0 = max(m, mx0); o_L = o_L * 2^(m - m0) + P0(m0) V0_L        (P0 from registers)
+//   [1] m1 = max(m0, mx1); o_R = o_R * 2^(m - m1) + P1(m1) V1_R        (P1 from registers)
+//   [0] o_L = o_L * 2^(m0 - m1) + P1 V1_L ;  [1] o_R += P0(m1) V0_R     (from shared memory)
+// so one warpgroup's exponentials run while the other's P·V is on the tensor cores. Row sums
+// l follow o. Rows with nothing visible keep m = -inf and compute with 0 (exp2(-inf) = 0).
+template <class Cfg>
+__device__ __forceinline__ void SeesawTile(float (&s)[4][4], const float (&mx)[2],
+                                           float (&m_run)[2], float (&l_run)[2],
+                                           float (&o_acc)[128], int half, int row, int key0,
+                                           int tq, float* red, uint32_t* p_words, uint32_t p_s,
+                                           uint32_t kv_tile) {
+  constexpr int kRows = Cfg::kRows;
+  const uint64_t desc_v =
+      SmemDescSw128MnMajor(kv_tile + half * 4 * Cfg::kKvBlockBytes, Cfg::kKvBlockBytes);
+  const uint64_t desc_p = SmemDescSw128(p_s);
+  // K steps (16 keys) of the tile: warpgroup w's own keys are steps 2w, 2w + 1.
+  auto v_step = [&](int ks) { return desc_v + ((ks * 16 * 128) >> 4); };
+  auto p_step = [&](int ks) { return desc_p + ((ks * 32) >> 4); };
+  auto scale_o = [&](const float (&f)[2]) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      o_acc[4 * j] *= f[0];
+      o_acc[4 * j + 1] *= f[0];
+      o_acc[4 * j + 2] *= f[1];
+      o_acc[4 * j + 3] *= f[1];
+    }
+  };
+  auto exp_rows = [&](const float (&m_use)[2], float (&pv)[4][4], float (&rowsum)[2]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        pv[j][e] = FastExp2(s[j][e] - m_use[e >> 1]);
+        rowsum[e >> 1] += pv[j][e];
+      }
+  };
+  float pv[4][4], rowsum[2] = {0.f, 0.f}, f[2];
+  uint32_t a[2][4];
+  if (half == 0) {
+    float m0[2], m0_use[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      m0[i] = fmaxf(m_run[i], mx[i]);
+      m0_use[i] = m0[i] == -INFINITY ? 0.f : m0[i];
+      f[i] = FastExp2(m_run[i] - m0_use[i]);
+      if (tq == 0) red[row + 8 * i] = m0[i];
+    }
+    NamedBarrierAnyPc(kBarMaxHalf0, 2 * 128);
+    exp_rows(m0_use, pv, rowsum);
+    PackPFragments(pv, a);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * f[i] + rowsum[i];
+    scale_o(f);
+    FenceOperands(o_acc);
+    WgmmaFence();
+    WgmmaM64N256K16RegATransB(o_acc, a[0], v_step(0));
+    WgmmaM64N256K16RegATransB(o_acc, a[1], v_step(1));
+    WgmmaCommit();
+    // Warpgroup 1's max and its P are published.
+    NamedBarrierAnyPc(kBarHalf1, 2 * 128);
+    float m1[2], m1_use[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      m1[i] = red[kRows + row + 8 * i];
+      m1_use[i] = m1[i] == -INFINITY ? 0.f : m1[i];
+      f[i] = FastExp2(m0[i] - m1_use[i]);
+      l_run[i] *= f[i];
+      rowsum[i] = 0.f;
+    }
+    exp_rows(m1_use, pv, rowsum);
+    StorePTile(pv, row, key0, tq, p_words);
+    FenceProxyAsyncShared();
+    NamedBarrierAnyPc(kBarPHalf0, 2 * 128);
+    WgmmaWait<0>();
+    FenceOperands(o_acc);
+    scale_o(f);
+    FenceOperands(o_acc);
+    WgmmaFence();
+    WgmmaM64N256K16TransB(o_acc, p_step(2), v_step(2));
+    WgmmaM64N256K16TransB(o_acc, p_step(3), v_step(3));
+    WgmmaCommit();
+    WgmmaWait<0>();
+    FenceOperands(o_acc);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) m_run[i] = m1[i];
+  } else {
+    NamedBarrierAnyPc(kBarMaxHalf0, 2 * 128);
+    float m1[2], m1_use[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      m1[i] = fmaxf(red[row + 8 * i], mx[i]);
+      m1_use[i] = m1[i] == -INFINITY ? 0.f : m1[i];
+      f[i] = FastExp2(m_run[i] - m1_use[i]);
+      if (tq == 0) red[kRows + row + 8 * i] = m1[i];
+    }
+    exp_rows(m1_use, pv, rowsum);
+    StorePTile(pv, row, key0, tq, p_words);
+    FenceProxyAsyncShared();
+    NamedBarrierAnyPc(kBarHalf1, 2 * 128);
+    PackPFragments(pv, a);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * f[i] + rowsum[i];
+    scale_o(f);
+    FenceOperands(o_acc);
+    WgmmaFence();
+    WgmmaM64N256K16RegATransB(o_acc, a[0], v_step(2));
+    WgmmaM64N256K16RegATransB(o_acc, a[1], v_step(3));
+    WgmmaCommit();
+    // Warpgroup 0's P at this tile's final max is in shared memory.
+    NamedBarrierAnyPc(kBarPHalf0, 2 * 128);
+    WgmmaFence();
+    WgmmaM64N256K16TransB(o_acc, p_step(0), v_step(0));
+    WgmmaM64N256K16TransB(o_acc, p_step(1), v_step(1));
+    WgmmaCommit();
+    WgmmaWait<0>();
+    FenceOperands(o_acc);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) m_run[i] = m1[i];
+  }
+}
+#endif
+
 // On sm_90a with the Hopper tiles the tensor cores can read their operands straight from
 // shared memory (wgmma):
 //   kWgmmaS:  Q·Kᵀ as wgmma m64n32k16, one warpgroup per key half. Otherwise mma.sync fed by
@@ -55,21 +218,34 @@ __device__ __forceinline__ void LoadRows(uint32_t tile, int tid, RowSrc row_src)
 //             128-byte-swizzled tile, V read MN-major from the KV stage. Otherwise mma.sync with
 //             the PV role of tile_config.cuh. Needs kWgmmaS's warp-to-row mapping (warp w:
 //             rows 16*(w%4), warpgroup w/4), which the S role already has.
-// Anywhere else (sm_120, or the sm_120 tiles) both run as mma.sync.
-template <class Cfg, bool kWgmmaS, bool kWgmmaPV>
+//   kSeesaw:  with kWgmmaPV, the two warpgroups' softmax and P·V of a tile in turn
+//             (SeesawTile), and the split combine may launch early (programmatic dependent
+//             launch). kSplitK: with kSeesaw, Q·Kᵀ as m64n64k16 per warpgroup over half of the
+//             576 dims, the partial scores exchanged through shared memory.
+// Anywhere else (sm_120, or the sm_120 tiles) all of them run as mma.sync.
+template <class Cfg, bool kWgmmaS, bool kWgmmaPV, bool kSeesaw = false, bool kSplitK = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const KernelParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int kRows = Cfg::kRows, kTokens = Cfg::kTokens, kStages = Cfg::kStages;
   static_assert(kWgmmaS || !kWgmmaPV, "wgmma P·V comes with wgmma Q·Kᵀ");
+  static_assert(kWgmmaPV || !kSeesaw, "the seesaw schedule is a wgmma P·V schedule");
+  static_assert(kSeesaw || !kSplitK, "split-K scores come with the seesaw schedule");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr bool kUseWgmma = kWgmmaS;
   constexpr bool kUseWgmmaPV = kWgmmaPV;
+  constexpr bool kUseSeesaw = kSeesaw;
+  constexpr bool kUseSplitK = kSplitK;
   static_assert(!kWgmmaS || (Cfg::kRows == 64 && Cfg::kTokens == 64 && Cfg::kWarps == 8),
                 "the wgmma phases are written for 64 rows x 64 keys and two warpgroups");
 #else
   constexpr bool kUseWgmma = false;
   constexpr bool kUseWgmmaPV = false;
+  constexpr bool kUseSeesaw = false;
+  constexpr bool kUseSplitK = false;
 #endif
+  // The split combine (launched as a programmatic dependent of this grid) may start launching;
+  // it waits for this grid's completion before it reads anything.
+  if constexpr (kSeesaw) LaunchDependents();
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, tq = lane & 3;
@@ -198,7 +374,57 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const Kern
     for (int j = 0; j < Cfg::kNTilesS; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
-    if (use_wgmma) {
+    if constexpr (kUseSplitK) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+      // Warpgroup s_half: all 64 rows x all 64 keys over half of the 576 dims (k steps
+      // [18 * s_half, +18)): m64n64k16, so each warpgroup reads half of Q and of K instead of
+      // all of Q and half of K. The partial sums of the other warpgroup's 32 keys go to it
+      // through shared memory: warpgroup 0's through the P tile (free until P is written),
+      // warpgroup 1's through the tile's last 64-dim block (rope dims, which P·V does not read
+      // and only warpgroup 1's k steps do).
+      float acc[32];
+#pragma unroll
+      for (int i = 0; i < 32; ++i) acc[i] = 0.f;
+      const uint64_t desc_a = SmemDescSw128(q_s);
+      const uint64_t desc_b = SmemDescSw128(kv_tile);
+      FenceOperands(acc);
+      WgmmaFence();
+#pragma unroll
+      for (int k = 0; k < Cfg::kKSteps / 2; ++k) {
+        const int kk = s_half * (Cfg::kKSteps / 2) + k;
+        const uint64_t a_off = ((kk >> 2) * Cfg::kQBlockBytes + (kk & 3) * 32) >> 4;
+        const uint64_t b_off = ((kk >> 2) * Cfg::kKvBlockBytes + (kk & 3) * 32) >> 4;
+        WgmmaM64N64K16(acc, desc_a + a_off, desc_b + b_off);
+      }
+      WgmmaCommit();
+      WgmmaWait<0>();
+      FenceOperands(acc);
+      float4* to_wg1 = reinterpret_cast<float4*>(smem + Cfg::kPOffset);
+      float4* to_wg0 = reinterpret_cast<float4*>(smem + Cfg::kKvOffset + stage * Cfg::kStageBytes +
+                                                 8 * Cfg::kKvBlockBytes);
+      const int t = tid & 127;
+      float4* out = s_half == 0 ? to_wg1 : to_wg0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        // The other warpgroup's keys: 8-key tiles 4..7 for warpgroup 0, 0..3 for warpgroup 1.
+        const int o0 = 4 * (4 + k), o1 = 4 * k;
+        const float4 v0 = make_float4(acc[o0], acc[o0 + 1], acc[o0 + 2], acc[o0 + 3]);
+        const float4 v1 = make_float4(acc[o1], acc[o1 + 1], acc[o1 + 2], acc[o1 + 3]);
+        out[k * 128 + t] = s_half == 0 ? v0 : v1;
+      }
+      NamedBarrier(kBarSplitK, 2 * 128);
+      const float4* in = s_half == 0 ? to_wg0 : to_wg1;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float4 v = in[k * 128 + t];
+        const int m0 = 4 * k, m1 = 4 * (4 + k);
+        s[k][0] = (s_half == 0 ? acc[m0] : acc[m1]) + v.x;
+        s[k][1] = (s_half == 0 ? acc[m0 + 1] : acc[m1 + 1]) + v.y;
+        s[k][2] = (s_half == 0 ? acc[m0 + 2] : acc[m1 + 2]) + v.z;
+        s[k][3] = (s_half == 0 ? acc[m0 + 3] : acc[m1 + 3]) + v.w;
+      }
+#endif
+    } else if (use_wgmma) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
       // Warpgroup s_half: all kRows (= 64) rows x keys [s_key, s_key + 32).
       float acc[16];
@@ -266,113 +492,123 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const Kern
     for (int i = 0; i < 2; ++i) {
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-      if (tq == 0) red[s_half * kRows + s_row + g + 8 * i] = mx[i];
     }
-    NamedBarrier(1 + s_group, 64);
-    float m_use[2], alpha[2], rowsum[2] = {0.f, 0.f};
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const float other = red[(1 - s_half) * kRows + s_row + g + 8 * i];
-      const float m_new = fmaxf(m_run[i], fmaxf(mx[i], other));
-      // A row with nothing visible yet keeps m = -inf; exp2(-inf - 0) = 0 keeps it NaN-free.
-      m_use[i] = m_new == -INFINITY ? 0.f : m_new;
-      alpha[i] = FastExp2(m_run[i] - m_use[i]);
-      m_run[i] = m_new;
-    }
-#pragma unroll
-    for (int j = 0; j < Cfg::kNTilesS; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float pv = FastExp2(s[j][e] - m_use[e >> 1]);
-        s[j][e] = pv;
-        rowsum[e >> 1] += pv;
-      }
-      const int col = s_key + j * 8 + 2 * tq;
-      if constexpr (kUseWgmmaPV) {
-        // [64 rows, 128 bytes], 16-byte chunks swizzled by (row & 7): wgmma's K-major A.
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int r = s_row + g + 8 * hh;
-          p_words[(r * 128 + (((col >> 3) ^ (r & 7)) << 4) + (col & 7) * 2) >> 2] =
-              PackBf16x2(s[j][2 * hh], s[j][2 * hh + 1]);
-        }
-      } else {
-        p_words[((s_row + g) * Cfg::kPStride + col) >> 1] = PackBf16x2(s[j][0], s[j][1]);
-        p_words[((s_row + g + 8) * Cfg::kPStride + col) >> 1] = PackBf16x2(s[j][2], s[j][3]);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      l_run[i] = l_run[i] * alpha[i] + rowsum[i];
-      if (!kUseWgmmaPV && s_half == 0 && tq == 0) row_scale[s_row + g + 8 * i] = alpha[i];
-    }
-    if constexpr (kUseWgmmaPV) FenceProxyAsyncShared();  // P is read by the async proxy next
-    __syncthreads();  // P and the row scales are visible to the PV warps
-
-    // ---- O = O * alpha + P V.
-    if constexpr (kUseWgmmaPV) {
+    if constexpr (kUseSeesaw) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-      // Warpgroup s_half: 64 rows x dims [256 * s_half, +256); this thread's rows are its S rows,
-      // so alpha is already in registers.
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        o_acc[4 * j] *= alpha[0];
-        o_acc[4 * j + 1] *= alpha[0];
-        o_acc[4 * j + 2] *= alpha[1];
-        o_acc[4 * j + 3] *= alpha[1];
-      }
-      const uint64_t desc_p = SmemDescSw128(p_s);
-      const uint64_t desc_v =
-          SmemDescSw128MnMajor(kv_tile + s_half * 4 * Cfg::kKvBlockBytes, Cfg::kKvBlockBytes);
-      FenceOperands(o_acc);
-      WgmmaFence();
-#pragma unroll
-      for (int ks = 0; ks < kTokens / 16; ++ks) {
-        // P: 16 more keys = 32 bytes along its rows; V: 16 more keys = 16 rows of 128 bytes.
-        WgmmaM64N256K16TransB(o_acc, desc_p + ((ks * 32) >> 4), desc_v + ((ks * 16 * 128) >> 4));
-      }
-      WgmmaCommit();
-      WgmmaWait<0>();
-      FenceOperands(o_acc);
+      SeesawTile<Cfg>(s, mx, m_run, l_run, o_acc, s_half, s_row + g, s_key, tq, red, p_words,
+                      p_s, kv_tile);
 #endif
-    } else if (v_row < m_valid) {
-      // Rows v_row .. v_row + 32, dims v_dim .. v_dim + 128; o_acc[(mt * 16 + nt) * 4 + e].
+    } else {
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        const float a0 = row_scale[v_row + mt * 16 + g];
-        const float a1 = row_scale[v_row + mt * 16 + g + 8];
+      for (int i = 0; i < 2; ++i) {
+        if (tq == 0) red[s_half * kRows + s_row + g + 8 * i] = mx[i];
+      }
+      NamedBarrier(1 + s_group, 64);
+      float m_use[2], alpha[2], rowsum[2] = {0.f, 0.f};
 #pragma unroll
-        for (int nt = 0; nt < 16; ++nt) {
-          o_acc[(mt * 16 + nt) * 4] *= a0;
-          o_acc[(mt * 16 + nt) * 4 + 1] *= a0;
-          o_acc[(mt * 16 + nt) * 4 + 2] *= a1;
-          o_acc[(mt * 16 + nt) * 4 + 3] *= a1;
+      for (int i = 0; i < 2; ++i) {
+        const float other = red[(1 - s_half) * kRows + s_row + g + 8 * i];
+        const float m_new = fmaxf(m_run[i], fmaxf(mx[i], other));
+        // A row with nothing visible yet keeps m = -inf; exp2(-inf - 0) = 0 keeps it NaN-free.
+        m_use[i] = m_new == -INFINITY ? 0.f : m_new;
+        alpha[i] = FastExp2(m_run[i] - m_use[i]);
+        m_run[i] = m_new;
+      }
+#pragma unroll
+      for (int j = 0; j < Cfg::kNTilesS; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float pv = FastExp2(s[j][e] - m_use[e >> 1]);
+          s[j][e] = pv;
+          rowsum[e >> 1] += pv;
+        }
+        const int col = s_key + j * 8 + 2 * tq;
+        if constexpr (kUseWgmmaPV) {
+          // [64 rows, 128 bytes], 16-byte chunks swizzled by (row & 7): wgmma's K-major A.
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int r = s_row + g + 8 * hh;
+            p_words[(r * 128 + (((col >> 3) ^ (r & 7)) << 4) + (col & 7) * 2) >> 2] =
+                PackBf16x2(s[j][2 * hh], s[j][2 * hh + 1]);
+          }
+        } else {
+          p_words[((s_row + g) * Cfg::kPStride + col) >> 1] = PackBf16x2(s[j][0], s[j][1]);
+          p_words[((s_row + g + 8) * Cfg::kPStride + col) >> 1] = PackBf16x2(s[j][2], s[j][3]);
         }
       }
-      const bool mt1 = v_row + 16 < m_valid;
 #pragma unroll
-      for (int ks = 0; ks < kTokens / 16; ++ks) {
-        uint32_t pa[2][4];
+      for (int i = 0; i < 2; ++i) {
+        l_run[i] = l_run[i] * alpha[i] + rowsum[i];
+        if (!kUseWgmmaPV && s_half == 0 && tq == 0) row_scale[s_row + g + 8 * i] = alpha[i];
+      }
+      if constexpr (kUseWgmmaPV) FenceProxyAsyncShared();  // P is read by the async proxy next
+      __syncthreads();  // P and the row scales are visible to the PV warps
+
+      // ---- O = O * alpha + P V.
+      if constexpr (kUseWgmmaPV) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+        // Warpgroup s_half: 64 rows x dims [256 * s_half, +256); this thread's rows are its S rows,
+        // so alpha is already in registers.
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          o_acc[4 * j] *= alpha[0];
+          o_acc[4 * j + 1] *= alpha[0];
+          o_acc[4 * j + 2] *= alpha[1];
+          o_acc[4 * j + 3] *= alpha[1];
+        }
+        const uint64_t desc_p = SmemDescSw128(p_s);
+        const uint64_t desc_v =
+            SmemDescSw128MnMajor(kv_tile + s_half * 4 * Cfg::kKvBlockBytes, Cfg::kKvBlockBytes);
+        FenceOperands(o_acc);
+        WgmmaFence();
+#pragma unroll
+        for (int ks = 0; ks < kTokens / 16; ++ks) {
+          // P: 16 more keys = 32 bytes along its rows; V: 16 more keys = 16 rows of 128 bytes.
+          WgmmaM64N256K16TransB(o_acc, desc_p + ((ks * 32) >> 4), desc_v + ((ks * 16 * 128) >> 4));
+        }
+        WgmmaCommit();
+        WgmmaWait<0>();
+        FenceOperands(o_acc);
+#endif
+      } else if (v_row < m_valid) {
+        // Rows v_row .. v_row + 32, dims v_dim .. v_dim + 128; o_acc[(mt * 16 + nt) * 4 + e].
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
-          LdMatrixX4(pa[mt], p_s + ((v_row + mt * 16 + (lane & 15)) * Cfg::kPStride + ks * 16 +
-                                    (lane >> 4) * 8) * 2);
-        }
-        const uint32_t v_base =
-            kv_tile + (ks * 16 + v_key) * 128 + (v_dim / 64) * Cfg::kKvBlockBytes;
+          const float a0 = row_scale[v_row + mt * 16 + g];
+          const float a1 = row_scale[v_row + mt * 16 + g + 8];
 #pragma unroll
-        for (int np = 0; np < 8; ++np) {
-          uint32_t vb[4];
-          LdMatrixX4Trans(vb, v_base + (np >> 2) * Cfg::kKvBlockBytes + off_hi16[np & 3]);
-          MmaBf16At(o_acc, (2 * np) * 4, pa[0], vb[0], vb[1]);
-          MmaBf16At(o_acc, (2 * np + 1) * 4, pa[0], vb[2], vb[3]);
-          if (mt1) {
-            MmaBf16At(o_acc, (16 + 2 * np) * 4, pa[1], vb[0], vb[1]);
-            MmaBf16At(o_acc, (16 + 2 * np + 1) * 4, pa[1], vb[2], vb[3]);
+          for (int nt = 0; nt < 16; ++nt) {
+            o_acc[(mt * 16 + nt) * 4] *= a0;
+            o_acc[(mt * 16 + nt) * 4 + 1] *= a0;
+            o_acc[(mt * 16 + nt) * 4 + 2] *= a1;
+            o_acc[(mt * 16 + nt) * 4 + 3] *= a1;
+          }
+        }
+        const bool mt1 = v_row + 16 < m_valid;
+#pragma unroll
+        for (int ks = 0; ks < kTokens / 16; ++ks) {
+          uint32_t pa[2][4];
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            LdMatrixX4(pa[mt], p_s + ((v_row + mt * 16 + (lane & 15)) * Cfg::kPStride + ks * 16 +
+                                      (lane >> 4) * 8) * 2);
+          }
+          const uint32_t v_base =
+              kv_tile + (ks * 16 + v_key) * 128 + (v_dim / 64) * Cfg::kKvBlockBytes;
+#pragma unroll
+          for (int np = 0; np < 8; ++np) {
+            uint32_t vb[4];
+            LdMatrixX4Trans(vb, v_base + (np >> 2) * Cfg::kKvBlockBytes + off_hi16[np & 3]);
+            MmaBf16At(o_acc, (2 * np) * 4, pa[0], vb[0], vb[1]);
+            MmaBf16At(o_acc, (2 * np + 1) * 4, pa[0], vb[2], vb[3]);
+            if (mt1) {
+              MmaBf16At(o_acc, (16 + 2 * np) * 4, pa[1], vb[0], vb[1]);
+              MmaBf16At(o_acc, (16 + 2 * np + 1) * 4, pa[1], vb[2], vb[3]);
+            }
           }
         }
       }
-    }
+    }  // v3 softmax and P·V
   }
 
   // ---- Epilogue: both key halves' row sums meet in shared memory; normalize, store.

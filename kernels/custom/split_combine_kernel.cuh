@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/custom/device_primitives.cuh"
 #include "kernels/custom/kernel_params.h"
 #include "kernels/verify_problem.h"
 
@@ -19,6 +20,9 @@ inline constexpr int kCombineRowsPerBlock = 4;
 
 __global__ void __launch_bounds__(128 * kCombineRowsPerBlock)
     CombineSplitsKernel(const KernelParams p, int tokens_per_tile) {
+  // Launched as a programmatic dependent of the fused kernel: its partials are complete and
+  // visible only after this (a no-op after an ordinary launch).
+  WaitForPrimaryGrid();
   const int64_t row = int64_t{blockIdx.x} * kCombineRowsPerBlock + threadIdx.y;
   if (row >= p.rows_total) return;
   const int b = static_cast<int>(row / p.rows);

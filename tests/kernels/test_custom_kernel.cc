@@ -143,10 +143,12 @@ std::vector<KernelCase> GridCases() {
 }
 
 // hopper, hopper_split5: the Hopper tiles as shipped (wgmma Q·Kᵀ and P·V on an sm_90 device);
+// hopper_v4, hopper_v4_split5: the seesaw schedule; hopper_v4k: with split-K Q·Kᵀ;
+// hopper_v3: the v3 schedule by name;
 // hopper_qkwgmma: wgmma Q·Kᵀ, mma.sync P·V; hopper_mma: mma.sync for both; sm120*: the small
 // tiles that fit sm_120, forced on whatever GPU runs the test.
 std::vector<KernelConfig> Configs() {
-  std::vector<KernelConfig> v(6);
+  std::vector<KernelConfig> v(10);
   v[0].name = "hopper";
   v[1].name = "hopper_split5";
   v[1].config.force_splits = 5;
@@ -159,6 +161,15 @@ std::vector<KernelConfig> Configs() {
   v[5].name = "sm120_split3";
   v[5].config.small_smem = true;
   v[5].config.force_splits = 3;
+  v[6].name = "hopper_v4";
+  v[6].mma = kernels::CustomScoreMma::kWgmmaSeesaw;
+  v[7].name = "hopper_v4_split5";
+  v[7].mma = kernels::CustomScoreMma::kWgmmaSeesaw;
+  v[7].config.force_splits = 5;
+  v[8].name = "hopper_v3";
+  v[8].mma = kernels::CustomScoreMma::kWgmmaV3;
+  v[9].name = "hopper_v4k";
+  v[9].mma = kernels::CustomScoreMma::kWgmmaSeesawSplitK;
   return v;
 }
 

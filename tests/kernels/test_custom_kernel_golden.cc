@@ -9,6 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/custom/custom_attention.h"
+#include "kernels/custom/custom_launch_plan.h"
 #include "src/bundle/validate.h"
 #include "src/common/bf16.h"
 #include "src/compare/compare.h"
@@ -54,14 +55,28 @@ TEST_P(CustomKernelGolden, MatchesTheStoredOracle) {
 
   testing::DeviceBundle dev;
   ASSERT_EQ(dev.Upload(v), cudaSuccess);
-  for (bool small : {false, true}) {
-    SCOPED_TRACE(small ? "sm120 tiles" : "hopper tiles");
+  // The shipped choice in both tile configurations, and the v3 and v4 schedules of the Hopper
+  // tiles (v4k: with split-K Q·Kᵀ) by name.
+  struct Variant {
+    const char* name;
+    bool small;
+    kernels::CustomScoreMma mma;
+  };
+  for (const Variant& var : {Variant{"hopper", false, kernels::CustomScoreMma::kAuto},
+                             Variant{"hopper_v3", false, kernels::CustomScoreMma::kWgmmaV3},
+                             Variant{"hopper_v4", false, kernels::CustomScoreMma::kWgmmaSeesaw},
+                             Variant{"hopper_v4k", false,
+                                     kernels::CustomScoreMma::kWgmmaSeesawSplitK},
+                             Variant{"sm120", true, kernels::CustomScoreMma::kAuto}}) {
+    const bool small = var.small;
+    SCOPED_TRACE(var.name);
     kernels::CustomConfig c;
     c.small_smem = small;
     ASSERT_EQ(dev.Poison(), cudaSuccess);
     const size_t ws_bytes = kernels::CustomWorkspaceBytes(dev.problem, c);
     testing::DeviceBuffer ws(std::max<size_t>(ws_bytes, 16));
-    ASSERT_EQ(kernels::LaunchCustom(dev.problem, c, ws.get<void>(), ws_bytes, nullptr),
+    ASSERT_EQ(kernels::LaunchCustomWith(dev.problem, c, var.mma, ws.get<void>(), ws_bytes,
+                                        nullptr),
               cudaSuccess);
     std::vector<uint16_t> o(v.o_elems());
     std::vector<float> lse(v.lse_elems());
@@ -77,7 +92,7 @@ TEST_P(CustomKernelGolden, MatchesTheStoredOracle) {
                          file->lse_expected->as<float>(), static_cast<int64_t>(lse.size()),
                          Tolerance{});
     std::printf("[ metrics  ] golden=%s tiles=%s rel_l2=%.3e max_abs=%.3e lse_max_abs=%.3e\n",
-                GetParam().c_str(), small ? "sm120" : "hopper", d.rel_l2, d.max_abs,
+                GetParam().c_str(), var.name, d.rel_l2, d.max_abs,
                 d.lse_max_abs);
     EXPECT_EQ(d.nan_test, 0);
     EXPECT_LE(d.rel_l2, testing::kKernelMaxRelL2);
