@@ -87,7 +87,7 @@ std::vector<KernelCase> SmallCases() {
   return v;
 }
 
-// The grid of issue 3, as a covering design: every T with every H, every prefix with every page
+// The kernel grid, as a covering design: every T with every H, every prefix with every page
 // size, chains and random trees, both mask formats, fully masked rows, mixed prefixes in a batch.
 std::vector<KernelCase> GridCases() {
   const int drafts[] = {1, 2, 3, 8, 16, 17, 64, 128, 1024};
