@@ -216,7 +216,7 @@ class AdminTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             self.admin.flip("custom", reason="a fraction for custom", fraction=0.3, force=True)
         self.assertEqual(s["runtime"]["inject_custom_fault"], "")
-        self.assertEqual(s["runtime"]["regions"], [])
+        self.assertEqual(s["regions"], [])
         self.assertEqual(s["runtime"]["listen"], [self.daemon.data])
 
         r = self.admin.flip("custom", reason="python test", force=True, who="test@ci")

@@ -33,7 +33,7 @@ def _runtime(rt):
             "gate_window": rt.gate_window, "rollback_breaches": rt.rollback_breaches,
             "rollback_window": rt.rollback_window, "oracle_sample_rate": rt.oracle_sample_rate,
             "custom_timeout_ms": rt.custom_timeout_ms, "uptime_seconds": rt.uptime_seconds,
-            "started": rt.started, "regions": list(rt.regions), "listen": list(rt.listen),
+            "started": rt.started, "listen": list(rt.listen),
             "admin_listen": rt.admin_listen, "metrics_address": rt.metrics_address,
             "state_dir": rt.state_dir}
 
