@@ -7,6 +7,8 @@
 # overhead = p50 - served path, and shadow's added p50.
 #
 #   gpu_service_bench.sh PACK_DIR OUT_DIR [COUNT]
+#   TRANSPORTS="inline shm cuda_ipc cuda_ipc+stream" (default: all four; "+stream" sends on one
+#   bidirectional stream per worker instead of unary calls)
 set -uo pipefail
 PACK=$1 OUT=$2 COUNT=${3:-300}
 bin=$PACK/bin
@@ -30,19 +32,21 @@ ctl() { "$bin/verifyctl" --target="unix:$dir/data.sock" --admin="unix:$dir/admin
 
 start_daemon || exit 1
 # Reference and shadow alternate, twice per configuration, so that drift hits both alike.
-for transport in inline shm cuda_ipc; do
+for transport in ${TRANSPORTS:-inline shm cuda_ipc cuda_ipc+stream}; do
+  how=(--transport "${transport%+stream}")
+  [[ $transport == *+stream ]] && how+=(--stream)
   for shape in "${shapes[@]}"; do
     for conc in 1 8; do
       for rep in 1 2; do
         for mode in reference shadow; do
           ctl flip "$mode" --reason "service bench" > /dev/null || { echo "flip $mode failed"; exit 1; }
-          ctl send --transport "$transport" --shape "$shape" --page_size 64 --count 20 \
+          ctl send "${how[@]}" --shape "$shape" --page_size 64 --count 20 \
             --concurrency "$conc" > /dev/null
-          ctl send --transport "$transport" --shape "$shape" --page_size 64 --count "$COUNT" \
+          ctl send "${how[@]}" --shape "$shape" --page_size 64 --count "$COUNT" \
             --concurrency "$conc" --json > "$dir/one.json" ||
             echo "send failed: $transport $mode $shape $conc: $(tail -c 300 "$dir/one.json")"
-          python3 -c "import json,sys; j=json.load(open(sys.argv[1])); j['mode']=sys.argv[2]; j['rep']=int(sys.argv[3]); print(json.dumps(j))" \
-            "$dir/one.json" "$mode" "$rep" >> "$results"
+          python3 -c "import json,sys; j=json.load(open(sys.argv[1])); j['mode']=sys.argv[2]; j['rep']=int(sys.argv[3]); j['transport']=sys.argv[4]; print(json.dumps(j))" \
+            "$dir/one.json" "$mode" "$rep" "$transport" >> "$results"
         done
       done
     done
@@ -90,7 +94,7 @@ PY
 # verifyd_finite_check_seconds histogram) against the served custom path's mean time, which
 # includes it (verifyd_path_duration_seconds{path="custom"}), per shape at concurrency 1.
 ctl flip custom --force --reason "service bench: finite check" > /dev/null || echo "flip custom failed"
-for shape in "${shapes[@]}"; do
+for shape in ${FINITE_CHECK_SHAPES-${shapes[@]}}; do
   ctl send --shape "$shape" --page_size 64 --count 20 > /dev/null
   scrape_check "$shape" before
   ctl send --shape "$shape" --page_size 64 --count "$COUNT" --concurrency 1 > /dev/null
@@ -118,7 +122,7 @@ for (transport, mode, shape, conc), rs in groups.items():
     row["server_stage_seconds_p50"] = {k: mean([r["server_stage_seconds_p50"][k] for r in rs])
                                        for k in rs[0]["server_stage_seconds_p50"]}
     rows.append(row)
-order = {"inline": 0, "shm": 1, "cuda_ipc": 2}
+order = {"inline": 0, "shm": 1, "cuda_ipc": 2, "cuda_ipc+stream": 3}
 rows.sort(key=lambda r: (order.get(r["transport"], 9), r["shape"], r["concurrency"], r["mode"] != "reference"))
 try:
     memcpy = json.load(open(f"{sys.argv[2]}/memcpy.json"))
