@@ -1,6 +1,7 @@
 #pragma once
 // The engine interface: where a bundle's paths run (CPU or one CUDA device per worker).
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -98,6 +99,12 @@ class Engine {
   // host regions only.
   virtual absl::Status Deliver(Path path, PreparedBundle& b, const RegionRange& o,
                                const RegionRange* lse);
+  // Makes host memory (a shm region) readable by the engine's devices without a staging copy;
+  // returns what undoes it. Engines without devices do nothing.
+  virtual absl::StatusOr<std::function<void()>> PinHostMemory(void* base, uint64_t bytes) {
+    (void)base, (void)bytes;
+    return std::function<void()>();
+  }
   // Opens a CUDA IPC memory handle (64 bytes) on `device`, for a region of `byte_size` bytes
   // from its base. FAILED_PRECONDITION on an engine without GPUs.
   virtual absl::StatusOr<std::unique_ptr<MappedRegion>> OpenCudaIpc(int device,

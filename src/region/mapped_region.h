@@ -3,6 +3,8 @@
 // or one GPU's memory (a CUDA IPC handle opened on that GPU). Unmapped when destroyed.
 
 #include <cstdint>
+#include <functional>
+#include <utility>
 
 #include "absl/status/status.h"
 
@@ -20,6 +22,18 @@ class MappedRegion {
   // Copies [offset, offset + bytes) into host memory `dst` (a device-to-host copy on a GPU).
   // The caller checked the range.
   virtual absl::Status ReadToHost(uint64_t offset, uint64_t bytes, void* dst) const = 0;
+  // Runs before the memory is unmapped (undoes what was done to it after mapping, e.g. pinning).
+  void SetBeforeUnmap(std::function<void()> f) { before_unmap_ = std::move(f); }
+
+ protected:
+  // Subclasses call it first in their destructor.
+  void RunBeforeUnmap() {
+    if (before_unmap_) before_unmap_();
+    before_unmap_ = nullptr;
+  }
+
+ private:
+  std::function<void()> before_unmap_;
 };
 
 }  // namespace verifyd

@@ -43,8 +43,9 @@ const char* RegionKindName(RegionKind k) {
   return k == RegionKind::kShm ? "shm" : "cuda_ipc";
 }
 
-RegionRegistry::RegionRegistry(RegionLimits limits, CudaOpener cuda_opener)
-    : limits_(limits), cuda_opener_(std::move(cuda_opener)) {}
+RegionRegistry::RegionRegistry(RegionLimits limits, CudaOpener cuda_opener,
+                               HostPinner host_pinner)
+    : limits_(limits), cuda_opener_(std::move(cuda_opener)), host_pinner_(std::move(host_pinner)) {}
 
 RegionRegistry::~RegionRegistry() {
   std::lock_guard<std::mutex> l(mu_);
@@ -119,6 +120,15 @@ absl::StatusOr<RegionSummary> RegionRegistry::RegisterShm(const std::string& nam
   if (absl::Status st = CheckNewName(name, byte_size); !st.ok()) return st;
   absl::StatusOr<std::unique_ptr<MappedRegion>> m = MapShm(key, offset, byte_size);
   if (!m.ok()) return m.status();
+  if (host_pinner_) {
+    absl::StatusOr<std::function<void()>> unpin = host_pinner_((*m)->base(), byte_size);
+    if (unpin.ok()) {
+      (*m)->SetBeforeUnmap(std::move(*unpin));
+    } else {
+      spdlog::warn("region '{}': not pinned, calls stage it through a copy: {}", name,
+                   unpin.status().ToString());
+    }
+  }
   auto e = std::make_shared<Entry>();
   e->info.name = name;
   e->info.kind = RegionKind::kShm;

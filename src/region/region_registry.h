@@ -62,10 +62,13 @@ class RegionRegistry {
   // Opens a CUDA IPC handle on a device (the engine's); FAILED_PRECONDITION when it cannot.
   using CudaOpener = std::function<absl::StatusOr<std::unique_ptr<MappedRegion>>(
       int device, const std::string& handle, uint64_t byte_size)>;
+  // Pins a shm region's host memory for the engine's copy engines (cudaHostRegister); returns
+  // what unpins it. An error leaves the region usable, through staging copies.
+  using HostPinner = std::function<absl::StatusOr<std::function<void()>>(char* base, uint64_t bytes)>;
   // Sees the region count and total bytes after every change (metrics).
   using Observer = std::function<void(int64_t regions, uint64_t bytes)>;
 
-  RegionRegistry(RegionLimits limits, CudaOpener cuda_opener);
+  RegionRegistry(RegionLimits limits, CudaOpener cuda_opener, HostPinner host_pinner = nullptr);
   ~RegionRegistry();
   void SetObserver(Observer o);
   const RegionLimits& limits() const { return limits_; }
@@ -103,6 +106,7 @@ class RegionRegistry {
 
   RegionLimits limits_;
   CudaOpener cuda_opener_;
+  HostPinner host_pinner_;
   Observer observer_;
   mutable std::mutex mu_;
   std::condition_variable released_;  // a pin went away

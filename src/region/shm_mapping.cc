@@ -17,7 +17,10 @@ class ShmMapping final : public MappedRegion {
  public:
   ShmMapping(void* map, uint64_t map_bytes, uint64_t skip, uint64_t byte_size)
       : map_(map), map_bytes_(map_bytes), skip_(skip), byte_size_(byte_size) {}
-  ~ShmMapping() override { munmap(map_, map_bytes_); }
+  ~ShmMapping() override {
+    RunBeforeUnmap();
+    munmap(map_, map_bytes_);
+  }
 
   char* base() const override { return static_cast<char*>(map_) + skip_; }
   uint64_t byte_size() const override { return byte_size_; }

@@ -187,9 +187,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
   if (opts.regions.max_regions > 0) {
     Engine* engine = d->engine_.get();
     d->regions_ = std::make_unique<RegionRegistry>(
-        opts.regions, [engine](int device, const std::string& handle, uint64_t bytes) {
+        opts.regions,
+        [engine](int device, const std::string& handle, uint64_t bytes) {
           return engine->OpenCudaIpc(device, handle, bytes);
-        });
+        },
+        [engine](char* base, uint64_t bytes) { return engine->PinHostMemory(base, bytes); });
     d->regions_->SetObserver(
         [m = d->metrics_.get()](int64_t n, uint64_t bytes) { m->SetRegions(n, bytes); });
     d->handler_->SetRegions(d->regions_.get());

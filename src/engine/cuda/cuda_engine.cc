@@ -280,6 +280,22 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> CudaEngine::OpenCudaIpc(int device
   return OpenCudaIpcMapping(*workers_[device], device, handle, byte_size);
 }
 
+absl::StatusOr<std::function<void()>> CudaEngine::PinHostMemory(void* base, uint64_t bytes) {
+  DeviceWorker& w = *workers_.front();
+  VERIFYD_RETURN_IF_ERROR(w.Activate());
+  const cudaError_t e =
+      cudaHostRegister(base, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // not sticky
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cudaHostRegister of ", bytes, " bytes: ", cudaGetErrorString(e)));
+  }
+  return std::function<void()>([&w, base] {
+    if (w.Activate().ok()) cudaHostUnregister(base);
+    cudaGetLastError();
+  });
+}
+
 absl::Status CudaEngine::Deliver(Path path, PreparedBundle& pb, const RegionRange& o,
                                  const RegionRange* lse) {
   auto& b = static_cast<CudaPreparedBundle&>(pb);

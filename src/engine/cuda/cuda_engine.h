@@ -53,6 +53,8 @@ class CudaEngine : public Engine {
                        const RegionRange* lse) override;
   absl::StatusOr<std::unique_ptr<MappedRegion>> OpenCudaIpc(int device, const std::string& handle,
                                                             uint64_t byte_size) override;
+  // cudaHostRegister (portable, mapped): every device's copy engine and kernels read it.
+  absl::StatusOr<std::function<void()>> PinHostMemory(void* base, uint64_t bytes) override;
   // One reduction kernel over o and lse on the path's own stream; a 4-byte flag comes back.
   absl::StatusOr<bool> AllFinite(Path path, PreparedBundle& b) override;
   absl::StatusOr<DiffStats> Compare(PreparedBundle& b, Path test, Path ref,

@@ -16,6 +16,17 @@ size_t AlignUp(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 int Index(Path p) { return static_cast<int>(p); }
 
+// The device address of host memory registered with CUDA (cudaHostRegister), or null for memory
+// the GPU cannot read itself.
+const void* DeviceReadable(const void* host) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, host) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return a.type == cudaMemoryTypeHost ? a.devicePointer : nullptr;
+}
+
 }  // namespace
 
 CudaPreparedBundle::CudaPreparedBundle(DeviceWorker& worker, Lane& lane, const BundleView& v)
@@ -40,7 +51,13 @@ absl::Status CudaPreparedBundle::Upload(const BundleView& v, bool detach) {
   q_in_place_ = v.q_device >= 0 && !detach;
   pool_in_place_ = v.kv_pool_device >= 0 && !detach;
   const bool compact = v.kv_pool_shared && !pool_in_place_;
-  const bool gather_on_device = compact && v.kv_pool_device >= 0;
+  // Sources the GPU reads itself: a CUDA IPC region, or a shm region the engine pinned
+  // (CudaEngine::PinHostMemory). Their bytes skip the staging copy.
+  const void* q_src = v.q_device >= 0 ? v.q : DeviceReadable(v.q);
+  const void* pool_src = v.kv_pool_device >= 0 ? v.kv_pool
+                                                : (v.kv_pool_shared ? DeviceReadable(v.kv_pool)
+                                                                    : nullptr);
+  const bool gather_on_device = compact && pool_src != nullptr;
   std::vector<int32_t> renumbered;
   if (compact) {
     renumbered.resize(n_idx);
@@ -57,9 +74,9 @@ absl::Status CudaPreparedBundle::Upload(const BundleView& v, bool detach) {
   };
   Piece pieces[kPieces];
   const size_t q_bytes = size_t(v.q_elems()) * 2;
-  if (!q_in_place_) pieces[kQ] = {v.q_device >= 0 ? nullptr : v.q, q_bytes};
+  if (!q_in_place_) pieces[kQ] = {q_src != nullptr ? nullptr : v.q, q_bytes};
   if (!pool_in_place_) {
-    pieces[kPool] = compact ? Piece{v.kv_pool_device >= 0 ? nullptr : v.kv_pool, n_idx * page_bytes}
+    pieces[kPool] = compact ? Piece{gather_on_device ? nullptr : v.kv_pool, n_idx * page_bytes}
                             : Piece{v.kv_pool, size_t(v.kv_elems()) * 2};
   }
   pieces[kIndptr] = {v.kv_indptr, size_t(s.batch + 1) * 4};
@@ -133,14 +150,14 @@ absl::Status CudaPreparedBundle::Upload(const BundleView& v, bool detach) {
         where);
   }
   if (st.ok()) st = worker_.Check(cudaEventRecord(in.copied, lane_.served), where);
-  if (st.ok() && v.q_device >= 0 && !q_in_place_) {
-    st = worker_.Check(cudaMemcpyAsync(dev + pieces[kQ].offset, v.q, q_bytes,
-                                       cudaMemcpyDeviceToDevice, lane_.served),
-                       "snapshotting q");
+  if (st.ok() && q_src != nullptr && !q_in_place_) {
+    st = worker_.Check(cudaMemcpyAsync(dev + pieces[kQ].offset, q_src, q_bytes, cudaMemcpyDefault,
+                                       lane_.served),
+                       "copying q");
   }
   if (st.ok() && gather_on_device) {
     st = worker_.Check(kernels::LaunchGatherPages(
-                           v.kv_pool, reinterpret_cast<const int32_t*>(dev + pieces[kSrcPages].offset),
+                           pool_src, reinterpret_cast<const int32_t*>(dev + pieces[kSrcPages].offset),
                            s.num_indices, static_cast<int64_t>(page_bytes),
                            dev + pieces[kPool].offset, lane_.served),
                        "snapshotting the KV pages");
