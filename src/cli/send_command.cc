@@ -35,7 +35,7 @@ struct Tally {
   std::vector<double> latency_s;
   std::vector<double> server_s;
   // Server-side stage timings: decode, prepare (host to device), served path, fetch (back).
-  std::vector<double> decode_s, prepare_s, served_path_s, fetch_s;
+  std::vector<double> decode_s, prepare_s, served_path_s, fetch_s, parse_s;
   std::map<std::string, int64_t> served;
   std::map<std::string, int64_t> errors;
   std::string first_error;
@@ -49,6 +49,7 @@ struct Tally {
     prepare_s.push_back(r.timing().prepare_seconds());
     served_path_s.push_back(r.timing().served_seconds());
     fetch_s.push_back(r.timing().fetch_seconds());
+    parse_s.push_back(r.timing().parse_seconds());
     served[r.served_path() == v1::PATH_CUSTOM ? "custom" : "reference"]++;
   }
   // `calls` that failed with one code: a broken stream fails the call in flight and every call
@@ -110,6 +111,18 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
     requests[i].set_compare_sync(s.compare_sync);
     requests[i].set_device(s.device);
     bundle_bytes = requests[i].ByteSizeLong();
+  }
+
+  // The client's own encoding of one call (what gRPC does to the message before sending it).
+  std::vector<double> encode_s;
+  {
+    v1::VerifyRequest probe = requests[0];
+    std::string wire;
+    for (int i = 0; i < 5; ++i) {
+      const auto t = Clock::now();
+      probe.SerializeToString(&wire);
+      encode_s.push_back(std::chrono::duration<double>(Clock::now() - t).count());
+    }
   }
 
   auto channel = MakeChannel(g.target);
@@ -231,11 +244,13 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
                {"calls_per_second", lat.size() / wall},
                {"latency_seconds", {{"p50", p50}, {"p90", p90}, {"p99", p99}, {"max", mx}}},
                {"server_seconds_p50", srv50},
+               {"client_encode_seconds", Percentile(encode_s, 0.5)},
                {"server_stage_seconds_p50",
                 {{"decode", Percentile(tally.decode_s, 0.5)},
                  {"prepare", Percentile(tally.prepare_s, 0.5)},
                  {"served_path", Percentile(tally.served_path_s, 0.5)},
-                 {"fetch", Percentile(tally.fetch_s, 0.5)}}}});
+                 {"fetch", Percentile(tally.fetch_s, 0.5)},
+                 {"parse", Percentile(tally.parse_s, 0.5)}}}});
   } else {
     std::cout << fmt::format(
         "{} calls of shape {} ({:.1f} MB each, page_size {}) to {}, concurrency {}{}, transport "
@@ -261,9 +276,11 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
         "latency ms  p50 {:.2f}  p90 {:.2f}  p99 {:.2f}  max {:.2f}   (server p50 {:.2f})\n",
         p50 * 1e3, p90 * 1e3, p99 * 1e3, mx * 1e3, srv50 * 1e3);
     std::cout << fmt::format(
-        "server p50 ms  decode {:.3f}  prepare {:.3f}  served path {:.3f}  fetch {:.3f}\n",
-        Percentile(tally.decode_s, 0.5) * 1e3, Percentile(tally.prepare_s, 0.5) * 1e3,
-        Percentile(tally.served_path_s, 0.5) * 1e3, Percentile(tally.fetch_s, 0.5) * 1e3);
+        "server p50 ms  parse {:.3f}  decode {:.3f}  prepare {:.3f}  served path {:.3f}  fetch "
+        "{:.3f}   (client encode {:.3f})\n",
+        Percentile(tally.parse_s, 0.5) * 1e3, Percentile(tally.decode_s, 0.5) * 1e3,
+        Percentile(tally.prepare_s, 0.5) * 1e3, Percentile(tally.served_path_s, 0.5) * 1e3,
+        Percentile(tally.fetch_s, 0.5) * 1e3, Percentile(encode_s, 0.5) * 1e3);
     std::cout << "served";
     for (const auto& [k, v] : tally.served) std::cout << fmt::format("  {} {}", k, v);
     std::cout << "\n";

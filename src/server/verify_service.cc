@@ -119,6 +119,8 @@ absl::Status VerifyServiceImpl::Serve(grpc::ServerContext* ctx, Raw& in,
   const auto t0 = std::chrono::steady_clock::now();
   absl::Status st = Admit(in, admitted);
   if (st.ok()) st = Parse(in, req);
+  const double parse_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!st.ok()) {
     in.Clear();
     metrics_->Request(
@@ -133,7 +135,9 @@ absl::Status VerifyServiceImpl::Serve(grpc::ServerContext* ctx, Raw& in,
     return st;
   }
   const CallContext call([ctx] { return ctx->IsCancelled(); }, ctx->deadline());
-  return handler_->Handle(*req, resp, call);
+  st = handler_->Handle(*req, resp, call);
+  if (st.ok()) resp->mutable_timing()->set_parse_seconds(parse_s);
+  return st;
 }
 
 grpc::Status VerifyServiceImpl::Verify(grpc::ServerContext* ctx, RawUnary* call) {
