@@ -72,6 +72,25 @@ def request(tensors, bits, sm_scale=0.0417):
     return req.SerializeToString()
 
 
+def shm_request(tensors, region="r"):
+    """q, kv_pool and o_out as ranges of the fuzz target's registered shm region (zeros there),
+    the index tensors and the mask inline: the common case of the shm transport."""
+    req = verify_pb2.VerifyRequest()
+    req.ParseFromString(request(tensors, False))
+    rows = tensors["q"][1][0]
+    req.o_out.dtype = types_pb2.DTYPE_BF16
+    req.o_out.shape.extend([rows, 1, 512])
+    offset = 0
+    for name, size in (("q", len(tensors["q"][2])), ("kv_pool", len(tensors["kv_pool"][2])),
+                       ("o_out", rows * 1024)):
+        t = getattr(req, name)
+        t.shm.region = region
+        t.shm.offset = offset
+        t.shm.byte_size = size
+        offset += (size + 63) // 64 * 64
+    return req.SerializeToString()
+
+
 def safetensors(tensors, sm_scale=0.0417):
     tensors = dict(tensors)
     tensors["sm_scale"] = ("F32", [1], struct.pack("<f", sm_scale))
@@ -99,6 +118,7 @@ def main():
     write("request", "tree", request(tree, False))
     write("request", "bits", request(bits, True))
     write("request", "bad_sm_scale", request(small, False, sm_scale=-1))
+    write("request", "shm_region", shm_request(tree))
     write("safetensors", "small", safetensors(small))
     write("safetensors", "tree", safetensors(tree))
     write("safetensors", "bad_header_only", struct.pack("<Q", 2) + b"{}")
