@@ -1,6 +1,5 @@
 #include "src/cli/cli_common.h"
 
-#include "src/common/grpc_bulk_args.h"
 #include <chrono>
 #include <iostream>
 
@@ -12,7 +11,6 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(INT32_MAX);
   args.SetMaxSendMessageSize(INT32_MAX);
-  SetBulkTransferArgs(args);
   return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
 }
 

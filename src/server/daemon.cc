@@ -13,7 +13,6 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "spdlog/spdlog.h"
-#include "src/common/grpc_bulk_args.h"
 #include "src/common/status_macros.h"
 #include "src/server/admin_service.h"
 #include "src/server/runtime_facts.h"
@@ -208,11 +207,6 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
     grpc::ServerBuilder b;
     std::vector<int> ports(opts.listen.size(), 0);
     ConfigureServer(b, "verifyd-data", opts.grpc_max_threads, opts.grpc_max_concurrent_streams);
-    struct BuilderArgs {
-      grpc::ServerBuilder& b;
-      void SetInt(const char* name, int v) { b.AddChannelArgument(name, v); }
-    } bulk{b};
-    SetBulkTransferArgs(bulk);
     for (size_t i = 0; i < opts.listen.size(); ++i) {
       b.AddListeningPort(opts.listen[i], ListenerCredentials(opts.listen[i], opts.tls),
                          &ports[i]);
