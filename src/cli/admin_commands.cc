@@ -44,6 +44,21 @@ std::string Duration(double seconds) {
 
 nlohmann::json NumJson(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); }
 
+// "drift       ok: custom/reference error vs oracle 1.08x over 64 samples (t -41 < 3 against
+// 1.35x); 0 breaches".
+void PrintDrift(const v1::DriftStatus& d) {
+  std::string verdict = d.samples() == 0 ? "no oracle samples yet"
+                        : !std::isfinite(d.t())
+                            ? fmt::format("{}x over {} samples, no verdict before {}",
+                                          Num(d.ratio()), d.samples(), d.min_samples())
+                            : fmt::format("{}x over {} samples (t {} {} {} against {}x)",
+                                          Num(d.ratio()), d.samples(), Num(d.t()),
+                                          d.breach() ? ">=" : "<", d.min_t(), d.max_ratio());
+  std::cout << fmt::format("drift       {}: custom/reference error vs oracle {}; {} breaches{}\n",
+                           d.breach() ? "IN BREACH" : "ok", verdict, d.breaches(),
+                           d.last_breach().empty() ? "" : ", last " + d.last_breach());
+}
+
 }  // namespace
 
 int RunStatus(const GlobalOptions& g) {
@@ -84,6 +99,14 @@ int RunStatus(const GlobalOptions& g) {
                              {"comparisons_error", c.comparisons_error()},
                              {"comparisons_skipped", c.comparisons_skipped()},
                              {"rollbacks", c.rollbacks()}}},
+               {"drift", {{"samples", s.drift().samples()}, {"ratio", NumJson(s.drift().ratio())},
+                          {"t", NumJson(s.drift().t())}, {"breach", s.drift().breach()},
+                          {"breaches", s.drift().breaches()},
+                          {"last_breach", s.drift().last_breach()},
+                          {"window", s.drift().window()},
+                          {"min_samples", s.drift().min_samples()},
+                          {"max_ratio", s.drift().max_ratio()},
+                          {"min_t", s.drift().min_t()}}},
                {"last_rollback_reason", s.last_rollback_reason()},
                {"shadow_sample_rate", s.shadow_sample_rate()},
                {"custom_sample_rate", s.custom_sample_rate()},
@@ -155,6 +178,7 @@ int RunStatus(const GlobalOptions& g) {
       "reference {}\n",
       r.oracle_samples(), Num(r.custom_vs_oracle_rel_l2()), Num(r.reference_vs_oracle_rel_l2()),
       Num(r.rel_l2_mean()));
+  PrintDrift(s.drift());
   const auto& cap = s.capture();
   std::cout << fmt::format("sampling    shadow {}  custom {}  oracle {}\n",
                            s.shadow_sample_rate(), s.custom_sample_rate(),

@@ -42,6 +42,8 @@ class Metrics {
   void SetMode(Mode m, double canary_fraction);
   void SetGate(const GateStatus& g);  // also verifyd_mode_forced
   void Rollback(std::string_view reason);
+  // After every oracle sample: the drift test's reading; `new_breach` when it went into breach.
+  void Drift(const DriftReading& r, bool new_breach);
   void OracleError();
   void AdminAuthFailure();
   void SetShadowQueueDepth(int64_t depth);
@@ -66,6 +68,9 @@ class Metrics {
   prometheus::Gauge* gate_clean_;
   prometheus::Gauge* mode_forced_;
   prometheus::Family<prometheus::Counter>* rollbacks_;
+  prometheus::Gauge* drift_ratio_;
+  prometheus::Gauge* drift_t_;
+  prometheus::Counter* drift_breaches_;
   prometheus::Counter* oracle_errors_;
   prometheus::Counter* admin_auth_failures_;
   prometheus::Gauge* shadow_queue_depth_;

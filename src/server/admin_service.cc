@@ -49,6 +49,19 @@ void FillRuntime(const RuntimeFacts& f, v1::RuntimeConfig* out) {
   out->set_state_dir(f.state_dir);
 }
 
+void FillDrift(const DriftStatus& d, v1::DriftStatus* out) {
+  out->set_samples(d.reading.samples);
+  out->set_ratio(d.reading.ratio);
+  out->set_t(d.reading.t);
+  out->set_breach(d.reading.breach);
+  out->set_breaches(d.breaches);
+  out->set_last_breach(d.last_breach);
+  out->set_window(d.options.window);
+  out->set_min_samples(d.options.min_samples);
+  out->set_max_ratio(d.options.max_ratio);
+  out->set_min_t(d.options.min_t);
+}
+
 void FillCapture(const Capturer* c, v1::CaptureStatus* out) {
   if (c == nullptr) return;
   const CaptureStatus s = c->Status();
@@ -140,6 +153,7 @@ grpc::Status AdminServiceImpl::GetStatus(grpc::ServerContext* ctx, const v1::Get
   r->set_oracle_samples(s.recent.oracle_samples);
   r->set_custom_vs_oracle_rel_l2(s.recent.custom_vs_oracle);
   r->set_reference_vs_oracle_rel_l2(s.recent.reference_vs_oracle);
+  FillDrift(s.drift, resp->mutable_drift());
   auto* e = resp->mutable_engine();
   e->set_engine(ctx_.engine.engine);
   e->set_device(ctx_.engine.device);

@@ -131,6 +131,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
     d->engine_->InjectCustomFault(opts.inject_custom_fault);
   }
   const EngineInfo info = d->engine_->Info();
+  if (opts.inject_custom_fault.kind == CustomFault::Kind::kBf16Pv && info.engine != "cpu") {
+    return absl::InvalidArgumentError("inject_custom_fault: bf16_pv needs the CPU engine");
+  }
 
   BuildInfo build{VERIFYD_VERSION, VERIFYD_GIT_COMMIT, info.engine, info.device,
                   info.compute_capability};
@@ -143,6 +146,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
   copts.build = {VERIFYD_VERSION, VERIFYD_GIT_COMMIT,
                  ConfigFingerprint(CustomConfigDescription(info, opts))};
   copts.on_rollback = [metrics](std::string_view reason) { metrics->Rollback(reason); };
+  copts.on_drift = [metrics](const DriftReading& r, bool b) { metrics->Drift(r, b); };
   copts.on_change = [metrics](const PersistedState& s, const GateStatus& g) {
     metrics->SetMode(s.mode, s.canary_fraction);
     metrics->SetGate(g);
