@@ -300,6 +300,34 @@ std::optional<std::string> ModeController::RecordOracle(double custom_vs_oracle,
   return label;
 }
 
+std::optional<std::string> ModeController::RecordProbe(bool passed, const std::string& summary) {
+  std::optional<EvidenceSave> to_save;
+  std::optional<std::string> label;
+  {
+    absl::MutexLock l(&mu_);
+    const bool was_ready = GateLocked().ready;
+    probe_state_ = passed ? ProbeState::kPassed : ProbeState::kFailed;
+    probe_summary_ = summary;
+    if (!passed) {
+      const bool was_clean = state_.gate.clean > 0;
+      state_.gate.clean = 0;
+      state_.gate.last_breach = absl::StrCat(Now(), " probe: ", summary);
+      evidence_dirty_ = true;
+      if (ServesCustom(state_.mode)) {
+        label = "probe";
+        PersistedState next = state_;
+        next.mode = Mode::kShadow;
+        DaemonChangeLocked(next, *label, "auto-rollback: probe suite: " + summary).IgnoreError();
+      }
+      to_save = TakeEvidenceLocked(was_clean, was_ready);
+    } else {
+      to_save = TakeEvidenceLocked(false, was_ready);
+    }
+  }
+  SaveTakenEvidence(to_save);
+  return label;
+}
+
 absl::Status ModeController::CommitLocked(PersistedState next, AuditEntry e, bool always) {
   next.build = opts_.build;
   if (!ServesCustom(next.mode)) next.forced = false;
@@ -357,13 +385,19 @@ GateStatus ModeController::GateLocked() const {
   g.clean = state_.gate.clean;
   g.needed = opts_.gate_window;
   const DriftReading drift = drift_.Reading();
-  g.ready = g.clean >= opts_.gate_window && !drift.breach;
+  const bool probe_ok = !opts_.require_probe || probe_state_ == ProbeState::kPassed;
+  g.ready = g.clean >= opts_.gate_window && !drift.breach && probe_ok;
   g.last_breach = state_.gate.last_breach;
   g.forced = ServesCustom(state_.mode) && state_.forced;
   if (!g.ready) {
     g.reason = absl::StrCat(g.clean, " of ", opts_.gate_window, " comparisons in a row are clean");
     if (drift.breach) {
       absl::StrAppend(&g.reason, "; oracle drift: ", DescribeDrift(drift, drift_.options()));
+    }
+    if (!probe_ok) {
+      absl::StrAppend(&g.reason, probe_state_ == ProbeState::kNotRun
+                                     ? "; the probe suite has not passed yet"
+                                     : "; the probe suite failed: " + probe_summary_);
     }
     if (!g.last_breach.empty()) absl::StrAppend(&g.reason, "; last breach ", g.last_breach);
   }

@@ -52,7 +52,7 @@ struct ControllerOptions {
   absl::Duration evidence_save_interval = absl::Seconds(10);
   // Called once for every mode change the daemon makes by itself that leaves canary/custom, with
   // its reason label: "tolerance", "nan_inf", "error", "timeout" (auto-rollback),
-  // "drift", "custom_fault", "build_changed" (restart). Called with the controller's lock held: it must
+  // "drift", "probe", "custom_fault", "build_changed" (restart). Called with the controller's lock held: it must
   // not call back into the controller.
   std::function<void(std::string_view reason)> on_rollback;
   // Called after every change of mode or sampling, by a client or by the daemon, with the new
@@ -64,6 +64,9 @@ struct ControllerOptions {
   // Called after every oracle sample with the drift reading, and whether this sample started a
   // drift breach. Same lock rule.
   std::function<void(const DriftReading&, bool new_breach)> on_drift;
+  // The gate also needs the probe suite (src/probe/) to have passed, at start-up and on its
+  // last run.
+  bool require_probe = false;
 };
 
 // What to do with one call.
@@ -148,6 +151,11 @@ class ModeController {
   std::optional<std::string> RecordOracle(double custom_vs_oracle_rel_l2,
                                           double reference_vs_oracle_rel_l2);
 
+  // The probe suite's verdict. A failure is a breach (reason "probe"): the gate's clean streak
+  // resets, and canary/custom rolls back to shadow, logged, audited and counted as in Record();
+  // returns "probe" then. With require_probe the gate stays closed until a run passes.
+  std::optional<std::string> RecordProbe(bool passed, const std::string& summary);
+
   // A client's change. INVALID_ARGUMENT for a bad request, FAILED_PRECONDITION when the gate
   // refuses. Audited with origin "client", whatever name `who` claims.
   absl::StatusOr<PersistedState> SetMode(const ModeChange& c);
@@ -220,6 +228,9 @@ class ModeController {
   std::deque<std::pair<double, double>> oracle_ ABSL_GUARDED_BY(mu_);
   DriftTest drift_ ABSL_GUARDED_BY(mu_);
   int64_t drift_breaches_ ABSL_GUARDED_BY(mu_) = 0;
+  enum class ProbeState { kNotRun, kPassed, kFailed };
+  ProbeState probe_state_ ABSL_GUARDED_BY(mu_) = ProbeState::kNotRun;
+  std::string probe_summary_ ABSL_GUARDED_BY(mu_);
   std::string last_drift_breach_ ABSL_GUARDED_BY(mu_);
   int64_t rollbacks_ ABSL_GUARDED_BY(mu_) = 0;
   std::string last_rollback_reason_ ABSL_GUARDED_BY(mu_);

@@ -78,6 +78,14 @@ ABSL_FLAG(double, drift_max_ratio, verifyd::DriftOptions{}.max_ratio,
           "times the reference's");
 ABSL_FLAG(double, drift_min_t, verifyd::DriftOptions{}.min_t,
           "Oracle drift: one-sided t statistic at which the test is in breach");
+ABSL_FLAG(bool, probe, true,
+          "Run the probe suite at start-up (the gate needs it to pass) and every "
+          "--probe_interval while canary/custom is served");
+ABSL_FLAG(double, probe_interval, 600,
+          "Seconds between probe-suite runs while canary/custom is served; 0 = only at start-up "
+          "and on demand");
+ABSL_FLAG(int64_t, probe_max_prefix, 0,
+          "Longest prefix of the probe suite; 0 = the engine's default (CPU 2048, CUDA 131072)");
 ABSL_FLAG(uint64_t, seed, 0x5eed, "Seed of sampling draws for calls without a request id");
 ABSL_FLAG(std::string, inject_custom_fault, "",
           "TEST ONLY: make the custom path fail: error | nan | perturb:AMOUNT | bf16_pv (P·V "
@@ -256,6 +264,15 @@ absl::StatusOr<DaemonOptions> ParseDaemonFlags(int argc, char** argv) {
   o.controller.drift.max_ratio = absl::GetFlag(FLAGS_drift_max_ratio);
   o.controller.drift.min_t = absl::GetFlag(FLAGS_drift_min_t);
   if (absl::Status st = ValidateDriftOptions(o.controller.drift); !st.ok()) return st;
+  o.probe.at_start = absl::GetFlag(FLAGS_probe);
+  o.probe.interval_seconds = absl::GetFlag(FLAGS_probe_interval);
+  if (!(o.probe.interval_seconds >= 0)) {
+    return absl::InvalidArgumentError("probe_interval: must be >= 0 (0 = never periodically)");
+  }
+  o.probe.suite.max_prefix = absl::GetFlag(FLAGS_probe_max_prefix);  // 0: the engine's default
+  if (o.probe.suite.max_prefix != 0) {
+    if (absl::Status st = ValidateProbeSuiteOptions(o.probe.suite); !st.ok()) return st;
+  }
   o.handler.oracle_sample_rate = absl::GetFlag(FLAGS_oracle_sample_rate);
   o.handler.tolerance.atol = absl::GetFlag(FLAGS_atol);
   o.handler.tolerance.rtol = absl::GetFlag(FLAGS_rtol);

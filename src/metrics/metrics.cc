@@ -110,8 +110,8 @@ Metrics::Metrics(const BuildInfo& info) : registry_(std::make_shared<prometheus:
   rollbacks_ = &prometheus::BuildCounter()
                     .Name("verifyd_rollbacks_total")
                     .Help("Mode changes verifyd made by itself away from canary/custom, by "
-                          "reason (tolerance, nan_inf, error, timeout, drift, custom_fault, "
-                          "build_changed)")
+                          "reason (tolerance, nan_inf, error, timeout, drift, probe, "
+                          "custom_fault, build_changed)")
                     .Register(r);
   drift_ratio_ = &prometheus::BuildGauge()
                       .Name("verifyd_drift_ratio")
@@ -130,6 +130,21 @@ Metrics::Metrics(const BuildInfo& info) : registry_(std::make_shared<prometheus:
                          .Help("Times the oracle drift test went into breach")
                          .Register(r)
                          .Add({});
+  probe_runs_ = &prometheus::BuildCounter()
+                     .Name("verifyd_probe_runs_total")
+                     .Help("Runs of the probe suite (start-up, --probe_interval, verifyctl probe)")
+                     .Register(r)
+                     .Add({});
+  probe_failures_ = &prometheus::BuildCounter()
+                         .Name("verifyd_probe_failures_total")
+                         .Help("Runs of the probe suite in which a probe failed")
+                         .Register(r)
+                         .Add({});
+  probe_last_seconds_ = &prometheus::BuildGauge()
+                             .Name("verifyd_probe_last_duration_seconds")
+                             .Help("How long the last run of the probe suite took")
+                             .Register(r)
+                             .Add({});
   oracle_errors_ = &prometheus::BuildCounter()
                         .Name("verifyd_oracle_errors_total")
                         .Help("Sampled oracle runs that failed")
@@ -178,7 +193,8 @@ Metrics::Metrics(const BuildInfo& info) : registry_(std::make_shared<prometheus:
     captures_->Add({{"trigger", trigger}});
   }
   for (const char* reason :
-       {"tolerance", "nan_inf", "error", "timeout", "drift", "custom_fault", "build_changed"}) {
+       {"tolerance", "nan_inf", "error", "timeout", "drift", "probe", "custom_fault",
+        "build_changed"}) {
     rollbacks_->Add({{"reason", reason}});
   }
 }
@@ -228,6 +244,12 @@ void Metrics::Drift(const DriftReading& r, bool new_breach) {
   drift_ratio_->Set(std::isfinite(r.ratio) ? r.ratio : 0);
   drift_t_->Set(std::isfinite(r.t) ? r.t : 0);
   if (new_breach) drift_breaches_->Increment();
+}
+
+void Metrics::Probe(bool passed, double seconds) {
+  probe_runs_->Increment();
+  if (!passed) probe_failures_->Increment();
+  probe_last_seconds_->Set(seconds);
 }
 
 void Metrics::Rollback(std::string_view reason) {

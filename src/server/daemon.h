@@ -14,6 +14,7 @@
 #include "src/control/mode_controller.h"
 #include "src/engine/engine.h"
 #include "src/metrics/metrics.h"
+#include "src/probe/probe_scheduler.h"
 #include "src/engine/engine_factory.h"
 #include "src/server/shadow_runner.h"
 #include "src/server/state_dir_lock.h"
@@ -63,6 +64,7 @@ struct DaemonOptions {
   double custom_sample_rate = -1;
   CaptureOptions capture;           // capture.dir empty: capture off
   CustomFault inject_custom_fault;  // test only
+  ProbeOptions probe;               // probe.at_start off: no start-up probe, the gate needs none
 };
 
 class Daemon {
@@ -105,6 +107,7 @@ class Daemon {
   std::unique_ptr<AdminServiceImpl> admin_service_;
   std::unique_ptr<grpc::Server> data_server_, admin_server_;
   std::unique_ptr<UnixSocketAcceptor> admin_acceptor_;  // a unix: admin_listen
+  std::unique_ptr<ProbeScheduler> probes_;  // last member: stopped first
   std::vector<std::string> listen_addresses_;
   std::string admin_address_;
   absl::Mutex mu_;

@@ -310,6 +310,46 @@ TEST_F(ModeControllerTest, OracleDriftRollsBackFromCustomWithReasonDrift) {
   EXPECT_EQ(c->Snapshot().drift.breaches, 1);  // one episode, still in breach
 }
 
+TEST_F(ModeControllerTest, TheGateNeedsAPassingProbeSuiteWhenRequired) {
+  ControllerOptions o;
+  o.gate_window = 2;
+  o.require_probe = true;
+  auto c = Make(Observed(o));
+  for (int i = 0; i < 5; ++i) c->Record(Match(Mode::kShadow));
+  GateStatus g = c->Snapshot().gate;
+  EXPECT_FALSE(g.ready);
+  EXPECT_NE(g.reason.find("the probe suite has not passed yet"), std::string::npos) << g.reason;
+  EXPECT_FALSE(c->RecordProbe(true, "22 of 22 probes passed"));
+  EXPECT_TRUE(c->Snapshot().gate.ready);
+  // A failure is a breach: the streak resets, and the gate stays closed until a pass.
+  EXPECT_FALSE(c->RecordProbe(false, "1 of 22 probes failed (prefix/0: rel_l2 0.5 > 0.01)"));
+  g = c->Snapshot().gate;
+  EXPECT_FALSE(g.ready);
+  EXPECT_EQ(g.clean, 0);
+  EXPECT_NE(g.reason.find("the probe suite failed: 1 of 22"), std::string::npos) << g.reason;
+  EXPECT_NE(g.last_breach.find("probe: 1 of 22"), std::string::npos) << g.last_breach;
+  for (int i = 0; i < 5; ++i) c->Record(Match(Mode::kShadow));
+  EXPECT_FALSE(c->Snapshot().gate.ready);
+  auto refused = c->SetMode(MC(Mode::kCustom, 0, "go", false, "t"));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(rollbacks_.empty());
+  c->RecordProbe(true, "ok");
+  EXPECT_TRUE(c->Snapshot().gate.ready);
+}
+
+TEST_F(ModeControllerTest, AFailedProbeRollsBackFromCanaryWithReasonProbe) {
+  auto c = Make(Observed());
+  ASSERT_TRUE(c->SetMode(MC(Mode::kCanary, 0.5, "go", true, "t")).ok());
+  EXPECT_EQ(c->RecordProbe(false, "1 of 22 probes failed"), "probe");
+  EXPECT_EQ(c->mode(), Mode::kShadow);
+  EXPECT_EQ(rollbacks_, std::vector<std::string>{"probe"});
+  EXPECT_NE(c->Snapshot().last_rollback_reason.find("probe: auto-rollback: probe suite: 1 of 22"),
+            std::string::npos);
+  // Without require_probe a pass or a failure in shadow changes no mode.
+  EXPECT_FALSE(c->RecordProbe(false, "again"));
+  EXPECT_EQ(rollbacks_.size(), 1u);
+}
+
 TEST_F(ModeControllerTest, AFaultAndARestartAfterItAreCountedWithReasonCustomFault) {
   {
     auto c = Make(Observed());
