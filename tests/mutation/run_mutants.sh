@@ -56,6 +56,7 @@ read -r -a libs <<<"$(pkg-config --libs absl_strings absl_str_format absl_status
 sources=(src/compare/compare.cc src/bundle/bundle.cc src/bundle/validate.cc
          src/bundle/random_bundle.cc kernels/verify_problem.cc src/engine/cpu/cpu_oracle.cc
          src/engine/cpu/cpu_reference.cc src/engine/cpu/cpu_engine.cc
+         src/control/drift_test.cc src/probe/probe_suite.cc src/probe/probe_runner.cc
          tests/mutation/mutant_driver.cc)
 objs=()
 for s in "${sources[@]}"; do
@@ -74,7 +75,11 @@ else
         "--prefixes 4096 --pages 1,64 --drafts 4,16 --calls 3 --budget 5e4"
         "--prefixes 16384,65536 --pages 64 --drafts 4 --calls 1")
 fi
-common=(--threads "$(nproc)" --commit "$commit")
+# Every call also feeds the oracle drift test (one stream per traffic model), and the probe suite
+# runs once per mutant, so that the matrix says which of per-call tolerance, drift or probe
+# caught each bug.
+# (the probe suite with the first set of classes only).
+common=(--threads "$(nproc)" --commit "$commit" --drift)
 
 mutants=(clean)
 for p in "$here"/patches/*.patch; do mutants+=("$(basename "$p" .patch)"); done
@@ -91,6 +96,7 @@ for m in "${mutants[@]}"; do
   i=0
   for set in "${sets[@]}"; do
     read -r -a args <<<"$set"
+    [ $i = 0 ] && args+=(--probe_max_prefix 1024)
     "$work/driver" --label "$m" --json "$work/json/$m.$i.json" "${args[@]}" "${common[@]}" \
       "${extra[@]}" | tail -n 1
     i=$((i + 1))
