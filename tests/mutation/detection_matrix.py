@@ -41,6 +41,28 @@ def fmt_prefix(p):
     return f"{p // 1024}K" if p >= 1024 and p % 1024 == 0 else str(p)
 
 
+def merge_classes(into, more):
+    """Adds a run's classes; a class another run also ran (same traffic, prefix, page, T) is one
+    class with the calls of both, the later run's calls counted after the earlier's."""
+    by_key = {class_key(c): c for c in into}
+    for c in more:
+        m = by_key.get(class_key(c))
+        if m is None:
+            into.append(c)
+            by_key[class_key(c)] = c
+            continue
+        if m["first_breach_call"] is None and c["first_breach_call"] is not None:
+            m["first_breach_call"] = m["calls"] + c["first_breach_call"]
+            m["first_reason"] = c["first_reason"]
+        m["calls"] += c["calls"]
+        m["breaches"] += c["breaches"]
+        m["breach_fraction"] = m["breaches"] / m["calls"] if m["calls"] else 0.0
+        for k, v in c["criteria"].items():
+            m["criteria"][k] = m["criteria"].get(k, 0) + v
+        for k, v in c["max"].items():
+            m["max"][k] = max(m["max"].get(k, v), v)
+
+
 def merge_drift(into, r):
     """Adds a run's drift streams to `into`'s: samples add up; the first breach is the earliest
     sample of the run it happened in, counted after the samples of the runs before it."""
@@ -100,7 +122,7 @@ def main():
             r = json.load(f)
         if r["label"] in by_label:
             m = by_label[r["label"]]
-            m["classes"] += r["classes"]
+            merge_classes(m["classes"], r["classes"])
             m["calls"] += r["calls"]
             m["breaches"] += r["breaches"]
             merge_drift(m, r)

@@ -69,17 +69,19 @@ wait
 # Each set is one driver run per mutant; calls per class shrink with T * kv_len (--budget) so
 # that the 64K classes stay affordable on a small CPU box. Raise --calls/--budget with "--".
 if [ $quick = 1 ]; then
-  sets=("--prefixes 512,4096 --pages 1,64 --drafts 4,16 --calls 3 --budget 1e5")
+  sets=("--prefixes 512,4096 --pages 1,64 --drafts 4,16 --calls 3 --budget 1e5 --drift")
 else
+  # The last set feeds the oracle drift test: a stream of calls per traffic model long enough for
+  # its verdict (--drift_min_samples 16), which the budgeted sets are not.
   sets=("--prefixes 512 --pages 1,64 --drafts 4,16,64 --calls 3 --budget 5e4"
         "--prefixes 4096 --pages 1,64 --drafts 4,16 --calls 3 --budget 5e4"
-        "--prefixes 16384,65536 --pages 64 --drafts 4 --calls 1")
+        "--prefixes 16384,65536 --pages 64 --drafts 4 --calls 1"
+        "--prefixes 512,4096,16384 --pages 1,64 --drafts 4 --calls 6 --budget 1e12 --drift")
 fi
-# Every call also feeds the oracle drift test (one stream per traffic model), and the probe suite
-# runs once per mutant, so that the matrix says which of per-call tolerance, drift or probe
-# caught each bug.
-# (the probe suite with the first set of classes only).
-common=(--threads "$(nproc)" --commit "$commit" --drift)
+# Every set with --drift also runs the oracle on every call and feeds the oracle drift test (one
+# stream per traffic model), and the first set runs the probe suite once per mutant, so that the
+# matrix says which of per-call tolerance, drift or probe caught each bug.
+common=(--threads "$(nproc)" --commit "$commit")
 
 mutants=(clean)
 for p in "$here"/patches/*.patch; do mutants+=("$(basename "$p" .patch)"); done
