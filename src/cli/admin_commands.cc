@@ -48,6 +48,39 @@ std::string Duration(double seconds) {
 
 nlohmann::json NumJson(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); }
 
+// "drift       ok: custom/reference error vs oracle 1.08x over 64 samples (t -41 < 3 against
+// 1.35x); 0 breaches".
+void PrintDrift(const v1::DriftStatus& d) {
+  std::string verdict = d.samples() == 0 ? "no oracle samples yet"
+                        : !std::isfinite(d.t())
+                            ? fmt::format("{}x over {} samples, no verdict before {}",
+                                          Num(d.ratio()), d.samples(), d.min_samples())
+                            : fmt::format("{}x over {} samples (t {} {} {} against {}x)",
+                                          Num(d.ratio()), d.samples(), Num(d.t()),
+                                          d.breach() ? ">=" : "<", d.min_t(), d.max_ratio());
+  std::cout << fmt::format("drift       {}: custom/reference error vs oracle {}; {} breaches{}\n",
+                           d.breach() ? "IN BREACH" : "ok", verdict, d.breaches(),
+                           d.last_breach().empty() ? "" : ", last " + d.last_breach());
+}
+
+// "probe       passed: 23 of 23 probes passed in 0.81 s (start, 2026-...); 1 run, 0 failed;
+// every 600 s in canary/custom, prefixes up to 2048".
+void PrintProbe(const v1::ProbeStatus& p) {
+  const std::string schedule =
+      fmt::format("{}{}, prefixes up to {}", p.at_start() ? "at start-up and " : "",
+                  p.interval_seconds() > 0
+                      ? fmt::format("every {} s in canary/custom", p.interval_seconds())
+                      : std::string("on demand"),
+                  p.max_prefix());
+  if (!p.has_run()) {
+    std::cout << fmt::format("probe       not run yet; {}\n", schedule);
+    return;
+  }
+  std::cout << fmt::format("probe       {}: {} ({}, {}); {} runs, {} failed; {}\n",
+                           p.last_passed() ? "passed" : "FAILED", p.last_summary(),
+                           p.last_trigger(), p.last_time(), p.runs(), p.failed_runs(), schedule);
+}
+
 }  // namespace
 
 int RunStatus(const GlobalOptions& g) {
@@ -95,6 +128,24 @@ int RunStatus(const GlobalOptions& g) {
                              {"comparisons_error", c.comparisons_error()},
                              {"comparisons_skipped", c.comparisons_skipped()},
                              {"rollbacks", c.rollbacks()}}},
+               {"drift", {{"samples", s.drift().samples()}, {"ratio", NumJson(s.drift().ratio())},
+                          {"t", NumJson(s.drift().t())}, {"breach", s.drift().breach()},
+                          {"breaches", s.drift().breaches()},
+                          {"last_breach", s.drift().last_breach()},
+                          {"window", s.drift().window()},
+                          {"min_samples", s.drift().min_samples()},
+                          {"max_ratio", s.drift().max_ratio()},
+                          {"min_t", s.drift().min_t()}}},
+               {"probe", {{"runs", s.probe().runs()}, {"failed_runs", s.probe().failed_runs()},
+                          {"has_run", s.probe().has_run()},
+                          {"last_passed", s.probe().last_passed()},
+                          {"last_time", s.probe().last_time()},
+                          {"last_trigger", s.probe().last_trigger()},
+                          {"last_summary", s.probe().last_summary()},
+                          {"last_seconds", s.probe().last_seconds()},
+                          {"at_start", s.probe().at_start()},
+                          {"interval_seconds", s.probe().interval_seconds()},
+                          {"max_prefix", s.probe().max_prefix()}}},
                {"last_rollback_reason", s.last_rollback_reason()},
                {"shadow_sample_rate", s.shadow_sample_rate()},
                {"custom_sample_rate", s.custom_sample_rate()},
@@ -166,6 +217,8 @@ int RunStatus(const GlobalOptions& g) {
       "reference {}\n",
       r.oracle_samples(), Num(r.custom_vs_oracle_rel_l2()), Num(r.reference_vs_oracle_rel_l2()),
       Num(r.rel_l2_mean()));
+  PrintDrift(s.drift());
+  PrintProbe(s.probe());
   const auto& cap = s.capture();
   std::cout << fmt::format("sampling    shadow {}  custom {}  oracle {}\n",
                            s.shadow_sample_rate(), s.custom_sample_rate(),
@@ -312,6 +365,39 @@ int RunCapture(const GlobalOptions& g, int64_t next) {
                              c.pending(), c.dir(), c.files());
   }
   return 0;
+}
+
+}  // namespace verifyd::cli
+
+namespace verifyd::cli {
+
+int RunProbe(const GlobalOptions& g) {
+  auto stub = v1::AdminService::NewStub(MakeChannel(g.admin));
+  v1::RunProbesResponse resp;
+  auto ctx = MakeContext(g, true);
+  if (grpc::Status st = stub->RunProbes(ctx.get(), v1::RunProbesRequest(), &resp); !st.ok()) {
+    return Fail(g, "probe", st);
+  }
+  if (g.json) {
+    nlohmann::json results = nlohmann::json::array();
+    for (const auto& r : resp.results()) {
+      results.push_back({{"name", r.name()}, {"feature", r.feature()}, {"passed", r.passed()},
+                         {"reason", r.reason()}, {"rel_l2", NumJson(r.rel_l2())},
+                         {"max_row_rel_l2", NumJson(r.max_row_rel_l2())},
+                         {"max_abs", NumJson(r.max_abs())}, {"seconds", r.seconds()}});
+    }
+    PrintJson({{"passed", resp.passed()}, {"seconds", resp.seconds()},
+               {"summary", resp.summary()}, {"results", results}});
+  } else {
+    for (const auto& r : resp.results()) {
+      std::cout << fmt::format("{:<4}  {:<24} row rel-L2 {:<9} rel-L2 {:<9} {:.3f} s  {}{}\n",
+                               r.passed() ? "ok" : "FAIL", r.name(), Num(r.max_row_rel_l2()),
+                               Num(r.rel_l2()), r.seconds(), r.feature(),
+                               r.passed() ? "" : ": " + r.reason());
+    }
+    std::cout << resp.summary() << "\n";
+  }
+  return resp.passed() ? 0 : 1;
 }
 
 }  // namespace verifyd::cli

@@ -1,5 +1,6 @@
 #pragma once
-// verifyctl status | flip | rollback: the admin service from the command line.
+// verifyctl status | flip | rollback | sample | capture | probe: the admin service from the
+// command line.
 
 #include <string>
 
@@ -23,5 +24,8 @@ int RunRollback(const GlobalOptions& g, const std::string& reason);
 int RunSample(const GlobalOptions& g, const std::string& mode, double rate);
 // Capture the next `next` compared calls.
 int RunCapture(const GlobalOptions& g, int64_t next);
+// Runs the daemon's probe suite now and prints every probe's verdict; exits 1 when one failed
+// (recorded by the daemon as a breach, reason "probe").
+int RunProbe(const GlobalOptions& g);
 
 }  // namespace verifyd::cli

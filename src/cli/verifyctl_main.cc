@@ -82,6 +82,9 @@ int main(int argc, char** argv) {
   auto* cap = app.add_subcommand("capture", "capture the next N compared calls to disk");
   cap->add_option("--next", capture_next, "calls to capture (0 cancels)")->required();
 
+  auto* probe = app.add_subcommand(
+      "probe", "run the daemon's probe suite now and print every probe (exit 1 when one fails)");
+
   ReplayOptions replay;
   auto* rp = app.add_subcommand("replay", "re-run the paths on captured or golden bundles");
   rp->add_option("files", replay.files, ".safetensors bundles")->required();
@@ -99,6 +102,7 @@ int main(int argc, char** argv) {
   }
   if (*sm) return RunSample(g, sample_mode, sample_rate);
   if (*cap) return RunCapture(g, capture_next);
+  if (*probe) return RunProbe(g);
   if (*rp) return RunReplay(g, replay);
   if (*status) return RunStatus(g);
   if (*f) return RunFlip(g, flip);

@@ -108,7 +108,11 @@ absl::Status ModeController::RestoreLocked(bool had_state) {
 }
 
 ModeController::ModeController(StateStore store, ControllerOptions opts, PersistedState s)
-    : store_(std::move(store)), opts_(std::move(opts)), state_(std::move(s)), rng_(opts_.seed) {}
+    : store_(std::move(store)),
+      opts_(std::move(opts)),
+      state_(std::move(s)),
+      rng_(opts_.seed),
+      drift_(opts_.drift) {}
 
 Mode ModeController::mode() const {
   absl::ReaderMutexLock l(&mu_);
@@ -150,8 +154,7 @@ Plan ModeController::Decide(std::string_view request_id) {
 
 std::optional<std::string> ModeController::Record(const Outcome& o) {
   if (o.kind == OutcomeKind::kSkipped) return std::nullopt;
-  std::optional<PersistedState> to_save;
-  uint64_t seq = 0;
+  std::optional<EvidenceSave> to_save;
   std::optional<std::string> label;
   {
     absl::MutexLock l(&mu_);
@@ -192,26 +195,33 @@ std::optional<std::string> ModeController::Record(const Outcome& o) {
             .IgnoreError();  // logged there; the in-memory rollback happened
       }
     }
-    // Save the evidence when a breach resets the streak or the gate opens (never overstate
-    // it on disk), and otherwise at most every evidence_save_interval while it grows.
-    const absl::Time now = absl::Now();
-    if (evidence_dirty_ &&
-        ((breach && was_clean) || GateLocked().ready != was_ready ||
-         now - evidence_saved_at_ >= opts_.evidence_save_interval)) {
-      to_save = state_;
-      seq = ++save_seq_;
-      evidence_saved_at_ = now;
-      evidence_dirty_ = false;
-    }
+    to_save = TakeEvidenceLocked(breach && was_clean, was_ready);
   }
-  if (to_save) {
-    if (absl::Status st = SaveEvidence(*to_save, seq); !st.ok()) {
-      spdlog::error("gate evidence could not be saved: {}", st.ToString());
-      absl::MutexLock l(&mu_);
-      evidence_dirty_ = true;
-    }
-  }
+  SaveTakenEvidence(to_save);
   return label;
+}
+
+std::optional<ModeController::EvidenceSave> ModeController::TakeEvidenceLocked(bool reset,
+                                                                               bool was_ready) {
+  // Save the evidence when a breach resets the streak or the gate opens (never overstate
+  // it on disk), and otherwise at most every evidence_save_interval while it grows.
+  const absl::Time now = absl::Now();
+  if (!evidence_dirty_ || !(reset || GateLocked().ready != was_ready ||
+                            now - evidence_saved_at_ >= opts_.evidence_save_interval)) {
+    return std::nullopt;
+  }
+  evidence_saved_at_ = now;
+  evidence_dirty_ = false;
+  return EvidenceSave{state_, ++save_seq_};
+}
+
+void ModeController::SaveTakenEvidence(const std::optional<EvidenceSave>& e) {
+  if (!e) return;
+  if (absl::Status st = SaveEvidence(e->state, e->seq); !st.ok()) {
+    spdlog::error("gate evidence could not be saved: {}", st.ToString());
+    absl::MutexLock l(&mu_);
+    evidence_dirty_ = true;
+  }
 }
 
 absl::Status ModeController::SaveLocked(const PersistedState& s) {
@@ -249,10 +259,73 @@ absl::Status ModeController::Flush() {
   return st;
 }
 
-void ModeController::RecordOracle(double custom_vs_oracle, double reference_vs_oracle) {
-  absl::MutexLock l(&mu_);
-  oracle_.emplace_back(custom_vs_oracle, reference_vs_oracle);
-  while (static_cast<int64_t>(oracle_.size()) > opts_.recent_window) oracle_.pop_front();
+std::optional<std::string> ModeController::RecordOracle(double custom_vs_oracle,
+                                                       double reference_vs_oracle) {
+  std::optional<EvidenceSave> to_save;
+  std::optional<std::string> label;
+  {
+    absl::MutexLock l(&mu_);
+    oracle_.emplace_back(custom_vs_oracle, reference_vs_oracle);
+    while (static_cast<int64_t>(oracle_.size()) > opts_.recent_window) oracle_.pop_front();
+    const bool was_breach = drift_.Reading().breach;
+    const DriftReading r = drift_.Add(custom_vs_oracle, reference_vs_oracle);
+    const bool new_breach = r.breach && !was_breach;
+    if (new_breach) {
+      ++drift_breaches_;
+      last_drift_breach_ = absl::StrCat(Now(), " ", DescribeDrift(r, drift_.options()));
+      spdlog::warn("oracle drift: {}", DescribeDrift(r, drift_.options()));
+    } else if (was_breach && !r.breach) {
+      spdlog::info("oracle drift cleared: {}", DescribeDrift(r, drift_.options()));
+    }
+    if (r.breach) {
+      // Every sample in breach counts against the gate, like a breaching comparison.
+      const bool was_ready = GateLocked().ready;
+      const bool was_clean = state_.gate.clean > 0;
+      state_.gate.clean = 0;
+      state_.gate.last_breach = absl::StrCat("drift: ", last_drift_breach_);
+      evidence_dirty_ = true;
+      if (ServesCustom(state_.mode)) {
+        label = "drift";
+        PersistedState next = state_;
+        next.mode = Mode::kShadow;
+        DaemonChangeLocked(next, *label,
+                           "auto-rollback: oracle drift: " + DescribeDrift(r, drift_.options()))
+            .IgnoreError();  // logged there; the in-memory rollback happened
+      }
+      to_save = TakeEvidenceLocked(was_clean, was_ready);
+    }
+    if (opts_.on_drift) opts_.on_drift(r, new_breach);
+  }
+  SaveTakenEvidence(to_save);
+  return label;
+}
+
+std::optional<std::string> ModeController::RecordProbe(bool passed, const std::string& summary) {
+  std::optional<EvidenceSave> to_save;
+  std::optional<std::string> label;
+  {
+    absl::MutexLock l(&mu_);
+    const bool was_ready = GateLocked().ready;
+    probe_state_ = passed ? ProbeState::kPassed : ProbeState::kFailed;
+    probe_summary_ = summary;
+    if (!passed) {
+      const bool was_clean = state_.gate.clean > 0;
+      state_.gate.clean = 0;
+      state_.gate.last_breach = absl::StrCat(Now(), " probe: ", summary);
+      evidence_dirty_ = true;
+      if (ServesCustom(state_.mode)) {
+        label = "probe";
+        PersistedState next = state_;
+        next.mode = Mode::kShadow;
+        DaemonChangeLocked(next, *label, "auto-rollback: probe suite: " + summary).IgnoreError();
+      }
+      to_save = TakeEvidenceLocked(was_clean, was_ready);
+    } else {
+      to_save = TakeEvidenceLocked(false, was_ready);
+    }
+  }
+  SaveTakenEvidence(to_save);
+  return label;
 }
 
 absl::Status ModeController::CommitLocked(PersistedState next, AuditEntry e, bool always) {
@@ -311,11 +384,21 @@ GateStatus ModeController::GateLocked() const {
   GateStatus g;
   g.clean = state_.gate.clean;
   g.needed = opts_.gate_window;
-  g.ready = g.clean >= opts_.gate_window;
+  const DriftReading drift = drift_.Reading();
+  const bool probe_ok = !opts_.require_probe || probe_state_ == ProbeState::kPassed;
+  g.ready = g.clean >= opts_.gate_window && !drift.breach && probe_ok;
   g.last_breach = state_.gate.last_breach;
   g.forced = ServesCustom(state_.mode) && state_.forced;
   if (!g.ready) {
     g.reason = absl::StrCat(g.clean, " of ", opts_.gate_window, " comparisons in a row are clean");
+    if (drift.breach) {
+      absl::StrAppend(&g.reason, "; oracle drift: ", DescribeDrift(drift, drift_.options()));
+    }
+    if (!probe_ok) {
+      absl::StrAppend(&g.reason, probe_state_ == ProbeState::kNotRun
+                                     ? "; the probe suite has not passed yet"
+                                     : "; the probe suite failed: " + probe_summary_);
+    }
     if (!g.last_breach.empty()) absl::StrAppend(&g.reason, "; last breach ", g.last_breach);
   }
   return g;
@@ -422,6 +505,10 @@ ControllerSnapshot ModeController::Snapshot() const {
   s.rollbacks = rollbacks_;
   s.last_rollback_reason = last_rollback_reason_;
   s.audit_malformed_lines = audit_malformed_.load();
+  s.drift.reading = drift_.Reading();
+  s.drift.options = drift_.options();
+  s.drift.breaches = drift_breaches_;
+  s.drift.last_breach = last_drift_breach_;
   RecentSummary& r = s.recent;
   double sum = 0;
   int64_t finite = 0;

@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "src/compare/compare.h"
 #include "src/control/build_identity.h"
+#include "src/control/drift_test.h"
 #include "src/control/mode.h"
 #include "src/control/state_store.h"
 #include "src/engine/engine.h"
@@ -51,12 +52,21 @@ struct ControllerOptions {
   absl::Duration evidence_save_interval = absl::Seconds(10);
   // Called once for every mode change the daemon makes by itself that leaves canary/custom, with
   // its reason label: "tolerance", "nan_inf", "error", "timeout" (auto-rollback),
-  // "custom_fault", "build_changed" (restart). Called with the controller's lock held: it must
+  // "drift", "probe", "custom_fault", "build_changed" (restart). Called with the controller's lock held: it must
   // not call back into the controller.
   std::function<void(std::string_view reason)> on_rollback;
   // Called after every change of mode or sampling, by a client or by the daemon, with the new
   // state and gate. Same lock rule.
   std::function<void(const PersistedState&, const GateStatus&)> on_change;
+  // The oracle drift test (drift_test.h). While it is in breach the gate stays closed, and a
+  // daemon serving canary/custom rolls back to shadow with reason "drift".
+  DriftOptions drift;
+  // Called after every oracle sample with the drift reading, and whether this sample started a
+  // drift breach. Same lock rule.
+  std::function<void(const DriftReading&, bool new_breach)> on_drift;
+  // The gate also needs the probe suite (src/probe/) to have passed, at start-up and on its
+  // last run.
+  bool require_probe = false;
 };
 
 // What to do with one call.
@@ -103,10 +113,19 @@ struct RecentSummary {
   double reference_vs_oracle = std::numeric_limits<double>::quiet_NaN();
 };
 
+// The oracle drift test as status shows it.
+struct DriftStatus {
+  DriftReading reading;
+  DriftOptions options;
+  int64_t breaches = 0;     // times the test went into breach since start
+  std::string last_breach;  // time and description of the last one
+};
+
 struct ControllerSnapshot {
   PersistedState state;
   GateStatus gate;
   RecentSummary recent;
+  DriftStatus drift;
   int64_t rollbacks = 0;  // mode changes by the daemon itself that left canary/custom
   std::string last_rollback_reason;
   int64_t audit_malformed_lines = 0;  // audit.jsonl lines skipped, as of the last read
@@ -126,7 +145,16 @@ class ModeController {
   // controller logs, audits and counts it (ControllerOptions::on_rollback) itself, and returns
   // the reason label ("tolerance", "nan_inf", "error", "timeout") for the caller's information.
   std::optional<std::string> Record(const Outcome& o);
-  void RecordOracle(double custom_vs_oracle_rel_l2, double reference_vs_oracle_rel_l2);
+  // Feeds the recent summary and the drift test. While the drift test is in breach the gate's
+  // clean streak stays at 0, and canary/custom rolls back to shadow (reason "drift"), logged,
+  // audited and counted as in Record(); returns "drift" then.
+  std::optional<std::string> RecordOracle(double custom_vs_oracle_rel_l2,
+                                          double reference_vs_oracle_rel_l2);
+
+  // The probe suite's verdict. A failure is a breach (reason "probe"): the gate's clean streak
+  // resets, and canary/custom rolls back to shadow, logged, audited and counted as in Record();
+  // returns "probe" then. With require_probe the gate stays closed until a run passes.
+  std::optional<std::string> RecordProbe(bool passed, const std::string& summary);
 
   // A client's change. INVALID_ARGUMENT for a bad request, FAILED_PRECONDITION when the gate
   // refuses. Audited with origin "client", whatever name `who` claims.
@@ -164,6 +192,15 @@ class ModeController {
   absl::Status SaveLocked(const PersistedState& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Saves a copy taken under mu_ with sequence number `seq`, unless a newer one was saved.
   absl::Status SaveEvidence(const PersistedState& s, uint64_t seq) ABSL_LOCKS_EXCLUDED(mu_);
+  // The evidence to save now, if any: when a breach reset the streak (`reset`), the gate opened
+  // or closed, or evidence_save_interval passed. SaveTakenEvidence() then saves it off the lock.
+  struct EvidenceSave {
+    PersistedState state;
+    uint64_t seq = 0;
+  };
+  std::optional<EvidenceSave> TakeEvidenceLocked(bool reset, bool was_ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SaveTakenEvidence(const std::optional<EvidenceSave>& e) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status SetSampleRateLocked(const SampleRateChange& c, AuditOrigin origin)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   GateStatus GateLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -189,6 +226,12 @@ class ModeController {
   };
   std::deque<RecentItem> recent_ ABSL_GUARDED_BY(mu_);
   std::deque<std::pair<double, double>> oracle_ ABSL_GUARDED_BY(mu_);
+  DriftTest drift_ ABSL_GUARDED_BY(mu_);
+  int64_t drift_breaches_ ABSL_GUARDED_BY(mu_) = 0;
+  enum class ProbeState { kNotRun, kPassed, kFailed };
+  ProbeState probe_state_ ABSL_GUARDED_BY(mu_) = ProbeState::kNotRun;
+  std::string probe_summary_ ABSL_GUARDED_BY(mu_);
+  std::string last_drift_breach_ ABSL_GUARDED_BY(mu_);
   int64_t rollbacks_ ABSL_GUARDED_BY(mu_) = 0;
   std::string last_rollback_reason_ ABSL_GUARDED_BY(mu_);
   mutable std::atomic<int64_t> audit_malformed_{0};

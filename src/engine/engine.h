@@ -29,7 +29,9 @@ inline const char* PathName(Path p) {
 // Test-only fault injection into the custom path (flag --inject_custom_fault). Engines apply it
 // inside Run(kCustom) so that every layer above sees a real failing or wrong path.
 struct CustomFault {
-  enum class Kind { kNone, kError, kPerturb, kNan } kind = Kind::kNone;
+  // kBf16Pv: the P·V accumulator rounded to bf16 after every key, a precision loss that stays
+  // within the per-call tolerances (CPU engine only).
+  enum class Kind { kNone, kError, kPerturb, kNan, kBf16Pv } kind = Kind::kNone;
   double amount = 0;  // kPerturb: added to every output element (after bf16 rounding)
 };
 

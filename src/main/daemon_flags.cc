@@ -76,9 +76,27 @@ ABSL_FLAG(double, custom_timeout_ms, 0, "A custom path slower than this is a bre
 ABSL_FLAG(int64_t, max_call_work, int64_t{1} << 34,
           "Most work one call may ask for, in query rows x KV tokens (sum of draft * heads * "
           "kv_len over its requests); larger calls get RESOURCE_EXHAUSTED. 0 = no limit");
+ABSL_FLAG(int64_t, drift_window, verifyd::DriftOptions{}.window,
+          "Oracle drift: oracle samples in the sliding window");
+ABSL_FLAG(int64_t, drift_min_samples, verifyd::DriftOptions{}.min_samples,
+          "Oracle drift: no verdict on fewer samples");
+ABSL_FLAG(double, drift_max_ratio, verifyd::DriftOptions{}.max_ratio,
+          "Oracle drift: breach when custom's error vs the oracle is significantly more than this "
+          "times the reference's");
+ABSL_FLAG(double, drift_min_t, verifyd::DriftOptions{}.min_t,
+          "Oracle drift: one-sided t statistic at which the test is in breach");
+ABSL_FLAG(bool, probe, true,
+          "Run the probe suite at start-up (the gate needs it to pass) and every "
+          "--probe_interval while canary/custom is served");
+ABSL_FLAG(double, probe_interval, 600,
+          "Seconds between probe-suite runs while canary/custom is served; 0 = only at start-up "
+          "and on demand");
+ABSL_FLAG(int64_t, probe_max_prefix, 0,
+          "Longest prefix of the probe suite; 0 = the engine's default (CPU 2048, CUDA 131072)");
 ABSL_FLAG(uint64_t, seed, 0x5eed, "Seed of sampling draws for calls without a request id");
 ABSL_FLAG(std::string, inject_custom_fault, "",
-          "TEST ONLY: make the custom path fail: error | nan | perturb:AMOUNT");
+          "TEST ONLY: make the custom path fail: error | nan | perturb:AMOUNT | bf16_pv (P·V "
+          "accumulated in bf16, CPU engine only)");
 ABSL_FLAG(std::string, capture_dir, "",
           "Where breaching and requested bundles are written; empty = STATE_DIR/captures, "
           "'off' = no capture");
@@ -102,11 +120,13 @@ absl::StatusOr<CustomFault> ParseFault(const std::string& s) {
     f.kind = CustomFault::Kind::kError;
   } else if (s == "nan") {
     f.kind = CustomFault::Kind::kNan;
+  } else if (s == "bf16_pv") {
+    f.kind = CustomFault::Kind::kBf16Pv;
   } else if (absl::StartsWith(s, "perturb:") && absl::SimpleAtod(s.substr(8), &f.amount)) {
     f.kind = CustomFault::Kind::kPerturb;
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
-        "inject_custom_fault: '", s, "' is not error, nan or perturb:AMOUNT"));
+        "inject_custom_fault: '", s, "' is not error, nan, bf16_pv or perturb:AMOUNT"));
   }
   return f;
 }
@@ -254,6 +274,20 @@ absl::StatusOr<DaemonOptions> ParseDaemonFlags(int argc, char** argv) {
   o.controller.rollback_breaches = absl::GetFlag(FLAGS_rollback_breaches);
   o.controller.rollback_window = absl::GetFlag(FLAGS_rollback_window);
   o.controller.seed = absl::GetFlag(FLAGS_seed);
+  o.controller.drift.window = absl::GetFlag(FLAGS_drift_window);
+  o.controller.drift.min_samples = absl::GetFlag(FLAGS_drift_min_samples);
+  o.controller.drift.max_ratio = absl::GetFlag(FLAGS_drift_max_ratio);
+  o.controller.drift.min_t = absl::GetFlag(FLAGS_drift_min_t);
+  if (absl::Status st = ValidateDriftOptions(o.controller.drift); !st.ok()) return st;
+  o.probe.at_start = absl::GetFlag(FLAGS_probe);
+  o.probe.interval_seconds = absl::GetFlag(FLAGS_probe_interval);
+  if (!(o.probe.interval_seconds >= 0)) {
+    return absl::InvalidArgumentError("probe_interval: must be >= 0 (0 = never periodically)");
+  }
+  o.probe.suite.max_prefix = absl::GetFlag(FLAGS_probe_max_prefix);  // 0: the engine's default
+  if (o.probe.suite.max_prefix != 0) {
+    if (absl::Status st = ValidateProbeSuiteOptions(o.probe.suite); !st.ok()) return st;
+  }
   o.handler.oracle_sample_rate = absl::GetFlag(FLAGS_oracle_sample_rate);
   o.handler.tolerance.atol = absl::GetFlag(FLAGS_atol);
   o.handler.tolerance.rtol = absl::GetFlag(FLAGS_rtol);

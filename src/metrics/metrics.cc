@@ -110,9 +110,41 @@ Metrics::Metrics(const BuildInfo& info) : registry_(std::make_shared<prometheus:
   rollbacks_ = &prometheus::BuildCounter()
                     .Name("verifyd_rollbacks_total")
                     .Help("Mode changes verifyd made by itself away from canary/custom, by "
-                          "reason (tolerance, nan_inf, error, timeout, custom_fault, "
-                          "build_changed)")
+                          "reason (tolerance, nan_inf, error, timeout, drift, probe, "
+                          "custom_fault, build_changed)")
                     .Register(r);
+  drift_ratio_ = &prometheus::BuildGauge()
+                      .Name("verifyd_drift_ratio")
+                      .Help("Oracle drift: geometric mean of custom's rel-L2 against the oracle "
+                            "over the reference's, over the drift window (0: no samples)")
+                      .Register(r)
+                      .Add({});
+  drift_t_ = &prometheus::BuildGauge()
+                  .Name("verifyd_drift_t")
+                  .Help("Oracle drift: one-sided t statistic against --drift_max_ratio; a "
+                        "breach at --drift_min_t (0 before --drift_min_samples)")
+                  .Register(r)
+                  .Add({});
+  drift_breaches_ = &prometheus::BuildCounter()
+                         .Name("verifyd_drift_breaches_total")
+                         .Help("Times the oracle drift test went into breach")
+                         .Register(r)
+                         .Add({});
+  probe_runs_ = &prometheus::BuildCounter()
+                     .Name("verifyd_probe_runs_total")
+                     .Help("Runs of the probe suite (start-up, --probe_interval, verifyctl probe)")
+                     .Register(r)
+                     .Add({});
+  probe_failures_ = &prometheus::BuildCounter()
+                         .Name("verifyd_probe_failures_total")
+                         .Help("Runs of the probe suite in which a probe failed")
+                         .Register(r)
+                         .Add({});
+  probe_last_seconds_ = &prometheus::BuildGauge()
+                             .Name("verifyd_probe_last_duration_seconds")
+                             .Help("How long the last run of the probe suite took")
+                             .Register(r)
+                             .Add({});
   oracle_errors_ = &prometheus::BuildCounter()
                         .Name("verifyd_oracle_errors_total")
                         .Help("Sampled oracle runs that failed")
@@ -171,7 +203,8 @@ Metrics::Metrics(const BuildInfo& info) : registry_(std::make_shared<prometheus:
     captures_->Add({{"trigger", trigger}});
   }
   for (const char* reason :
-       {"tolerance", "nan_inf", "error", "timeout", "custom_fault", "build_changed"}) {
+       {"tolerance", "nan_inf", "error", "timeout", "drift", "probe", "custom_fault",
+        "build_changed"}) {
     rollbacks_->Add({{"reason", reason}});
   }
 }
@@ -216,6 +249,18 @@ void Metrics::SetGate(const GateStatus& g) {
 }
 
 void Metrics::AdminAuthFailure() { admin_auth_failures_->Increment(); }
+
+void Metrics::Drift(const DriftReading& r, bool new_breach) {
+  drift_ratio_->Set(std::isfinite(r.ratio) ? r.ratio : 0);
+  drift_t_->Set(std::isfinite(r.t) ? r.t : 0);
+  if (new_breach) drift_breaches_->Increment();
+}
+
+void Metrics::Probe(bool passed, double seconds) {
+  probe_runs_->Increment();
+  if (!passed) probe_failures_->Increment();
+  probe_last_seconds_->Set(seconds);
+}
 
 void Metrics::Rollback(std::string_view reason) {
   rollbacks_->Add({{"reason", std::string(reason)}}).Increment();

@@ -42,6 +42,10 @@ class Metrics {
   void SetMode(Mode m, double canary_fraction);
   void SetGate(const GateStatus& g);  // also verifyd_mode_forced
   void Rollback(std::string_view reason);
+  // After every oracle sample: the drift test's reading; `new_breach` when it went into breach.
+  void Drift(const DriftReading& r, bool new_breach);
+  // One run of the probe suite.
+  void Probe(bool passed, double seconds);
   void OracleError();
   void AdminAuthFailure();
   void SetShadowQueueDepth(int64_t depth);
@@ -68,6 +72,12 @@ class Metrics {
   prometheus::Gauge* gate_clean_;
   prometheus::Gauge* mode_forced_;
   prometheus::Family<prometheus::Counter>* rollbacks_;
+  prometheus::Gauge* drift_ratio_;
+  prometheus::Gauge* drift_t_;
+  prometheus::Counter* drift_breaches_;
+  prometheus::Counter* probe_runs_;
+  prometheus::Counter* probe_failures_;
+  prometheus::Gauge* probe_last_seconds_;
   prometheus::Counter* oracle_errors_;
   prometheus::Counter* admin_auth_failures_;
   prometheus::Gauge* shadow_queue_depth_;

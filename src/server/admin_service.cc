@@ -51,6 +51,35 @@ void FillRuntime(const RuntimeFacts& f, v1::RuntimeConfig* out) {
   out->set_state_dir(f.state_dir);
 }
 
+void FillDrift(const DriftStatus& d, v1::DriftStatus* out) {
+  out->set_samples(d.reading.samples);
+  out->set_ratio(d.reading.ratio);
+  out->set_t(d.reading.t);
+  out->set_breach(d.reading.breach);
+  out->set_breaches(d.breaches);
+  out->set_last_breach(d.last_breach);
+  out->set_window(d.options.window);
+  out->set_min_samples(d.options.min_samples);
+  out->set_max_ratio(d.options.max_ratio);
+  out->set_min_t(d.options.min_t);
+}
+
+void FillProbe(const ProbeScheduler* p, v1::ProbeStatus* out) {
+  if (p == nullptr) return;
+  const ProbeRunStatus s = p->Status();
+  out->set_runs(s.runs);
+  out->set_failed_runs(s.failed_runs);
+  out->set_has_run(s.has_run);
+  out->set_last_passed(s.last_passed);
+  out->set_last_time(s.last_time);
+  out->set_last_trigger(s.last_trigger);
+  out->set_last_summary(s.last_summary);
+  out->set_last_seconds(s.last_seconds);
+  out->set_at_start(p->options().at_start);
+  out->set_interval_seconds(p->options().interval_seconds);
+  out->set_max_prefix(p->options().suite.max_prefix);
+}
+
 void FillCapture(const Capturer* c, v1::CaptureStatus* out) {
   if (c == nullptr) return;
   const CaptureStatus s = c->Status();
@@ -142,6 +171,8 @@ grpc::Status AdminServiceImpl::GetStatus(grpc::ServerContext* ctx, const v1::Get
   r->set_oracle_samples(s.recent.oracle_samples);
   r->set_custom_vs_oracle_rel_l2(s.recent.custom_vs_oracle);
   r->set_reference_vs_oracle_rel_l2(s.recent.reference_vs_oracle);
+  FillDrift(s.drift, resp->mutable_drift());
+  FillProbe(ctx_.probes, resp->mutable_probe());
   auto* e = resp->mutable_engine();
   e->set_engine(ctx_.engine.engine);
   e->set_device(ctx_.engine.device);
@@ -236,6 +267,30 @@ grpc::Status AdminServiceImpl::Capture(grpc::ServerContext* ctx, const v1::Captu
   }
   ctx_.capturer->RequestNext(req->next());
   FillCapture(ctx_.capturer, resp->mutable_capture());
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::RunProbes(grpc::ServerContext* ctx, const v1::RunProbesRequest*,
+                                         v1::RunProbesResponse* resp) {
+  if (grpc::Status a = Authorize(ctx); !a.ok()) return a;
+  if (ctx_.probes == nullptr) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "probe: this daemon has no probes");
+  }
+  const ProbeReport report = ctx_.probes->Run("requested");
+  resp->set_passed(report.passed());
+  resp->set_seconds(report.seconds);
+  resp->set_summary(report.Summary());
+  for (const ProbeResult& r : report.results) {
+    auto* out = resp->add_results();
+    out->set_name(r.name);
+    out->set_feature(r.feature);
+    out->set_passed(r.passed);
+    out->set_reason(r.reason);
+    out->set_rel_l2(r.stats.rel_l2);
+    out->set_max_row_rel_l2(r.stats.max_row_rel_l2);
+    out->set_max_abs(r.stats.max_abs);
+    out->set_seconds(r.seconds);
+  }
   return grpc::Status::OK;
 }
 

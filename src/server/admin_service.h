@@ -15,6 +15,7 @@
 #include "src/control/mode_controller.h"
 #include "src/engine/engine.h"
 #include "src/metrics/metrics.h"
+#include "src/probe/probe_scheduler.h"
 #include "src/server/runtime_facts.h"
 #include "verifyd/v1/admin.grpc.pb.h"
 
@@ -29,6 +30,7 @@ struct AdminContext {
   std::string token;  // empty: no token required
   Capturer* capturer = nullptr;  // null: capture off
   const RegionRegistry* regions = nullptr;  // null: no regions
+  ProbeScheduler* probes = nullptr;  // null: RunProbes is unavailable
   // Request counters, owned by the daemon.
   std::function<v1::Counters()> counters;
   // Failed authentications are logged at most once per this interval (the rest are counted).
@@ -50,6 +52,8 @@ class AdminServiceImpl final : public v1::AdminService::Service {
                            v1::SetSamplingResponse* resp) override;
   grpc::Status Capture(grpc::ServerContext* ctx, const v1::CaptureRequest* req,
                        v1::CaptureResponse* resp) override;
+  grpc::Status RunProbes(grpc::ServerContext* ctx, const v1::RunProbesRequest* req,
+                         v1::RunProbesResponse* resp) override;
 
  private:
   grpc::Status Authorize(grpc::ServerContext* ctx);

@@ -131,6 +131,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
     d->engine_->InjectCustomFault(opts.inject_custom_fault);
   }
   const EngineInfo info = d->engine_->Info();
+  if (opts.inject_custom_fault.kind == CustomFault::Kind::kBf16Pv && info.engine != "cpu") {
+    return absl::InvalidArgumentError("inject_custom_fault: bf16_pv needs the CPU engine");
+  }
 
   BuildInfo build{VERIFYD_VERSION, VERIFYD_GIT_COMMIT, info.engine, info.device,
                   info.compute_capability};
@@ -143,6 +146,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
   copts.build = {VERIFYD_VERSION, VERIFYD_GIT_COMMIT,
                  ConfigFingerprint(CustomConfigDescription(info, opts))};
   copts.on_rollback = [metrics](std::string_view reason) { metrics->Rollback(reason); };
+  copts.on_drift = [metrics](const DriftReading& r, bool b) { metrics->Drift(r, b); };
+  copts.require_probe = opts.probe.at_start;
   copts.on_change = [metrics](const PersistedState& s, const GateStatus& g) {
     metrics->SetMode(s.mode, s.canary_fraction);
     metrics->SetGate(g);
@@ -177,6 +182,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
     if (!cap.ok()) return cap.status();
     d->capturer_ = std::move(*cap);
   }
+  // The probe suite: at start-up before anything is served (the gate needs it to pass), then
+  // every --probe_interval while canary/custom is served.
+  ProbeOptions probe = opts.probe;
+  if (probe.suite.max_prefix == 0) probe.suite.max_prefix = DefaultProbeMaxPrefix(info.engine);
+  d->probes_ = std::make_unique<ProbeScheduler>(d->engine_.get(), d->controller_.get(),
+                                                d->metrics_.get(), d->capturer_.get(), probe,
+                                                opts.handler.tolerance);
+  if (opts.probe.at_start) d->probes_->Run("start");
+  d->probes_->StartPeriodic();
   d->shadow_ = std::make_unique<ShadowRunner>(opts.shadow_threads, opts.shadow_queue);
   Daemon* self = d.get();
   d->handler_ = std::make_unique<VerifyHandler>(
@@ -239,6 +253,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
         d->metrics_server_ ? Bound(opts.metrics_address, d->metrics_port()) : "");
     actx.capturer = d->capturer_.get();
     actx.regions = d->regions_.get();
+    actx.probes = d->probes_.get();
     actx.counters = [self] { return self->handler_->counters(); };
     actx.token = IsUnixAddress(opts.admin_listen) ? "" : opts.admin_token;
     d->admin_service_ = std::make_unique<AdminServiceImpl>(std::move(actx));

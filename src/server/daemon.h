@@ -14,6 +14,7 @@
 #include "src/control/mode_controller.h"
 #include "src/engine/engine.h"
 #include "src/metrics/metrics.h"
+#include "src/probe/probe_scheduler.h"
 #include "src/engine/engine_factory.h"
 #include "src/region/region_registry.h"
 #include "src/server/shadow_runner.h"
@@ -66,6 +67,7 @@ struct DaemonOptions {
   RegionLimits regions;             // max_regions 0: no regions are served
   bool allow_region_tcp = false;    // serve regions over TCP too
   CustomFault inject_custom_fault;  // test only
+  ProbeOptions probe;               // probe.at_start off: no start-up probe, the gate needs none
 };
 
 class Daemon {
@@ -109,6 +111,7 @@ class Daemon {
   std::unique_ptr<AdminServiceImpl> admin_service_;
   std::unique_ptr<grpc::Server> data_server_, admin_server_;
   std::unique_ptr<UnixSocketAcceptor> admin_acceptor_;  // a unix: admin_listen
+  std::unique_ptr<ProbeScheduler> probes_;  // last member: stopped first
   std::vector<std::string> listen_addresses_;
   std::string admin_address_;
   absl::Mutex mu_;

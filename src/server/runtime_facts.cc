@@ -13,6 +13,7 @@ std::string FaultName(const CustomFault& f) {
     case CustomFault::Kind::kError: return "error";
     case CustomFault::Kind::kNan: return "nan";
     case CustomFault::Kind::kPerturb: return absl::StrCat("perturb:", f.amount);
+    case CustomFault::Kind::kBf16Pv: return "bf16_pv";
   }
   return "unknown";
 }

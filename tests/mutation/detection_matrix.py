@@ -5,9 +5,13 @@ Reads the JSON files mutant_driver wrote (one per mutant, "clean" being the unmu
 writes NAME.json and NAME.md under --out: calls to the first breach, breach fraction and the
 criteria that tripped, per class; a summary per mutant; the surviving (mutant, class) pairs.
 With --check FILE it fails when the clean build breached, or when a mutant not named in FILE
-went undetected in a realistic-traffic group (all calls of one prefix). Undetected random-traffic
-classes are reported as survivors but do not fail: with diffuse attention one key carries about
-1/kv_len of a row, below bf16 resolution at long prefixes.
+went undetected in a realistic-traffic group (all calls of one prefix) by the per-call check,
+and neither the oracle drift test on realistic traffic nor the probe suite caught it. Undetected
+random-traffic classes are reported as survivors but do not fail: with diffuse attention one key
+carries about 1/kv_len of a row, below bf16 resolution at long prefixes.
+
+A driver run with --drift carries "drift" (per traffic model: oracle samples, the sample of the
+first drift breach) and one with --probe_max_prefix carries "probe" (probes run, failed).
 """
 
 import argparse
@@ -37,6 +41,70 @@ def fmt_prefix(p):
     return f"{p // 1024}K" if p >= 1024 and p % 1024 == 0 else str(p)
 
 
+def merge_classes(into, more):
+    """Adds a run's classes; a class another run also ran (same traffic, prefix, page, T) is one
+    class with the calls of both, the later run's calls counted after the earlier's."""
+    by_key = {class_key(c): c for c in into}
+    for c in more:
+        m = by_key.get(class_key(c))
+        if m is None:
+            into.append(c)
+            by_key[class_key(c)] = c
+            continue
+        if m["first_breach_call"] is None and c["first_breach_call"] is not None:
+            m["first_breach_call"] = m["calls"] + c["first_breach_call"]
+            m["first_reason"] = c["first_reason"]
+        m["calls"] += c["calls"]
+        m["breaches"] += c["breaches"]
+        m["breach_fraction"] = m["breaches"] / m["calls"] if m["calls"] else 0.0
+        for k, v in c["criteria"].items():
+            m["criteria"][k] = m["criteria"].get(k, 0) + v
+        for k, v in c["max"].items():
+            m["max"][k] = max(m["max"].get(k, v), v)
+
+
+def merge_drift(into, r):
+    """Adds a run's drift streams to `into`'s: samples add up; the first breach is the earliest
+    sample of the run it happened in, counted after the samples of the runs before it."""
+    for traffic, d in r.get("drift", {}).items():
+        m = into.setdefault("drift", {}).get(traffic)
+        if m is None:
+            into["drift"][traffic] = dict(d)
+            continue
+        if m["first_breach_sample"] is None and d["first_breach_sample"] is not None:
+            m["first_breach_sample"] = m["samples"] + d["first_breach_sample"]
+        m["samples"] += d["samples"]
+        m["breach_samples"] += d["breach_samples"]
+        m["max_ratio"] = max(m["max_ratio"], d["max_ratio"])
+
+
+def drift_cell(r, traffic):
+    d = r.get("drift", {}).get(traffic)
+    if d is None:
+        return "n/a"
+    first = d["first_breach_sample"]
+    return (f"{first} of {d['samples']}" if first else f"- ({d['samples']})") + \
+        f" x{d['max_ratio']:.2f}"
+
+
+def probe_cell(r):
+    p = r.get("probe")
+    if p is None:
+        return "n/a"
+    return f"{p['failures']}/{p['probes']} failed" if p["failures"] else f"0/{p['probes']}"
+
+
+def caught_by(r, crit):
+    ways = []
+    if crit:
+        ways.append("per-call")
+    if any(d["first_breach_sample"] for d in r.get("drift", {}).values()):
+        ways.append("drift")
+    if r.get("probe", {}).get("failures"):
+        ways.append("probe")
+    return ", ".join(ways) or "-"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -54,9 +122,12 @@ def main():
             r = json.load(f)
         if r["label"] in by_label:
             m = by_label[r["label"]]
-            m["classes"] += r["classes"]
+            merge_classes(m["classes"], r["classes"])
             m["calls"] += r["calls"]
             m["breaches"] += r["breaches"]
+            merge_drift(m, r)
+            if "probe" not in m and "probe" in r:
+                m["probe"] = r["probe"]
         else:
             by_label[r["label"]] = r
             runs.append(r)
@@ -68,6 +139,7 @@ def main():
         "heads": first["heads"], "batch": first["batch"], "tolerance": first["tolerance"],
         "mutants": {r["label"]: {"description": description(a.patches, r["label"]),
                                  "calls": r["calls"], "breaches": r["breaches"],
+                                 "drift": r.get("drift"), "probe": r.get("probe"),
                                  "classes": r["classes"]} for r in runs},
     }
     os.makedirs(a.out, exist_ok=True)
@@ -85,9 +157,13 @@ def main():
           "Tolerance: " + ", ".join(f"{k} {v:g}" for k, v in tol.items()), "",
           "## Summary", "",
           "Breach fraction over all calls of the (page, T) classes of each traffic model and "
-          "prefix; `*` marks a group in which at least one class never breached.", ""]
+          "prefix; `*` marks a group in which at least one class never breached. "
+          "drift: the oracle drift test fed every call of a traffic model in order (the sample "
+          "of its first breach, of the samples run, and the largest geometric-mean ratio of "
+          "custom's error over the reference's against the oracle). probe: the probe suite "
+          "(src/probe/) run once. caught by: which of the three tripped.", ""]
     head = ["mutant"] + [f"{t} {fmt_prefix(p)}" for t in traffics for p in prefixes] + \
-        ["criteria (breached calls)"]
+        [f"drift {t}" for t in traffics] + ["probe", "caught by", "criteria (breached calls)"]
     md += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     survivors = []
     for r in runs:
@@ -108,11 +184,18 @@ def main():
                 calls, br, surv = groups[(t, p)]
                 cells.append(f"{br / calls:.2f}{'*' if surv and r['label'] != 'clean' else ''}"
                              if calls else "-")
+        cells += [drift_cell(r, t) for t in traffics] + [probe_cell(r), caught_by(r, crit)]
         crit_s = ", ".join(f"{k} {v}" for k, v in crit.most_common()) or "-"
         md.append(f"| {r['label']} | " + " | ".join(cells) + f" | {crit_s} |")
     md += ["", "## Planted bugs", ""]
     for r in runs:
         md.append(f"- `{r['label']}`: {doc['mutants'][r['label']]['description']}")
+    failed_probes = [(r["label"], r["probe"]) for r in runs if r.get("probe", {}).get("failures")]
+    if failed_probes:
+        md += ["", "## Probes that failed", "",
+               "| mutant | failed probes | first reason |", "|---|---|---|"]
+        for label, p in failed_probes:
+            md.append(f"| {label} | {', '.join(p['failed'])} | {p['first_reason']} |")
     md += ["", "## Survivors", "",
            "Classes in which a mutant never breached (calls run, largest per-row rel-L2 seen "
            f"against the limit {tol['max_row_rel_l2']:g}, and the largest atol_rel the element "
@@ -155,9 +238,18 @@ def main():
             bad.append("the clean build did not run")
         elif clean["breaches"]:
             bad.append(f"the clean build breached {clean['breaches']} of {clean['calls']} calls")
+        if clean is not None:
+            for traffic, d in (clean.get("drift") or {}).items():
+                if d["first_breach_sample"]:
+                    bad.append(f"the clean build tripped the drift test on {traffic} traffic")
+            if (clean.get("probe") or {}).get("failures"):
+                bad.append(f"the clean build failed probes: {clean['probe']['failed']}")
         for r in runs:
             if r["label"] == "clean" or r["label"] in allowed:
                 continue
+            realistic_drift = (r.get("drift") or {}).get("realistic") or {}
+            if realistic_drift.get("first_breach_sample") or (r.get("probe") or {}).get("failures"):
+                continue  # caught by the drift test on realistic traffic or by a probe
             groups = collections.defaultdict(lambda: [0, 0])
             for c in r["classes"]:
                 if c["traffic"] == "realistic":

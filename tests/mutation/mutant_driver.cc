@@ -3,6 +3,9 @@
 // calls, breaches, the call of the first breach, which criteria tripped, and the largest clean
 // figures. Built against a mutated custom path it measures detection; built against the clean
 // one (optionally with --oracle) it measures the clean distributions the defaults come from.
+// With --drift every call also runs the fp64 oracle and feeds verifyd's oracle drift test, one
+// stream per traffic model (all its classes in order, as a daemon would see them); with
+// --probe_max_prefix the probe suite runs once. Both report whether and when they tripped.
 
 #include <algorithm>
 #include <cmath>
@@ -22,7 +25,10 @@
 #include "src/bundle/random_bundle.h"
 #include "src/common/bf16.h"
 #include "src/compare/compare.h"
+#include "src/control/drift_test.h"
 #include "src/engine/cpu/cpu_engine.h"
+#include "src/probe/probe_runner.h"
+#include "src/probe/probe_suite.h"
 
 namespace verifyd {
 namespace {
@@ -43,6 +49,8 @@ struct Options {
   int min_calls = 1;
   uint64_t seed = 1;
   bool oracle = false;       // also measure both paths against the fp64 oracle
+  bool drift = false;        // feed the oracle drift test (runs the oracle on every call)
+  int64_t probe_max_prefix = 0;  // > 0: run the probe suite with this longest prefix
   bool fail_on_breach = false;
   int threads = 0;
   std::string json_path;
@@ -100,8 +108,18 @@ struct ClassResult {
   Maxima max;
 };
 
+// One traffic model's oracle drift stream.
+struct DriftStream {
+  explicit DriftStream(const DriftOptions& d) : test(d) {}
+  DriftTest test;
+  int64_t samples = 0, breach_samples = 0;
+  int64_t first_breach = 0;  // the sample of the first breach, 1-based; 0: none
+  double max_ratio = 0;
+};
+
 absl::StatusOr<ClassResult> RunClass(Engine& engine, const Options& o, Traffic traffic,
-                                     int64_t prefix, int page, int draft, uint64_t seed) {
+                                     int64_t prefix, int page, int draft, uint64_t seed,
+                                     DriftStream* drift) {
   ClassResult c;
   c.traffic = traffic;
   c.prefix = prefix;
@@ -150,6 +168,20 @@ absl::StatusOr<ClassResult> RunClass(Engine& engine, const Options& o, Traffic t
     c.max.Take("atol_rel_needed",
                NeededAtolRel(cus.o, [&](int64_t i) { return double{Bf16ToFloat(ref.o[i])}; },
                              o.tol.rtol));
+    if (drift != nullptr) {
+      if (absl::Status st = engine.Run(Path::kOracle, b); !st.ok()) return st;
+      auto cd = engine.Compare(b, Path::kCustom, Path::kOracle, o.tol);
+      auto rd = engine.Compare(b, Path::kReference, Path::kOracle, o.tol);
+      if (!cd.ok()) return cd.status();
+      if (!rd.ok()) return rd.status();
+      const DriftReading r = drift->test.Add(cd->rel_l2, rd->rel_l2);
+      ++drift->samples;
+      if (std::isfinite(r.ratio)) drift->max_ratio = std::max(drift->max_ratio, r.ratio);
+      if (r.breach) {
+        ++drift->breach_samples;
+        if (drift->first_breach == 0) drift->first_breach = drift->samples;
+      }
+    }
     if (o.oracle) {
       if (absl::Status st = engine.Run(Path::kOracle, b); !st.ok()) return st;
       PathOutput ora;
@@ -207,7 +239,12 @@ int Main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 30));
   app.add_option("--seed", o.seed, "seed of the first bundle");
   app.add_flag("--oracle", o.oracle, "also compare both paths with the fp64 oracle");
-  app.add_flag("--fail_on_breach", o.fail_on_breach, "exit 1 when any call breaches");
+  app.add_flag("--drift", o.drift,
+               "feed the oracle drift test, one stream per traffic model (runs the oracle)");
+  app.add_option("--probe_max_prefix", o.probe_max_prefix,
+                 "run the probe suite with this longest prefix (0: not)");
+  app.add_flag("--fail_on_breach", o.fail_on_breach,
+               "exit 1 when any call breaches, the drift test trips or a probe fails");
   app.add_option("--threads", o.threads, "CPU engine threads (0: all cores)");
   app.add_option("--json", o.json_path, "write the results here");
   app.add_option("--atol", o.tol.atol, "element check: absolute part");
@@ -237,12 +274,16 @@ int Main(int argc, char** argv) {
   json classes = json::array();
   int64_t calls = 0, breaches = 0;
   uint64_t class_seed = o.seed;
+  json drift_doc = json::object();
+  bool drift_tripped = false;
   for (Traffic t : traffics) {
+    DriftStream drift{DriftOptions{}};
     for (int64_t prefix : prefixes) {
       for (int page : pages) {
         for (int draft : drafts) {
           class_seed += 1000003;
-          auto c = RunClass(*engine, o, t, prefix, page, draft, class_seed);
+          auto c = RunClass(*engine, o, t, prefix, page, draft, class_seed,
+                            o.drift ? &drift : nullptr);
           if (!c.ok()) {
             std::cerr << o.label << ": " << c.status() << "\n";
             return 1;
@@ -260,6 +301,40 @@ int Main(int argc, char** argv) {
         }
       }
     }
+    if (o.drift) {
+      drift_tripped |= drift.first_breach > 0;
+      std::cout << fmt::format("{:<28} {:<9} drift: {} samples, first breach {}, ratio max {:.3g}\n",
+                               o.label, TrafficName(t), drift.samples, drift.first_breach,
+                               drift.max_ratio);
+      json d = {{"samples", drift.samples},
+                {"breach_samples", drift.breach_samples},
+                {"max_ratio", drift.max_ratio}};
+      d["first_breach_sample"] = drift.first_breach ? json(drift.first_breach) : json(nullptr);
+      drift_doc[TrafficName(t)] = d;
+    }
+  }
+  json probe_doc = nullptr;
+  bool probe_failed = false;
+  if (o.probe_max_prefix > 0) {
+    ProbeSuiteOptions po;
+    po.max_prefix = o.probe_max_prefix;
+    if (absl::Status st = ValidateProbeSuiteOptions(po); !st.ok()) {
+      std::cerr << st.message() << "\n";
+      return 2;
+    }
+    const ProbeReport r = RunProbeSuite(*engine, BuildProbeSuite(po), o.tol);
+    probe_failed = !r.passed();
+    json failed = json::array();
+    std::string first_reason;
+    for (const ProbeResult& p : r.results) {
+      if (p.passed) continue;
+      failed.push_back(p.name);
+      if (first_reason.empty()) first_reason = p.name + ": " + p.reason;
+    }
+    probe_doc = {{"max_prefix", o.probe_max_prefix}, {"probes", r.results.size()},
+                 {"failures", r.failures}, {"failed", failed}, {"first_reason", first_reason},
+                 {"seconds", r.seconds}};
+    std::cout << fmt::format("{:<28} probe: {}\n", o.label, r.Summary());
   }
   std::cout << fmt::format("{}: {} breaches in {} calls\n", o.label, breaches, calls);
   if (!o.json_path.empty()) {
@@ -280,9 +355,11 @@ int Main(int argc, char** argv) {
                 {"calls", calls},
                 {"breaches", breaches},
                 {"classes", classes}};
+    if (o.drift) doc["drift"] = drift_doc;
+    if (o.probe_max_prefix > 0) doc["probe"] = probe_doc;
     std::ofstream(o.json_path) << doc.dump(1) << "\n";
   }
-  return o.fail_on_breach && breaches > 0 ? 1 : 0;
+  return o.fail_on_breach && (breaches > 0 || drift_tripped || probe_failed) ? 1 : 0;
 }
 
 }  // namespace

@@ -146,4 +146,45 @@ json "$dir/r.json" 'j["files"][0]["reproduced"] is False
   and j["files"][0]["rerun_equals_recorded"]["reference"] is True' \
   || fail "replay of a faulted capture: $(cat "$dir/r.json")"
 stop
+
+# The probe suite: run at start-up, on demand with every probe printed, in status; a wrong
+# custom path fails it (exit 1) and the flip is refused naming it.
+start --probe_max_prefix=256
+ctl probe >"$dir/p.txt" || fail "probe on a clean engine: $(cat "$dir/p.txt")"
+grep -q "^ok    split_boundaries " "$dir/p.txt" || fail "probe lines: $(cat "$dir/p.txt")"
+grep -q "probes passed in" "$dir/p.txt" || fail "probe summary: $(cat "$dir/p.txt")"
+ctl status | grep -q "^probe       passed: .* (requested, .*); 2 runs, 0 failed" \
+  || fail "probe status line: $(ctl status)"
+stop
+if "$verifyd" --engine=cpu --state_dir="$dir/bad" --probe_max_prefix=7 >"$dir/bad.log" 2>&1; then
+  fail "--probe_max_prefix=7 started"
+fi
+grep -q "probe_max_prefix" "$dir/bad.log" || fail "no field named: $(cat "$dir/bad.log")"
+start --probe_max_prefix=256 --inject_custom_fault=perturb:0.05
+rc=0; ctl probe --json >"$dir/p.json" || rc=$?
+[ $rc = 1 ] || fail "a failing probe exited $rc"
+json "$dir/p.json" 'j["passed"] is False and any(not r["passed"] for r in j["results"])' \
+  || fail "probe --json: $(cat "$dir/p.json")"
+if ctl flip custom --reason x 2>"$dir/err"; then fail "flip past a failed probe passed"; fi
+grep -q "probe suite failed" "$dir/err" || fail "flip refusal: $(cat "$dir/err")"
+stop
+
+# Oracle drift: a bf16 P·V accumulator passes every call on concentrated traffic, and status
+# says the drift test is in breach; a bad drift flag is refused naming it.
+if "$verifyd" --engine=cpu --state_dir="$dir/bad" --drift_min_samples=1 >"$dir/bad.log" 2>&1; then
+  fail "--drift_min_samples=1 started"
+fi
+grep -q "drift_min_samples" "$dir/bad.log" || fail "no field named: $(cat "$dir/bad.log")"
+start --inject_custom_fault=bf16_pv --oracle_sample_rate=1
+ctl send --shape 1,4,8,500 --page_size 16 --count 16 --distinct 16 --traffic realistic \
+  --compare_sync --json >"$dir/send.json" || fail "send"
+ctl status >"$dir/s.txt" || fail "status"
+grep -q "^drift       IN BREACH: custom/reference error vs oracle .*x over 16 samples" "$dir/s.txt" \
+  || fail "no drift line: $(cat "$dir/s.txt")"
+grep -q "^comparisons match 16, breach 0" "$dir/s.txt" || fail "a call breached: $(cat "$dir/s.txt")"
+ctl status --json >"$dir/s.json" || fail "status --json"
+json "$dir/s.json" 'j["drift"]["breach"] is True and j["drift"]["breaches"] == 1
+  and j["drift"]["ratio"] > 1.35 and j["gate"]["ready"] is False' \
+  || fail "drift in --json: $(cat "$dir/s.json")"
+stop
 echo "PASS"

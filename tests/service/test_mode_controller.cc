@@ -243,6 +243,113 @@ TEST_F(ModeControllerTest, AnErrorOutcomeInCustomModeIsCountedAsARollbackWithRea
   EXPECT_EQ(last.to, Mode::kShadow);
 }
 
+TEST_F(ModeControllerTest, OracleDriftClosesTheGateInShadowWithoutAnyBreachingCall) {
+  ControllerOptions o;
+  o.gate_window = 5;
+  std::vector<std::pair<double, bool>> readings;
+  o.on_drift = [&](const DriftReading& r, bool b) { readings.emplace_back(r.ratio, b); };
+  auto c = Make(Observed(o));
+  for (int i = 0; i < 10; ++i) c->Record(Match(Mode::kShadow));
+  ASSERT_TRUE(c->Snapshot().gate.ready);
+  // Clean oracle samples (custom ~1.05x the reference's error) change nothing.
+  for (int i = 0; i < 40; ++i) EXPECT_FALSE(c->RecordOracle(1.75e-3, 1.66e-3));
+  EXPECT_TRUE(c->Snapshot().gate.ready);
+  EXPECT_EQ(c->Snapshot().drift.breaches, 0);
+  // Custom twice as far from the oracle: in breach before those fill the window that held the
+  // 40 clean samples (with an empty window it takes min_samples: test_drift_test).
+  const int64_t window = DriftOptions{}.window;
+  int first = -1;
+  for (int i = 1; i <= 64 && first < 0; ++i) {
+    c->RecordOracle(3.4e-3, 1.66e-3);
+    if (c->Snapshot().drift.reading.breach) first = i;
+  }
+  EXPECT_GT(first, 0);
+  EXPECT_LE(first, window / 2 + 8);
+  const ControllerSnapshot s = c->Snapshot();
+  EXPECT_EQ(s.drift.breaches, 1);
+  EXPECT_FALSE(s.gate.ready);
+  EXPECT_EQ(s.gate.clean, 0);
+  EXPECT_NE(s.gate.reason.find("oracle drift"), std::string::npos) << s.gate.reason;
+  EXPECT_NE(s.gate.last_breach.find("drift: "), std::string::npos) << s.gate.last_breach;
+  EXPECT_EQ(c->mode(), Mode::kShadow);
+  EXPECT_TRUE(rollbacks_.empty());  // nothing to roll back in shadow
+  ASSERT_FALSE(readings.empty());
+  EXPECT_TRUE(readings.back().first > 1.35);
+  // Clean calls cannot reopen the gate while the drift test is in breach.
+  for (int i = 0; i < 10; ++i) c->Record(Match(Mode::kShadow));
+  EXPECT_FALSE(c->Snapshot().gate.ready);
+  EXPECT_FALSE(c->SetMode(MC(Mode::kCustom, 0, "go", false, "t")).ok());
+}
+
+TEST_F(ModeControllerTest, OracleDriftRollsBackFromCustomWithReasonDrift) {
+  ControllerOptions o;
+  o.gate_window = 3;
+  auto c = Make(Observed(o));
+  for (int i = 0; i < 3; ++i) c->Record(Match(Mode::kShadow));
+  ASSERT_TRUE(c->SetMode(MC(Mode::kCustom, 0, "go", false, "t")).ok());
+  std::optional<std::string> label;
+  for (int i = 0; i < 64 && !label; ++i) {
+    c->Record(Match(Mode::kCustom));  // every call within tolerance
+    label = c->RecordOracle(3.4e-3, 1.66e-3);
+  }
+  EXPECT_EQ(label, "drift");
+  EXPECT_EQ(c->mode(), Mode::kShadow);
+  EXPECT_EQ(rollbacks_, std::vector<std::string>{"drift"});
+  const ControllerSnapshot s = c->Snapshot();
+  EXPECT_EQ(s.rollbacks, 1);
+  EXPECT_NE(s.last_rollback_reason.find("drift: auto-rollback: oracle drift"), std::string::npos)
+      << s.last_rollback_reason;
+  const AuditEntry last = c->RecentAudit(1).at(0);
+  EXPECT_EQ(last.origin, AuditOrigin::kDaemon);
+  EXPECT_EQ(last.to, Mode::kShadow);
+  // A forced flip back while still drifting rolls back at the next oracle sample.
+  ASSERT_TRUE(c->SetMode(MC(Mode::kCanary, 0.5, "anyway", true, "t")).ok());
+  EXPECT_EQ(c->RecordOracle(3.4e-3, 1.66e-3), "drift");
+  EXPECT_EQ(c->mode(), Mode::kShadow);
+  EXPECT_EQ(rollbacks_.size(), 2u);
+  EXPECT_EQ(c->Snapshot().drift.breaches, 1);  // one episode, still in breach
+}
+
+TEST_F(ModeControllerTest, TheGateNeedsAPassingProbeSuiteWhenRequired) {
+  ControllerOptions o;
+  o.gate_window = 2;
+  o.require_probe = true;
+  auto c = Make(Observed(o));
+  for (int i = 0; i < 5; ++i) c->Record(Match(Mode::kShadow));
+  GateStatus g = c->Snapshot().gate;
+  EXPECT_FALSE(g.ready);
+  EXPECT_NE(g.reason.find("the probe suite has not passed yet"), std::string::npos) << g.reason;
+  EXPECT_FALSE(c->RecordProbe(true, "22 of 22 probes passed"));
+  EXPECT_TRUE(c->Snapshot().gate.ready);
+  // A failure is a breach: the streak resets, and the gate stays closed until a pass.
+  EXPECT_FALSE(c->RecordProbe(false, "1 of 22 probes failed (prefix/0: rel_l2 0.5 > 0.01)"));
+  g = c->Snapshot().gate;
+  EXPECT_FALSE(g.ready);
+  EXPECT_EQ(g.clean, 0);
+  EXPECT_NE(g.reason.find("the probe suite failed: 1 of 22"), std::string::npos) << g.reason;
+  EXPECT_NE(g.last_breach.find("probe: 1 of 22"), std::string::npos) << g.last_breach;
+  for (int i = 0; i < 5; ++i) c->Record(Match(Mode::kShadow));
+  EXPECT_FALSE(c->Snapshot().gate.ready);
+  auto refused = c->SetMode(MC(Mode::kCustom, 0, "go", false, "t"));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(rollbacks_.empty());
+  c->RecordProbe(true, "ok");
+  EXPECT_TRUE(c->Snapshot().gate.ready);
+}
+
+TEST_F(ModeControllerTest, AFailedProbeRollsBackFromCanaryWithReasonProbe) {
+  auto c = Make(Observed());
+  ASSERT_TRUE(c->SetMode(MC(Mode::kCanary, 0.5, "go", true, "t")).ok());
+  EXPECT_EQ(c->RecordProbe(false, "1 of 22 probes failed"), "probe");
+  EXPECT_EQ(c->mode(), Mode::kShadow);
+  EXPECT_EQ(rollbacks_, std::vector<std::string>{"probe"});
+  EXPECT_NE(c->Snapshot().last_rollback_reason.find("probe: auto-rollback: probe suite: 1 of 22"),
+            std::string::npos);
+  // Without require_probe a pass or a failure in shadow changes no mode.
+  EXPECT_FALSE(c->RecordProbe(false, "again"));
+  EXPECT_EQ(rollbacks_.size(), 1u);
+}
+
 TEST_F(ModeControllerTest, AFaultAndARestartAfterItAreCountedWithReasonCustomFault) {
   {
     auto c = Make(Observed());

@@ -36,6 +36,7 @@ struct RowBlock {
   int64_t kv_len, prefix;
   std::vector<float> q;  // [rows, 576]
   const CallContext* call;  // null: never abandoned
+  bool pv_bf16 = false;     // CpuCustomConfig::pv_bf16
 };
 
 bool Abandoned(const RowBlock& rb) { return rb.call != nullptr && rb.call->Abandoned(); }
@@ -86,6 +87,9 @@ Partial RunSplit(const RowBlock& rb, int64_t t_begin, int64_t t_end, int tile) {
         if (w == 0.f) continue;
         const float* vk = k_tile.data() + int64_t{k} * kHeadDimQK;
         for (int d = 0; d < kHeadDimV; ++d) acc[d] += w * vk[d];
+        if (rb.pv_bf16) {
+          for (int d = 0; d < kHeadDimV; ++d) acc[d] = RoundToBf16(acc[d]);
+        }
       }
     }
   }
@@ -106,7 +110,8 @@ Partial RunSplit(const RowBlock& rb, int64_t t_begin, int64_t t_end, int tile) {
 void CustomRequestHeads(const BundleView& v, int b, int h0, int h1, const CpuCustomConfig& c,
                         uint16_t* o, float* lse, const CallContext* call) {
   const int T = v.shape.draft, H = v.shape.heads;
-  RowBlock rb{&v, b, h0, h1 - h0, T * (h1 - h0), v.kv_lens[b], v.kv_lens[b] - T, {}, call};
+  RowBlock rb{&v, b, h0, h1 - h0, T * (h1 - h0), v.kv_lens[b], v.kv_lens[b] - T, {}, call,
+              c.pv_bf16};
   rb.q.resize(int64_t{rb.rows} * kHeadDimQK);
   for (int i = 0; i < T; ++i) {
     for (int h = h0; h < h1; ++h) {

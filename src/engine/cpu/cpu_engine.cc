@@ -118,10 +118,12 @@ class CpuEngine : public Engine {
         if (fault.kind == CustomFault::Kind::kError) {
           return absl::InternalError("injected custom-path fault");
         }
+        CpuCustomConfig config = custom_;
+        config.pv_bf16 = fault.kind == CustomFault::Kind::kBf16Pv;
         out.o.resize(v.o_elems());
         out.lse.resize(v.lse_elems());
         ForEachBlock(v, call, [&](int bi, int h0, int h1) {
-          CustomRequestHeads(v, bi, h0, h1, custom_, out.o.data(), out.lse.data(), call);
+          CustomRequestHeads(v, bi, h0, h1, config, out.o.data(), out.lse.data(), call);
         });
         ApplyFault(fault, &out);
         break;

@@ -1,0 +1,78 @@
+#include "src/probe/probe_runner.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace verifyd {
+namespace {
+
+double Since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+ProbeResult RunOne(Engine& engine, const ProbeBundle& p, const Tolerance& tol) {
+  ProbeResult r;
+  r.name = p.name;
+  r.feature = p.feature;
+  const auto start = std::chrono::steady_clock::now();
+  auto fail = [&](std::string why) {
+    r.reason = std::move(why);
+    r.seconds = Since(start);
+    return r;
+  };
+  absl::StatusOr<std::shared_ptr<PreparedBundle>> b = engine.Prepare(p.bundle->view(), true);
+  if (!b.ok()) return fail(absl::StrCat("prepare: ", b.status().ToString()));
+  for (Path path : {Path::kReference, Path::kCustom}) {
+    if (absl::Status st = engine.Run(path, **b); !st.ok()) {
+      return fail(absl::StrCat(PathName(path), " path: ", st.ToString()));
+    }
+  }
+  absl::StatusOr<DiffStats> d = engine.Compare(**b, Path::kCustom, Path::kReference, tol);
+  if (!d.ok()) return fail(absl::StrCat("compare: ", d.status().ToString()));
+  r.stats = *d;
+  const Verdict v = Judge(*d, tol);
+  r.passed = v.match;
+  r.reason = v.reason;
+  if (!r.passed) r.prepared = *b;
+  r.seconds = Since(start);
+  return r;
+}
+
+}  // namespace
+
+std::string ProbeReport::Summary() const {
+  if (results.empty()) return "no probes ran";
+  if (failures == 0) {
+    return absl::StrFormat("%d of %d probes passed in %.3g s", results.size(), results.size(),
+                           seconds);
+  }
+  std::string s = absl::StrFormat("%d of %d probes failed in %.3g s (", failures, results.size(),
+                                  seconds);
+  int shown = 0;
+  for (const ProbeResult& r : results) {
+    if (r.passed) continue;
+    if (shown == 3) {
+      absl::StrAppend(&s, ", ...");
+      break;
+    }
+    absl::StrAppend(&s, shown ? "; " : "", r.name, ": ", r.reason);
+    ++shown;
+  }
+  return s + ")";
+}
+
+ProbeReport RunProbeSuite(Engine& engine, const std::vector<ProbeBundle>& suite,
+                          const Tolerance& tol) {
+  ProbeReport report;
+  const auto start = std::chrono::steady_clock::now();
+  for (const ProbeBundle& p : suite) {
+    report.results.push_back(RunOne(engine, p, tol));
+    report.failures += !report.results.back().passed;
+  }
+  report.seconds = Since(start);
+  return report;
+}
+
+}  // namespace verifyd

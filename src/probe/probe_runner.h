@@ -1,0 +1,37 @@
+#pragma once
+// Runs the probe suite on an engine: reference and custom on every probe bundle, judged by the
+// one comparison (src/compare/).
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "src/compare/compare.h"
+#include "src/engine/engine.h"
+#include "src/probe/probe_suite.h"
+
+namespace verifyd {
+
+struct ProbeResult {
+  std::string name, feature;
+  bool passed = false;
+  std::string reason;  // why it failed: the verdict, or the path that errored
+  DiffStats stats;     // custom vs reference (when both ran)
+  double seconds = 0;  // both paths and the comparison
+  // The failing probe's bundle and outputs, for a capture (failures only).
+  std::shared_ptr<PreparedBundle> prepared;
+};
+
+struct ProbeReport {
+  std::vector<ProbeResult> results;
+  int failures = 0;
+  double seconds = 0;
+  bool passed() const { return failures == 0 && !results.empty(); }
+  // "23 of 23 probes passed in 0.81 s" / "2 of 23 probes failed (page_edges/page1: ..., ...)".
+  std::string Summary() const;
+};
+
+ProbeReport RunProbeSuite(Engine& engine, const std::vector<ProbeBundle>& suite,
+                          const Tolerance& tol);
+
+}  // namespace verifyd

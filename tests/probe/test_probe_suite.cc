@@ -1,0 +1,149 @@
+// The probe suite: each probe's chosen keys really decide its rows, the suite covers the
+// features it names, the clean CPU engine passes it, and a wrong custom path fails it.
+
+#include <cmath>
+#include <set>
+
+#include "gtest/gtest.h"
+#include "src/common/bf16.h"
+#include "src/engine/cpu/cpu_engine.h"
+#include "src/probe/probe_runner.h"
+#include "src/probe/probe_suite.h"
+
+namespace verifyd {
+namespace {
+
+ProbeSuiteOptions Small() {
+  ProbeSuiteOptions o;
+  o.max_prefix = 1024;
+  return o;
+}
+
+const ProbeBundle* Find(const std::vector<ProbeBundle>& suite, const std::string& name) {
+  for (const ProbeBundle& p : suite) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+TEST(ProbeSuite, NamesEveryFeature) {
+  const auto suite = BuildProbeSuite(Small());
+  std::set<std::string> names;
+  for (const ProbeBundle& p : suite) {
+    EXPECT_TRUE(names.insert(p.name).second) << "duplicate " << p.name;
+    EXPECT_FALSE(p.feature.empty()) << p.name;
+  }
+  for (const char* n : {"draft_positions/chain", "draft_positions/tree", "page_edges/page1",
+                        "page_edges/page64", "split_boundaries", "fully_masked_rows",
+                        "sink_recency/chain", "sink_recency/tree", "prefix/0", "prefix/1",
+                        "prefix/63", "prefix/65", "prefix/1023", "prefix/1024"}) {
+    EXPECT_TRUE(names.count(n)) << n;
+  }
+  EXPECT_FALSE(names.count("prefix/1025"));  // bounded by max_prefix
+}
+
+// The output of every row of a dominant-key probe is its chosen key's V: the reference's output
+// row equals some key's first 512 dims to bf16 precision, and the suite's rows hit the keys it
+// says (every page's first and last token).
+TEST(ProbeSuite, ChosenKeysDecideTheRows) {
+  const auto suite = BuildProbeSuite(Small());
+  const ProbeBundle* p = Find(suite, "page_edges/page64");
+  ASSERT_NE(p, nullptr);
+  const BundleView& v = p->bundle->view();
+  auto engine = MakeCpuEngine(2);
+  auto b = engine->Prepare(v, false);
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE(engine->Run(Path::kReference, **b).ok());
+  PathOutput ref;
+  ASSERT_TRUE(engine->Fetch(Path::kReference, **b, &ref).ok());
+  const int64_t prefix = v.kv_lens[0] - v.shape.draft;
+  std::set<int64_t> hit;
+  for (int64_t row = 0; row < v.rows() * v.shape.heads; ++row) {
+    const uint16_t* o = ref.o.data() + row * kernels::kHeadDimV;
+    int64_t match = -1;
+    for (int64_t t = 0; t < prefix && match < 0; ++t) {
+      const uint16_t* k = v.KvRow(0, t);
+      double err = 0, norm = 0;
+      for (int d = 0; d < kernels::kHeadDimV; ++d) {
+        const double diff = Bf16ToFloat(o[d]) - Bf16ToFloat(k[d]);
+        err += diff * diff;
+        norm += double{Bf16ToFloat(k[d])} * Bf16ToFloat(k[d]);
+      }
+      if (std::sqrt(err / norm) < 1e-2) match = t;
+    }
+    ASSERT_GE(match, 0) << "row " << row << " is no single key's V";
+    hit.insert(match);
+  }
+  for (int64_t first = 0; first < prefix; first += 64) {
+    EXPECT_TRUE(hit.count(first)) << "page start " << first;
+    EXPECT_TRUE(hit.count(std::min(prefix, first + 64) - 1)) << "page end " << first;
+  }
+}
+
+TEST(ProbeSuite, SplitBoundariesCoverBothSidesOfEvery64TokenBoundary) {
+  const auto suite = BuildProbeSuite(Small());
+  const ProbeBundle* p = Find(suite, "split_boundaries");
+  ASSERT_NE(p, nullptr);
+  const BundleView& v = p->bundle->view();
+  EXPECT_EQ(v.kv_lens[0] - v.shape.draft, 1024);
+  // 2 * 15 boundaries + the last split's 64: every one gets a row.
+  EXPECT_GE(int64_t{v.shape.draft} * v.shape.heads, 2 * 15 + 64);
+}
+
+TEST(ProbeSuite, TheFullyMaskedRowSeesNothing) {
+  const auto suite = BuildProbeSuite(Small());
+  const ProbeBundle* p = Find(suite, "fully_masked_rows");
+  ASSERT_NE(p, nullptr);
+  const BundleView& v = p->bundle->view();
+  const int row = v.shape.draft / 2;
+  EXPECT_EQ(v.kv_lens[0], v.shape.draft);  // request 0 has no prefix
+  for (int j = 0; j < v.shape.draft; ++j) EXPECT_FALSE(v.MaskBit(0, row, j));
+}
+
+TEST(ProbeSuite, ValidateNamesTheFlag) {
+  ProbeSuiteOptions o;
+  o.max_prefix = 10;
+  EXPECT_NE(ValidateProbeSuiteOptions(o).message().find("probe_max_prefix"), std::string::npos);
+  o.max_prefix = kernels::kMaxPrefix + 1;
+  EXPECT_FALSE(ValidateProbeSuiteOptions(o).ok());
+  o.max_prefix = kernels::kMaxPrefix;
+  EXPECT_TRUE(ValidateProbeSuiteOptions(o).ok());
+  EXPECT_EQ(DefaultProbeMaxPrefix("cuda"), kernels::kMaxPrefix);
+  EXPECT_EQ(DefaultProbeMaxPrefix("cpu"), 2048);
+}
+
+TEST(ProbeRunner, TheCleanCpuEnginePassesEveryProbe) {
+  auto engine = MakeCpuEngine(2);
+  const ProbeReport r = RunProbeSuite(*engine, BuildProbeSuite(Small()), Tolerance{});
+  EXPECT_TRUE(r.passed()) << r.Summary();
+  EXPECT_EQ(r.failures, 0);
+  EXPECT_NE(r.Summary().find("probes passed"), std::string::npos);
+}
+
+TEST(ProbeRunner, AWrongCustomPathFailsAndSaysWhich) {
+  auto engine = MakeCpuEngine(2);
+  engine->InjectCustomFault({CustomFault::Kind::kPerturb, 0.05});
+  const ProbeReport r = RunProbeSuite(*engine, BuildProbeSuite(Small()), Tolerance{});
+  EXPECT_FALSE(r.passed());
+  EXPECT_GT(r.failures, 0);
+  for (const ProbeResult& p : r.results) {
+    if (!p.passed) {
+      EXPECT_FALSE(p.reason.empty());
+      EXPECT_NE(p.prepared, nullptr);  // kept for a capture
+    }
+  }
+  EXPECT_NE(r.Summary().find("probes failed"), std::string::npos) << r.Summary();
+}
+
+TEST(ProbeRunner, ACustomPathErrorFailsEveryProbe) {
+  auto engine = MakeCpuEngine(2);
+  engine->InjectCustomFault({CustomFault::Kind::kError, 0});
+  const auto suite = BuildProbeSuite(Small());
+  const ProbeReport r = RunProbeSuite(*engine, suite, Tolerance{});
+  EXPECT_EQ(r.failures, static_cast<int>(suite.size()));
+  EXPECT_NE(r.results[0].reason.find("custom path: INTERNAL"), std::string::npos)
+      << r.results[0].reason;
+}
+
+}  // namespace
+}  // namespace verifyd
