@@ -18,6 +18,7 @@ BINS=(tests/kernels/test_custom_kernel tests/kernels/test_custom_kernel_golden
       tests/cuda_engine/test_reference_kernels tests/cuda_engine/test_cuda_engine
       tests/cuda_engine/test_cuda_sticky_error
       tests/service/test_end_to_end tests/service/test_capture tests/service/test_regions
+      tests/service/test_probe_service tests/service/test_drift_service
       src/main/verifyd src/cli/verifyctl)
 # shellcheck disable=SC2206
 BINS+=(${VERIFYD_PACK_BINS:-})
@@ -45,7 +46,7 @@ for b in "${BINS[@]}"; do
 done
 cp -r "$ROOT/tests/data/golden" "$PACK/data/"
 cp "$ROOT/scripts/gpu_run.sh" "$ROOT/scripts/gpu_service_bench.sh" "$ROOT/scripts/gpu_region_test.sh" \
-  "$PACK/"
+  "$ROOT/scripts/gpu_probe_cost.sh" "$PACK/"
 
 # The Python client, its GPU test (cuda_ipc with torch) and stubs generated here; the GPU machine
 # regenerates them when it has grpc_tools.

@@ -56,7 +56,8 @@ if [[ $run_tests == 1 ]]; then
   # The service suites start verifyd in-process on the CUDA engine.
   export VERIFYD_TEST_ENGINE=cuda
   for t in test_custom_plan test_custom_kernel_golden test_custom_kernel test_reference_kernels \
-           test_cuda_engine test_cuda_sticky_error test_end_to_end test_capture test_regions; do
+           test_cuda_engine test_cuda_sticky_error test_end_to_end test_capture test_regions \
+           test_probe_service test_drift_service; do
     [[ -x "$PACK/bin/$t" ]] || continue
     filter='*'
     [[ $t == test_custom_kernel ]] && filter=$kernel_filter
@@ -97,6 +98,12 @@ PY
   [[ $rc == 0 ]] || status=1
   echo "gpu_region_test.sh: rc=$rc" >> "$SUMMARY"
   grep -E "^(FAIL|shadow comparisons)" "$OUT/region_test.txt" >> "$SUMMARY"
+  # The probe suite at its CUDA size (128K prefixes): result and share of GPU time.
+  timeout 400 "$PACK/gpu_probe_cost.sh" "$PACK" "$OUT" > "$OUT/probe_cost.txt" 2>&1
+  rc=$?
+  [[ $rc == 0 ]] || status=1
+  echo "gpu_probe_cost.sh: rc=$rc" >> "$SUMMARY"
+  grep -E "^(FAIL|ok)" "$OUT/probe_cost.txt" >> "$SUMMARY"
   # The golden cases through every path of the CUDA engine, as an operator would replay them.
   "$PACK/bin/verifyctl" replay --engine cuda "$PACK"/data/golden/*.safetensors \
     > "$OUT/replay_golden.txt" 2>&1
