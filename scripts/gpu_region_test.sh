@@ -21,7 +21,7 @@ fail() { echo "FAIL $*"; status=1; }
   --metrics_address=127.0.0.1:0 --state_dir="$dir/state" --capture_dir="$dir/captures" \
   --shadow_threads=2 --shadow_queue=256 --log_level=info > "$log" 2>&1 &
 pid=$!
-for _ in $(seq 200); do [ -S "$dir/admin.sock" ] && break; sleep 0.05; done
+for _ in $(seq 1200); do [ -S "$dir/admin.sock" ] && break; sleep 0.1; done  # the start-up probe runs first
 [ -S "$dir/admin.sock" ] || { echo "FAIL verifyd did not start"; cat "$log"; exit 1; }
 
 counters() {  # match breach error skipped, once every served call's comparison is recorded

@@ -25,7 +25,7 @@ start_daemon() {
     --metrics_address=127.0.0.1:$METRICS_PORT --state_dir="$dir/state" --capture_dir=off \
     --shadow_threads=2 --shadow_queue=256 --log_level=warn >> "$OUT/service_daemon.log" 2>&1 &
   pid=$!
-  for _ in $(seq 200); do [ -S "$dir/admin.sock" ] && return 0; sleep 0.05; done
+  for _ in $(seq 1200); do [ -S "$dir/admin.sock" ] && return 0; sleep 0.1; done  # after the start-up probe
   echo "verifyd did not start"; cat "$OUT/service_daemon.log"; return 1
 }
 ctl() { "$bin/verifyctl" --target="unix:$dir/data.sock" --admin="unix:$dir/admin.sock" "$@"; }
