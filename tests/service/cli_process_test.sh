@@ -75,7 +75,7 @@ grep -q "^regions     none" "$dir/s.txt" || fail "regions"
 grep -q "^up          " "$dir/s.txt" || fail "uptime"
 if grep -q WARNING "$dir/s.txt"; then fail "fault warning without a fault"; fi
 json "$dir/s.json" 'j["runtime"]["inject_custom_fault"] == "" and j["runtime"]["rollback_breaches"] == 3
-  and j["runtime"]["tolerances"]["max_rel_l2"] == 0.01 and j["runtime"]["regions"] == []
+  and j["runtime"]["tolerances"]["max_rel_l2"] == 0.01 and j["regions"] == []
   and j["runtime"]["listen"] == ["unix:'"$dir"'/data.sock"] and j["runtime"]["uptime_seconds"] >= 0' \
   || fail "status --json runtime: $(cat "$dir/s.json")"
 
