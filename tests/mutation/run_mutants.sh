@@ -55,7 +55,7 @@ read -r -a libs <<<"$(pkg-config --libs absl_strings absl_str_format absl_status
 # Everything but the custom path is compiled once.
 sources=(src/compare/compare.cc src/bundle/bundle.cc src/bundle/validate.cc
          src/bundle/random_bundle.cc kernels/verify_problem.cc src/engine/cpu/cpu_oracle.cc
-         src/engine/cpu/cpu_reference.cc src/engine/cpu/cpu_engine.cc
+         src/engine/cpu/cpu_reference.cc src/engine/cpu/cpu_engine.cc src/engine/engine.cc
          src/control/drift_test.cc src/probe/probe_suite.cc src/probe/probe_runner.cc
          tests/mutation/mutant_driver.cc)
 objs=()
