@@ -36,7 +36,9 @@ mport=$("$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0));
   --state_dir="$work/state" --log_level=error >"$work/verifyd.log" 2>&1 &
 pid=$!
 metrics() { "$python" -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$mport/metrics', timeout=5).read().decode())"; }
-for _ in $(seq 100); do metrics >/dev/null 2>&1 && break; sleep 0.1; done
+ready() { "$python" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$mport/readyz', timeout=5)"; }
+# /readyz answers 200 once the start-up probe passed and the listeners are bound.
+for _ in $(seq 1200); do ready >/dev/null 2>&1 && break; sleep 0.1; done
 
 rss_mb() { awk '/^VmRSS/ {printf "%d", $2 / 1024}' "/proc/$pid/status"; }
 threads() { awk '/^Threads/ {print $2}' "/proc/$pid/status"; }

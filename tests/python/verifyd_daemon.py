@@ -34,7 +34,7 @@ class Daemon:
         self.proc = subprocess.Popen(
             [verifyd_binary(), f"--listen={listen}", f"--admin_listen={self.admin}",
              "--metrics_address=127.0.0.1:0", f"--state_dir={self.dir}/state", "--engine=cpu",
-             "--cpu_threads=2", "--capture_dir=off", *extra_flags],
+             "--cpu_threads=2", "--capture_dir=off", "--probe=false", *extra_flags],
             stdout=self._log, stderr=subprocess.STDOUT)
         self.metrics_url = self._wait_ready()
         self.data_tcp = None
@@ -43,7 +43,7 @@ class Daemon:
                 bound = admin.status()["runtime"]["listen"]
             self.data_tcp = next(a for a in bound if not a.startswith("unix:"))
 
-    def _wait_ready(self, seconds=30):
+    def _wait_ready(self, seconds=120):
         deadline = time.monotonic() + seconds
         with VerifyClient(self.data, timeout=2) as c:
             while time.monotonic() < deadline:

@@ -16,7 +16,8 @@ start() {  # extra verifyd flags
     --metrics_address=127.0.0.1:0 --state_dir="$dir/state" --engine=cpu --gate_window=2 "$@" \
     >>"$dir/log" 2>&1 &
   pid=$!
-  for _ in $(seq 100); do [ -S "$dir/admin.sock" ] && [ -S "$dir/data.sock" ] && return; sleep 0.05; done
+  # The start-up probe runs before verifyd listens (seconds under the sanitizers).
+  for _ in $(seq 1200); do [ -S "$dir/admin.sock" ] && [ -S "$dir/data.sock" ] && return; sleep 0.1; done
   cat "$dir/log"; echo "verifyd did not start"; exit 1
 }
 stop() { kill -9 "$pid"; wait "$pid" 2>/dev/null || true; }
