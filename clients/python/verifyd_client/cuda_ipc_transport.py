@@ -26,7 +26,7 @@ from .errors import InvalidBundleError, VerifydError
 from .regions import ref
 from .result import inline_outputs, make_result, to_torch
 from .staging import Layout, SlotRing
-from .transport import Pending, Transport
+from .transport import SlotPending, Transport
 
 
 def _torch():
@@ -75,12 +75,7 @@ class _Slot:
         self.buffer = None
 
 
-class _CudaPending(Pending):
-    def __init__(self, ring, slot, o_at, lse_at, device):
-        super().__init__(device)
-        self._ring, self._slot = ring, slot
-        self._o_at, self._lse_at = o_at, lse_at
-
+class _CudaPending(SlotPending):
     def decode(self, resp):
         torch = _torch()
         try:
@@ -98,16 +93,6 @@ class _CudaPending(Pending):
         finally:
             self.release()
         return make_result(resp, o, lse)
-
-    def release(self):
-        if self._slot is not None:
-            self._ring.release(self._slot)
-            self._slot = None
-
-    def abandon(self):
-        if self._slot is not None:
-            self._ring.retire(self._slot)
-            self._slot = None
 
 
 class CudaIpcTransport(Transport):

@@ -20,7 +20,7 @@ from .errors import InvalidBundleError, VerifydError
 from .regions import ref
 from .result import inline_outputs, make_result, to_torch
 from .staging import Layout, SlotRing
-from .transport import Pending, Transport
+from .transport import SlotPending, Transport
 
 
 class ShmRegion:
@@ -98,12 +98,7 @@ def _host_span(x):
     return a.__array_interface__["data"][0], a.nbytes
 
 
-class _ShmPending(Pending):
-    def __init__(self, ring, slot, o_at, lse_at, torch_device):
-        super().__init__(torch_device)
-        self._ring, self._slot = ring, slot
-        self._o_at, self._lse_at = o_at, lse_at  # (offset, shape); lse_at None without want_lse
-
+class _ShmPending(SlotPending):
     def decode(self, resp):
         try:
             if resp.o.raw_contents:  # verifyd answered inline after all
@@ -118,16 +113,6 @@ class _ShmPending(Pending):
         if self.torch_device is not None:
             o, lse = to_torch(o, lse, self.torch_device)
         return make_result(resp, o, lse)
-
-    def release(self):
-        if self._slot is not None:
-            self._ring.release(self._slot)
-            self._slot = None
-
-    def abandon(self):
-        if self._slot is not None:
-            self._ring.retire(self._slot)
-            self._slot = None
 
 
 class ShmTransport(Transport):

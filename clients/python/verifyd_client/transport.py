@@ -30,6 +30,28 @@ class Pending:
         """The call may still be running in verifyd (a cancelled stream)."""
 
 
+class SlotPending(Pending):
+    """A call that holds a staging slot of a SlotRing (shm, cuda_ipc) until it is answered.
+
+    o_at, lse_at: where verifyd writes o and lse in the slot, (offset, shape); lse_at is None
+    without want_lse."""
+
+    def __init__(self, ring, slot, o_at, lse_at, torch_device):
+        super().__init__(torch_device)
+        self._ring, self._slot = ring, slot
+        self._o_at, self._lse_at = o_at, lse_at
+
+    def release(self):
+        if self._slot is not None:
+            self._ring.release(self._slot)
+            self._slot = None
+
+    def abandon(self):
+        if self._slot is not None:
+            self._ring.retire(self._slot)
+            self._slot = None
+
+
 class Transport:
     kind = "inline"
 
