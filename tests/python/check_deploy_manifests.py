@@ -88,7 +88,7 @@ def runs_and_stops(where, verifyd, args, tmp, http_paths=()):
     with open(log_path, "wb") as log:
         p = subprocess.Popen([verifyd, *moved, "--cpu_threads=1"], stdout=log,
                              stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 120  # after the start-up probe (slow under ASan)
         ready = False
         while time.monotonic() < deadline and p.poll() is None:
             text = open(log_path, encoding="utf-8", errors="replace").read()

@@ -46,7 +46,7 @@ python3 - "$dir/notify" >"$dir/notified" <<'PY' &
 import socket, sys
 s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 s.bind(sys.argv[1])
-s.settimeout(60)
+s.settimeout(180)
 for _ in range(2):
     print(s.recv(4096).decode().replace("\n", " "), flush=True)
 PY
@@ -55,7 +55,8 @@ for _ in $(seq 100); do [ -S "$dir/notify" ] && break; sleep 0.05; done
 NOTIFY_SOCKET="$dir/notify" "$verifyd" --listen=127.0.0.1:0 --admin_listen="unix:$dir/admin.sock" \
   --metrics_address=127.0.0.1:0 --state_dir="$dir/state" --engine=cpu >"$dir/log" 2>&1 &
 pid=$!
-for _ in $(seq 200); do grep -q "READY=1" "$dir/notified" && break; sleep 0.05; done
+# READY=1 follows the start-up probe: seconds, or tens of seconds under the sanitizers.
+for _ in $(seq 2400); do grep -q "READY=1" "$dir/notified" && break; sleep 0.05; done
 grep -q "READY=1" "$dir/notified" || fail "no READY=1 from systemd's notify socket"
 [ -S "$dir/admin.sock" ] || fail "READY=1 before the admin socket exists"
 
