@@ -7,6 +7,7 @@
 #
 #   scripts/gpu_pack.sh [BUILD_DIR] [PACK_DIR]      (defaults: build-cuda, .gpu/pack)
 #   extra binaries (paths relative to BUILD_DIR): VERIFYD_PACK_BINS="tests/x/test_y ..."
+#   the CUDA mutation suite's drivers: VERIFYD_PACK_MUTANTS=DIR (build_cuda_mutants.sh's output)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -45,6 +46,15 @@ for b in "${BINS[@]}"; do
   done
 done
 cp -r "$ROOT/tests/data/golden" "$PACK/data/"
+# The CUDA mutation suite, when its drivers were built (tests/mutation/build_cuda_mutants.sh):
+# VERIFYD_PACK_MUTANTS=DIR. gpu_run.sh --mutants runs it.
+if [[ -n ${VERIFYD_PACK_MUTANTS:-} ]]; then
+  rm -rf "$PACK/mutants" "$PACK/mutation"
+  cp -r "$VERIFYD_PACK_MUTANTS" "$PACK/mutants"
+  mkdir -p "$PACK/mutation"
+  cp -r "$ROOT"/tests/mutation/{run_cuda_mutants.sh,detection_matrix.py,expected_cuda_survivors.txt,cuda_patches} \
+    "$PACK/mutation/"
+fi
 cp "$ROOT/scripts/gpu_run.sh" "$ROOT/scripts/gpu_service_bench.sh" "$ROOT/scripts/gpu_region_test.sh" \
   "$ROOT/scripts/gpu_probe_cost.sh" "$PACK/"
 

@@ -4,16 +4,20 @@
 # CUDA engine, compute-sanitizer memcheck, racecheck and synccheck over small grids,
 # verifyd-bench and the service benchmark. Writes into OUT_DIR: tests.log, tests.json (gtest),
 # memcheck.log, racecheck.log, synccheck.log, bench.log, <date>-<commit>-<device>.{md,json},
-# service-<commit>.{md,json}, summary.txt (printed last).
+# service-<commit>.{md,json}, summary.txt (printed last). With --mutants (a pack made with
+# VERIFYD_PACK_MUTANTS) also the CUDA mutation suite: <date>-<commit>-cuda-mutation.{md,json}
+# and mutation.log; --clean-calls N adds about N clean calls to it.
 #
 #   gpu_run.sh OUT_DIR [--skip-tests] [--skip-memcheck] [--skip-bench] [--skip-service]
 #                      [--bench-args "..."] [--kernel-filter GTEST_FILTER]
+#                      [--mutants] [--clean-calls N]
 set -uo pipefail
 
 PACK=$(cd "$(dirname "$0")" && pwd)
 OUT=${1:?usage: gpu_run.sh OUT_DIR [--skip-tests] [--skip-memcheck] [--skip-bench]}
 shift
 run_tests=1 run_memcheck=1 run_bench=1 run_service=1 bench_args="" kernel_filter_arg=""
+run_mutants=0 clean_calls=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --skip-tests) run_tests=0 ;;
@@ -22,6 +26,8 @@ while [[ $# -gt 0 ]]; do
     --skip-service) run_service=0 ;;
     --kernel-filter) kernel_filter_arg=$2; shift ;;
     --bench-args) bench_args=$2; shift ;;
+    --mutants) run_mutants=1 ;;
+    --clean-calls) clean_calls=$2; shift ;;
     *) echo "gpu_run: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -38,6 +44,20 @@ SUMMARY="$OUT/summary.txt"
 } > "$SUMMARY"
 
 status=0
+if [[ $run_mutants == 1 ]]; then
+  if [[ -x $PACK/mutation/run_cuda_mutants.sh && -d $PACK/mutants ]]; then
+    start=$(date +%s)
+    timeout "${VERIFYD_MUTANTS_TIMEOUT:-540}" "$PACK/mutation/run_cuda_mutants.sh" \
+      --drivers "$PACK/mutants" --out "$OUT" --clean_calls "$clean_calls" > "$OUT/mutation.log" 2>&1
+    rc=$?
+    [[ $rc == 0 ]] || status=1
+    echo "CUDA mutation suite: rc=$rc in $(( $(date +%s) - start )) s ($(tail -n 1 "$OUT/mutation.log"))" \
+      >> "$SUMMARY"
+  else
+    echo "CUDA mutation suite: not in this pack (VERIFYD_PACK_MUTANTS)" >> "$SUMMARY"
+    status=1
+  fi
+fi
 # The shipped Hopper variant first, alone, on the small grid: a fault there (a sticky CUDA
 # error) must not take the other configurations' results or the benchmark down with it.
 shipped_ok=1

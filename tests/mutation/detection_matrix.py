@@ -34,7 +34,7 @@ def description(patches, label):
 
 
 def class_key(c):
-    return (c["traffic"], c["prefix"], c["page_size"], c["draft"])
+    return (c["traffic"], c["prefix"], c.get("batch", 1), c["page_size"], c["draft"])
 
 
 def fmt_prefix(p):
@@ -42,7 +42,7 @@ def fmt_prefix(p):
 
 
 def merge_classes(into, more):
-    """Adds a run's classes; a class another run also ran (same traffic, prefix, page, T) is one
+    """Adds a run's classes; a class another run also ran (same traffic, prefix, B, page, T) is one
     class with the calls of both, the later run's calls counted after the earlier's."""
     by_key = {class_key(c): c for c in into}
     for c in more:
@@ -134,8 +134,10 @@ def main():
     order = {"clean": -1}
     runs.sort(key=lambda r: (order.get(r["label"], 0), r["label"]))
     first = runs[0]
+    engine = first.get("engine", "cpu")
+    device = first.get("device", "cpu")
     doc = {
-        "commit": first["commit"], "device": "cpu", "mode": a.mode,
+        "commit": first["commit"], "engine": engine, "device": device, "mode": a.mode,
         "heads": first["heads"], "batch": first["batch"], "tolerance": first["tolerance"],
         "mutants": {r["label"]: {"description": description(a.patches, r["label"]),
                                  "calls": r["calls"], "breaches": r["breaches"],
@@ -150,10 +152,11 @@ def main():
     traffics = sorted({c["traffic"] for r in runs for c in r["classes"]}, reverse=True)
     prefixes = sorted({c["prefix"] for r in runs for c in r["classes"]})
     tol = first["tolerance"]
-    md = [f"# CPU mutation suite: detection matrix ({a.mode})", "",
-          f"commit `{first['commit']}`, device cpu (CPU engine: reference vs custom, judged by "
-          f"`Judge()`), B={first['batch']}, H={first['heads']}, a fresh random bundle per call; "
-          f"calls per class shrink with T x kv_len (see the table of every class).", "",
+    md = [f"# {engine.upper()} mutation suite: detection matrix ({a.mode})", "",
+          f"commit `{first['commit']}`, device {device} ({engine.upper()} engine: reference vs "
+          f"custom, judged by `Judge()`), B={first['batch']} unless a class says otherwise, "
+          f"H={first['heads']}, a fresh random bundle per call; calls per class shrink with "
+          f"T x kv_len (see the table of every class).", "",
           "Tolerance: " + ", ".join(f"{k} {v:g}" for k, v in tol.items()), "",
           "## Summary", "",
           "Breach fraction over all calls of the (page, T) classes of each traffic model and "
@@ -201,25 +204,26 @@ def main():
            f"against the limit {tol['max_row_rel_l2']:g}, and the largest atol_rel the element "
            f"check would have needed against {tol['atol_rel']:g}).", ""]
     if survivors:
-        md += ["| mutant | traffic | prefix | page | T | calls | max row rel-L2 "
+        md += ["| mutant | traffic | prefix | B | page | T | calls | max row rel-L2 "
                "| atol_rel needed |",
-               "|---|---|---|---|---|---|---|---|"]
+               "|---|---|---|---|---|---|---|---|---|"]
         for label, c in survivors:
             mx = c["max"]
-            md.append(f"| {label} | {c['traffic']} | {fmt_prefix(c['prefix'])} | {c['page_size']} "
+            md.append(f"| {label} | {c['traffic']} | {fmt_prefix(c['prefix'])} | "
+                      f"{c.get('batch', 1)} | {c['page_size']} "
                       f"| {c['draft']} | {c['calls']} | {mx.get('max_row_rel_l2', 0):.3g} | "
                       f"{mx.get('atol_rel_needed', 0):.3g} |")
     else:
         md.append("None.")
     md += ["", "## Every class", "",
            "first: the call of the first breach (1-based; - none). frac: breach fraction.", "",
-           "| mutant | traffic | prefix | page | T | calls | first | frac | criteria |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "| mutant | traffic | prefix | B | page | T | calls | first | frac | criteria |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         for c in sorted(r["classes"], key=class_key):
             crit = ", ".join(f"{k} {v}" for k, v in sorted(c["criteria"].items())) or "-"
             md.append(f"| {r['label']} | {c['traffic']} | {fmt_prefix(c['prefix'])} | "
-                      f"{c['page_size']} | {c['draft']} | {c['calls']} | "
+                      f"{c.get('batch', 1)} | {c['page_size']} | {c['draft']} | {c['calls']} | "
                       f"{c['first_breach_call'] or '-'} | {c['breach_fraction']:.2f} | {crit} |")
     with open(os.path.join(a.out, a.name + ".md"), "w") as f:
         f.write("\n".join(md) + "\n")

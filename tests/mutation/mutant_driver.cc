@@ -1,4 +1,4 @@
-// Runs the CPU engine's reference and custom paths on random bundles of each shape class and
+// Runs an engine's (CPU or CUDA) reference and custom paths on random bundles of each shape class and
 // traffic model, judges every call with the one comparison (Judge()), and reports per class:
 // calls, breaches, the call of the first breach, which criteria tripped, and the largest clean
 // figures. Built against a mutated custom path it measures detection; built against the clean
@@ -26,7 +26,7 @@
 #include "src/common/bf16.h"
 #include "src/compare/compare.h"
 #include "src/control/drift_test.h"
-#include "src/engine/cpu/cpu_engine.h"
+#include "src/engine/engine_factory.h"
 #include "src/probe/probe_runner.h"
 #include "src/probe/probe_suite.h"
 
@@ -53,6 +53,7 @@ struct Options {
   int64_t probe_max_prefix = 0;  // > 0: run the probe suite with this longest prefix
   bool fail_on_breach = false;
   int threads = 0;
+  std::string engine = "cpu";
   std::string json_path;
   Tolerance tol;
 };
@@ -101,7 +102,7 @@ struct Maxima {
 struct ClassResult {
   Traffic traffic = Traffic::kRandom;
   int64_t prefix = 0;
-  int page = 0, draft = 0, calls = 0, breaches = 0;
+  int batch = 1, page = 0, draft = 0, calls = 0, breaches = 0;
   int first_breach = 0;  // the call of the first breach, 1-based; 0: none
   std::map<std::string, int> criteria;
   std::string first_reason;
@@ -122,6 +123,7 @@ absl::StatusOr<ClassResult> RunClass(Engine& engine, const Options& o, Traffic t
                                      DriftStream* drift) {
   ClassResult c;
   c.traffic = traffic;
+  c.batch = o.batch;
   c.prefix = prefix;
   c.page = page;
   c.draft = draft;
@@ -212,7 +214,8 @@ bool ParseList(const std::string& s, std::vector<T>* out) {
 }
 
 json ToJson(const ClassResult& c) {
-  json j = {{"traffic", TrafficName(c.traffic)}, {"prefix", c.prefix}, {"page_size", c.page},
+  json j = {{"traffic", TrafficName(c.traffic)}, {"batch", c.batch},
+            {"prefix", c.prefix},                 {"page_size", c.page},
             {"draft", c.draft},                   {"calls", c.calls},   {"breaches", c.breaches},
             {"breach_fraction", c.calls ? double(c.breaches) / c.calls : 0.0}};
   j["first_breach_call"] = c.first_breach ? json(c.first_breach) : json(nullptr);
@@ -224,7 +227,7 @@ json ToJson(const ClassResult& c) {
 
 int Main(int argc, char** argv) {
   Options o;
-  CLI::App app{"reference vs custom on the CPU engine over shape classes and traffic models"};
+  CLI::App app{"reference vs custom on an engine over shape classes and traffic models"};
   app.add_option("--label", o.label, "name of the build (the mutant)");
   app.add_option("--commit", o.commit, "commit the build is from");
   app.add_option("--traffic", o.traffic, "traffic models, comma-separated");
@@ -245,6 +248,7 @@ int Main(int argc, char** argv) {
                  "run the probe suite with this longest prefix (0: not)");
   app.add_flag("--fail_on_breach", o.fail_on_breach,
                "exit 1 when any call breaches, the drift test trips or a probe fails");
+  app.add_option("--engine", o.engine, "cpu or cuda (a build with the CUDA engine)");
   app.add_option("--threads", o.threads, "CPU engine threads (0: all cores)");
   app.add_option("--json", o.json_path, "write the results here");
   app.add_option("--atol", o.tol.atol, "element check: absolute part");
@@ -270,7 +274,16 @@ int Main(int argc, char** argv) {
   if (!ParseList(o.pages, &pages)) return std::cerr << "--pages: integers\n", 2;
   if (!ParseList(o.drafts, &drafts)) return std::cerr << "--drafts: integers\n", 2;
 
-  auto engine = MakeCpuEngine(o.threads);
+  EngineOptions eo;
+  eo.kind = o.engine;
+  eo.cpu_threads = o.threads;
+  auto made = MakeEngine(eo);
+  if (!made.ok()) {
+    std::cerr << o.label << ": " << made.status().message() << "\n";
+    return 2;
+  }
+  std::unique_ptr<Engine> engine = std::move(*made);
+  const EngineInfo info = engine->Info();
   json classes = json::array();
   int64_t calls = 0, breaches = 0;
   uint64_t class_seed = o.seed;
@@ -340,7 +353,8 @@ int Main(int argc, char** argv) {
   if (!o.json_path.empty()) {
     json doc = {{"label", o.label},
                 {"commit", o.commit},
-                {"device", "cpu"},
+                {"engine", info.engine},
+                {"device", info.device},
                 {"heads", o.heads},
                 {"batch", o.batch},
                 {"tolerance",

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The CPU mutation suite. For the clean custom path and for every planted bug in
-# tests/mutation/patches/, builds mutant_driver from a scratch copy of the sources (the checkout
-# is never patched), runs it over the shape classes and traffic models, and writes the detection
-# matrix (markdown + JSON) under bench/results/.
+# The CPU mutation suite (run_cuda_mutants.sh runs the CUDA one). For the clean custom path and
+# for every planted bug in tests/mutation/patches/, builds mutant_driver from a scratch copy of
+# the sources (the checkout is never patched), runs it over the shape classes and traffic models,
+# and writes the detection matrix (markdown + JSON) under bench/results/.
 #
 #   run_mutants.sh [--quick] [--out DIR] [--only a,b,...] [-- extra mutant_driver arguments]
 #
@@ -56,6 +56,7 @@ read -r -a libs <<<"$(pkg-config --libs absl_strings absl_str_format absl_status
 sources=(src/compare/compare.cc src/bundle/bundle.cc src/bundle/validate.cc
          src/bundle/random_bundle.cc kernels/verify_problem.cc src/engine/cpu/cpu_oracle.cc
          src/engine/cpu/cpu_reference.cc src/engine/cpu/cpu_engine.cc src/engine/engine.cc
+         src/engine/engine_factory.cc
          src/control/drift_test.cc src/probe/probe_suite.cc src/probe/probe_runner.cc
          tests/mutation/mutant_driver.cc)
 objs=()

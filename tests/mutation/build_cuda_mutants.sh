@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Builds mutant_driver against the CUDA engine once clean and once per planted kernel bug in
+# tests/mutation/cuda_patches/, for the GPU machine to run (run_mutants.sh --engine cuda).
+#
+#   build_cuda_mutants.sh BUILD_DIR OUT_DIR [--only a,b,...]
+#
+# BUILD_DIR is a configured CUDA build of this checkout. mutant_driver is built there once; for
+# each mutant the patched kernel sources (a scratch copy: the checkout is never patched) are
+# compiled for sm_90a with that build's nvcc flags, put into a copy of the custom-kernel library,
+# and linked with that build's link line. Writes OUT_DIR/mutant_driver.<name> (debug info
+# stripped) and OUT_DIR/commit.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+[ $# -ge 2 ] || { echo "usage: build_cuda_mutants.sh BUILD_DIR OUT_DIR [--only a,b]" >&2; exit 2; }
+build=$(cd "$1" && pwd)
+out=$2
+only=""
+[ "${3:-}" = --only ] && only=${4:?--only needs a list}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+
+cmake --build "$build" --target mutant_driver -j "$(nproc)"
+kdir=$build/kernels/custom
+lib=$kdir/libverifyd_custom_kernels.a
+flags_make=$kdir/CMakeFiles/verifyd_custom_kernels.dir/flags.make
+link_txt=$build/tests/mutation/CMakeFiles/mutant_driver.dir/link.txt
+for f in "$lib" "$flags_make" "$link_txt"; do
+  [ -f "$f" ] || { echo "build_cuda_mutants.sh: $f is missing: not a CUDA build?" >&2; exit 1; }
+done
+nvcc=$(sed -n 's/^# compile CUDA with //p' "$flags_make")
+# The build's CUDA flags with only the sm_90a target: the mutants run on Hopper.
+read -r -a cuda_flags <<<"$(sed -n 's/^CUDA_FLAGS = //p' "$flags_make")"
+flags=()
+for f in "${cuda_flags[@]}"; do
+  case "$f" in -gencode=*) [[ "$f" == *sm_90a* ]] && flags+=("$f") ;; *) flags+=("$f") ;; esac
+done
+read -r -a link <<<"$(cat "$link_txt")"
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/verifyd-cuda-mutants.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+cp -r "$root/kernels" "$work/kernels.clean"
+
+commit=$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+if [ "$commit" != unknown ] && ! git -C "$root" diff --quiet HEAD -- src kernels tests/mutation; then
+  commit=$commit-dirty
+fi
+echo "$commit" >"$out/commit"
+
+mutants=(clean)
+for p in "$here"/cuda_patches/*.patch; do mutants+=("$(basename "$p" .patch)"); done
+[ -n "$only" ] && IFS=, read -r -a mutants <<<"clean,$only"
+
+for m in "${mutants[@]}"; do
+  start=$(date +%s)
+  rm -rf "$work/tree" && mkdir -p "$work/tree" && cp -r "$work/kernels.clean" "$work/tree/kernels"
+  if [ "$m" != clean ]; then
+    patch -s -p1 -d "$work/tree" <"$here/cuda_patches/$m.patch"
+  fi
+  # The scratch tree comes first on the include path, so its (patched) headers win.
+  "$nvcc" "${flags[@]}" -I"$work/tree" -I"$root" -isystem="$(dirname "$nvcc")/../include" \
+    -c "$work/tree/kernels/custom/custom_attention.cu" -o "$work/custom_attention.cu.o"
+  cp "$lib" "$work/lib.a"
+  ar r "$work/lib.a" "$work/custom_attention.cu.o" 2>/dev/null
+  cmd=()
+  for w in "${link[@]}"; do
+    case "$w" in
+      ../../kernels/custom/libverifyd_custom_kernels.a) cmd+=("$work/lib.a") ;;
+      mutant_driver) cmd+=("$out/mutant_driver.$m") ;;
+      *) cmd+=("$w") ;;
+    esac
+  done
+  (cd "$build/tests/mutation" && "${cmd[@]}")
+  objcopy --strip-debug "$out/mutant_driver.$m"
+  echo "mutant_driver.$m: built in $(( $(date +%s) - start )) s"
+done
