@@ -6,9 +6,12 @@
 #include "src/cli/send_command.h"
 #include "src/common/admin_token.h"
 #include "src/common/build_version.h"
+#include "src/common/malloc_arenas.h"
 
 int main(int argc, char** argv) {
   using namespace verifyd::cli;
+  // send and replay move bundles of tens of MB per call: keep freed ones for the next.
+  verifyd::KeepFreedMemory(int64_t{1} << 30);
   CLI::App app{"verifyctl: operate verifyd and send it traffic"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "verifyctl " VERIFYD_VERSION " (" VERIFYD_GIT_COMMIT ")");

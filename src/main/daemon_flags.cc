@@ -48,6 +48,9 @@ ABSL_FLAG(int, grpc_max_threads, 128,
 ABSL_FLAG(int, grpc_max_concurrent_streams, 256, "Concurrent data-plane streams per connection");
 ABSL_FLAG(int64_t, max_inflight_mb, 8192,
           "Memory budget: request bytes all calls in flight may hold together, MiB; 0 = none");
+ABSL_FLAG(int64_t, keep_freed_mb, 2047,
+          "Freed memory kept for reuse by later calls instead of being returned to the OS, MiB "
+          "(bundles are then not faulted in afresh on every call); 0 = glibc's default");
 ABSL_FLAG(int64_t, max_regions, 64,
           "Shared-memory and CUDA IPC regions clients may register; 0 = none are served");
 ABSL_FLAG(int64_t, max_region_mb, 1 << 20,
@@ -262,6 +265,11 @@ absl::StatusOr<DaemonOptions> ParseDaemonFlags(int argc, char** argv) {
     return absl::InvalidArgumentError("grpc_max_concurrent_streams: must be >= 1");
   }
   o.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_mb) << 20;
+  const int64_t keep_mb = absl::GetFlag(FLAGS_keep_freed_mb);
+  if (keep_mb < 0 || keep_mb > 2047) {
+    return absl::InvalidArgumentError("keep_freed_mb: must be in [0, 2047]");
+  }
+  o.keep_freed_bytes = keep_mb << 20;
   o.regions.max_regions = absl::GetFlag(FLAGS_max_regions);
   if (o.regions.max_regions < 0) return absl::InvalidArgumentError("max_regions: must be >= 0");
   const int64_t region_mb = absl::GetFlag(FLAGS_max_region_mb);

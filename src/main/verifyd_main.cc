@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "verifyd: %s\n", std::string(opts.status().message()).c_str());
     return 2;
   }
+  verifyd::KeepFreedMemory(opts->keep_freed_bytes);
   // Block the stop signals in every thread; one thread waits for them.
   sigset_t stop;
   sigemptyset(&stop);

@@ -57,6 +57,7 @@ struct DaemonOptions {
   int grpc_max_threads = 128;
   int grpc_max_concurrent_streams = 256;
   int64_t max_inflight_bytes = int64_t{8} << 30;  // memory budget of calls in flight; 0 = none
+  int64_t keep_freed_bytes = int64_t{2047} << 20;  // KeepFreedMemory() (main applies it)
   ControllerOptions controller;
   HandlerOptions handler;
   int shadow_threads = 1;

@@ -1,8 +1,10 @@
 // BoundMallocArenas: threads that allocate at the same time share the bounded arenas instead of
 // getting one each (counted from glibc's malloc_info). Its own process: the bound must be set
-// before any thread allocates.
+// before any thread allocates. KeepFreedMemory: a bundle-sized block freed and allocated again
+// is not faulted in again (counted from getrusage's minor faults).
 
 #include <malloc.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <cstdio>
@@ -60,6 +62,51 @@ TEST(MallocArenas, BoundHoldsUnderContention) {
   ContendedAllocations(16);
   const int arenas = Arenas();
   EXPECT_EQ(arenas, 1) << "glibc made " << arenas << " arenas for 16 contending threads";
+}
+
+// Minor page faults while a fresh block of `bytes` is allocated, written and freed.
+long FaultsWriting(size_t bytes) {
+  rusage before{}, after{};
+  getrusage(RUSAGE_SELF, &before);
+  char* p = static_cast<char*>(std::malloc(bytes));
+  std::memset(p, 1, bytes);
+  asm volatile("" : : "r"(p) : "memory");  // the writes happen
+  getrusage(RUSAGE_SELF, &after);
+  std::free(p);
+  return after.ru_minflt - before.ru_minflt;
+}
+
+constexpr size_t kBundleBytes = size_t{40} << 20;  // over glibc's largest mmap threshold (32 MiB)
+
+bool MallocTunedByEnvironment() {
+  return std::getenv("MALLOC_MMAP_MAX_") != nullptr ||
+         std::getenv("MALLOC_TRIM_THRESHOLD_") != nullptr ||
+         std::getenv("GLIBC_TUNABLES") != nullptr;
+}
+
+TEST(KeepFreedMemory, ASecondBundleReusesTheFirstOnesPages) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer replaces malloc";
+#endif
+  if (MallocTunedByEnvironment()) GTEST_SKIP() << "malloc is tuned by the environment";
+  KeepFreedMemory(int64_t{256} << 20);
+  const long first = FaultsWriting(kBundleBytes);
+  const long second = FaultsWriting(kBundleBytes);
+  EXPECT_GT(first, 0);
+  EXPECT_LT(second, first / 4 + 1) << "first bundle " << first << " faults, second " << second;
+}
+
+// The reason for it: with glibc's defaults every such block is a fresh mapping.
+TEST(KeepFreedMemory, WithGlibcsDefaultsEveryBundleFaultsAgain) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer replaces malloc";
+#endif
+  if (MallocTunedByEnvironment()) GTEST_SKIP() << "malloc is tuned by the environment";
+  mallopt(M_MMAP_MAX, 65536);            // glibc's defaults, also after the test above
+  mallopt(M_TRIM_THRESHOLD, 128 * 1024);
+  const long first = FaultsWriting(kBundleBytes);
+  const long second = FaultsWriting(kBundleBytes);
+  EXPECT_GT(second, first / 2) << "first bundle " << first << " faults, second " << second;
 }
 
 }  // namespace

@@ -128,7 +128,10 @@ absl::StatusOr<ClassResult> RunClass(Engine& engine, const Options& o, Traffic t
   c.page = page;
   c.draft = draft;
   const double work = static_cast<double>(draft) * static_cast<double>(prefix + draft);
-  const int calls = std::clamp(static_cast<int>(o.budget / work), o.min_calls, o.calls);
+  // Clamped as a double: a large budget over a small class must not overflow the int.
+  const int calls = static_cast<int>(
+      std::clamp(std::floor(o.budget / work), static_cast<double>(o.min_calls),
+                 static_cast<double>(o.calls)));
   for (int call = 0; call < calls; ++call) {
     RandomBundleSpec spec;
     spec.batch = o.batch;

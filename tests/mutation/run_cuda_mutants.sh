@@ -87,11 +87,11 @@ fi
 
 start=$(date +%s)
 run_job() {
-  local label=$1 name=$2
+  local label=$1 name=$2 t0=$SECONDS
   shift 2
   if "$drivers/mutant_driver.$label" --engine "$engine" --label "$label" --commit "$commit" \
       --json "$work/json/$name.json" "$@" "${extra[@]}" >"$work/log/$name.log" 2>&1; then
-    echo "$name: $(tail -n 1 "$work/log/$name.log")"
+    echo "$name ($((SECONDS - t0)) s): $(tail -n 1 "$work/log/$name.log")"
   else
     echo "$name: FAILED (exit $?): $(tail -n 3 "$work/log/$name.log" | tr '\n' ' ')"
     return 1

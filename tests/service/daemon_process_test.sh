@@ -37,6 +37,7 @@ refused "admin_token_file: $dir/token has mode 0644" "${flags[@]}" --admin_token
 printf 'abc\ndef\n' >"$dir/token2"
 chmod 600 "$dir/token2"
 refused "the token has byte 0x0a at offset 3" "${flags[@]}" --admin_token_file="$dir/token2"
+refused "keep_freed_mb: must be in [0, 2047]" "${flags[@]}" --keep_freed_mb=4096
 chmod 600 "$dir/token"
 refused "is TCP without TLS" --listen="unix:$dir/d2.sock" --admin_listen=127.0.0.1:0 \
   --state_dir="$dir/s2" --admin_token_file="$dir/token"
