@@ -36,8 +36,10 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-[ -n "$drivers" ] && [ -x "$drivers/mutant_driver.clean" ] ||
-  { echo "run_cuda_mutants.sh: --drivers DIR with mutant_driver.clean (build_cuda_mutants.sh)" >&2; exit 2; }
+if [ -z "$drivers" ] || [ ! -x "$drivers/mutant_driver.clean" ]; then
+  echo "run_cuda_mutants.sh: --drivers DIR with mutant_driver.clean (build_cuda_mutants.sh)" >&2
+  exit 2
+fi
 engine=${VERIFYD_MUTANT_ENGINE:-cuda}  # cpu: a rehearsal of this script without a GPU
 commit=$(cat "$drivers/commit" 2>/dev/null || echo unknown)
 work=$(mktemp -d "${TMPDIR:-/tmp}/verifyd-cuda-mutants.XXXXXX")
@@ -86,6 +88,7 @@ if [ "$clean_calls" -gt 0 ]; then
 fi
 
 start=$(date +%s)
+# shellcheck disable=SC2317  # run by xargs through bash -c
 run_job() {
   local label=$1 name=$2 t0=$SECONDS
   shift 2
