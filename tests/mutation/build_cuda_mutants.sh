@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds mutant_driver against the CUDA engine once clean and once per planted kernel bug in
-# tests/mutation/cuda_patches/, for the GPU machine to run (run_mutants.sh --engine cuda).
+# tests/mutation/cuda_patches/, for the GPU machine to run (run_cuda_mutants.sh).
 #
 #   build_cuda_mutants.sh BUILD_DIR OUT_DIR [--only a,b,...]
 #

@@ -1,8 +1,8 @@
-// Runs an engine's (CPU or CUDA) reference and custom paths on random bundles of each shape class and
-// traffic model, judges every call with the one comparison (Judge()), and reports per class:
-// calls, breaches, the call of the first breach, which criteria tripped, and the largest clean
-// figures. Built against a mutated custom path it measures detection; built against the clean
-// one (optionally with --oracle) it measures the clean distributions the defaults come from.
+// Runs an engine's (CPU or CUDA) reference and custom paths on random bundles of each shape
+// class and traffic model, judges every call with the one comparison (Judge()), and reports per
+// class: calls, breaches, the call of the first breach, which criteria tripped, and the largest
+// clean figures. Built against a mutated custom path it measures detection; built against the
+// clean one (optionally with --oracle) it measures the clean distributions the defaults come from.
 // With --drift every call also runs the fp64 oracle and feeds verifyd's oracle drift test, one
 // stream per traffic model (all its classes in order, as a daemon would see them); with
 // --probe_max_prefix the probe suite runs once. Both report whether and when they tripped.
