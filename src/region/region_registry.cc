@@ -118,6 +118,11 @@ absl::StatusOr<RegionSummary> RegionRegistry::RegisterShm(const std::string& nam
                                                           uint64_t offset, uint64_t byte_size,
                                                           const std::string& client) {
   if (absl::Status st = CheckNewName(name, byte_size); !st.ok()) return st;
+  if (offset % kRegionAlign != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("offset: ", offset, " is not a multiple of ",
+                                                   kRegionAlign, " (regions start ", kRegionAlign,
+                                                   "-byte aligned)"));
+  }
   absl::StatusOr<std::unique_ptr<MappedRegion>> m = MapShm(key, offset, byte_size);
   if (!m.ok()) return m.status();
   if (host_pinner_) {
@@ -240,6 +245,12 @@ absl::StatusOr<RegionRange> RegionRegistry::Resolve(const std::string& field, Re
     return absl::InvalidArgumentError(absl::StrCat(
         field, ": offset ", offset, " + byte_size ", byte_size, " is past the end of region '",
         name, "' (", size, " bytes)"));
+  }
+  if (offset % kRegionAlign != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": offset ", offset, " in region '",
+                                                   name, "' is not a multiple of ", kRegionAlign,
+                                                   " (tensors in regions start ", kRegionAlign,
+                                                   "-byte aligned)"));
   }
   RegionRange r;
   for (const RegionPin& p : *call_pins) {

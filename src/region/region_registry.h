@@ -22,6 +22,10 @@
 namespace verifyd {
 
 enum class RegionKind { kShm, kCudaIpc };
+
+// Every range a call names, and every shm registration, starts on this many bytes: the widest
+// load the engines make from a tensor in place (the CUDA kernel's 16-byte copies).
+inline constexpr uint64_t kRegionAlign = 16;
 const char* RegionKindName(RegionKind k);
 
 struct RegionLimits {

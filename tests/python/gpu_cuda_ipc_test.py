@@ -195,6 +195,17 @@ def check_equal(args, device):
         q_in_place.copy_(tb["q"])
         assert_same(c.verify(**dict(tb, q=q_in_place)),
                     inline.verify(**b, compact=False, device=device.index), "q in place")
+        # Off verifyd's 16-byte offset grid: q is staged, a pool is refused naming it.
+        q_off_grid = qbuf[1:n + 1].view(tb["q"].shape)
+        q_off_grid.copy_(tb["q"])
+        assert_same(c.verify(**dict(tb, q=q_off_grid)),
+                    inline.verify(**b, compact=False, device=device.index), "q off the grid")
+        flat = torch.empty(tb["kv_pool"].numel() + 1, dtype=torch.bfloat16, device=device)
+        try:
+            c.register_kv_pool(flat[1:].view(tb["kv_pool"].shape))
+            raise AssertionError("a pool 2 bytes into its allocation was named in place")
+        except InvalidBundleError as e:
+            expect(e.field == "kv_pool", f"field {e.field!r}: {e}")
         # A pipelined stream: each call in flight has its own staging slot.
         bundles = [random_bundle(rng, batch=1 + k % 3, draft=2 + k, heads=16, page_size=16,
                                  prefixes=[10 * k + 3] * (1 + k % 3)) for k in range(6)]

@@ -138,6 +138,25 @@ class ShmTest(unittest.TestCase):
             direct[...] = b["kv_pool"]
             self.assertSame(c.verify(**dict(b, kv_pool=direct)), self.inline.verify(**b))
 
+    def test_arrays_off_the_offset_grid_are_staged(self):
+        # verifyd refuses region offsets that are not multiples of 16; arrays in the client's
+        # shared memory that start off that grid are copied into a slot instead.
+        rng = rng_for(self, 34)
+        b = random_bundle(rng, batch=2, draft=3, heads=2, page_size=4, prefixes=[9, 21])
+        with VerifyClient(self.daemon.data, timeout=60, transport="shm") as c:
+            pool_flat = c.shm_array((b["kv_pool"].size + 1,))
+            q_flat = c.shm_array((b["q"].size + 4,))
+            pool = pool_flat[1:].reshape(b["kv_pool"].shape)  # 2 bytes in
+            q = q_flat[4:].reshape(b["q"].shape)  # 8 bytes in
+            pool[...] = b["kv_pool"]
+            q[...] = b["q"]
+            self.assertSame(c.verify(**dict(b, kv_pool=pool, q=q), want_lse=True),
+                            self.inline.verify(**b, want_lse=True))
+            calls = {r["name"]: r["calls"] for r in self.mine(c)}
+            arrays = [n for n in calls if "/array" in n]
+            self.assertEqual(len(arrays), 2)
+            self.assertEqual([calls[n] for n in arrays], [0, 0])  # neither was named in place
+
     @unittest.skipUnless(HAVE_TORCH, "torch is not installed")
     def test_torch_cpu_tensors(self):
         import torch

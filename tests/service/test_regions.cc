@@ -230,6 +230,12 @@ TEST_F(RegionTest, BadReferencesNameTheFieldAndServingGoesOn) {
       {"past the end",
        [](auto* r) { r->mutable_kv_lens()->mutable_shm()->set_offset((4 << 20) - 4); },
        grpc::StatusCode::INVALID_ARGUMENT, "kv_lens:"},
+      {"kv_pool offset off the 16-byte grid",
+       [](auto* r) { r->mutable_kv_pool()->mutable_shm()->set_offset(r->kv_pool().shm().offset() + 2); },
+       grpc::StatusCode::INVALID_ARGUMENT, "kv_pool: offset"},
+      {"q offset off the 16-byte grid",
+       [](auto* r) { r->mutable_q()->mutable_shm()->set_offset(r->q().shm().offset() + 8); },
+       grpc::StatusCode::INVALID_ARGUMENT, "q: offset"},
       {"offset overflow",
        [](auto* r) { r->mutable_kv_indptr()->mutable_shm()->set_offset(~uint64_t{0} - 2); },
        grpc::StatusCode::INVALID_ARGUMENT, "kv_indptr:"},
@@ -294,6 +300,10 @@ TEST_F(RegionTest, BadRegistrationsNameTheField) {
   grpc::Status st = RegisterShm("a", shm, 0, (1 << 20) + 1);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
   EXPECT_EQ(st.error_message().rfind("byte_size:", 0), 0u) << st.error_message();
+  st = RegisterShm("a", shm, 4100, 4096);  // inside the object, off the 16-byte grid
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_EQ(st.error_message().rfind("offset: 4100 is not a multiple of 16", 0), 0u)
+      << st.error_message();
   {
     v1::RegisterShmRegionRequest req;
     req.set_name("a");

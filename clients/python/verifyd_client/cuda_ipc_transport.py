@@ -23,7 +23,7 @@ from . import cuda_driver, tensors
 from ._proto import types_pb2
 from .bundle import HEAD_DIM_QK, check_call
 from .errors import InvalidBundleError, VerifydError
-from .regions import ref
+from .regions import OFFSET_GRID, ref
 from .result import inline_outputs, make_result, to_torch
 from .staging import Layout, SlotRing
 from .transport import SlotPending, Transport
@@ -157,7 +157,8 @@ class CudaIpcTransport(Transport):
                     continue
                 for start, size in a.spans.values():
                     if start <= ptr and ptr + n <= start + size:
-                        return a.name, ptr - base
+                        # off verifyd's offset grid it is staged like any other tensor
+                        return (a.name, ptr - base) if (ptr - base) % OFFSET_GRID == 0 else None
         return None
 
     def register_kv_pool(self, pool):
@@ -169,6 +170,7 @@ class CudaIpcTransport(Transport):
                                      f"[num_pages, page_size, {HEAD_DIM_QK}]")
         if not pool.is_contiguous():
             raise InvalidBundleError("kv_pool: must be contiguous to be named in place")
+        _check_pool_offset(pool)
         self.register(pool)
         return pool
 
@@ -208,6 +210,7 @@ class CudaIpcTransport(Transport):
         if pool_at is None:  # registered on first use, then named in place on every call
             if not kv_pool.is_contiguous():
                 raise InvalidBundleError("kv_pool: must be contiguous with transport cuda_ipc")
+            _check_pool_offset(kv_pool)
             pool_at = self.register(kv_pool)
         q_at = self._locate(q)
         layout = Layout()
@@ -253,6 +256,15 @@ class CudaIpcTransport(Transport):
                 self._allocations.clear()
                 self._rings.clear()
                 self.retired.clear()
+
+
+def _check_pool_offset(pool):
+    """A pool is read in place, so it must start on verifyd's offset grid in its allocation."""
+    offset = pool.data_ptr() - cuda_driver.allocation(pool.data_ptr())[0]
+    if offset % OFFSET_GRID != 0:
+        raise InvalidBundleError(f"kv_pool: starts {offset} bytes into its CUDA allocation, "
+                                 f"not a multiple of {OFFSET_GRID}; verifyd reads the pool in "
+                                 f"place with {OFFSET_GRID}-byte loads")
 
 
 def _cuda_bf16(name, x):

@@ -17,7 +17,7 @@ from . import tensors
 from ._proto import types_pb2
 from .bundle import HEAD_DIM_QK, check_call, compact_pool
 from .errors import InvalidBundleError, VerifydError
-from .regions import ref
+from .regions import OFFSET_GRID, ref
 from .result import inline_outputs, make_result, to_torch
 from .staging import Layout, SlotRing
 from .transport import SlotPending, Transport
@@ -161,7 +161,7 @@ class ShmTransport(Transport):
             return None
         for region in self._regions:
             off = region.offset_of(*span)
-            if off is not None:
+            if off is not None and off % OFFSET_GRID == 0:  # else staged like any other array
                 return region, off
         return None
 
