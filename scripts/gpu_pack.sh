@@ -67,11 +67,7 @@ cp "$ROOT"/tests/python/{gpu_cuda_ipc_test.py,random_bundles.py,sglang_reference
 cp -r "$ROOT/proto" "$PACK/py/"
 "$ROOT/clients/python/generate.sh" "$PACK/py/gen" > /dev/null
 
-commit=$(git -C "$ROOT" rev-parse --short=12 HEAD)
-if [[ -n $(git -C "$ROOT" status --porcelain --untracked-files=no -- kernels bench src \
-             tests proto) ]]; then
-  commit="$commit-dirty"
-fi
+commit=$("$ROOT/scripts/commit_stamp.sh" "$ROOT" kernels bench src tests proto)
 echo "$commit" > "$PACK/COMMIT"
 echo "gpu_pack: $PACK ($(du -sh "$PACK" | cut -f1)), commit $commit"
 ls "$PACK/lib"

@@ -16,7 +16,7 @@ mkdir -p "$out"
 dir=$(mktemp -d)
 pid=""
 trap '[ -n "$pid" ] && kill $pid 2>/dev/null; rm -rf "$dir"' EXIT
-commit=$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+commit=$("$root/scripts/commit_stamp.sh" "$root")
 shapes=("1,1,1,16384" "1,1,1,32768")
 
 start_daemon() {  # $1: --keep_freed_mb

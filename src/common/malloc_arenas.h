@@ -35,6 +35,9 @@ inline void BoundMallocArenas(int max_arenas = kDefaultMallocArenas) {
 // `keep_bytes` of freed memory at its top instead of trimming it, lets calls reuse warm pages;
 // the process keeps about its peak working set resident. keep_bytes <= 0 leaves glibc's
 // defaults. MALLOC_MMAP_MAX_ or MALLOC_TRIM_THRESHOLD_ in the environment take precedence.
+inline constexpr int64_t kMaxKeepFreedMb = 2047;  // M_TRIM_THRESHOLD is an int
+inline constexpr int64_t kDefaultKeepFreedMb = kMaxKeepFreedMb;
+
 inline void KeepFreedMemory(int64_t keep_bytes) {
 #if defined(__GLIBC__)
   if (keep_bytes <= 0) return;

@@ -18,6 +18,7 @@
 #include "absl/flags/usage_config.h"
 #include "spdlog/spdlog.h"
 #include "src/common/admin_token.h"
+#include "src/common/malloc_arenas.h"
 #include "src/common/status_macros.h"
 
 ABSL_FLAG(std::vector<std::string>, listen, {"127.0.0.1:50051"},
@@ -48,7 +49,7 @@ ABSL_FLAG(int, grpc_max_threads, 128,
 ABSL_FLAG(int, grpc_max_concurrent_streams, 256, "Concurrent data-plane streams per connection");
 ABSL_FLAG(int64_t, max_inflight_mb, 8192,
           "Memory budget: request bytes all calls in flight may hold together, MiB; 0 = none");
-ABSL_FLAG(int64_t, keep_freed_mb, 2047,
+ABSL_FLAG(int64_t, keep_freed_mb, verifyd::kDefaultKeepFreedMb,
           "Freed memory kept for reuse by later calls instead of being returned to the OS, MiB "
           "(bundles are then not faulted in afresh on every call); 0 = glibc's default");
 ABSL_FLAG(int64_t, max_regions, 64,
@@ -266,8 +267,9 @@ absl::StatusOr<DaemonOptions> ParseDaemonFlags(int argc, char** argv) {
   }
   o.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_mb) << 20;
   const int64_t keep_mb = absl::GetFlag(FLAGS_keep_freed_mb);
-  if (keep_mb < 0 || keep_mb > 2047) {
-    return absl::InvalidArgumentError("keep_freed_mb: must be in [0, 2047]");
+  if (keep_mb < 0 || keep_mb > kMaxKeepFreedMb) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("keep_freed_mb: must be in [0, ", kMaxKeepFreedMb, "]"));
   }
   o.keep_freed_bytes = keep_mb << 20;
   o.regions.max_regions = absl::GetFlag(FLAGS_max_regions);

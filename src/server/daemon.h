@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "src/common/admin_address.h"
+#include "src/common/malloc_arenas.h"
 #include "src/compare/compare.h"
 #include "src/control/mode_controller.h"
 #include "src/engine/engine.h"
@@ -57,7 +58,7 @@ struct DaemonOptions {
   int grpc_max_threads = 128;
   int grpc_max_concurrent_streams = 256;
   int64_t max_inflight_bytes = int64_t{8} << 30;  // memory budget of calls in flight; 0 = none
-  int64_t keep_freed_bytes = int64_t{2047} << 20;  // KeepFreedMemory() (main applies it)
+  int64_t keep_freed_bytes = kDefaultKeepFreedMb << 20;  // KeepFreedMemory() (main applies it)
   ControllerOptions controller;
   HandlerOptions handler;
   int shadow_threads = 1;

@@ -41,10 +41,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/verifyd-cuda-mutants.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 cp -r "$root/kernels" "$work/kernels.clean"
 
-commit=$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
-if [ "$commit" != unknown ] && ! git -C "$root" diff --quiet HEAD -- src kernels tests/mutation; then
-  commit=$commit-dirty
-fi
+commit=$("$root/scripts/commit_stamp.sh" "$root" src kernels tests/mutation)
 echo "$commit" >"$out/commit"
 
 mutants=(clean)

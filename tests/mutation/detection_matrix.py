@@ -152,7 +152,9 @@ def main():
     traffics = sorted({c["traffic"] for r in runs for c in r["classes"]}, reverse=True)
     prefixes = sorted({c["prefix"] for r in runs for c in r["classes"]})
     tol = first["tolerance"]
-    md = [f"# {engine.upper()} mutation suite: detection matrix ({a.mode})", "",
+    only_clean = all(r["label"] == "clean" for r in runs)
+    title = "clean calls: false breaches" if only_clean else "mutation suite: detection matrix"
+    md = [f"# {engine.upper()} {title} ({a.mode})", "",
           f"commit `{first['commit']}`, device {device} ({engine.upper()} engine: reference vs "
           f"custom, judged by `Judge()`), B={first['batch']} unless a class says otherwise, "
           f"H={first['heads']}, a fresh random bundle per call; calls per class shrink with "

@@ -39,11 +39,7 @@ cp "$here/mutant_driver.cc" "$tree/tests/mutation/"
 custom=src/engine/cpu/cpu_custom.cc
 cp "$tree/$custom" "$work/cpu_custom.clean.cc"
 
-commit=$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
-if [ "$commit" != unknown ] &&
-  ! git -C "$root" diff --quiet HEAD -- src kernels tests/mutation; then
-  commit=$commit-dirty
-fi
+commit=$("$root/scripts/commit_stamp.sh" "$root" src kernels tests/mutation)
 
 CXX=${CXX:-g++}
 flags=(-std=c++20 -O2 -DNDEBUG -Wall -Wextra -I"$tree")
