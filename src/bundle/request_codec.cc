@@ -1,5 +1,6 @@
 #include "src/bundle/request_codec.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -90,8 +91,10 @@ class TensorLocator {
   }
 
   // Checks presence, dtype, rank and byte size. Returns where the bytes are, and sets `*device`
-  // to the GPU they are on (-1: host). Without `device`, bytes in a GPU region are copied to the
-  // host first.
+  // to the GPU they are on (-1: host). Without `device` (the indices, lengths and mask), bytes in
+  // a region are copied into verifyd's own memory first: they are checked there, and the client
+  // that shares the region cannot change them between the check and the kernels (a page id past
+  // the pool after the check would be read).
   absl::StatusOr<const void*> Locate(const char* name, const v1::Tensor& t, v1::DType dtype,
                                      int rank, int* device = nullptr) {
     if (t.contents_case() == v1::Tensor::CONTENTS_NOT_SET) {
@@ -111,12 +114,11 @@ class TensorLocator {
     }
     absl::StatusOr<RegionRange> r = Region(name, t, n);
     if (!r.ok()) return r.status();
-    if (r->device() < 0) return static_cast<const void*>(r->data);
     if (device != nullptr) {
       *device = r->device();
       return static_cast<const void*>(r->data);
     }
-    std::vector<char>& copy = out_->host_copies.emplace_back(static_cast<size_t>(n));
+    std::vector<char>& copy = out_->host_copies.emplace_back(std::max<size_t>(n, 1));
     if (absl::Status rs = r->region->ReadToHost(r->offset, r->byte_size, copy.data()); !rs.ok()) {
       return absl::Status(rs.code(), absl::StrCat(name, ": reading it from its region: ",
                                                   rs.message()));

@@ -18,8 +18,8 @@ struct DecodedRequest {
   BundleView view;
   // The regions the call reads or writes, pinned until the call ends.
   std::vector<RegionPin> pins;
-  // Small tensors named in a GPU region (indices, lengths, mask), copied to the host: verifyd
-  // checks their contents there.
+  // Small tensors named in a region (indices, lengths, mask), copied into verifyd's memory:
+  // verifyd checks their contents there, out of reach of the client's later writes.
   std::vector<std::vector<char>> host_copies;
   // Where the served output goes instead of the response (o_out, lse_out).
   std::optional<RegionRange> o_out, lse_out;

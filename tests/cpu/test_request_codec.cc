@@ -1,12 +1,16 @@
 // Decoding of verifyd.v1 requests: tensor shapes whose byte count does not fit in 64 bits are
-// refused by name, without arithmetic overflow (the UBSan build checks the latter).
+// refused by name, without arithmetic overflow (the UBSan build checks the latter); tensors in a
+// shared-memory region that decide what memory is read are copied out before they are checked.
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "gtest/gtest.h"
 #include "src/bundle/random_bundle.h"
 #include "src/bundle/request_codec.h"
+#include "src/bundle/validate.h"
+#include "tests/service/shm_region_fixture.h"
 
 namespace verifyd {
 namespace {
@@ -30,6 +34,54 @@ void SetShape(v1::Tensor* t, std::initializer_list<int64_t> dims) {
 }
 
 constexpr int64_t k2p40 = int64_t{1} << 40;
+
+using verifyd::testing::PutInShm;
+using verifyd::testing::ShmLayout;
+using verifyd::testing::ShmObject;
+
+// A client that shares the region could rewrite page ids or lengths after verifyd checked them;
+// the checked copy is what the engines read. q and the pool are read in place.
+TEST(RequestCodec, ShmIndicesAreCheckedCopiesAndValuesAreReadInPlace) {
+  ShmObject shm("codec", 1 << 20);
+  RegionRegistry regions(RegionLimits{}, nullptr);
+  ASSERT_TRUE(regions.RegisterShm("r", shm.key(), 0, shm.size(), "test").ok());
+  RandomBundleSpec spec;
+  spec.batch = 2;
+  spec.draft = 3;
+  spec.heads = 2;
+  spec.prefix = 37;
+  spec.page_size = 4;
+  spec.seed = 77;
+  RandomBundle b(spec);
+  const ShmLayout l = ShmLayout::Of(b.view());
+  ASSERT_LE(l.end, shm.size());
+  v1::VerifyRequest req;
+  EncodeRequest(b.view(), &req);
+  PutInShm(b.view(), l, shm.data(), "r", &req);
+  DecodedRequest d;
+  ASSERT_TRUE(DecodeRequest(req, &regions, &d).ok());
+  const BundleView& v = d.view;
+  const auto& s = b.view().shape;
+  // Values are read where they are: the client's writes show (it must finish them first).
+  reinterpret_cast<uint16_t*>(shm.data() + l.q)[0] ^= 0x8000;
+  reinterpret_cast<uint16_t*>(shm.data() + l.kv_pool)[5] ^= 0x8000;
+  EXPECT_EQ(v.q[0], b.view().q[0] ^ 0x8000);
+  EXPECT_EQ(v.kv_pool[5], b.view().kv_pool[5] ^ 0x8000);
+  // The client rewrites every page id past the pool, every length past its pages, the mask and
+  // the offsets: none of it reaches the checked bundle.
+  auto* ids = reinterpret_cast<int32_t*>(shm.data() + l.kv_indices);
+  for (int64_t i = 0; i < s.num_indices; ++i) ids[i] = static_cast<int32_t>(s.num_pages + 1000);
+  auto* lens = reinterpret_cast<int32_t*>(shm.data() + l.kv_lens);
+  for (int i = 0; i < s.batch; ++i) lens[i] = 1 << 30;
+  std::memset(shm.data() + l.kv_indptr, 0x7f, (s.batch + 1) * 4);
+  std::memset(shm.data() + l.tree_mask, 0, b.view().mask_bytes());
+  for (int i = 0; i <= s.batch; ++i) EXPECT_EQ(v.kv_indptr[i], b.view().kv_indptr[i]);
+  EXPECT_EQ(std::memcmp(v.tree_mask, b.view().tree_mask, b.view().mask_bytes()), 0);
+  for (int64_t i = 0; i < s.num_indices; ++i) EXPECT_EQ(v.kv_indices[i], b.view().kv_indices[i]);
+  for (int i = 0; i < s.batch; ++i) EXPECT_EQ(v.kv_lens[i], b.view().kv_lens[i]);
+  BundleView again = v;
+  EXPECT_TRUE(ValidateBundle(again).ok());
+}
 
 TEST(RequestCodec, GoodRequestDecodesToViewOfTheRequestBytes) {
   const v1::VerifyRequest req = Good();
