@@ -19,6 +19,9 @@ class MappedRegion {
   // The GPU the memory is on; -1 for host memory.
   virtual int device() const = 0;
   bool on_device() const { return device() >= 0; }
+  // False once the memory was lost under the mapping (a client shrank its shm object): what was
+  // read from it since is zeros, not the client's bytes.
+  virtual bool intact() const { return true; }
   // Copies [offset, offset + bytes) into host memory `dst` (a device-to-host copy on a GPU).
   // The caller checked the range.
   virtual absl::Status ReadToHost(uint64_t offset, uint64_t bytes, void* dst) const = 0;

@@ -15,6 +15,7 @@ struct RegionRegistry::Entry {
   std::unique_ptr<MappedRegion> mapping;
   std::atomic<int64_t> in_use{0};
   std::atomic<int64_t> calls{0};
+  mutable std::atomic<bool> loss_logged{false};
   RegionRegistry* owner = nullptr;
   ~Entry() {
     if (mapping) spdlog::info("region '{}' unmapped", info.name);
@@ -28,6 +29,10 @@ class RegionUse {
     ++entry_->calls;
   }
   bool Of(const RegionRegistry::Entry* e) const { return entry_.get() == e; }
+  absl::Status Intact() const {
+    return entry_->mapping->intact() ? absl::OkStatus()
+                                     : RegionRegistry::MemoryLost("", *entry_);
+  }
   ~RegionUse() {
     --entry_->in_use;
     entry_->owner->Notify();
@@ -38,6 +43,25 @@ class RegionUse {
  private:
   std::shared_ptr<RegionRegistry::Entry> entry_;
 };
+
+absl::Status RegionRegistry::MemoryLost(const std::string& field, const Entry& e) {
+  if (!e.loss_logged.exchange(true)) {
+    spdlog::warn("region '{}' (client '{}'): its shared-memory object shrank below the "
+                 "registered {} bytes; calls naming it are refused until it is unregistered",
+                 e.info.name, e.info.client, e.info.byte_size);
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      field, field.empty() ? "" : ": ", "region '", e.info.name,
+      "' lost its memory: its shared-memory object shrank below the registered size (truncated "
+      "by its owner); unregister the region and register it again"));
+}
+
+absl::Status RegionsIntact(const std::vector<RegionPin>& pins) {
+  for (const RegionPin& p : pins) {
+    if (absl::Status st = p->Intact(); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
 
 const char* RegionKindName(RegionKind k) {
   return k == RegionKind::kShm ? "shm" : "cuda_ipc";
@@ -246,6 +270,7 @@ absl::StatusOr<RegionRange> RegionRegistry::Resolve(const std::string& field, Re
         field, ": offset ", offset, " + byte_size ", byte_size, " is past the end of region '",
         name, "' (", size, " bytes)"));
   }
+  if (!e->mapping->intact()) return MemoryLost(field, *e);
   if (offset % kRegionAlign != 0) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": offset ", offset, " in region '",
                                                    name, "' is not a multiple of ", kRegionAlign,

@@ -61,6 +61,11 @@ struct RegionRange {
   int device() const { return region->device(); }
 };
 
+// OK unless the memory of a region the call pinned was lost while the call ran (a client shrank
+// its shm object: sigbus_guard.h); then what the call read is void. FAILED_PRECONDITION names
+// the region.
+absl::Status RegionsIntact(const std::vector<RegionPin>& pins);
+
 class RegionRegistry {
  public:
   // Opens a CUDA IPC handle on a device (the engine's); FAILED_PRECONDITION when it cannot.
@@ -94,7 +99,8 @@ class RegionRegistry {
   // The range [offset, offset + byte_size) of region `name` of kind `kind`, pinned for one
   // call: `call_pins` holds the call's pins, one per region (a new one is added). `field` names
   // the request field in errors: NOT_FOUND for an unknown region (or one of the other kind),
-  // INVALID_ARGUMENT for a range past its end.
+  // INVALID_ARGUMENT for a range past its end, FAILED_PRECONDITION for a region whose memory
+  // was lost (RegionsIntact).
   absl::StatusOr<RegionRange> Resolve(const std::string& field, RegionKind kind,
                                       const std::string& name, uint64_t offset,
                                       uint64_t byte_size,
@@ -106,6 +112,7 @@ class RegionRegistry {
   absl::StatusOr<RegionSummary> Add(std::shared_ptr<Entry> e);
   absl::Status CheckNewName(const std::string& name, uint64_t byte_size) const;
   static RegionSummary Summarize(const Entry& e);
+  static absl::Status MemoryLost(const std::string& field, const Entry& e);
   void Notify();
 
   RegionLimits limits_;

@@ -9,22 +9,25 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "src/region/sigbus_guard.h"
 
 namespace verifyd {
 namespace {
 
 class ShmMapping final : public MappedRegion {
  public:
-  ShmMapping(void* map, uint64_t map_bytes, uint64_t skip, uint64_t byte_size)
-      : map_(map), map_bytes_(map_bytes), skip_(skip), byte_size_(byte_size) {}
+  ShmMapping(void* map, uint64_t map_bytes, uint64_t skip, uint64_t byte_size, int guard)
+      : map_(map), map_bytes_(map_bytes), skip_(skip), byte_size_(byte_size), guard_(guard) {}
   ~ShmMapping() override {
     RunBeforeUnmap();
+    UnguardMapping(guard_);
     munmap(map_, map_bytes_);
   }
 
   char* base() const override { return static_cast<char*>(map_) + skip_; }
   uint64_t byte_size() const override { return byte_size_; }
   int device() const override { return -1; }
+  bool intact() const override { return !MappingBroken(guard_); }
   absl::Status ReadToHost(uint64_t offset, uint64_t bytes, void* dst) const override {
     std::memcpy(dst, base() + offset, bytes);
     return absl::OkStatus();
@@ -33,6 +36,7 @@ class ShmMapping final : public MappedRegion {
  private:
   void* map_;
   uint64_t map_bytes_, skip_, byte_size_;
+  int guard_;  // sigbus_guard.h: the client may shrink its object under the mapping
 };
 
 std::string Errno() { return std::strerror(errno); }
@@ -82,7 +86,12 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> MapShm(const std::string& key, uin
   if (map == MAP_FAILED) {
     return absl::ResourceExhaustedError(absl::StrCat("key: mmap of '", key, "': ", why));
   }
-  return std::unique_ptr<MappedRegion>(new ShmMapping(map, map_bytes, skip, byte_size));
+  absl::StatusOr<int> guard = GuardMapping(map, map_bytes);
+  if (!guard.ok()) {
+    munmap(map, map_bytes);
+    return guard.status();
+  }
+  return std::unique_ptr<MappedRegion>(new ShmMapping(map, map_bytes, skip, byte_size, *guard));
 }
 
 }  // namespace verifyd

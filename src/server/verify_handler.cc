@@ -137,6 +137,7 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
   // copy of the inputs (Prepare with detach).
   DecodedRequest decoded;
   absl::Status bad = DecodeRequest(req, regions_, &decoded);
+  if (absl::Status lost = RegionsIntact(decoded.pins); !lost.ok()) bad = lost;  // read as zeros
   const BundleView* view = &decoded.view;
   if (bad.ok()) bad = CheckWork(*view);
   if (bad.ok()) bad = call.Check();
@@ -179,6 +180,8 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
                                           decoded.lse_out ? &*decoded.lse_out : nullptr)
                        : engine_->Fetch(served, b, &out);
   }
+  // A region whose memory went while the call read it gave zeros, not the client's bytes.
+  if (st.ok()) st = RegionsIntact(decoded.pins);
   if (!st.ok()) {
     if (IsFatal(st)) Fatal(st);
     metrics_->Request(PathName(served), st.code(), Since(t0));

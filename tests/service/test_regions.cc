@@ -294,6 +294,53 @@ TEST_F(RegionTest, BadReferencesNameTheFieldAndServingGoesOn) {
   }
 }
 
+// A client that shrinks its shm object under a registered region: the calls that read it are
+// refused naming the region (no SIGBUS takes the daemon down), and other regions and inline
+// calls go on being served.
+TEST_F(RegionTest, AShrunkObjectFailsItsCallsAndServingGoesOn) {
+  Start();
+  ShmObject shm("shrink", 8 << 20);
+  ShmObject other("intact", 8 << 20);
+  ASSERT_TRUE(RegisterShm("pool", shm).ok());
+  ASSERT_TRUE(RegisterShm("other", other).ok());
+  RandomBundle b(Spec(31, 16, 4, 90));
+  const ShmLayout l = ShmLayout::Of(b.view());
+  v1::VerifyRequest inline_req;
+  EncodeRequest(b.view(), &inline_req);
+  v1::VerifyRequest in_pool = inline_req, in_other = inline_req;
+  PutInShm(b.view(), l, shm.data(), "pool", &in_pool);
+  PutInShm(b.view(), l, other.data(), "other", &in_other);
+  v1::VerifyResponse first;
+  ASSERT_TRUE(VerifyUnix(in_pool, &first).ok());
+  {  // the owner truncates its object; the test's own mapping is not read after this
+    const int fd = shm_open(shm.key().c_str(), O_RDWR, 0);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(ftruncate(fd, 0), 0);
+    close(fd);
+  }
+  // The call that meets the lost pages, then calls refused before they read.
+  for (int i = 0; i < 3; ++i) {
+    v1::VerifyResponse r;
+    grpc::Status st = VerifyUnix(in_pool, &r);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << i << ": "
+                                                                      << st.error_message();
+    EXPECT_NE(st.error_message().find("region 'pool' lost its memory"), std::string::npos)
+        << i << ": " << st.error_message();
+  }
+  v1::VerifyResponse inline_resp, other_resp;
+  ASSERT_TRUE(VerifyUnix(inline_req, &inline_resp).ok());
+  ASSERT_TRUE(VerifyUnix(in_other, &other_resp).ok());
+  const size_t o_bytes = b.view().o_elems() * 2;
+  EXPECT_EQ(std::memcmp(other.data() + l.o, inline_resp.o().raw_contents().data(), o_bytes), 0);
+  EXPECT_TRUE(Unregister("pool").ok());
+  ShmObject again("shrink2", 8 << 20);
+  ASSERT_TRUE(RegisterShm("pool", again).ok());
+  PutInShm(b.view(), l, again.data(), "pool", &in_pool);
+  v1::VerifyResponse r;
+  EXPECT_TRUE(VerifyUnix(in_pool, &r).ok());
+  EXPECT_EQ(std::memcmp(again.data() + l.o, inline_resp.o().raw_contents().data(), o_bytes), 0);
+}
+
 TEST_F(RegionTest, BadRegistrationsNameTheField) {
   Start(false, 2);
   ShmObject shm("reg", 1 << 20);
