@@ -103,7 +103,8 @@ int RunStatus(const GlobalOptions& g) {
       regions.push_back({{"name", r.name()}, {"kind", RegionKindStr(r)},
                          {"shm_key", r.shm_key()}, {"shm_offset", r.shm_offset()},
                          {"device", r.device()}, {"byte_size", r.byte_size()},
-                         {"client", r.client()}, {"in_use", r.in_use()}, {"calls", r.calls()}});
+                         {"client", r.client()}, {"in_use", r.in_use()}, {"calls", r.calls()},
+                         {"lost", r.lost()}});
     }
     const auto& rt = s.runtime();
     const auto& tol = rt.tolerances();
@@ -238,12 +239,13 @@ int RunStatus(const GlobalOptions& g) {
                            rt.metrics_address().empty() ? "off" : rt.metrics_address());
   if (s.regions().empty()) std::cout << "regions     none\n";
   for (const auto& r : s.regions()) {
-    std::cout << fmt::format("region      {}  {} {:.1f} MB{}  client '{}'  calls {}  in use {}\n",
+    std::cout << fmt::format("region      {}  {} {:.1f} MB{}  client '{}'  calls {}  in use {}{}\n",
                              r.name(), RegionKindStr(r), r.byte_size() / 1e6,
                              r.kind() == v1::REGION_KIND_SHM
                                  ? fmt::format(" of {} at {}", r.shm_key(), r.shm_offset())
                                  : fmt::format(" on GPU {}", r.device()),
-                             r.client(), r.calls(), r.in_use());
+                             r.client(), r.calls(), r.in_use(),
+                             r.lost() ? "  LOST (object shrank; unregister it)" : "");
   }
   std::cout << fmt::format("up          {} since {}, state in {}\n",
                            Duration(rt.uptime_seconds()), rt.started(), rt.state_dir());

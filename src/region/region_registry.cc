@@ -91,6 +91,7 @@ RegionSummary RegionRegistry::Summarize(const Entry& e) {
   RegionSummary s = e.info;
   s.in_use = e.in_use.load();
   s.calls = e.calls.load();
+  s.lost = !e.mapping->intact();
   return s;
 }
 

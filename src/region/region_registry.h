@@ -44,6 +44,7 @@ struct RegionSummary {
   std::string client;
   int64_t in_use = 0;
   int64_t calls = 0;
+  bool lost = false;  // MappedRegion::intact() went false
 };
 
 // Keeps one call's use of a region: while it lives, the region stays mapped and an unregister

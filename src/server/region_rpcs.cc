@@ -22,6 +22,7 @@ void ToProto(const RegionSummary& s, v1::RegionInfo* out) {
   out->set_client(s.client);
   out->set_in_use(s.in_use);
   out->set_calls(s.calls);
+  out->set_lost(s.lost);
 }
 
 absl::Status RegionRpcs::CheckTransport(const grpc::ServerContext& ctx, const char* what) const {

@@ -327,6 +327,11 @@ TEST_F(RegionTest, AShrunkObjectFailsItsCallsAndServingGoesOn) {
     EXPECT_NE(st.error_message().find("region 'pool' lost its memory"), std::string::npos)
         << i << ": " << st.error_message();
   }
+  const v1::ListRegionsResponse listed = List();
+  ASSERT_EQ(listed.regions_size(), 2);
+  for (const v1::RegionInfo& r : listed.regions()) {
+    EXPECT_EQ(r.lost(), r.name() == "pool") << r.name();
+  }
   v1::VerifyResponse inline_resp, other_resp;
   ASSERT_TRUE(VerifyUnix(inline_req, &inline_resp).ok());
   ASSERT_TRUE(VerifyUnix(in_other, &other_resp).ok());
@@ -338,6 +343,8 @@ TEST_F(RegionTest, AShrunkObjectFailsItsCallsAndServingGoesOn) {
   PutInShm(b.view(), l, again.data(), "pool", &in_pool);
   v1::VerifyResponse r;
   EXPECT_TRUE(VerifyUnix(in_pool, &r).ok());
+  const v1::ListRegionsResponse relisted = List();
+  for (const v1::RegionInfo& info : relisted.regions()) EXPECT_FALSE(info.lost()) << info.name();
   EXPECT_EQ(std::memcmp(again.data() + l.o, inline_resp.o().raw_contents().data(), o_bytes), 0);
 }
 

@@ -106,4 +106,4 @@ def region_dict(r):
     kind = types_pb2.RegionKind.Name(r.kind)[len("REGION_KIND_"):].lower()
     return {"name": r.name, "kind": kind, "shm_key": r.shm_key, "shm_offset": r.shm_offset,
             "device": r.device, "byte_size": r.byte_size, "client": r.client,
-            "in_use": r.in_use, "calls": r.calls}
+            "in_use": r.in_use, "calls": r.calls, "lost": r.lost}
