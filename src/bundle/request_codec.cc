@@ -82,6 +82,7 @@ class TensorLocator {
     absl::StatusOr<RegionRange> r = regions_->Resolve(
         name, shm ? RegionKind::kShm : RegionKind::kCudaIpc, region, offset, size, &out_->pins);
     if (!r.ok()) return r.status();
+    named_.push_back({name, &region, *r});
     if (r->device() >= 0 && r->device() != req_.device()) {
       return absl::InvalidArgumentError(absl::StrCat(name, ": region '", region,
                                                      "' is on device ", r->device(),
@@ -140,13 +141,36 @@ class TensorLocator {
       return absl::InvalidArgumentError(absl::StrCat(name, ": shape ", ShapeStr(t), ", expected [",
                                                      absl::StrJoin(shape, ", "), "]"));
     }
-    return Region(name, t, n);
+    absl::StatusOr<RegionRange> r = Region(name, t, n);
+    if (!r.ok()) return r.status();
+    // verifyd writes here after the served path, and a comparison run then (compare_sync) would
+    // read the output where its inputs were.
+    for (size_t i = 0; i + 1 < named_.size(); ++i) {  // the last one is this output
+      const Named& other = named_[i];
+      if (other.range.region != r->region) continue;
+      if (r->offset < other.range.offset + other.range.byte_size &&
+          other.range.offset < r->offset + r->byte_size) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            name, ": bytes [", r->offset, ", ", r->offset + r->byte_size, ") of region '",
+            *other.region, "' overlap ", other.name, "'s [", other.range.offset, ", ",
+            other.range.offset + other.range.byte_size,
+            "); outputs must not overlap the inputs or each other"));
+      }
+    }
+    return r;
   }
 
  private:
+  struct Named {  // a range of a region the call names
+    const char* name;
+    const std::string* region;
+    RegionRange range;
+  };
+
   const v1::VerifyRequest& req_;
   const RegionRegistry* regions_;
   DecodedRequest* out_;
+  std::vector<Named> named_;
 };
 
 absl::Status DimIs(const char* name, const v1::Tensor& t, int axis, int64_t want,

@@ -266,6 +266,27 @@ TEST_F(RegionTest, BadReferencesNameTheFieldAndServingGoesOn) {
       {"o_out past the end",
        [](auto* r) { r->mutable_o_out()->mutable_shm()->set_offset(4 << 20); },
        grpc::StatusCode::INVALID_ARGUMENT, "o_out:"},
+      {"o_out over kv_pool",
+       [](auto* r) { r->mutable_o_out()->mutable_shm()->set_offset(r->kv_pool().shm().offset()); },
+       grpc::StatusCode::INVALID_ARGUMENT, "o_out: bytes"},
+      {"o_out over the end of q",
+       [](auto* r) {
+         r->mutable_o_out()->mutable_shm()->set_offset(r->q().shm().offset() +
+                                                       r->q().shm().byte_size() - 16);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "o_out: bytes"},
+      {"lse_out over o_out",
+       [](auto* r) {
+         r->set_want_lse(true);
+         *r->mutable_lse_out() = r->o_out();
+         r->mutable_lse_out()->clear_shape();
+         r->mutable_lse_out()->add_shape(r->o_out().shape(0));
+         r->mutable_lse_out()->add_shape(r->o_out().shape(1));
+         r->mutable_lse_out()->set_dtype(v1::DTYPE_F32);
+         r->mutable_lse_out()->mutable_shm()->set_byte_size(r->o_out().shape(0) *
+                                                            r->o_out().shape(1) * 4);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "lse_out: bytes"},
       {"lse_out without want_lse",
        [](auto* r) {
          *r->mutable_lse_out() = r->o_out();
