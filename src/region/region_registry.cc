@@ -29,10 +29,7 @@ class RegionUse {
     ++entry_->calls;
   }
   bool Of(const RegionRegistry::Entry* e) const { return entry_.get() == e; }
-  absl::Status Intact() const {
-    return entry_->mapping->intact() ? absl::OkStatus()
-                                     : RegionRegistry::MemoryLost("", *entry_);
-  }
+  absl::Status Intact() const { return RegionRegistry::Intact("", *entry_); }
   ~RegionUse() {
     --entry_->in_use;
     entry_->owner->Notify();
@@ -44,7 +41,8 @@ class RegionUse {
   std::shared_ptr<RegionRegistry::Entry> entry_;
 };
 
-absl::Status RegionRegistry::MemoryLost(const std::string& field, const Entry& e) {
+absl::Status RegionRegistry::Intact(const std::string& field, const Entry& e) {
+  if (e.mapping->intact()) return absl::OkStatus();
   if (!e.loss_logged.exchange(true)) {
     spdlog::warn("region '{}' (client '{}'): its shared-memory object shrank below the "
                  "registered {} bytes; calls naming it are refused until it is unregistered",
@@ -271,7 +269,7 @@ absl::StatusOr<RegionRange> RegionRegistry::Resolve(const std::string& field, Re
         field, ": offset ", offset, " + byte_size ", byte_size, " is past the end of region '",
         name, "' (", size, " bytes)"));
   }
-  if (!e->mapping->intact()) return MemoryLost(field, *e);
+  if (absl::Status st = Intact(field, *e); !st.ok()) return st;
   if (offset % kRegionAlign != 0) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": offset ", offset, " in region '",
                                                    name, "' is not a multiple of ", kRegionAlign,

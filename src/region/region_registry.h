@@ -113,7 +113,8 @@ class RegionRegistry {
   absl::StatusOr<RegionSummary> Add(std::shared_ptr<Entry> e);
   absl::Status CheckNewName(const std::string& name, uint64_t byte_size) const;
   static RegionSummary Summarize(const Entry& e);
-  static absl::Status MemoryLost(const std::string& field, const Entry& e);
+  // OK, or FAILED_PRECONDITION naming `field` (when not empty) and the region: its memory was lost.
+  static absl::Status Intact(const std::string& field, const Entry& e);
   void Notify();
 
   RegionLimits limits_;

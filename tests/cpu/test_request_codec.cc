@@ -15,14 +15,18 @@
 namespace verifyd {
 namespace {
 
-v1::VerifyRequest Good() {
+RandomBundleSpec GoodSpec() {
   RandomBundleSpec spec;
   spec.batch = 2;
   spec.draft = 3;
   spec.heads = 8;
   spec.prefix = 54;
   spec.page_size = 16;
-  RandomBundle b(spec);
+  return spec;
+}
+
+v1::VerifyRequest Good() {
+  RandomBundle b(GoodSpec());
   v1::VerifyRequest req;
   EncodeRequest(b.view(), &req);
   return req;
@@ -45,14 +49,7 @@ TEST(RequestCodec, ShmIndicesAreCheckedCopiesAndValuesAreReadInPlace) {
   ShmObject shm("codec", 1 << 20);
   RegionRegistry regions(RegionLimits{}, nullptr);
   ASSERT_TRUE(regions.RegisterShm("r", shm.key(), 0, shm.size(), "test").ok());
-  RandomBundleSpec spec;
-  spec.batch = 2;
-  spec.draft = 3;
-  spec.heads = 2;
-  spec.prefix = 37;
-  spec.page_size = 4;
-  spec.seed = 77;
-  RandomBundle b(spec);
+  RandomBundle b(GoodSpec());
   const ShmLayout l = ShmLayout::Of(b.view());
   ASSERT_LE(l.end, shm.size());
   v1::VerifyRequest req;
