@@ -5,8 +5,9 @@
 # verifyd-bench and the service benchmark. Writes into OUT_DIR: tests.log, tests.json (gtest),
 # memcheck.log, racecheck.log, synccheck.log, bench.log, <date>-<commit>-<device>.{md,json},
 # service-<commit>.{md,json}, summary.txt (printed last). With --mutants (a pack made with
-# VERIFYD_PACK_MUTANTS) also the CUDA mutation suite: <date>-<commit>-cuda-mutation.{md,json}
-# and mutation.log; --clean-calls N adds about N clean calls to it.
+# VERIFYD_PACK_MUTANTS) also the CUDA mutation suite: <date>-<commit>-cuda-mutation.{md,json},
+# mutation.log and mutation-drivers.tgz (the drivers' JSON); --clean-calls N adds about N clean
+# calls to it.
 #
 #   gpu_run.sh OUT_DIR [--skip-tests] [--skip-memcheck] [--skip-bench] [--skip-service]
 #                      [--bench-args "..."] [--kernel-filter GTEST_FILTER]

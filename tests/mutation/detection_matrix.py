@@ -41,6 +41,18 @@ def fmt_prefix(p):
     return f"{p // 1024}K" if p >= 1024 and p % 1024 == 0 else str(p)
 
 
+def larger(a, b):
+    """The larger of two figures from the drivers' JSON, where null is a NaN a driver saw (its
+    JSON writer has no NaN): a non-finite figure is larger than any finite one."""
+    if a is None or b is None:
+        return None
+    return max(a, b)
+
+
+def fmt_figure(x):
+    return "non-finite" if x is None else f"{x:.3g}"
+
+
 def merge_classes(into, more):
     """Adds a run's classes; a class another run also ran (same traffic, prefix, B, page, T) is one
     class with the calls of both, the later run's calls counted after the earlier's."""
@@ -60,7 +72,7 @@ def merge_classes(into, more):
         for k, v in c["criteria"].items():
             m["criteria"][k] = m["criteria"].get(k, 0) + v
         for k, v in c["max"].items():
-            m["max"][k] = max(m["max"].get(k, v), v)
+            m["max"][k] = larger(m["max"].get(k, v), v)
 
 
 def merge_drift(into, r):
@@ -75,7 +87,7 @@ def merge_drift(into, r):
             m["first_breach_sample"] = m["samples"] + d["first_breach_sample"]
         m["samples"] += d["samples"]
         m["breach_samples"] += d["breach_samples"]
-        m["max_ratio"] = max(m["max_ratio"], d["max_ratio"])
+        m["max_ratio"] = larger(m["max_ratio"], d["max_ratio"])
 
 
 def drift_cell(r, traffic):
@@ -84,7 +96,7 @@ def drift_cell(r, traffic):
         return "n/a"
     first = d["first_breach_sample"]
     return (f"{first} of {d['samples']}" if first else f"- ({d['samples']})") + \
-        f" x{d['max_ratio']:.2f}"
+        f" x{fmt_figure(d['max_ratio'])}"
 
 
 def probe_cell(r):
@@ -213,8 +225,8 @@ def main():
             mx = c["max"]
             md.append(f"| {label} | {c['traffic']} | {fmt_prefix(c['prefix'])} | "
                       f"{c.get('batch', 1)} | {c['page_size']} "
-                      f"| {c['draft']} | {c['calls']} | {mx.get('max_row_rel_l2', 0):.3g} | "
-                      f"{mx.get('atol_rel_needed', 0):.3g} |")
+                      f"| {c['draft']} | {c['calls']} | {fmt_figure(mx.get('max_row_rel_l2', 0))} | "
+                      f"{fmt_figure(mx.get('atol_rel_needed', 0))} |")
     else:
         md.append("None.")
     md += ["", "## Every class", "",

@@ -2,7 +2,8 @@
 # The CUDA mutation suite, on the GPU machine: runs the drivers build_cuda_mutants.sh built (the
 # clean kernel and one per planted bug in tests/mutation/cuda_patches/) on the CUDA engine over
 # the shape classes and traffic models, --jobs processes at a time sharing the GPU, and writes the
-# detection matrix (markdown + JSON). With --clean_calls N the clean driver also runs about N
+# detection matrix (markdown + JSON), keeping the drivers' JSON and logs beside it
+# (mutation-drivers.tgz). With --clean_calls N the clean driver also runs about N
 # more calls over every shape class (most at short prefixes, where calls are cheap), each fed to
 # the oracle drift test: the false-breach count of the per-call check and of drift.
 #
@@ -109,6 +110,8 @@ failed=0
 xargs -P "$jobs" -L 1 bash -c 'extra=($extra_s); run_job "$@"' _ <"$work/jobs" || failed=1
 echo "drivers ran in $(( $(date +%s) - start )) s"
 mkdir -p "$out"
+# The drivers' own JSON and logs, kept: the matrix can be rebuilt from them anywhere.
+tar czf "$out/mutation-drivers.tgz" -C "$work" json log
 check=(--check "$here/expected_cuda_survivors.txt")
 python3 "$here/detection_matrix.py" --mode full --out "$out" --patches "$here/cuda_patches" \
   --name "$(date -u +%F)-$commit-cuda-mutation" "${check[@]}" "$work"/json/*.json || failed=1
