@@ -55,7 +55,8 @@ cudaError_t QueryDevice(int dev, DeviceFacts* f) {
   f->wgmma = major == 9 && minor == 0;
   f->hopper_tiles_fit = static_cast<size_t>(optin) >= HopperTiles::kSmemBytes;
   if (f->hopper_tiles_fit) {
-    for (auto* k : {custom::FusedVerifyKernel<HopperTiles, true, true, true, true>,
+    for (auto* k : {custom::FusedVerifyKernel<HopperTiles, true, true, true, false, true>,
+                    custom::FusedVerifyKernel<HopperTiles, true, true, true, true>,
                     custom::FusedVerifyKernel<HopperTiles, true, true, true>,
                     custom::FusedVerifyKernel<HopperTiles, true, true>,
                     custom::FusedVerifyKernel<HopperTiles, true, false>,
@@ -113,14 +114,17 @@ ResolvedPlan Resolve(const VerifyProblem& p, const CustomConfig& c, CustomScoreM
   }
   r.plan = PlanCustom(p, small, sms, ctas, c.force_splits);
   r.plan.wgmma_scores = !small && f.wgmma && mma != CustomScoreMma::kMmaSync;
-  r.plan.wgmma_pv = r.plan.wgmma_scores && (mma == CustomScoreMma::kAuto ||
-                                            mma == CustomScoreMma::kWgmmaV3 ||
-                                            mma == CustomScoreMma::kWgmmaSeesaw ||
-                                            mma == CustomScoreMma::kWgmmaSeesawSplitK);
+  r.plan.wgmma_pv =
+      r.plan.wgmma_scores &&
+      (mma == CustomScoreMma::kAuto || mma == CustomScoreMma::kWgmmaV3 ||
+       mma == CustomScoreMma::kWgmmaSeesaw || mma == CustomScoreMma::kWgmmaSeesawSplitK ||
+       mma == CustomScoreMma::kWgmmaSeesaw2Chain);
   r.plan.seesaw = r.plan.wgmma_pv && (mma == CustomScoreMma::kWgmmaSeesaw ||
                                       mma == CustomScoreMma::kWgmmaSeesawSplitK ||
+                                      mma == CustomScoreMma::kWgmmaSeesaw2Chain ||
                                       (mma == CustomScoreMma::kAuto && ShipsSeesaw(r.plan)));
   r.plan.split_k_scores = r.plan.seesaw && mma == CustomScoreMma::kWgmmaSeesawSplitK;
+  r.plan.two_chain_scores = r.plan.seesaw && mma == CustomScoreMma::kWgmmaSeesaw2Chain;
   return r;
 }
 
@@ -130,7 +134,8 @@ int Log2(int v) {
   return s;
 }
 
-template <class Cfg, bool kWgmmaS, bool kWgmmaPV, bool kSeesaw = false, bool kSplitK = false>
+template <class Cfg, bool kWgmmaS, bool kWgmmaPV, bool kSeesaw = false, bool kSplitK = false,
+          bool kTwoChainS = false>
 cudaError_t LaunchPlanned(const VerifyProblem& p, const CustomPlan& plan, void* workspace,
                           cudaStream_t stream) {
   KernelParams k{};
@@ -158,7 +163,7 @@ cudaError_t LaunchPlanned(const VerifyProblem& p, const CustomPlan& plan, void* 
         reinterpret_cast<float*>(static_cast<char*>(workspace) + plan.partial_lse_offset);
   }
   const dim3 grid(plan.row_blocks, plan.splits, p.shape.batch);
-  custom::FusedVerifyKernel<Cfg, kWgmmaS, kWgmmaPV, kSeesaw, kSplitK>
+  custom::FusedVerifyKernel<Cfg, kWgmmaS, kWgmmaPV, kSeesaw, kSplitK, kTwoChainS>
       <<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(k);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || plan.splits == 1) return e;
@@ -227,6 +232,9 @@ cudaError_t LaunchCustomWith(const VerifyProblem& p, const CustomConfig& c, Cust
   }
   if (r.plan.split_k_scores) {
     return LaunchPlanned<HopperTiles, true, true, true, true>(p, r.plan, workspace, stream);
+  }
+  if (r.plan.two_chain_scores) {
+    return LaunchPlanned<HopperTiles, true, true, true, false, true>(p, r.plan, workspace, stream);
   }
   if (r.plan.seesaw) {
     return LaunchPlanned<HopperTiles, true, true, true>(p, r.plan, workspace, stream);

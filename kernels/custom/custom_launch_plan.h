@@ -15,6 +15,7 @@ namespace verifyd::kernels {
 // for both, both warpgroups' softmax in step (v3). kWgmmaSeesaw: wgmma for both, the
 // warpgroups' softmax and P·V in turn, combine as a programmatic dependent launch (v4).
 // kWgmmaSeesawSplitK: v4 with Q·Kᵀ as m64n64 per warpgroup over half of the 576 dims.
+// kWgmmaSeesaw2Chain: v4 with Q·Kᵀ's k steps in two accumulator chains (even, odd) per warpgroup.
 // kWgmmaScores: wgmma for Q·Kᵀ only. kMmaSync: mma.sync everywhere. The narrower choices stay
 // to compare against and to fall back on.
 enum class CustomScoreMma {
@@ -23,7 +24,8 @@ enum class CustomScoreMma {
   kMmaSync,
   kWgmmaV3,
   kWgmmaSeesaw,
-  kWgmmaSeesawSplitK
+  kWgmmaSeesawSplitK,
+  kWgmmaSeesaw2Chain
 };
 
 cudaError_t ResolveCustomPlan(const VerifyProblem& p, const CustomConfig& c, CustomPlan* plan,

@@ -57,6 +57,45 @@ inline constexpr int kBarHalf1 = 6;     // warpgroup 1's row max in red[64, 128)
 inline constexpr int kBarPHalf0 = 7;    // warpgroup 0's P (at warpgroup 1's max) is in P
 inline constexpr int kBarSplitK = 8;  // split-K score halves exchanged (same instruction)
 
+// S = Q Kᵀ of all 64 rows x 32 keys (K tile rows at kv_keys) over the 576 dims, as wgmma
+// m64n32k16 (36 k steps) in one warpgroup; s as mma.sync's C fragments. With kChains = 2 the k
+// steps alternate between two accumulators (even, odd), summed at the end: two independent
+// dependency chains of 18 instead of one of 36, the same instructions and operand reads.
+template <class Cfg, int kChains>
+__device__ __forceinline__ void ScoresWgmma(float (&s)[Cfg::kNTilesS][4], uint32_t q_s,
+                                            uint32_t kv_keys) {
+  static_assert(kChains == 1 || kChains == 2, "one or two accumulator chains");
+  static_assert(Cfg::kKSteps % kChains == 0, "the chains share the k steps evenly");
+  float acc[kChains][16];
+#pragma unroll
+  for (int c = 0; c < kChains; ++c)
+#pragma unroll
+    for (int i = 0; i < 16; ++i) acc[c][i] = 0.f;
+  const uint64_t desc_a = SmemDescSw128(q_s);
+  const uint64_t desc_b = SmemDescSw128(kv_keys);
+#pragma unroll
+  for (int c = 0; c < kChains; ++c) FenceOperands(acc[c]);
+  WgmmaFence();
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kKSteps; ++kk) {
+    // Descriptor addresses count 16-byte units.
+    const uint64_t a_off = ((kk >> 2) * Cfg::kQBlockBytes + (kk & 3) * 32) >> 4;
+    const uint64_t b_off = ((kk >> 2) * Cfg::kKvBlockBytes + (kk & 3) * 32) >> 4;
+    WgmmaM64N32K16(acc[kk % kChains], desc_a + a_off, desc_b + b_off);
+  }
+  WgmmaCommit();
+  WgmmaWait<0>();
+#pragma unroll
+  for (int c = 0; c < kChains; ++c) FenceOperands(acc[c]);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    float v = acc[0][i];
+#pragma unroll
+    for (int c = 1; c < kChains; ++c) v += acc[c][i];
+    s[i / 4][i % 4] = v;
+  }
+}
+
 // P (fp32, log2-domain exponent minus the row max) of this thread's 2 rows x 32 keys, as the A
 // fragments of two K = 16 steps of a register-A wgmma.
 __device__ __forceinline__ void PackPFragments(const float (&pv)[4][4], uint32_t (&a)[2][4]) {
@@ -221,15 +260,19 @@ __device__ __forceinline__ void SeesawTile(float (&s)[4][4], const float (&mx)[2
 //   kSeesaw:  with kWgmmaPV, the two warpgroups' softmax and P·V of a tile in turn
 //             (SeesawTile), and the split combine may launch early (programmatic dependent
 //             launch). kSplitK: with kSeesaw, Q·Kᵀ as m64n64k16 per warpgroup over half of the
-//             576 dims, the partial scores exchanged through shared memory.
+//             576 dims, the partial scores exchanged through shared memory. kTwoChainS: with
+//             kSeesaw, the wgmma Q·Kᵀ in two accumulator chains (ScoresWgmma<Cfg, 2>).
 // Anywhere else (sm_120, or the sm_120 tiles) all of them run as mma.sync.
-template <class Cfg, bool kWgmmaS, bool kWgmmaPV, bool kSeesaw = false, bool kSplitK = false>
+template <class Cfg, bool kWgmmaS, bool kWgmmaPV, bool kSeesaw = false, bool kSplitK = false,
+          bool kTwoChainS = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const KernelParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int kRows = Cfg::kRows, kTokens = Cfg::kTokens, kStages = Cfg::kStages;
   static_assert(kWgmmaS || !kWgmmaPV, "wgmma P·V comes with wgmma Q·Kᵀ");
   static_assert(kWgmmaPV || !kSeesaw, "the seesaw schedule is a wgmma P·V schedule");
   static_assert(kSeesaw || !kSplitK, "split-K scores come with the seesaw schedule");
+  static_assert(kSeesaw || !kTwoChainS, "two-chain scores come with the seesaw schedule");
+  static_assert(!(kSplitK && kTwoChainS), "split-K and two-chain scores are separate variants");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr bool kUseWgmma = kWgmmaS;
   constexpr bool kUseWgmmaPV = kWgmmaPV;
@@ -426,26 +469,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const Kern
 #endif
     } else if (use_wgmma) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-      // Warpgroup s_half: all kRows (= 64) rows x keys [s_key, s_key + 32).
-      float acc[16];
-#pragma unroll
-      for (int i = 0; i < 16; ++i) acc[i] = 0.f;
-      const uint64_t desc_a = SmemDescSw128(q_s);
-      const uint64_t desc_b = SmemDescSw128(kv_tile + s_key * 128);
-      FenceOperands(acc);
-      WgmmaFence();
-#pragma unroll
-      for (int kk = 0; kk < Cfg::kKSteps; ++kk) {
-        // Descriptor addresses count 16-byte units.
-        const uint64_t a_off = ((kk >> 2) * Cfg::kQBlockBytes + (kk & 3) * 32) >> 4;
-        const uint64_t b_off = ((kk >> 2) * Cfg::kKvBlockBytes + (kk & 3) * 32) >> 4;
-        WgmmaM64N32K16(acc, desc_a + a_off, desc_b + b_off);
-      }
-      WgmmaCommit();
-      WgmmaWait<0>();
-      FenceOperands(acc);
-#pragma unroll
-      for (int i = 0; i < 16; ++i) s[i / 4][i % 4] = acc[i];
+      ScoresWgmma<Cfg, kTwoChainS ? 2 : 1>(s, q_s, kv_tile + s_key * 128);
 #endif
     } else if (s_row < m_valid) {
       const uint32_t b_base = kv_tile + b_row * 128;

@@ -144,11 +144,12 @@ std::vector<KernelCase> GridCases() {
 
 // hopper, hopper_split5: the Hopper tiles as shipped (wgmma Q·Kᵀ and P·V on an sm_90 device);
 // hopper_v4, hopper_v4_split5: the seesaw schedule; hopper_v4k: with split-K Q·Kᵀ;
+// hopper_v4c: with Q·Kᵀ in two accumulator chains;
 // hopper_v3: the v3 schedule by name;
 // hopper_qkwgmma: wgmma Q·Kᵀ, mma.sync P·V; hopper_mma: mma.sync for both; sm120*: the small
 // tiles that fit sm_120, forced on whatever GPU runs the test.
 std::vector<KernelConfig> Configs() {
-  std::vector<KernelConfig> v(10);
+  std::vector<KernelConfig> v(11);
   v[0].name = "hopper";
   v[1].name = "hopper_split5";
   v[1].config.force_splits = 5;
@@ -170,6 +171,8 @@ std::vector<KernelConfig> Configs() {
   v[8].mma = kernels::CustomScoreMma::kWgmmaV3;
   v[9].name = "hopper_v4k";
   v[9].mma = kernels::CustomScoreMma::kWgmmaSeesawSplitK;
+  v[10].name = "hopper_v4c";
+  v[10].mma = kernels::CustomScoreMma::kWgmmaSeesaw2Chain;
   return v;
 }
 

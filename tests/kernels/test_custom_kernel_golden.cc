@@ -56,18 +56,19 @@ TEST_P(CustomKernelGolden, MatchesTheStoredOracle) {
   testing::DeviceBundle dev;
   ASSERT_EQ(dev.Upload(v), cudaSuccess);
   // The shipped choice in both tile configurations, and the v3 and v4 schedules of the Hopper
-  // tiles (v4k: with split-K Q·Kᵀ) by name.
+  // tiles (v4k: with split-K Q·Kᵀ; v4c: with Q·Kᵀ in two accumulator chains) by name.
   struct Variant {
     const char* name;
     bool small;
     kernels::CustomScoreMma mma;
   };
-  for (const Variant& var : {Variant{"hopper", false, kernels::CustomScoreMma::kAuto},
-                             Variant{"hopper_v3", false, kernels::CustomScoreMma::kWgmmaV3},
-                             Variant{"hopper_v4", false, kernels::CustomScoreMma::kWgmmaSeesaw},
-                             Variant{"hopper_v4k", false,
-                                     kernels::CustomScoreMma::kWgmmaSeesawSplitK},
-                             Variant{"sm120", true, kernels::CustomScoreMma::kAuto}}) {
+  for (const Variant& var :
+       {Variant{"hopper", false, kernels::CustomScoreMma::kAuto},
+        Variant{"hopper_v3", false, kernels::CustomScoreMma::kWgmmaV3},
+        Variant{"hopper_v4", false, kernels::CustomScoreMma::kWgmmaSeesaw},
+        Variant{"hopper_v4k", false, kernels::CustomScoreMma::kWgmmaSeesawSplitK},
+        Variant{"hopper_v4c", false, kernels::CustomScoreMma::kWgmmaSeesaw2Chain},
+        Variant{"sm120", true, kernels::CustomScoreMma::kAuto}}) {
     const bool small = var.small;
     SCOPED_TRACE(var.name);
     kernels::CustomConfig c;
