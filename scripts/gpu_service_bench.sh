@@ -19,9 +19,9 @@ results=$OUT/service.jsonl
 METRICS_PORT=${METRICS_PORT:-9477}
 : > "$results"
 
-start_daemon() {
+start_daemon() {  # [ENGINE]
   rm -rf "$dir/state"
-  "$bin/verifyd" --engine=cuda --listen="unix:$dir/data.sock" --admin_listen="unix:$dir/admin.sock" \
+  "$bin/verifyd" --engine="${1:-cuda}" --listen="unix:$dir/data.sock" --admin_listen="unix:$dir/admin.sock" \
     --metrics_address=127.0.0.1:$METRICS_PORT --state_dir="$dir/state" --capture_dir=off \
     --shadow_threads=2 --shadow_queue=256 --log_level=warn >> "$OUT/service_daemon.log" 2>&1 &
   pid=$!
@@ -29,6 +29,21 @@ start_daemon() {
   echo "verifyd did not start"; cat "$OUT/service_daemon.log"; return 1
 }
 ctl() { "$bin/verifyctl" --target="unix:$dir/data.sock" --admin="unix:$dir/admin.sock" "$@"; }
+record() {  # MODE REP TRANSPORT: appends $dir/one.json, labelled, to the results
+  python3 -c "import json,sys; j=json.load(open(sys.argv[1])); j['mode']=sys.argv[2]; j['rep']=int(sys.argv[3]); j['transport']=sys.argv[4]; print(json.dumps(j))" \
+    "$dir/one.json" "$1" "$2" "$3" >> "$results"
+}
+# The per-call floor: the smallest call (1,1,1,16: a few KB of refs and indices, next to no
+# attention) through a shm region, unary and on a stream, in reference mode: what gRPC and the
+# daemon cost per call on this host when there is nothing to move. ENGINE labels the rows.
+floor_rows() {  # ENGINE
+  for how in "" --stream; do
+    ctl send --transport shm $how --shape 1,1,1,16 --page_size 16 --count 100 > /dev/null
+    ctl send --transport shm $how --shape 1,1,1,16 --page_size 16 --count "$((COUNT * 10))" \
+      --json > "$dir/one.json" || echo "send failed: floor $1 $how: $(tail -c 300 "$dir/one.json")"
+    record reference 1 "floor: $1, shm${how:++stream}"
+  done
+}
 
 start_daemon || exit 1
 # Reference and shadow alternate, twice per configuration, so that drift hits both alike.
@@ -45,8 +60,7 @@ for transport in ${TRANSPORTS:-inline shm cuda_ipc cuda_ipc+stream}; do
           ctl send "${how[@]}" --shape "$shape" --page_size 64 --count "$COUNT" \
             --concurrency "$conc" --json > "$dir/one.json" ||
             echo "send failed: $transport $mode $shape $conc: $(tail -c 300 "$dir/one.json")"
-          python3 -c "import json,sys; j=json.load(open(sys.argv[1])); j['mode']=sys.argv[2]; j['rep']=int(sys.argv[3]); j['transport']=sys.argv[4]; print(json.dumps(j))" \
-            "$dir/one.json" "$mode" "$rep" "$transport" >> "$results"
+          record "$mode" "$rep" "$transport"
         done
       done
     done
@@ -100,8 +114,15 @@ for shape in ${FINITE_CHECK_SHAPES-${shapes[@]}}; do
   ctl send --shape "$shape" --page_size 64 --count "$COUNT" --concurrency 1 > /dev/null
   scrape_check "$shape" after
 done
+ctl flip reference --reason "service bench: floor" > /dev/null || echo "flip reference failed"
+floor_rows cuda
 ctl status > "$OUT/service_status.txt"
 kill "$pid"; wait "$pid" 2>/dev/null
+# The same floor on the CPU engine: the GPU's share of the CUDA engine's floor.
+if start_daemon cpu; then
+  floor_rows cpu
+  kill "$pid"; wait "$pid" 2>/dev/null
+fi
 
 python3 - "$results" "$OUT" "$commit" <<'PY'
 import json, sys, datetime, subprocess
@@ -123,7 +144,7 @@ for (transport, mode, shape, conc), rs in groups.items():
     row["server_stage_seconds_p50"] = {k: mean([r["server_stage_seconds_p50"][k] for r in rs])
                                        for k in rs[0]["server_stage_seconds_p50"]}
     rows.append(row)
-order = {"inline": 0, "shm": 1, "cuda_ipc": 2, "cuda_ipc+stream": 3}
+order = {"inline": 0, "shm": 1, "cuda_ipc": 2, "cuda_ipc+stream": 3}  # then the floor rows
 rows.sort(key=lambda r: (order.get(r["transport"], 9), r["shape"], r["concurrency"], r["mode"] != "reference"))
 try:
     memcpy = json.load(open(f"{sys.argv[2]}/memcpy.json"))
@@ -147,7 +168,9 @@ lines = [f"# verifyd service benchmark on {device}", "",
          "Where the time goes: client encode (the inline message serialized once, timed by verifyctl), "
          "parse (the server parsing the message), decode (checks), prepare (inputs onto the GPU), "
          "served path, fetch/deliver (the output back), and the rest of p50: gRPC's framing, the "
-         "socket and the client's receive.", "",
+         "socket and the client's receive. The floor rows: the smallest call (1,1,1,16, page 16) "
+         "through a shm region in reference mode on the CUDA and on the CPU engine, 10x the "
+         "calls: gRPC's and the daemon's own cost per call on this host.", "",
          "| transport | mode | shape B,T,H,prefix | conc | MB/call | calls/s | p50 ms | p99 ms | served path ms | overhead ms | shadow adds to p50 | client encode ms | parse ms | decode ms | prepare ms | fetch/deliver ms | gRPC + socket ms | end-to-end GB/s | vs memcpy |",
          "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 for r in rows:
@@ -162,7 +185,7 @@ for r in rows:
     mc = memcpy.get(r["shape"])
     gbps = r["bundle_bytes"] / lat["p50"] / 1e9
     vs = ""
-    if mc:
+    if mc and not r["transport"].startswith("floor"):
         vs = (f"{100 * gbps / mc['gb_per_s']:.0f}% of bw" if r["transport"] == "inline"
               else f"{overhead / mc['seconds']:.2f}x memcpy time")
     encode = r.get("client_encode_seconds", 0.0) if r["transport"] == "inline" else 0.0
