@@ -182,7 +182,9 @@ if [[ $run_bench == 1 ]]; then
 fi
 if [[ $run_service == 1 ]]; then
   start=$(date +%s)
-  timeout "${VERIFYD_SERVICE_TIMEOUT:-240}" "$PACK/gpu_service_bench.sh" "$PACK" "$OUT" \
+  # Four transports x 2 shapes x 2 concurrencies x 4 runs, the finite check and the floor rows:
+  # about 330 s on the H200 at the default 200 calls per row.
+  timeout "${VERIFYD_SERVICE_TIMEOUT:-420}" "$PACK/gpu_service_bench.sh" "$PACK" "$OUT" \
     "${VERIFYD_SERVICE_COUNT:-200}" > "$OUT/service.log" 2>&1
   rc=$?
   [[ $rc == 0 ]] || status=1
