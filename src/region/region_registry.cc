@@ -139,14 +139,15 @@ absl::StatusOr<RegionSummary> RegionRegistry::Add(std::shared_ptr<Entry> e) {
 absl::StatusOr<RegionSummary> RegionRegistry::RegisterShm(const std::string& name,
                                                           const std::string& key,
                                                           uint64_t offset, uint64_t byte_size,
-                                                          const std::string& client) {
+                                                          const std::string& client,
+                                                          std::optional<uint32_t> caller_uid) {
   if (absl::Status st = CheckNewName(name, byte_size); !st.ok()) return st;
   if (offset % kRegionAlign != 0) {
     return absl::InvalidArgumentError(absl::StrCat("offset: ", offset, " is not a multiple of ",
                                                    kRegionAlign, " (regions start ", kRegionAlign,
                                                    "-byte aligned)"));
   }
-  absl::StatusOr<std::unique_ptr<MappedRegion>> m = MapShm(key, offset, byte_size);
+  absl::StatusOr<std::unique_ptr<MappedRegion>> m = MapShm(key, offset, byte_size, caller_uid);
   if (!m.ok()) return m.status();
   if (host_pinner_) {
     absl::StatusOr<std::function<void()>> unpin = host_pinner_((*m)->base(), byte_size);

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -83,9 +84,12 @@ class RegionRegistry {
   void SetObserver(Observer o);
   const RegionLimits& limits() const { return limits_; }
 
+  // `caller_uid`: the registering client's kernel-verified uid, which must own the object
+  // (MapShm); nullopt where verifyd cannot know it (TCP with --allow_region_tcp).
   absl::StatusOr<RegionSummary> RegisterShm(const std::string& name, const std::string& key,
                                             uint64_t offset, uint64_t byte_size,
-                                            const std::string& client);
+                                            const std::string& client,
+                                            std::optional<uint32_t> caller_uid);
   absl::StatusOr<RegionSummary> RegisterCuda(const std::string& name, const std::string& handle,
                                              int device, uint64_t byte_size,
                                              const std::string& client);

@@ -44,7 +44,8 @@ std::string Errno() { return std::strerror(errno); }
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MappedRegion>> MapShm(const std::string& key, uint64_t offset,
-                                                     uint64_t byte_size) {
+                                                     uint64_t byte_size,
+                                                     std::optional<uint32_t> caller_uid) {
   if (key.size() < 2 || key[0] != '/' || key.find('/', 1) != std::string::npos ||
       key.size() > 255) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -67,6 +68,12 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> MapShm(const std::string& key, uin
     const std::string why = Errno();
     close(fd);
     return absl::InternalError(absl::StrCat("key: fstat of '", key, "': ", why));
+  }
+  if (caller_uid && *caller_uid != 0 && st.st_uid != *caller_uid) {
+    close(fd);
+    return absl::PermissionDeniedError(absl::StrCat(
+        "key: shared-memory object '", key, "' belongs to uid ", st.st_uid,
+        ", not to the caller (uid ", *caller_uid, "): verifyd maps only the caller's own objects"));
   }
   const uint64_t object_bytes = static_cast<uint64_t>(st.st_size);
   if (offset > object_bytes || byte_size > object_bytes - offset) {

@@ -222,6 +222,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
     std::vector<int> ports(opts.listen.size(), 0);
     ConfigureServer(b, "verifyd-data", opts.grpc_max_threads, opts.grpc_max_concurrent_streams);
     for (size_t i = 0; i < opts.listen.size(); ++i) {
+      if (IsUnixAddress(opts.listen[i])) continue;  // accepted below
       b.AddListeningPort(opts.listen[i], ListenerCredentials(opts.listen[i], opts.tls),
                          &ports[i]);
     }
@@ -236,6 +237,16 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
             absl::StrCat("listen: ", StartFailure(opts.listen, opts.tls)));
       }
       d->listen_addresses_.push_back(Bound(opts.listen[i], ports[i]));
+    }
+    // Unix sockets are accepted here so that each call's peer uid comes from the kernel
+    // (SO_PEERCRED): a shm region is registered only by its object's owner. The socket keeps
+    // the mode the umask gives it (the systemd unit's UMask makes it 0770 for the group).
+    for (const std::string& a : opts.listen) {
+      if (!IsUnixAddress(a)) continue;
+      auto acceptor = UnixSocketAcceptor::Start("listen", a.substr(5), d->data_server_.get(),
+                                                std::nullopt);
+      if (!acceptor.ok()) return acceptor.status();
+      d->data_acceptors_.push_back(std::move(*acceptor));
     }
     d->data_server_->GetHealthCheckService()->SetServingStatus(kServiceName, true);
     d->data_server_->GetHealthCheckService()->SetServingStatus("", true);
@@ -272,8 +283,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
     }
     if (IsUnixAddress(opts.admin_listen)) {
       // Accepted here so that each call's peer uid comes from the kernel (SO_PEERCRED).
-      auto acceptor = UnixSocketAcceptor::Start(opts.admin_listen.substr(5),
-                                                d->admin_server_.get());
+      auto acceptor = UnixSocketAcceptor::Start("admin_listen", opts.admin_listen.substr(5),
+                                                d->admin_server_.get(), 0600);
       if (!acceptor.ok()) return acceptor.status();
       d->admin_acceptor_ = std::move(*acceptor);
     }
@@ -336,7 +347,8 @@ void Daemon::Shutdown() {
 
 Daemon::~Daemon() {
   const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(5);
-  admin_acceptor_.reset();  // hands no more connections to the admin server
+  data_acceptors_.clear();  // hand no more connections to the servers
+  admin_acceptor_.reset();
   if (data_server_) data_server_->Shutdown(deadline);
   if (admin_server_) admin_server_->Shutdown(deadline);
   shadow_.reset();  // finishes queued comparisons while the engine still exists

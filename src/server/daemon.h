@@ -112,6 +112,7 @@ class Daemon {
   std::unique_ptr<VerifyServiceImpl> verify_service_;
   std::unique_ptr<AdminServiceImpl> admin_service_;
   std::unique_ptr<grpc::Server> data_server_, admin_server_;
+  std::vector<std::unique_ptr<UnixSocketAcceptor>> data_acceptors_;  // the unix: listeners
   std::unique_ptr<UnixSocketAcceptor> admin_acceptor_;  // a unix: admin_listen
   std::unique_ptr<ProbeScheduler> probes_;  // last member: stopped first
   std::vector<std::string> listen_addresses_;

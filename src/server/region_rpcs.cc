@@ -2,6 +2,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "src/server/unix_socket_acceptor.h"
 
 namespace verifyd {
 namespace {
@@ -45,8 +46,10 @@ absl::Status RegionRpcs::RegisterShm(const grpc::ServerContext& ctx,
                                      const v1::RegisterShmRegionRequest& req,
                                      v1::RegisterRegionResponse* resp) {
   if (absl::Status st = CheckTransport(ctx, "RegisterShmRegion"); !st.ok()) return st;
-  absl::StatusOr<RegionSummary> s =
-      regions_->RegisterShm(req.name(), req.key(), req.offset(), req.byte_size(), req.client());
+  // On a Unix socket the kernel says who is asking, and only that uid's objects are mapped;
+  // over TCP (--allow_region_tcp) nobody is known and the operator has vouched for the callers.
+  absl::StatusOr<RegionSummary> s = regions_->RegisterShm(
+      req.name(), req.key(), req.offset(), req.byte_size(), req.client(), UnixPeerUid(ctx.peer()));
   if (!s.ok()) return s.status();
   ToProto(*s, resp->mutable_region());
   return absl::OkStatus();

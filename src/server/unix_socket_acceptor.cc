@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_posix.h"
@@ -29,32 +30,35 @@ absl::Status Errno(const std::string& what) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<UnixSocketAcceptor>> UnixSocketAcceptor::Start(
-    const std::string& path, grpc::Server* server) {
+    const std::string& flag, const std::string& path, grpc::Server* server,
+    std::optional<unsigned> mode) {
   std::unique_ptr<UnixSocketAcceptor> a(new UnixSocketAcceptor);
+  a->flag_ = flag;
   a->path_ = path;
   a->server_ = server;
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.empty() || path.size() >= sizeof addr.sun_path) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "admin_listen: unix socket path '", path, "' must have 1 to ",
+        flag, ": unix socket path '", path, "' must have 1 to ",
         sizeof addr.sun_path - 1, " characters"));
   }
   std::memcpy(addr.sun_path, path.data(), path.size());
   a->listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (a->listen_fd_ < 0) return Errno("admin_listen: socket");
+  if (a->listen_fd_ < 0) return Errno(absl::StrCat(flag, ": socket"));
   if (::bind(a->listen_fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
-    return Errno(absl::StrCat("admin_listen: could not bind unix:", path));
+    return Errno(absl::StrCat(flag, ": could not bind unix:", path));
   }
-  // Owner only, before any client can connect.
+  // The mode is set before any client can connect.
+  if (mode && ::chmod(path.c_str(), *mode) != 0) {
+    return Errno(absl::StrFormat("%s: chmod %04o %s", flag, *mode, path));
+  }
   struct stat st{};
-  if (::chmod(path.c_str(), 0600) != 0 || ::stat(path.c_str(), &st) != 0) {
-    return Errno(absl::StrCat("admin_listen: chmod 0600 ", path));
-  }
+  if (::stat(path.c_str(), &st) != 0) return Errno(absl::StrCat(flag, ": stat ", path));
   a->inode_ = st.st_ino;
-  if (::listen(a->listen_fd_, 64) != 0) return Errno(absl::StrCat("admin_listen: listen ", path));
+  if (::listen(a->listen_fd_, 64) != 0) return Errno(absl::StrCat(flag, ": listen ", path));
   a->wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
-  if (a->wake_fd_ < 0) return Errno("admin_listen: eventfd");
+  if (a->wake_fd_ < 0) return Errno(absl::StrCat(flag, ": eventfd"));
   a->thread_ = std::thread([p = a.get()] { p->Loop(); });
   return a;
 }
@@ -64,7 +68,7 @@ void UnixSocketAcceptor::Loop() {
     pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     if (::poll(fds, 2, -1) < 0) {
       if (errno == EINTR) continue;
-      spdlog::error("admin_listen: poll: {}", std::strerror(errno));
+      spdlog::error("{}: poll: {}", flag_, std::strerror(errno));
       return;
     }
     if (fds[1].revents != 0) return;
@@ -72,7 +76,7 @@ void UnixSocketAcceptor::Loop() {
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
-        spdlog::warn("admin_listen: accept: {}", std::strerror(errno));
+        spdlog::warn("{}: accept: {}", flag_, std::strerror(errno));
       }
       continue;
     }
@@ -84,7 +88,7 @@ UnixSocketAcceptor::~UnixSocketAcceptor() {
   if (thread_.joinable()) {
     const uint64_t one = 1;
     if (::write(wake_fd_, &one, sizeof one) != sizeof one) {
-      spdlog::error("admin_listen: cannot stop the acceptor: {}", std::strerror(errno));
+      spdlog::error("{}: cannot stop the acceptor: {}", flag_, std::strerror(errno));
     }
     thread_.join();
   }
@@ -96,7 +100,7 @@ UnixSocketAcceptor::~UnixSocketAcceptor() {
   }
 }
 
-std::optional<std::string> UnixPeerIdentity(const std::string& peer_string) {
+std::optional<uint32_t> UnixPeerUid(const std::string& peer_string) {
   // The call arrived on this connection, so the descriptor is still open and is the one gRPC
   // named: gRPC closes it only after the connection's calls are gone.
   absl::string_view peer = peer_string;
@@ -112,14 +116,20 @@ std::optional<std::string> UnixPeerIdentity(const std::string& peer_string) {
   ucred cred{};
   len = sizeof cred;
   if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return std::nullopt;
+  return cred.uid;
+}
+
+std::optional<std::string> UnixPeerIdentity(const std::string& peer) {
+  const std::optional<uint32_t> uid = UnixPeerUid(peer);
+  if (!uid) return std::nullopt;
   std::string name;
   passwd pw{};
   passwd* found = nullptr;
   char buf[1024];
-  if (::getpwuid_r(cred.uid, &pw, buf, sizeof buf, &found) == 0 && found != nullptr) {
+  if (::getpwuid_r(*uid, &pw, buf, sizeof buf, &found) == 0 && found != nullptr) {
     name = found->pw_name;
   }
-  return name.empty() ? absl::StrCat("uid:", cred.uid) : absl::StrCat("uid:", cred.uid, "(", name, ")");
+  return name.empty() ? absl::StrCat("uid:", *uid) : absl::StrCat("uid:", *uid, "(", name, ")");
 }
 
 }  // namespace verifyd

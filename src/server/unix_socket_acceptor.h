@@ -5,6 +5,7 @@
 // itself and hands each one to a gRPC server (grpc::AddInsecureChannelFromFd). Such a call's
 // ServerContext::peer() is "fd:N"; UnixPeerIdentity() reads SO_PEERCRED from that socket.
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -20,10 +21,12 @@ namespace verifyd {
 
 class UnixSocketAcceptor {
  public:
-  // Binds PATH with mode 0600 (set before it listens) and hands every connection to `server`,
-  // which must outlive the acceptor. The caller removes a stale socket first.
-  static absl::StatusOr<std::unique_ptr<UnixSocketAcceptor>> Start(const std::string& path,
-                                                                   grpc::Server* server);
+  // Binds PATH and hands every connection to `server`, which must outlive the acceptor. With
+  // `mode` (e.g. 0600) the socket gets that mode before it listens; without, it keeps what the
+  // umask gave it. `flag` names the listener in errors. The caller removes a stale socket first.
+  static absl::StatusOr<std::unique_ptr<UnixSocketAcceptor>> Start(
+      const std::string& flag, const std::string& path, grpc::Server* server,
+      std::optional<unsigned> mode);
   // Stops accepting and removes the socket file (when it is still the one bound here).
   ~UnixSocketAcceptor();
 
@@ -34,6 +37,7 @@ class UnixSocketAcceptor {
   UnixSocketAcceptor() = default;
   void Loop();
 
+  std::string flag_;
   std::string path_;
   grpc::Server* server_ = nullptr;
   int listen_fd_ = -1;
@@ -42,8 +46,11 @@ class UnixSocketAcceptor {
   std::thread thread_;
 };
 
-// "uid:1000(alice)" for a call whose peer is "fd:N" on a Unix socket (a connection the acceptor
-// handed over); nullopt for any other peer.
+// The kernel-verified uid of a call whose peer is "fd:N" on a Unix socket (a connection the
+// acceptor handed over); nullopt for any other peer.
+std::optional<uint32_t> UnixPeerUid(const std::string& peer);
+
+// "uid:1000(alice)" for such a call; nullopt for any other peer.
 std::optional<std::string> UnixPeerIdentity(const std::string& peer);
 
 }  // namespace verifyd

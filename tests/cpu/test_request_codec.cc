@@ -48,7 +48,7 @@ using verifyd::testing::ShmObject;
 TEST(RequestCodec, ShmIndicesAreCheckedCopiesAndValuesAreReadInPlace) {
   ShmObject shm("codec", 1 << 20);
   RegionRegistry regions(RegionLimits{}, nullptr);
-  ASSERT_TRUE(regions.RegisterShm("r", shm.key(), 0, shm.size(), "test").ok());
+  ASSERT_TRUE(regions.RegisterShm("r", shm.key(), 0, shm.size(), "test", std::nullopt).ok());
   RandomBundle b(GoodSpec());
   const ShmLayout l = ShmLayout::Of(b.view());
   ASSERT_LE(l.end, shm.size());

@@ -52,7 +52,7 @@ const RegionRegistry& FuzzRegions() {
     const std::string key = absl::StrCat("/verifyd-fuzz-", getpid());
     const int fd = shm_open(key.c_str(), O_CREAT | O_RDWR, 0600);
     if (fd >= 0 && ftruncate(fd, 1 << 20) == 0) {
-      r->RegisterShm("r", key, 0, 1 << 20, "fuzz").IgnoreError();
+      r->RegisterShm("r", key, 0, 1 << 20, "fuzz", std::nullopt).IgnoreError();
     }
     if (fd >= 0) close(fd);
     shm_unlink(key.c_str());  // the mapping keeps it

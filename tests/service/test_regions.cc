@@ -4,12 +4,17 @@
 // naming the field and the daemon keeps serving; an unregister waits for the calls that use the
 // region; regions are refused over TCP; limits, listing, metrics and status.
 
+#include <sys/stat.h>
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <future>
 #include <thread>
 
+#include "src/region/shm_mapping.h"
 #include "tests/service/daemon_fixture.h"
 #include "tests/service/shm_region_fixture.h"
 
@@ -463,6 +468,82 @@ TEST_F(RegionTest, ServedOverTcpWithTheFlag) {
   v1::VerifyResponse resp;
   grpc::Status st = Verify(req, &resp);
   EXPECT_TRUE(st.ok()) << st.error_message();
+}
+
+// A client names shm objects by key, and verifyd maps them read-write: only an object the
+// caller owns (any, for root) is mapped, so that no client can have verifyd read or write
+// another user's memory. Independent of who runs the test.
+TEST(ShmMapping, MapsOnlyTheCallersOwnObjects) {
+  ShmObject shm("owner", 1 << 20);
+  const uint32_t me = ::getuid();
+  const uint32_t other = me == 0 ? 65534 : me + 1;
+  absl::StatusOr<std::unique_ptr<MappedRegion>> m = MapShm(shm.key(), 0, shm.size(), other);
+  ASSERT_EQ(m.status().code(), absl::StatusCode::kPermissionDenied) << m.status();
+  const std::string msg(m.status().message());
+  EXPECT_EQ(msg.rfind("key:", 0), 0u) << msg;
+  EXPECT_NE(msg.find("belongs to uid " + std::to_string(me)), std::string::npos) << msg;
+  EXPECT_NE(msg.find("(uid " + std::to_string(other) + ")"), std::string::npos) << msg;
+  EXPECT_TRUE(MapShm(shm.key(), 0, shm.size(), me).ok());
+  EXPECT_TRUE(MapShm(shm.key(), 0, shm.size(), 0u).ok());          // root
+  EXPECT_TRUE(MapShm(shm.key(), 0, shm.size(), std::nullopt).ok());  // TCP: nobody known
+}
+
+// The same end to end: a client running as another user (nobody) connects to the data socket,
+// and the uid the kernel reports for its connection decides. Its registration of an object of
+// root's is refused naming the key; one of its own is mapped. Needs root to start the client as
+// nobody (setpriv); the client is RegionChild.RegistersAsTheUserItRunsAs in this binary.
+TEST_F(RegionTest, AnotherUsersObjectIsRefusedNamingTheKey) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a client as another user";
+  Start();
+  const std::string sock = dir_ + "/data.sock";
+  ASSERT_EQ(::chmod(sock.c_str(), 0777), 0) << std::strerror(errno);  // nobody may connect
+  ShmObject root_owned("rootobj", 1 << 20);
+  const std::string cmd =
+      "VERIFYD_CHILD_TARGET=unix:" + sock + " VERIFYD_CHILD_KEY=" + root_owned.key() +
+      " setpriv --reuid=65534 --regid=65534 --clear-groups /proc/" + std::to_string(getpid()) +
+      "/exe --gtest_filter=RegionChild.RegistersAsTheUserItRunsAs 2>&1";
+  FILE* child = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(child, nullptr);
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, child)) > 0;) out.append(buf, n);
+  const int status = ::pclose(child);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("[  PASSED  ] 1 test"), std::string::npos) << out;
+  EXPECT_EQ(List().regions_size(), 0) << List().DebugString();
+}
+
+TEST(RegionChild, RegistersAsTheUserItRunsAs) {
+  const char* target = std::getenv("VERIFYD_CHILD_TARGET");
+  const char* foreign = std::getenv("VERIFYD_CHILD_KEY");
+  if (target == nullptr || foreign == nullptr) {
+    GTEST_SKIP() << "the client of RegionTest.AnotherUsersObjectIsRefusedNamingTheKey";
+  }
+  auto stub = v1::VerifyService::NewStub(Channel(target));
+  auto reg = [&](const std::string& name, const std::string& key, uint64_t bytes) {
+    v1::RegisterShmRegionRequest req;
+    req.set_name(name);
+    req.set_key(key);
+    req.set_byte_size(bytes);
+    v1::RegisterRegionResponse resp;
+    grpc::ClientContext ctx;
+    return stub->RegisterShmRegion(&ctx, req, &resp);
+  };
+  grpc::Status st = reg("stolen", foreign, 1 << 20);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
+  EXPECT_EQ(st.error_message().rfind("key:", 0), 0u) << st.error_message();
+  EXPECT_NE(st.error_message().find("belongs to uid 0, not to the caller (uid " +
+                                    std::to_string(::getuid()) + ")"),
+            std::string::npos)
+      << st.error_message();
+  ShmObject own("child", 1 << 20);
+  st = reg("own", own.key(), own.size());
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  v1::UnregisterRegionRequest un;
+  un.set_name("own");
+  v1::UnregisterRegionResponse unresp;
+  grpc::ClientContext ctx;
+  EXPECT_TRUE(stub->UnregisterRegion(&ctx, un, &unresp).ok());
 }
 
 // An unregister waits for the calls that use the region: the call in flight completes with the
