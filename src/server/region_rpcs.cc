@@ -31,10 +31,10 @@ absl::Status RegionRpcs::CheckTransport(const grpc::ServerContext& ctx, const ch
     return absl::FailedPreconditionError(
         absl::StrCat(what, ": this verifyd serves no regions (--max_regions=0)"));
   }
-  // gRPC names a Unix-socket peer "unix:..." and one accepted on a handed-over fd "fd:N" (only
-  // Unix sockets are accepted that way).
+  // Every Unix-socket connection is accepted by verifyd and handed to gRPC, which names its
+  // peer "fd:N" (UnixSocketAcceptor); that is how the caller's uid is known (RegisterShm).
   const std::string peer = ctx.peer();
-  if (allow_tcp_ || absl::StartsWith(peer, "unix:") || absl::StartsWith(peer, "fd:")) {
+  if (allow_tcp_ || absl::StartsWith(peer, "fd:")) {
     return absl::OkStatus();
   }
   return absl::PermissionDeniedError(absl::StrCat(
