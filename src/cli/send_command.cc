@@ -1,5 +1,7 @@
 #include "src/cli/send_command.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -15,6 +17,7 @@
 #include "src/bundle/random_bundle.h"
 #include "src/bundle/request_codec.h"
 #include "src/cli/cli_common.h"
+#include "src/channel/channel_client.h"
 #include "src/cli/send_regions.h"
 #include "verifyd/v1/verify.grpc.pb.h"
 
@@ -86,6 +89,7 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
     return Fail(g, "send", "--transport: inline, shm or cuda_ipc");
   }
   const bool regions = transport != SendTransport::kInline;
+  if (s.channel && s.stream) return Fail(g, "send", "--channel and --stream: choose one");
   if ((s.check || s.scribble) && !regions) {
     return Fail(g, "send", "--check and --scribble need --transport shm or cuda_ipc");
   }
@@ -125,8 +129,7 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
     }
   }
 
-  auto channel = MakeChannel(g.target);
-  auto stub = v1::VerifyService::NewStub(channel);
+  auto stub = v1::VerifyService::NewStub(MakeChannel(g.target));
   // Region transports: the memory, registered once, one slot per worker; with --check, each
   // bundle's inline output to compare with.
   std::unique_ptr<SendRegion> region;
@@ -146,8 +149,36 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
   std::atomic<int64_t> next{0};
   const auto t0 = Clock::now();
   std::atomic<int> next_slot{0};
+  // A channel's areas hold the largest request and its response (o and lse inline unless the
+  // call names o_out).
+  uint64_t channel_bytes = 0;
+  if (s.channel) {
+    uint64_t area = 0;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const BundleView& v = bundles[i]->view();
+      const uint64_t rows = static_cast<uint64_t>(v.rows()) * v.shape.heads;
+      area = std::max<uint64_t>(area, std::max<uint64_t>(requests[i].ByteSizeLong(),
+                                                         rows * (512 * 2 + 4)));
+    }
+    channel_bytes = channel::kHeaderBytes + 2 * (area + (64 << 10));
+  }
   auto worker = [&] {
     const int slot = next_slot.fetch_add(1);
+    std::unique_ptr<channel::ChannelClient> chan;
+    if (s.channel) {
+      channel::ChannelClientOptions co;
+      co.name = fmt::format("verifyctl-{}-{}", getpid(), slot);
+      co.byte_size = channel_bytes;
+      co.client = fmt::format("verifyctl-{}", getpid());
+      auto c = channel::ChannelClient::Open(*stub, [&g] { return MakeContext(g, false); }, co);
+      if (!c.ok()) {
+        const int64_t rest = std::max<int64_t>(0, s.count - next.exchange(s.count));
+        tally.Err(static_cast<int>(c.status().code()),
+                  "OpenChannel: " + std::string(c.status().message()), rest);
+        return;
+      }
+      chan = std::move(*c);
+    }
     std::unique_ptr<grpc::ClientContext> sctx;
     std::unique_ptr<grpc::ClientReaderWriter<v1::VerifyRequest, v1::VerifyResponse>> stream;
     if (s.stream) {
@@ -174,6 +205,18 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
           const int64_t rest = 1 + std::max<int64_t>(0, s.count - next.exchange(s.count));
           tally.Err(st.ok() ? grpc::StatusCode::UNAVAILABLE : st.error_code(),
                     st.ok() ? "stream ended early" : st.error_message(), rest);
+          return;
+        }
+        if (resp.error_code() != 0) {
+          tally.Err(resp.error_code(), resp.error_message());
+          continue;
+        }
+      } else if (chan) {
+        const absl::Status st =
+            chan->Call(req, &resp, absl::Now() + absl::Seconds(g.timeout_s));
+        if (!st.ok()) {
+          const int64_t rest = 1 + std::max<int64_t>(0, s.count - next.exchange(s.count));
+          tally.Err(static_cast<int>(st.code()), std::string(st.message()), rest);
           return;
         }
         if (resp.error_code() != 0) {
@@ -237,7 +280,7 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
                {"transport", s.transport}, {"checked", tally.checked},
                {"unchecked", tally.unchecked}, {"scribble", s.scribble},
                {"distinct", distinct}, {"traffic", s.traffic},
-               {"concurrency", s.concurrency}, {"stream", s.stream},
+               {"concurrency", s.concurrency}, {"stream", s.stream}, {"channel", s.channel},
                {"bundle_bytes", bundle_bytes}, {"ok", nok}, {"failed", nerr},
                {"errors", tally.errors}, {"first_error", tally.first_error},
                {"served", tally.served}, {"wall_seconds", wall},
@@ -256,7 +299,7 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
         "{} calls of shape {} ({:.1f} MB each, page_size {}) to {}, concurrency {}{}, transport "
         "{}\n",
         s.count, s.shape, bundle_bytes / 1e6, s.page_size, g.target, s.concurrency,
-        s.stream ? ", streaming" : "", s.transport);
+        s.stream ? ", streaming" : (s.channel ? ", through call channels" : ""), s.transport);
     if (s.check) {
       std::cout << fmt::format("check: {} outputs equal the inline transport's bit for bit, {} "
                                "served by another path (not compared)\n",

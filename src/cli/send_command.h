@@ -18,6 +18,7 @@ struct SendOptions {
   int distinct = 4;           // distinct random bundles, reused round-robin (see --distinct)
   std::string traffic = "random";  // random (diffuse attention) or realistic (concentrated)
   bool stream = false;        // one bidirectional stream per worker instead of unary calls
+  bool channel = false;       // one call channel per worker (shared memory + futex, no gRPC call)
   bool want_lse = false;
   bool compare_sync = false;
   std::string request_id_prefix;  // request ids PREFIX-N (canary stays stable per id)

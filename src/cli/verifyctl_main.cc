@@ -61,6 +61,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   s->add_option("--request_id_prefix", send.request_id_prefix, "request ids PREFIX-N");
   s->add_flag("--stream", send.stream, "use the bidirectional stream");
+  s->add_flag("--channel", send.channel,
+              "send through call channels (one per worker: a shared-memory request slot with a "
+              "futex doorbell, no gRPC call per verify); needs a unix: target");
   s->add_flag("--want_lse", send.want_lse, "ask for lse too");
   s->add_flag("--compare_sync", send.compare_sync, "compare before responding");
   s->add_option("--transport", send.transport,

@@ -59,6 +59,12 @@ ABSL_FLAG(int64_t, max_region_mb, 1 << 20,
 ABSL_FLAG(bool, allow_region_tcp, false,
           "Serve shared-memory and CUDA IPC regions to TCP clients too (default: Unix sockets "
           "only)");
+ABSL_FLAG(int64_t, max_channels, 16,
+          "Call channels (a shared-memory request slot with a futex doorbell, one call at a time "
+          "each) clients may open; 0 = none");
+ABSL_FLAG(int64_t, channel_spin_us, 50,
+          "After a call, how long a channel's thread spins for the next one before it sleeps, "
+          "microseconds (a call within it pays no wake-up; each spin keeps a core busy)");
 ABSL_FLAG(int64_t, gate_window, 1000, "Clean comparisons in a row needed to flip to canary/custom");
 ABSL_FLAG(int64_t, rollback_breaches, 3, "Breaches within --rollback_window that roll back");
 ABSL_FLAG(int64_t, rollback_window, 1000, "Sampled comparisons the rollback counts over");
@@ -280,6 +286,16 @@ absl::StatusOr<DaemonOptions> ParseDaemonFlags(int argc, char** argv) {
   }
   o.regions.max_total_bytes = static_cast<uint64_t>(region_mb) << 20;
   o.allow_region_tcp = absl::GetFlag(FLAGS_allow_region_tcp);
+  const int64_t max_channels = absl::GetFlag(FLAGS_max_channels);
+  if (max_channels < 0 || max_channels > 1024) {
+    return absl::InvalidArgumentError("max_channels: must be in [0, 1024]");
+  }
+  o.channels.max_channels = static_cast<int>(max_channels);
+  const int64_t spin_us = absl::GetFlag(FLAGS_channel_spin_us);
+  if (spin_us < 0 || spin_us > 1000000) {
+    return absl::InvalidArgumentError("channel_spin_us: must be in [0, 1000000]");
+  }
+  o.channels.spin = absl::Microseconds(spin_us);
   o.controller.gate_window = absl::GetFlag(FLAGS_gate_window);
   o.controller.rollback_breaches = absl::GetFlag(FLAGS_rollback_breaches);
   o.controller.rollback_window = absl::GetFlag(FLAGS_rollback_window);

@@ -165,6 +165,11 @@ Metrics::Metrics(const BuildInfo& info) : registry_(std::make_shared<prometheus:
                        .Help("Sum of the byte sizes of the registered regions")
                        .Register(r)
                        .Add({});
+  channels_ = &prometheus::BuildGauge()
+                   .Name("verifyd_channels")
+                   .Help("Open call channels (shared-memory request slots with a doorbell)")
+                   .Register(r)
+                   .Add({});
   shadow_queue_depth_ = &prometheus::BuildGauge()
                              .Name("verifyd_shadow_queue_depth")
                              .Help("Comparisons waiting to run off the critical path")
@@ -267,6 +272,8 @@ void Metrics::Rollback(std::string_view reason) {
 }
 
 void Metrics::OracleError() { oracle_errors_->Increment(); }
+
+void Metrics::SetChannels(int64_t channels) { channels_->Set(static_cast<double>(channels)); }
 
 void Metrics::SetRegions(int64_t regions, uint64_t bytes) {
   regions_->Set(static_cast<double>(regions));

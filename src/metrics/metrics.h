@@ -51,6 +51,7 @@ class Metrics {
   void SetShadowQueueDepth(int64_t depth);
   // Registered regions and the sum of their byte sizes.
   void SetRegions(int64_t regions, uint64_t bytes);
+  void SetChannels(int64_t channels);
   // A canary call served by the reference because its comparison could not be queued.
   void CanaryShed();
   void Capture(std::string_view trigger);  // "breach" or "requested"
@@ -83,6 +84,7 @@ class Metrics {
   prometheus::Gauge* shadow_queue_depth_;
   prometheus::Gauge* regions_;
   prometheus::Gauge* region_bytes_;
+  prometheus::Gauge* channels_;
   prometheus::Counter* canary_shed_;
   prometheus::Family<prometheus::Counter>* captures_;
 };

@@ -26,6 +26,13 @@ namespace {
 
 constexpr char kServiceName[] = "verifyd.v1.VerifyService";
 
+// A channel's request area holds one message: at most what the data plane takes.
+ChannelLimits ChannelLimitsFor(const DaemonOptions& opts) {
+  ChannelLimits c = opts.channels;
+  c.max_capacity = static_cast<uint64_t>(opts.max_message_bytes);
+  return c;
+}
+
 // Before anything starts: every address must be free (a unix:PATH listener may replace only a
 // stale socket), so that a second daemon fails fast and touches nothing of the first.
 absl::Status PrepareListeners(const DaemonOptions& opts) {
@@ -216,7 +223,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
   d->verify_service_ = std::make_unique<VerifyServiceImpl>(
       d->handler_.get(), d->metrics_.get(),
       VerifyServiceOptions{opts.max_message_bytes, opts.max_inflight_bytes, d->regions_.get(),
-                           opts.allow_region_tcp});
+                           opts.allow_region_tcp, ChannelLimitsFor(opts)});
+  d->verify_service_->channels().SetObserver(
+      [m = d->metrics_.get()](int64_t n) { m->SetChannels(n); });
   {
     grpc::ServerBuilder b;
     std::vector<int> ports(opts.listen.size(), 0);

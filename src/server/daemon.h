@@ -18,6 +18,7 @@
 #include "src/probe/probe_scheduler.h"
 #include "src/engine/engine_factory.h"
 #include "src/region/region_registry.h"
+#include "src/server/channel_server.h"
 #include "src/server/shadow_runner.h"
 #include "src/server/state_dir_lock.h"
 #include "src/server/verify_handler.h"
@@ -67,7 +68,8 @@ struct DaemonOptions {
   double custom_sample_rate = -1;
   CaptureOptions capture;           // capture.dir empty: capture off
   RegionLimits regions;             // max_regions 0: no regions are served
-  bool allow_region_tcp = false;    // serve regions over TCP too
+  bool allow_region_tcp = false;    // serve regions (and call channels) over TCP too
+  ChannelLimits channels;           // max_channels 0: no call channels
   CustomFault inject_custom_fault;  // test only
   ProbeOptions probe;               // probe.at_start off: no start-up probe, the gate needs none
 };

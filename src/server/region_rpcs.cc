@@ -26,20 +26,23 @@ void ToProto(const RegionSummary& s, v1::RegionInfo* out) {
   out->set_lost(s.lost);
 }
 
+absl::Status LocalTransportOnly(const grpc::ServerContext& ctx, bool allow_tcp, const char* what) {
+  // Every Unix-socket connection is accepted by verifyd and handed to gRPC, which names its
+  // peer "fd:N" (UnixSocketAcceptor); that is how the caller's uid is known (RegisterShm).
+  const std::string peer = ctx.peer();
+  if (allow_tcp || absl::StartsWith(peer, "fd:")) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
+      what, ": shared-memory and CUDA IPC regions are served on Unix sockets only, and so are "
+            "call channels (this call came from ", peer, "; run verifyd with --allow_region_tcp "
+            "to allow TCP)"));
+}
+
 absl::Status RegionRpcs::CheckTransport(const grpc::ServerContext& ctx, const char* what) const {
   if (regions_ == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, ": this verifyd serves no regions (--max_regions=0)"));
   }
-  // Every Unix-socket connection is accepted by verifyd and handed to gRPC, which names its
-  // peer "fd:N" (UnixSocketAcceptor); that is how the caller's uid is known (RegisterShm).
-  const std::string peer = ctx.peer();
-  if (allow_tcp_ || absl::StartsWith(peer, "fd:")) {
-    return absl::OkStatus();
-  }
-  return absl::PermissionDeniedError(absl::StrCat(
-      what, ": shared-memory and CUDA IPC regions are served on Unix sockets only (this call "
-            "came from ", peer, "; run verifyd with --allow_region_tcp to allow TCP)"));
+  return LocalTransportOnly(ctx, allow_tcp_, what);
 }
 
 absl::Status RegionRpcs::RegisterShm(const grpc::ServerContext& ctx,

@@ -15,6 +15,11 @@
 
 namespace verifyd {
 
+// OK when the call came over a Unix socket (whose peer verifyd knows: UnixSocketAcceptor), or
+// `allow_tcp` (--allow_region_tcp); PERMISSION_DENIED naming `what` otherwise. Regions and call
+// channels are served only there.
+absl::Status LocalTransportOnly(const grpc::ServerContext& ctx, bool allow_tcp, const char* what);
+
 class RegionRpcs {
  public:
   // `regions` null: every region RPC and region tensor is refused (FAILED_PRECONDITION).

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "src/server/unix_socket_acceptor.h"
 #include "grpcpp/support/method_handler.h"
 #include "verifyd/v1/verify.grpc.pb.h"
 
@@ -23,6 +24,21 @@ grpc::Status Serialize(const v1::VerifyResponse& resp, Raw* out) {
   return grpc::SerializationTraits<v1::VerifyResponse>::Serialize(resp, out, &own_buffer);
 }
 
+constexpr char kNotARequest[] = "message could not be parsed as a verifyd.v1.VerifyRequest";
+
+// A failed call on a transport that goes on after it (the stream, a channel): the error in band.
+void ErrorInResponse(const absl::Status& st, const std::string& request_id,
+                     v1::VerifyResponse* resp) {
+  resp->Clear();
+  resp->set_request_id(request_id);
+  resp->set_error_code(static_cast<int>(st.code()));
+  resp->set_error_message(std::string(st.message()));
+}
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 }  // namespace
 
 grpc::Status ToGrpc(const absl::Status& st) {
@@ -38,7 +54,8 @@ VerifyServiceImpl::VerifyServiceImpl(VerifyHandler* handler, Metrics* metrics,
       region_rpcs_(opts.regions, opts.allow_region_tcp),
       budget_(opts.max_inflight_bytes, "--max_inflight_mb"),
       verify_method_(MethodName("Verify")),
-      stream_method_(MethodName("VerifyStream")) {
+      stream_method_(MethodName("VerifyStream")),
+      channels_(opts.channels, [this](const std::string& r) { return ServeChannelCall(r); }) {
   // The unary call reads its message itself (a streamed unary handler is, to the server, a
   // stream of one message each way), so that its wire bytes go once they are parsed.
   AddMethod(new grpc::internal::RpcServiceMethod(
@@ -75,6 +92,16 @@ VerifyServiceImpl::VerifyServiceImpl(VerifyHandler* handler, Metrics* metrics,
                         const v1::ListRegionsRequest&, v1::ListRegionsResponse* resp) {
         return s->region_rpcs_.List(*ctx, resp);
       });
+  AddUnary<v1::OpenChannelRequest, v1::OpenChannelResponse>(
+      "OpenChannel", [](VerifyServiceImpl* s, grpc::ServerContext* ctx,
+                        const v1::OpenChannelRequest& req, v1::OpenChannelResponse* resp) {
+        return s->OpenChannel(*ctx, req, resp);
+      });
+  AddUnary<v1::CloseChannelRequest, v1::CloseChannelResponse>(
+      "CloseChannel", [](VerifyServiceImpl* s, grpc::ServerContext* ctx,
+                         const v1::CloseChannelRequest& req, v1::CloseChannelResponse* resp) {
+        return s->CloseChannel(*ctx, req, resp);
+      });
 }
 
 template <typename Req, typename Resp>
@@ -91,8 +118,7 @@ void VerifyServiceImpl::AddUnary(const char* method,
           this)));
 }
 
-absl::Status VerifyServiceImpl::Admit(Raw& in, MemoryBudget::Admission* admitted) {
-  const int64_t bytes = static_cast<int64_t>(in.Length());
+absl::Status VerifyServiceImpl::Admit(int64_t bytes, MemoryBudget::Admission* admitted) {
   if (bytes > opts_.max_message_bytes) {
     return absl::ResourceExhaustedError(
         absl::StrCat("message of ", bytes, " bytes exceeds the limit of ",
@@ -108,36 +134,79 @@ absl::Status VerifyServiceImpl::Parse(Raw& in, v1::VerifyRequest* req) {
   // Deserialize consumes the buffer: the wire bytes are freed once parsed.
   if (!grpc::SerializationTraits<v1::VerifyRequest>::Deserialize(&in, req).ok()) {
     req->Clear();
-    return absl::InvalidArgumentError("message could not be parsed as a verifyd.v1.VerifyRequest");
+    return absl::InvalidArgumentError(kNotARequest);
   }
   return absl::OkStatus();
+}
+
+absl::Status VerifyServiceImpl::Handle(absl::Status read, std::chrono::steady_clock::time_point t0,
+                                       double parse_s, const v1::VerifyRequest& req,
+                                       v1::VerifyResponse* resp, const CallContext& call) {
+  if (!read.ok()) {
+    metrics_->Request("none", read.code(), Since(t0));
+    return read;
+  }
+  absl::Status st = handler_->Handle(req, resp, call);
+  if (st.ok()) resp->mutable_timing()->set_parse_seconds(parse_s);
+  return st;
 }
 
 absl::Status VerifyServiceImpl::Serve(grpc::ServerContext* ctx, Raw& in,
                                       MemoryBudget::Admission* admitted, v1::VerifyRequest* req,
                                       v1::VerifyResponse* resp) {
   const auto t0 = std::chrono::steady_clock::now();
-  absl::Status st = Admit(in, admitted);
+  absl::Status st = Admit(static_cast<int64_t>(in.Length()), admitted);
   if (st.ok()) st = Parse(in, req);
-  const double parse_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!st.ok()) {
-    in.Clear();
-    metrics_->Request(
-        "none", st.code(),
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    return st;
-  }
-  if (st = region_rpcs_.CheckRequest(*ctx, *req); !st.ok()) {
-    metrics_->Request(
-        "none", st.code(),
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    return st;
-  }
+  in.Clear();
+  const double parse_s = Since(t0);
+  if (st.ok()) st = region_rpcs_.CheckRequest(*ctx, *req);
   const CallContext call([ctx] { return ctx->IsCancelled(); }, ctx->deadline());
-  st = handler_->Handle(*req, resp, call);
-  if (st.ok()) resp->mutable_timing()->set_parse_seconds(parse_s);
-  return st;
+  return Handle(st, t0, parse_s, *req, resp, call);
+}
+
+std::string VerifyServiceImpl::ServeChannelCall(const std::string& request) {
+  const auto t0 = std::chrono::steady_clock::now();
+  MemoryBudget::Admission admitted;
+  v1::VerifyRequest req;
+  v1::VerifyResponse resp;
+  absl::Status st = Admit(static_cast<int64_t>(request.size()), &admitted);
+  if (st.ok() && !req.ParseFromString(request)) {
+    req.Clear();
+    st = absl::InvalidArgumentError(kNotARequest);
+  }
+  // The channel was opened over a transport regions are served on: its calls may name them.
+  st = Handle(st, t0, Since(t0), req, &resp, CallContext());
+  if (!st.ok()) ErrorInResponse(st, req.request_id(), &resp);
+  return resp.SerializeAsString();
+}
+
+absl::Status VerifyServiceImpl::OpenChannel(const grpc::ServerContext& ctx,
+                                            const v1::OpenChannelRequest& req,
+                                            v1::OpenChannelResponse* resp) {
+  if (absl::Status st = LocalTransportOnly(ctx, opts_.allow_region_tcp, "OpenChannel");
+      !st.ok()) {
+    return st;
+  }
+  absl::StatusOr<ChannelSummary> s = channels_.Open(req.name(), req.key(), req.byte_size(),
+                                                    req.client(), UnixPeerUid(ctx.peer()));
+  if (!s.ok()) return s.status();
+  resp->set_capacity(s->geometry.capacity);
+  resp->set_request_offset(s->geometry.request_offset);
+  resp->set_response_offset(s->geometry.response_offset);
+  return absl::OkStatus();
+}
+
+absl::Status VerifyServiceImpl::CloseChannel(const grpc::ServerContext& ctx,
+                                             const v1::CloseChannelRequest& req,
+                                             v1::CloseChannelResponse* resp) {
+  if (absl::Status st = LocalTransportOnly(ctx, opts_.allow_region_tcp, "CloseChannel");
+      !st.ok()) {
+    return st;
+  }
+  absl::StatusOr<std::vector<std::string>> names = channels_.Close(req.name(), req.client());
+  if (!names.ok()) return names.status();
+  for (const std::string& n : *names) resp->add_closed(n);
+  return absl::OkStatus();
 }
 
 grpc::Status VerifyServiceImpl::Verify(grpc::ServerContext* ctx, RawUnary* call) {
@@ -160,12 +229,7 @@ grpc::Status VerifyServiceImpl::VerifyStream(grpc::ServerContext* ctx, RawStream
     v1::VerifyRequest req;
     v1::VerifyResponse resp;
     absl::Status st = Serve(ctx, in, &admitted, &req, &resp);
-    if (!st.ok()) {
-      resp.Clear();
-      resp.set_request_id(req.request_id());
-      resp.set_error_code(static_cast<int>(st.code()));
-      resp.set_error_message(std::string(st.message()));
-    }
+    if (!st.ok()) ErrorInResponse(st, req.request_id(), &resp);
     Raw out;
     if (!Serialize(resp, &out).ok() || !stream->Write(out)) break;
     if (ctx->IsCancelled()) break;

@@ -4,6 +4,7 @@
 // size limit or one that does not fit the memory budget gets a clear error (in band on the
 // stream, which goes on) and is counted. The wire bytes are freed once parsed.
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <string>
@@ -15,6 +16,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/sync_stream.h"
 #include "src/metrics/metrics.h"
+#include "src/server/channel_server.h"
 #include "src/server/memory_budget.h"
 #include "src/server/region_rpcs.h"
 #include "src/server/verify_handler.h"
@@ -27,12 +29,14 @@ struct VerifyServiceOptions {
   // Requests in flight hold at most this many message bytes together; <= 0: no ceiling.
   int64_t max_inflight_bytes = int64_t{8} << 30;
   RegionRegistry* regions = nullptr;  // null: no regions
-  bool allow_region_tcp = false;      // --allow_region_tcp
+  bool allow_region_tcp = false;      // --allow_region_tcp (channels too)
+  ChannelLimits channels;
 };
 
 class VerifyServiceImpl final : public grpc::Service {
  public:
   VerifyServiceImpl(VerifyHandler* handler, Metrics* metrics, VerifyServiceOptions opts);
+  ChannelServer& channels() { return channels_; }
 
   grpc::Status Verify(grpc::ServerContext* ctx,
                       grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>* call);
@@ -47,8 +51,20 @@ class VerifyServiceImpl final : public grpc::Service {
   absl::Status Serve(grpc::ServerContext* ctx, grpc::ByteBuffer& in,
                      MemoryBudget::Admission* admitted, v1::VerifyRequest* req,
                      v1::VerifyResponse* resp);
-  absl::Status Admit(grpc::ByteBuffer& in, MemoryBudget::Admission* admitted);
+  // One call from a channel: its serialized request in, its serialized response out (errors in
+  // error_code and error_message, as on the stream).
+  std::string ServeChannelCall(const std::string& request);
+  // What every call does once its message is read: a message refused before the handler saw it
+  // (`read`, not OK) is counted here (path "none"); otherwise the handler runs it.
+  absl::Status Handle(absl::Status read, std::chrono::steady_clock::time_point t0,
+                      double parse_s, const v1::VerifyRequest& req, v1::VerifyResponse* resp,
+                      const CallContext& call);
+  absl::Status Admit(int64_t bytes, MemoryBudget::Admission* admitted);
   static absl::Status Parse(grpc::ByteBuffer& in, v1::VerifyRequest* req);
+  absl::Status OpenChannel(const grpc::ServerContext& ctx, const v1::OpenChannelRequest& req,
+                           v1::OpenChannelResponse* resp);
+  absl::Status CloseChannel(const grpc::ServerContext& ctx, const v1::CloseChannelRequest& req,
+                            v1::CloseChannelResponse* resp);
 
   // Adds a unary method whose typed request and response go to `fn`.
   template <typename Req, typename Resp>
@@ -62,6 +78,7 @@ class VerifyServiceImpl final : public grpc::Service {
   std::deque<std::string> method_names_;  // stable: the names gRPC's method table points at
   MemoryBudget budget_;
   const std::string verify_method_, stream_method_;
+  ChannelServer channels_;  // last: its threads call into the members above
 };
 
 grpc::Status ToGrpc(const absl::Status& st);

@@ -1,0 +1,70 @@
+#pragma once
+// The shared-memory layout of a call channel (verify.proto, OpenChannel), defined once for
+// verifyd and its clients. The object's first kHeaderBytes hold the Header; the request area and
+// the response area follow, `capacity` bytes each. verifyd writes the header when it opens the
+// channel; from then on the client owns request_bytes and request_seq, verifyd response_bytes,
+// response_seq and state.
+//
+// One call: the client writes the serialized VerifyRequest at request_offset and its size into
+// request_bytes, then stores request_seq + 1 (release) and wakes request_seq. verifyd sees the
+// new sequence number (acquire), copies the request out before it reads it (the client can
+// write the area at any time), serves it, writes the serialized VerifyResponse and its size, then
+// stores the request's sequence number into response_seq (release) and wakes it. The client
+// waits for response_seq to reach its number. A channel serves one call at a time.
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace verifyd::channel {
+
+inline constexpr uint64_t kMagic = 0x314e484344594656ull;  // "VFYDCHN1", little-endian
+inline constexpr uint32_t kVersion = 1;
+inline constexpr uint64_t kHeaderBytes = 4096;
+inline constexpr uint64_t kAreaAlign = 64;
+// The smallest channel: the header and two areas of 4 KiB.
+inline constexpr uint64_t kMinBytes = kHeaderBytes + 2 * 4096;
+
+enum State : uint32_t { kStateOpen = 1, kStateClosed = 2 };
+
+// Words two processes share: each is a lock-free 32-bit atomic (a futex word).
+struct Header {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t capacity;
+  alignas(64) std::atomic<uint32_t> request_seq;
+  std::atomic<uint32_t> request_bytes;
+  alignas(64) std::atomic<uint32_t> response_seq;
+  std::atomic<uint32_t> response_bytes;
+  alignas(64) std::atomic<uint32_t> state;
+};
+static_assert(sizeof(Header) <= kHeaderBytes);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+struct Geometry {
+  uint32_t capacity = 0;  // bytes of each area
+  uint64_t request_offset = 0, response_offset = 0;
+};
+
+// The areas of a channel of `byte_size` bytes: each (byte_size - kHeaderBytes) / 2, rounded down
+// to kAreaAlign and capped at `max_capacity`. INVALID_ARGUMENT naming byte_size below kMinBytes.
+absl::StatusOr<Geometry> GeometryFor(uint64_t byte_size, uint64_t max_capacity);
+
+// verifyd's side. Writes a fresh header: no call yet, state open.
+void InitHeader(char* base, const Geometry& g);
+// Copies the request the client left (request_bytes at request_offset) into `out`, reading the
+// size once. INVALID_ARGUMENT naming request_bytes when it claims more than the area holds, or
+// zero bytes.
+absl::Status CopyRequest(const char* base, const Geometry& g, std::string* out);
+// Writes `response` (at most capacity bytes: the caller checked) and publishes it as the answer
+// to call `seq`.
+void PublishResponse(char* base, const Geometry& g, absl::string_view response, uint32_t seq);
+
+inline Header* HeaderOf(char* base) { return reinterpret_cast<Header*>(base); }
+inline const Header* HeaderOf(const char* base) { return reinterpret_cast<const Header*>(base); }
+
+}  // namespace verifyd::channel

@@ -1,0 +1,206 @@
+#include "src/server/channel_server.h"
+
+#include <atomic>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+#include "src/channel/futex_word.h"
+#include "src/region/shm_mapping.h"
+#include "verifyd/v1/verify.pb.h"
+
+namespace verifyd {
+
+using channel::HeaderOf;
+
+// One open channel: its mapping and the thread that serves it.
+class ChannelServer::Channel {
+ public:
+  Channel(ChannelSummary summary, std::unique_ptr<MappedRegion> map, const ChannelLimits& limits,
+          const Serve& serve)
+      : summary_(std::move(summary)), map_(std::move(map)), spin_(limits.spin), serve_(serve) {
+    channel::InitHeader(map_->base(), summary_.geometry);
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~Channel() {
+    stop_.store(true);
+    channel::FutexWake(&HeaderOf(map_->base())->request_seq);  // a sleeping Loop looks again
+    thread_.join();
+    channel::Header* h = HeaderOf(map_->base());
+    h->state.store(channel::kStateClosed, std::memory_order_release);
+    channel::FutexWake(&h->response_seq);  // a client waiting for an answer sees the close
+  }
+
+  ChannelSummary summary() const {
+    ChannelSummary s = summary_;
+    s.calls = calls_.load();
+    return s;
+  }
+
+ private:
+  void Loop() {
+    char* base = map_->base();
+    channel::Header* h = HeaderOf(base);
+    const channel::Geometry& g = summary_.geometry;
+    uint32_t served = h->request_seq.load(std::memory_order_acquire);
+    std::string request;
+    while (!stop_.load()) {
+      const uint32_t seq = channel::AwaitChange(&h->request_seq, served, spin_,
+                                                absl::Milliseconds(100),
+                                                [this] { return stop_.load(); });
+      if (seq == served) continue;  // asked to stop
+      served = seq;
+      absl::Status st = channel::CopyRequest(base, g, &request);
+      if (!map_->intact()) {
+        spdlog::warn("channel '{}': its shared-memory object shrank under the mapping; the "
+                     "channel stops serving (close it and open a new one)",
+                     summary_.name);
+        return;
+      }
+      std::string response = st.ok() ? serve_(request) : ErrorResponse(st);
+      if (response.size() > g.capacity) {
+        response = ErrorResponse(absl::ResourceExhaustedError(absl::StrCat(
+            "o: the response of ", response.size(), " bytes does not fit the channel's ",
+            g.capacity, "-byte response area; name o_out (and lse_out) to have the output "
+            "written in place, or open a larger channel")));
+      }
+      channel::PublishResponse(base, g, response, seq);
+      channel::FutexWake(&h->response_seq);
+      calls_.fetch_add(1);
+    }
+  }
+
+  static std::string ErrorResponse(const absl::Status& st) {
+    v1::VerifyResponse resp;
+    resp.set_error_code(static_cast<int>(st.code()));
+    resp.set_error_message(std::string(st.message()));
+    return resp.SerializeAsString();
+  }
+
+  const ChannelSummary summary_;
+  const std::unique_ptr<MappedRegion> map_;
+  const absl::Duration spin_;
+  const Serve& serve_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int64_t> calls_{0};
+  std::thread thread_;
+};
+
+ChannelServer::ChannelServer(ChannelLimits limits, Serve serve)
+    : limits_(limits), serve_(std::move(serve)) {}
+
+ChannelServer::~ChannelServer() {
+  std::map<std::string, std::unique_ptr<Channel>> all;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    all.swap(channels_);
+  }
+  all.clear();
+}
+
+void ChannelServer::SetObserver(Observer o) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    observer_ = std::move(o);
+  }
+  Notify();
+}
+
+void ChannelServer::Notify() {
+  Observer o;
+  int64_t n;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    o = observer_;
+    n = static_cast<int64_t>(channels_.size());
+  }
+  if (o) o(n);
+}
+
+absl::StatusOr<ChannelSummary> ChannelServer::Open(const std::string& name,
+                                                   const std::string& key, uint64_t byte_size,
+                                                   const std::string& client,
+                                                   std::optional<uint32_t> caller_uid) {
+  if (limits_.max_channels == 0) {
+    return absl::FailedPreconditionError(
+        "OpenChannel: this verifyd serves no call channels (--max_channels=0)");
+  }
+  if (name.empty() || name.size() > 128) {
+    return absl::InvalidArgumentError("name: must have 1 to 128 characters");
+  }
+  absl::StatusOr<channel::Geometry> g = channel::GeometryFor(byte_size, limits_.max_capacity);
+  if (!g.ok()) return g.status();
+  auto check_room = [&]() -> absl::Status {
+    if (channels_.count(name) != 0) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("name: channel '", name, "' is already open (close it first)"));
+    }
+    if (static_cast<int64_t>(channels_.size()) >= limits_.max_channels) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "name: ", channels_.size(), " channels are open, the most --max_channels allows"));
+    }
+    return absl::OkStatus();
+  };
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (absl::Status st = check_room(); !st.ok()) return st;
+  }
+  absl::StatusOr<std::unique_ptr<MappedRegion>> m = MapShm(key, 0, byte_size, caller_uid);
+  if (!m.ok()) return m.status();
+  ChannelSummary s;
+  s.name = name;
+  s.key = key;
+  s.client = client;
+  s.byte_size = byte_size;
+  s.geometry = *g;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (absl::Status st = check_room(); !st.ok()) return st;  // raced with another Open
+    channels_[name] = std::make_unique<Channel>(s, std::move(*m), limits_, serve_);
+  }
+  spdlog::info("channel '{}' open on '{}' ({} bytes, areas of {} bytes, client '{}')", name, key,
+               byte_size, g->capacity, client);
+  Notify();
+  return s;
+}
+
+absl::StatusOr<std::vector<std::string>> ChannelServer::Close(const std::string& name,
+                                                              const std::string& client) {
+  std::vector<std::unique_ptr<Channel>> closing;
+  std::vector<std::string> names;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!name.empty()) {
+      auto it = channels_.find(name);
+      if (it == channels_.end()) {
+        return absl::NotFoundError(absl::StrCat("name: no open channel '", name, "'"));
+      }
+      names.push_back(name);
+      closing.push_back(std::move(it->second));
+      channels_.erase(it);
+    } else {
+      for (auto it = channels_.begin(); it != channels_.end();) {
+        if (it->second->summary().client != client) {
+          ++it;
+          continue;
+        }
+        names.push_back(it->first);
+        closing.push_back(std::move(it->second));
+        it = channels_.erase(it);
+      }
+    }
+  }
+  closing.clear();  // each waits for its call in progress
+  for (const std::string& n : names) spdlog::info("channel '{}' closed", n);
+  Notify();
+  return names;
+}
+
+std::vector<ChannelSummary> ChannelServer::List() const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<ChannelSummary> out;
+  for (const auto& [n, c] : channels_) out.push_back(c->summary());
+  return out;
+}
+
+}  // namespace verifyd

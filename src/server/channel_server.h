@@ -1,0 +1,74 @@
+#pragma once
+// The open call channels (verify.proto, OpenChannel; layout in src/channel/channel_layout.h).
+// Each channel is a client's shared-memory object, mapped read-write as shm regions are (only
+// the caller's own, guarded against a client that shrinks it), and one thread that waits on its
+// request word and serves each call through `serve`: the same path as a Verify RPC's message.
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "src/channel/channel_layout.h"
+
+namespace verifyd {
+
+struct ChannelLimits {
+  int max_channels = 16;                       // --max_channels; 0: no channels
+  uint64_t max_capacity = uint64_t{1} << 30;   // an area's bytes at most (--max_message_mb)
+  // After a call, how long the channel's thread spins for the next one before it sleeps
+  // (--channel_spin_us): a call within it pays no wake-up.
+  absl::Duration spin = absl::Microseconds(50);
+};
+
+struct ChannelSummary {
+  std::string name, key, client;
+  uint64_t byte_size = 0;
+  channel::Geometry geometry;
+  int64_t calls = 0;
+};
+
+class ChannelServer {
+ public:
+  // Serves one call from its serialized VerifyRequest; returns the serialized VerifyResponse
+  // (errors in its error_code and error_message).
+  using Serve = std::function<std::string(const std::string& request)>;
+  // Sees the channel count after every change (metrics).
+  using Observer = std::function<void(int64_t channels)>;
+
+  ChannelServer(ChannelLimits limits, Serve serve);
+  ~ChannelServer();  // closes every channel
+  ChannelServer(const ChannelServer&) = delete;
+  ChannelServer& operator=(const ChannelServer&) = delete;
+  void SetObserver(Observer o);
+
+  // Maps `key` (the caller's own object when `caller_uid` is known; MapShm), writes the header
+  // and starts serving. ALREADY_EXISTS for a name in use, RESOURCE_EXHAUSTED past
+  // --max_channels, INVALID_ARGUMENT naming the field for a bad name or size.
+  absl::StatusOr<ChannelSummary> Open(const std::string& name, const std::string& key,
+                                      uint64_t byte_size, const std::string& client,
+                                      std::optional<uint32_t> caller_uid);
+  // Closes `name`, or with an empty name every channel of `client`; a call in progress finishes
+  // first. The client sees state closed. NOT_FOUND for an unknown name.
+  absl::StatusOr<std::vector<std::string>> Close(const std::string& name,
+                                                 const std::string& client);
+  std::vector<ChannelSummary> List() const;
+
+ private:
+  class Channel;
+  void Notify();
+
+  ChannelLimits limits_;
+  Serve serve_;
+  Observer observer_;
+  mutable std::mutex mu_;
+  std::map<std::string, std::unique_ptr<Channel>> channels_;  // guarded by mu_
+};
+
+}  // namespace verifyd
