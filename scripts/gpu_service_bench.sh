@@ -3,12 +3,13 @@
 # (another process) through each transport (inline bytes, a POSIX shm region, a CUDA IPC region
 # of verifyctl's own GPU memory) at concurrency 1 and 8 on two shapes, in reference and in shadow
 # mode. Also measures one host memcpy of each bundle's bytes on the same machine. Writes
-# service-<commit>.{md,json} into OUT_DIR; per row: p50/p99, the served path's own time,
-# overhead = p50 - served path, and shadow's added p50.
+# service-<commit>.{md,json} into OUT_DIR; per row: p50/p99, the served path's own time on the
+# GPU, overhead = p50 - that time, and shadow's added p50.
 #
 #   gpu_service_bench.sh PACK_DIR OUT_DIR [COUNT]
-#   TRANSPORTS="inline shm cuda_ipc cuda_ipc+stream" (default: all four; "+stream" sends on one
-#   bidirectional stream per worker instead of unary calls)
+#   TRANSPORTS="inline shm cuda_ipc cuda_ipc+stream cuda_ipc+channel inline+channel" (the
+#   default; "+stream" sends on one bidirectional stream per worker instead of unary calls,
+#   "+channel" through one call channel per worker: no gRPC call per verify)
 set -uo pipefail
 PACK=$1 OUT=$2 COUNT=${3:-300}
 bin=$PACK/bin
@@ -37,19 +38,20 @@ record() {  # MODE REP TRANSPORT: appends $dir/one.json, labelled, to the result
 # attention) through a shm region, unary and on a stream, in reference mode: what gRPC and the
 # daemon cost per call on this host when there is nothing to move. ENGINE labels the rows.
 floor_rows() {  # ENGINE
-  for how in "" --stream; do
+  for how in "" --stream --channel; do
     ctl send --transport shm $how --shape 1,1,1,16 --page_size 16 --count 100 > /dev/null
     ctl send --transport shm $how --shape 1,1,1,16 --page_size 16 --count "$((COUNT * 10))" \
       --json > "$dir/one.json" || echo "send failed: floor $1 $how: $(tail -c 300 "$dir/one.json")"
-    record reference 1 "floor: $1, shm${how:++stream}"
+    record reference 1 "floor: $1, shm${how:++${how#--}}"
   done
 }
 
 start_daemon || exit 1
 # Reference and shadow alternate, twice per configuration, so that drift hits both alike.
-for transport in ${TRANSPORTS:-inline shm cuda_ipc cuda_ipc+stream}; do
-  how=(--transport "${transport%+stream}")
+for transport in ${TRANSPORTS:-inline shm cuda_ipc cuda_ipc+stream cuda_ipc+channel inline+channel}; do
+  how=(--transport "${transport%+*}")
   [[ $transport == *+stream ]] && how+=(--stream)
+  [[ $transport == *+channel ]] && how+=(--channel)
   for shape in "${shapes[@]}"; do
     for conc in 1 8; do
       for rep in 1 2; do
@@ -144,7 +146,8 @@ for (transport, mode, shape, conc), rs in groups.items():
     row["server_stage_seconds_p50"] = {k: mean([r["server_stage_seconds_p50"][k] for r in rs])
                                        for k in rs[0]["server_stage_seconds_p50"]}
     rows.append(row)
-order = {"inline": 0, "shm": 1, "cuda_ipc": 2, "cuda_ipc+stream": 3}  # then the floor rows
+order = {"inline": 0, "inline+channel": 1, "shm": 2, "cuda_ipc": 3, "cuda_ipc+stream": 4,
+         "cuda_ipc+channel": 5}  # then the floor rows
 rows.sort(key=lambda r: (order.get(r["transport"], 9), r["shape"], r["concurrency"], r["mode"] != "reference"))
 try:
     memcpy = json.load(open(f"{sys.argv[2]}/memcpy.json"))
@@ -159,20 +162,24 @@ base = {(r["transport"], r["shape"], r["concurrency"]): r for r in rows if r["mo
 lines = [f"# verifyd service benchmark on {device}", "",
          f"commit `{commit}`, {datetime.date.today()}; `verifyctl send` (another process) over a Unix "
          "socket, page size 64, CUDA engine; latency is client-side, stages are server-side p50; "
-         "overhead = p50 - served path; each row is the mean of two runs, reference and shadow "
+         "overhead = p50 - the served path's own work (its kernels' time between CUDA events: the "
+         "attention itself; tables before 2026-12-01's second run subtracted the host's time to "
+         "start the path instead); each row is the mean of two runs, reference and shadow "
          "alternating. Bundle bytes: what inline carries (shm and cuda_ipc carry refs; cuda_ipc "
-         "sends the index tensors inline).", "",
+         "sends the index tensors inline). +stream: one gRPC stream per worker; +channel: one "
+         "call channel per worker (shared memory and a futex doorbell, no gRPC call per verify).", "",
          "Host memcpy of one bundle on this machine (median of 20): " +
          ", ".join(f"{k}: {v['bytes']/1e6:.1f} MB in {v['seconds']*1e3:.2f} ms ({v['gb_per_s']:.1f} GB/s)"
                    for k, v in memcpy.items()), "",
          "Where the time goes: client encode (the inline message serialized once, timed by verifyctl), "
          "parse (the server parsing the message), decode (checks), prepare (inputs onto the GPU), "
-         "served path, fetch/deliver (the output back), and the rest of p50: gRPC's framing, the "
-         "socket and the client's receive. The floor rows: the smallest call (1,1,1,16, page 16) "
-         "through a shm region in reference mode on the CUDA and on the CPU engine, 10x the "
-         "calls: gRPC's and the daemon's own cost per call on this host.", "",
-         "| transport | mode | shape B,T,H,prefix | conc | MB/call | calls/s | p50 ms | p99 ms | served path ms | overhead ms | shadow adds to p50 | client encode ms | parse ms | decode ms | prepare ms | fetch/deliver ms | gRPC + socket ms | end-to-end GB/s | vs memcpy |",
-         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+         "served path (the host's time to start it), fetch/deliver (the output back, waiting for "
+         "the GPU), and the rest of p50: the transport (gRPC's framing and the socket, or the "
+         "channel's doorbell) and the client's receive. The floor rows: the smallest call "
+         "(1,1,1,16, page 16) through a shm region in reference mode on the CUDA and on the CPU "
+         "engine, 10x the calls: the transport's and the daemon's own cost per call on this host.", "",
+         "| transport | mode | shape B,T,H,prefix | conc | MB/call | calls/s | p50 ms | p99 ms | served path ms | its own work ms | overhead ms | shadow adds to p50 | client encode ms | parse ms | decode ms | prepare ms | fetch/deliver ms | transport ms | end-to-end GB/s | vs memcpy |",
+         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 for r in rows:
     lat, st = r["latency_seconds"], r["server_stage_seconds_p50"]
     add = ""
@@ -180,20 +187,22 @@ for r in rows:
         b = base.get((r["transport"], r["shape"], r["concurrency"]))
         if b:
             add = f"{100 * (lat['p50'] / b['latency_seconds']['p50'] - 1):+.1f}%"
-    overhead = lat["p50"] - st["served_path"]
+    own = st.get("served_device", 0.0) or st["served_path"]
+    overhead = lat["p50"] - own
     r["overhead_seconds_p50"] = overhead
     mc = memcpy.get(r["shape"])
     gbps = r["bundle_bytes"] / lat["p50"] / 1e9
     vs = ""
     if mc and not r["transport"].startswith("floor"):
-        vs = (f"{100 * gbps / mc['gb_per_s']:.0f}% of bw" if r["transport"] == "inline"
+        vs = (f"{100 * gbps / mc['gb_per_s']:.0f}% of bw" if r["transport"].startswith("inline")
               else f"{overhead / mc['seconds']:.2f}x memcpy time")
-    encode = r.get("client_encode_seconds", 0.0) if r["transport"] == "inline" else 0.0
+    encode = (r.get("client_encode_seconds", 0.0) if r["transport"].startswith("inline")
+              else 0.0)
     parse = st.get("parse", 0.0)
     rest = lat["p50"] - r["server_seconds_p50"] - parse - encode
     lines.append(f"| {r['transport']} | {r['mode']} | {r['shape']} | {r['concurrency']} | {r['bundle_bytes']/1e6:.1f} | "
                  f"{r['calls_per_second']:.1f} | {lat['p50']*1e3:.3f} | {lat['p99']*1e3:.3f} | "
-                 f"{st['served_path']*1e3:.3f} | {overhead*1e3:.3f} | {add} | "
+                 f"{st['served_path']*1e3:.3f} | {own*1e3:.3f} | {overhead*1e3:.3f} | {add} | "
                  f"{encode*1e3:.3f} | {parse*1e3:.3f} | "
                  f"{st['decode']*1e3:.3f} | {st['prepare']*1e3:.3f} | {st['fetch']*1e3:.3f} | "
                  f"{rest*1e3:.3f} | {gbps:.2f} | {vs} |")

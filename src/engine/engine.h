@@ -96,6 +96,9 @@ class Engine {
   }
   // Copies a path's output to the host.
   virtual absl::Status Fetch(Path path, PreparedBundle& b, PathOutput* out) = 0;
+  // The time a path's own work took where it ran (on a GPU: between the events around its
+  // kernels), once its output was fetched, delivered or compared.
+  virtual absl::StatusOr<double> PathSeconds(Path path, PreparedBundle& b) = 0;
   // Writes a path's output (reference or custom) into registered regions: o into `o`, lse into
   // `lse` when given. Complete when it returns. This default goes through Fetch() and reaches
   // host regions only.

@@ -42,7 +42,9 @@ class ChannelServer::Channel {
     char* base = map_->base();
     channel::Header* h = HeaderOf(base);
     const channel::Geometry& g = summary_.geometry;
-    uint32_t served = h->request_seq.load(std::memory_order_acquire);
+    // InitHeader set it to 0 before this thread started; the client may ring as soon as
+    // OpenChannel answers, before this line runs, so the count starts from there, not from a load.
+    uint32_t served = 0;
     std::string request;
     while (!stop_.load()) {
       const uint32_t seq = channel::AwaitChange(&h->request_seq, served, spin_,

@@ -188,6 +188,7 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
     return st;
   }
   const double fetch_s = Since(t1);
+  const absl::StatusOr<double> served_device_s = engine_->PathSeconds(served, b);
   const auto& s = view->shape;
   if (!decoded.o_out) {
     EncodeBf16({view->rows(), s.heads, kernels::kHeadDimV}, out.o.data(), resp->mutable_o());
@@ -232,6 +233,7 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
   timing->set_prepare_seconds(prepare_s);
   timing->set_served_seconds(served_s);
   timing->set_fetch_seconds(fetch_s);
+  if (served_device_s.ok()) timing->set_served_device_seconds(*served_device_s);
   timing->set_total_seconds(Since(t0));
   ++(served == Path::kCustom ? served_custom_ : served_reference_);
   metrics_->Request(PathName(served), absl::StatusCode::kOk, Since(t0));

@@ -4,12 +4,16 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
 #include "src/bundle/request_codec.h"
+#include "src/channel/channel_layout.h"
 #include "src/bundle/validate.h"
 #include "src/control/state_store.h"
 #include "src/io/bundle_file.h"
@@ -127,12 +131,31 @@ absl::Status Audit(const uint8_t* data, size_t size) {
   return first;
 }
 
+absl::Status Channel(const uint8_t* data, size_t size) {
+  const size_t bytes = std::max<size_t>(size, channel::kMinBytes);
+  absl::StatusOr<channel::Geometry> g = channel::GeometryFor(bytes, uint64_t{1} << 20);
+  if (!g.ok()) return g.status();
+  // The mapping verifyd reads: page-aligned, the header's words where the client left them.
+  std::vector<uint64_t> mem((bytes + 7) / 8, 0);
+  char* base = reinterpret_cast<char*>(mem.data());
+  std::memcpy(base, data, size);
+  std::string request;
+  if (absl::Status st = channel::CopyRequest(base, *g, &request); !st.ok()) return st;
+  const uint32_t claimed = channel::HeaderOf(base)->request_bytes.load();
+  if (request.size() != claimed || request.size() > g->capacity ||
+      g->request_offset + request.size() > bytes) {
+    return absl::InternalError("the request copied out is not inside the request area");
+  }
+  return Request(reinterpret_cast<const uint8_t*>(request.data()), request.size());
+}
+
 const std::vector<Target>& Targets() {
   static const std::vector<Target> targets = {
       {"request", &Request},
       {"safetensors", &Safetensors},
       {"state", &State},
       {"audit", &Audit},
+      {"channel", &Channel},
   };
   return targets;
 }

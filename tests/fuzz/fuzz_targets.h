@@ -23,6 +23,10 @@ absl::Status Safetensors(const uint8_t* data, size_t size);
 // serialize and parse back to the same text (INTERNAL when it does not: a bug, never an input
 // error).
 absl::Status State(const uint8_t* data, size_t size);
+// A call channel's shared memory as a client may leave it (header, request area; padded with
+// zeros to the smallest channel): the request copied out as verifyd copies it, then served by
+// Request(). INTERNAL when the copy is not inside the request area.
+absl::Status Channel(const uint8_t* data, size_t size);
 absl::Status Audit(const uint8_t* data, size_t size);
 
 struct Target {

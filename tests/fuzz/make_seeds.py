@@ -103,6 +103,16 @@ def safetensors(tensors, sm_scale=0.0417):
     return struct.pack("<Q", len(h)) + h + body
 
 
+def channel_frame(req, claimed=None):
+    # A call channel's shared memory as a client leaves it (src/channel/channel_layout.h): the
+    # header page (magic, version, capacity; request_seq at 64, request_bytes at 68) and the
+    # request at 4096.
+    header = bytearray(4096)
+    struct.pack_into("<QII", header, 0, 0x314E484344594656, 1, 4096)
+    struct.pack_into("<II", header, 64, 1, len(req) if claimed is None else claimed)
+    return bytes(header) + req
+
+
 def write(target, name, data):
     d = os.path.join(HERE, "corpus", target)
     os.makedirs(d, exist_ok=True)
@@ -119,6 +129,9 @@ def main():
     write("request", "bits", request(bits, True))
     write("request", "bad_sm_scale", request(small, False, sm_scale=-1))
     write("request", "shm_region", shm_request(tree))
+    write("channel", "small", channel_frame(request(small, False)))
+    write("channel", "shm_region", channel_frame(shm_request(tree)))
+    write("channel", "bad_claims_too_much", channel_frame(request(small, False), claimed=1 << 30))
     write("safetensors", "small", safetensors(small))
     write("safetensors", "tree", safetensors(tree))
     write("safetensors", "bad_header_only", struct.pack("<Q", 2) + b"{}")

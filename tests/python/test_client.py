@@ -153,6 +153,37 @@ class VerifyTest(unittest.TestCase):
             self.assertField(cm.exception, "device")
             np.testing.assert_array_equal(s.verify(**bundles[1], want_lse=True).o, want[1])
 
+    def test_channel_matches_unary_and_survives_an_error(self):
+        rng = rng_for(self, 19)
+        bundles = [random_bundle(rng, batch=1 + i % 2, draft=2 + i, heads=3, page_size=4,
+                                 prefixes=[5 * i + 2] * (1 + i % 2)) for i in range(3)]
+        want = [self.client.verify(**b, want_lse=True) for b in bundles]
+        with self.client.channel(byte_size=1 << 20) as ch:
+            for i, b in enumerate(bundles):
+                r = ch.verify(**b, want_lse=True, request_id=f"c{i}")
+                self.assertEqual(r.request_id, f"c{i}")
+                np.testing.assert_array_equal(r.o, want[i].o)
+                np.testing.assert_array_equal(r.lse, want[i].lse)
+            with self.assertRaises(VerifydError) as cm:
+                ch.verify(**bundles[0], device=5)
+            self.assertField(cm.exception, "device")
+            np.testing.assert_array_equal(ch.verify(**bundles[1]).o, want[1].o)
+            big = random_bundle(rng, batch=1, draft=4, heads=8, page_size=16, prefixes=[2000])
+            with self.assertRaises(VerifydError) as cm:
+                ch.verify(**big, compact=False)
+            self.assertEqual(cm.exception.code, grpc.StatusCode.RESOURCE_EXHAUSTED)
+            np.testing.assert_array_equal(ch.verify(**bundles[2]).o, want[2].o)
+            metrics = self.client_metrics()
+            self.assertRegex(metrics, r"(?m)^verifyd_channels [1-9]")
+        with self.assertRaises(VerifydError) as cm:
+            ch.verify(**bundles[0])
+        self.assertEqual(cm.exception.code, grpc.StatusCode.UNAVAILABLE)
+        self.assertRegex(self.client_metrics(), r"(?m)^verifyd_channels 0")
+
+    def client_metrics(self):
+        import urllib.request  # noqa: PLC0415
+        return urllib.request.urlopen(self.daemon.metrics_url, timeout=5).read().decode()
+
     def test_health_and_metrics(self):
         self.assertEqual(self.client.health(), "SERVING")
         self.assertEqual(self.client.health("verifyd.v1.VerifyService"), "SERVING")

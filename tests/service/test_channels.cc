@@ -139,6 +139,8 @@ TEST_F(ChannelTest, CallsMatchTheUnaryRpcBitForBit) {
       EXPECT_EQ(got.o().raw_contents(), want.o().raw_contents()) << "seed " << seed;
       EXPECT_EQ(got.lse().raw_contents(), want.lse().raw_contents()) << "seed " << seed;
       EXPECT_GT(got.timing().total_seconds(), 0);
+      EXPECT_GT(got.timing().served_device_seconds(), 0);
+      EXPECT_LE(got.timing().served_device_seconds(), got.timing().total_seconds());
 
       // Every tensor in the region, o and lse written there.
       const ShmLayout l = ShmLayout::Of(b.view());

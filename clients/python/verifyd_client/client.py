@@ -7,6 +7,7 @@ import threading
 import grpc
 
 from ._channel import ChannelClient
+from .call_channel import CallChannel
 from ._proto import verify_pb2_grpc
 from .errors import VerifydError, status_code
 from .regions import RegionCalls, client_id
@@ -64,6 +65,7 @@ class VerifyClient(ChannelClient):
         except BaseException:
             super().close()
             raise
+        self._call_channels = []
         self._closed = False
 
     def verify(self, q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale,
@@ -134,9 +136,21 @@ class VerifyClient(ChannelClient):
             return
         self._closed = True
         try:
+            for c in self._call_channels:
+                c.close()
             self._transport.close()
         finally:
             super().close()
+
+    def channel(self, byte_size=8 << 20, spin_s=0.002):
+        """A CallChannel: ``verify(...)`` through shared memory and a futex doorbell, with no
+        gRPC call per verify. Same transport as this client (inline tensors must fit the
+        channel's areas: byte_size is split into two); one call at a time, one thread. Needs a
+        Unix socket target and x86-64; closed with the client if not before."""
+        c = CallChannel(self._stub, self._transport, self.client_id, byte_size, spin_s,
+                        self.timeout)
+        self._call_channels.append(c)
+        return c
 
     def stream(self, timeout=None):
         """A VerifyStream context manager: calls in order over one bidirectional stream."""

@@ -146,6 +146,12 @@ class CpuEngine : public Engine {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<double> PathSeconds(Path path, PreparedBundle& pb) override {
+    auto got = static_cast<CpuPreparedBundle&>(pb).Get(path);
+    if (got == nullptr) return NotRun(path);
+    return got->seconds;
+  }
+
   absl::StatusOr<bool> AllFinite(Path path, PreparedBundle& pb) override {
     if (path == Path::kOracle) return OracleNotChecked();
     auto got = static_cast<CpuPreparedBundle&>(pb).Get(path);

@@ -388,6 +388,19 @@ absl::Status CudaEngine::Fetch(Path path, PreparedBundle& pb, PathOutput* out) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<double> CudaEngine::PathSeconds(Path path, PreparedBundle& pb) {
+  auto& b = static_cast<CudaPreparedBundle&>(pb);
+  DeviceWorker& w = b.worker();
+  VERIFYD_RETURN_IF_ERROR(w.Activate());
+  const DevicePathOutput st = b.State(path);
+  if (!st.ran) return NotRun(path);
+  const char* where = "path time";
+  VERIFYD_RETURN_IF_ERROR(w.Check(cudaEventSynchronize(st.done), where));
+  float ms = 0;
+  VERIFYD_RETURN_IF_ERROR(w.Check(cudaEventElapsedTime(&ms, st.start, st.done), where));
+  return ms * 1e-3;
+}
+
 absl::StatusOr<bool> CudaEngine::AllFinite(Path path, PreparedBundle& pb) {
   auto& b = static_cast<CudaPreparedBundle&>(pb);
   DeviceWorker& w = b.worker();

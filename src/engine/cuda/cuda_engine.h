@@ -47,6 +47,7 @@ class CudaEngine : public Engine {
   // the shadow stream and returns once launched.
   absl::Status Run(Path path, PreparedBundle& b) override;
   absl::Status Fetch(Path path, PreparedBundle& b, PathOutput* out) override;
+  absl::StatusOr<double> PathSeconds(Path path, PreparedBundle& b) override;
   // A device-to-device copy into a CUDA IPC region (a device-to-host one into a shm region) on
   // the path's stream, waited for.
   absl::Status Deliver(Path path, PreparedBundle& b, const RegionRange& o,
