@@ -1,6 +1,7 @@
 #pragma once
 // Thin wrappers over the PTX the fused kernel is built from: 16-byte cp.async with zero fill,
-// 4-byte cp.async, ldmatrix (plain and transposed), mma.sync m16n8k16 bf16 with fp32 accumulation, named barriers.
+// 4-byte cp.async, ldmatrix (plain and transposed), mma.sync m16n8k16 bf16 with fp32
+// accumulation, named barriers.
 // Every target the project builds for (sm_80 and later) has all of them.
 
 #include <cuda_bf16.h>
