@@ -26,7 +26,8 @@ constexpr size_t CustomTileSmemBytes(int rows, int tokens, int stages) {
          + static_cast<size_t>(stages) * t * row_bytes   // K/V stages
          + r * (t + 8) * 2                               // P tile (bf16, padded rows)
          + 3 * r * 4                                     // row max/sum exchange, row scale
-         + r * (t / 16) * 2;                             // staged tree-mask bits
+         + r * (t / 16) * 2                              // staged tree-mask bits
+         + static_cast<size_t>(stages) * t * 4;          // page ids of the next tiles' rows
 }
 
 // Hopper (H100/H200, 227 KB per block): 64 rows x 64 tokens, 2 stages, 8 warps.

@@ -1,6 +1,7 @@
 #pragma once
 // Thin wrappers over the PTX the fused kernel is built from: 16-byte cp.async with zero fill,
-// ldmatrix (plain and transposed), mma.sync m16n8k16 bf16 with fp32 accumulation, named barriers.
+// 4-byte cp.async, ldmatrix (plain and transposed), mma.sync m16n8k16 bf16 with fp32
+// accumulation, named barriers.
 // Every target the project builds for (sm_80 and later) has all of them.
 
 #include <cuda_bf16.h>
@@ -18,6 +19,11 @@ __device__ __forceinline__ uint32_t SmemAddress(const void* p) {
 __device__ __forceinline__ void CpAsync16(uint32_t smem, const void* gmem, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
                "r"(valid ? 16 : 0));
+}
+
+// Copies 4 bytes global -> shared (through L1: .cg takes only 16-byte copies).
+__device__ __forceinline__ void CpAsync4(uint32_t smem, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem), "l"(gmem));
 }
 
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }

@@ -323,19 +323,35 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const Kern
     *valid = r < m_valid;
     return p.q + (*valid ? (row0 + r) * kHeadDimQK : 0);
   });
-  auto load_tile = [&](int tile, int stage) {
+  // Page ids of a tile's rows (rows past kv_len take the last key's page) go to page_ids[stage]
+  // by cp.async in the commit group of the tile kStages - 1 earlier, so that issuing the tile's
+  // row copies waits for a shared-memory read, not for a dependent global one. The first
+  // kStages - 1 tiles read theirs from global memory.
+  int32_t* page_ids = reinterpret_cast<int32_t*>(smem + Cfg::kPageIdOffset);  // [kStages][kTokens]
+  auto prefetch_page_ids = [&](int tile, int stage) {
+    if (tid < kTokens) {
+      const int tt = min(tile * kTokens + tid, kv_len - 1);
+      CpAsync4(SmemAddress(page_ids + stage * kTokens + tid), pages + (tt >> p.page_shift));
+    }
+  };
+  auto load_tile = [&](int tile, int stage, bool ids_prefetched) {
     const int k0 = tile * kTokens;
     LoadRows<Cfg, kTokens>(kv_s + stage * Cfg::kStageBytes, tid, [&](int r, bool* valid) {
       const int t = k0 + r;
       *valid = t < kv_len;
       const int tt = *valid ? t : kv_len - 1;
-      const int64_t slot = (int64_t{pages[tt >> p.page_shift]} << p.page_shift) + (tt & page_mask);
+      const int32_t page =
+          ids_prefetched ? page_ids[stage * kTokens + r] : pages[tt >> p.page_shift];
+      const int64_t slot = (int64_t{page} << p.page_shift) + (tt & page_mask);
       return p.kv_pool + slot * kHeadDimQK;
     });
   };
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (tile_begin + s < tile_end) load_tile(tile_begin + s, s);
+    if (tile_begin + s < tile_end) load_tile(tile_begin + s, s, false);
+    if (tile_begin + s + kStages - 1 < tile_end) {
+      prefetch_page_ids(tile_begin + s + kStages - 1, (s + kStages - 1) % kStages);
+    }
     CpAsyncCommit();
   }
 
@@ -405,8 +421,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const Kern
     if (use_wgmma) FenceProxyAsyncShared();
     __syncthreads();  // tile `it` landed; everyone is done with the previous tile's buffers
     {
+      // Tile `next`'s page ids came in tile `it`'s group (visible after the barrier); those of
+      // tile next + kStages - 1 ride in next's group, into the buffer the previous iteration
+      // read.
       const int next = tile + kStages - 1;
-      if (next < tile_end) load_tile(next, (it + kStages - 1) % kStages);
+      if (next < tile_end) load_tile(next, (it + kStages - 1) % kStages, true);
+      if (next + kStages - 1 < tile_end) {
+        prefetch_page_ids(next + kStages - 1, (it + 2 * kStages - 2) % kStages);
+      }
       CpAsyncCommit();
     }
     const uint32_t kv_tile = kv_s + stage * Cfg::kStageBytes;

@@ -11,7 +11,8 @@
 //             [256w, 256w + 256): again 128 fp32 registers per thread.)
 // Both roles cover all kRows/8 warps. The layout is shared memory in bytes:
 //   Q [kRows, 576] | KV [kStages, kTokens, 576] | P [kRows, kTokens + 8] bf16 |
-//   red [2, kRows] f32 | scale [kRows] f32 | mask [kRows, kTokens/16] u16
+//   red [2, kRows] f32 | scale [kRows] f32 | mask [kRows, kTokens/16] u16 |
+//   page ids [kStages, kTokens] i32 (of the rows of the tiles the pipeline loads next)
 // Q and KV tiles are stored as 9 blocks of 64 dims: block kb holds [rows, 128 bytes] with the
 // 16-byte chunks of row r XOR-swizzled by (r & 7). That is wgmma's K-major 128-byte-swizzle
 // layout (8-row atoms of 1024 bytes), and ldmatrix reads of 8 consecutive rows hit 8 different
@@ -49,21 +50,23 @@ struct TileConfig {
   static constexpr size_t kRedOffset = kPOffset + size_t{kRows} * kPStride * 2;
   static constexpr size_t kScaleOffset = kRedOffset + size_t{2} * kRows * 4;
   static constexpr size_t kMaskOffset = kScaleOffset + size_t{kRows} * 4;
-  static constexpr size_t kSmemBytes = kMaskOffset + size_t{kRows} * kMaskWords * 2;
+  static constexpr size_t kPageIdOffset = kMaskOffset + size_t{kRows} * kMaskWords * 2;
+  static constexpr size_t kSmemBytes = kPageIdOffset + size_t{kStages} * kTokens * 4;
 
   static_assert(kRows % 32 == 0 && kTokens % 16 == 0, "tile sizes");
   static_assert(kRows * kMaskWords <= kThreads * 4, "mask staging work per thread");
   static_assert(kRows % (kThreads / 8) == 0 && kTokens % (kThreads / 8) == 0,
                 "row loader passes");
   static_assert(kStages >= 2, "pipeline depth");
+  static_assert(kTokens <= kThreads && kPageIdOffset % 4 == 0, "page id prefetch");
   static_assert(kKvOffset % 1024 == 0 && kStageBytes % 1024 == 0 && kKvBlockBytes % 1024 == 0 &&
                     kQBlockBytes % 1024 == 0,
                 "128-byte-swizzle atoms must stay 1024-byte aligned");
 };
 
-// H100/H200: 231,680 bytes of the 232,448 a block may opt into.
+// H100/H200: 232,192 bytes of the 232,448 a block may opt into.
 using HopperTiles = TileConfig<64, 64, 2>;
-// RTX PRO 6000 (sm_120): 94,144 bytes of its 101,376.
+// RTX PRO 6000 (sm_120): 94,336 bytes of its 101,376.
 using Sm120Tiles = TileConfig<32, 16, 3>;
 
 }  // namespace verifyd::kernels::custom
