@@ -40,18 +40,20 @@ PY
 }
 
 calls=0
-for transport in cuda_ipc shm; do
+for transport in cuda_ipc shm cuda_ipc+channel; do
+  how=(--transport "${transport%+channel}")
+  [[ $transport == *+channel ]] && how+=(--channel)
   for page in 1 64; do
     for shape in 2,16,8,2048 1,64,16,4096; do
-      out=$(ctl send --transport "$transport" --check --scribble --shape "$shape" \
+      out=$(ctl send "${how[@]}" --check --scribble --shape "$shape" \
               --page_size "$page" --count 40 --distinct 40 --concurrency 4 2>&1)
       rc=$?
       calls=$((calls + 40))
       check=$(echo "$out" | grep -E '^check:' || true)
       if [[ $rc != 0 ]]; then
-        fail "send --transport $transport page $page shape $shape: rc=$rc: $(echo "$out" | tail -3)"
+        fail "send ${how[*]} page $page shape $shape: rc=$rc: $(echo "$out" | tail -3)"
       else
-        echo "ok   send --transport $transport --check --scribble page $page shape $shape: $check"
+        echo "ok   send ${how[*]} --check --scribble page $page shape $shape: $check"
       fi
     done
   done

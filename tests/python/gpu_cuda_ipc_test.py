@@ -218,6 +218,13 @@ def check_equal(args, device):
                 r = s.recv()
                 expect(r.request_id == f"s{k}", f"stream answer {r.request_id} out of order")
                 assert_same(r, wants[k], f"stream call {k}")
+        # The same calls through a call channel: no gRPC call per verify, o on q's device.
+        with c.channel() as ch:
+            for k, x in enumerate(bundles):
+                r = ch.verify(**torch_bundle(x, device), want_lse=True, request_id=f"c{k}")
+                expect(r.request_id == f"c{k}", f"channel answer {r.request_id}")
+                expect(r.o.device == device, f"channel o on {r.o.device}, q on {device}")
+                assert_same(r, wants[k], f"channel call {k}")
         regions = [r for r in c.list_regions() if r["client"] == c.client_id]
         print(f"  {len(regions)} regions registered: "
               f"{[(r['name'], r['byte_size'], r['calls']) for r in regions]}")
