@@ -106,6 +106,12 @@ int RunStatus(const GlobalOptions& g) {
                          {"client", r.client()}, {"in_use", r.in_use()}, {"calls", r.calls()},
                          {"lost", r.lost()}});
     }
+    nlohmann::json channels = nlohmann::json::array();
+    for (const auto& c : s.channels()) {
+      channels.push_back({{"name", c.name()}, {"key", c.key()}, {"byte_size", c.byte_size()},
+                          {"capacity", c.capacity()}, {"client", c.client()},
+                          {"calls", c.calls()}, {"stopped", c.stopped()}});
+    }
     const auto& rt = s.runtime();
     const auto& tol = rt.tolerances();
     PrintJson({{"mode", ModeStr(s.mode())},
@@ -179,6 +185,7 @@ int RunStatus(const GlobalOptions& g) {
                  {"metrics_address", rt.metrics_address()},
                  {"state_dir", rt.state_dir()}}},
                {"regions", regions},
+               {"channels", channels},
                {"audit", audit}});
     return 0;
   }
@@ -246,6 +253,12 @@ int RunStatus(const GlobalOptions& g) {
                                  : fmt::format(" on GPU {}", r.device()),
                              r.client(), r.calls(), r.in_use(),
                              r.lost() ? "  LOST (object shrank; unregister it)" : "");
+  }
+  if (s.channels().empty()) std::cout << "channels    none\n";
+  for (const auto& c : s.channels()) {
+    std::cout << fmt::format("channel     {}  on {}, areas of {:.1f} MB  client '{}'  calls {}{}\n",
+                             c.name(), c.key(), c.capacity() / 1e6, c.client(), c.calls(),
+                             c.stopped() ? "  STOPPED (object shrank; close it)" : "");
   }
   std::cout << fmt::format("up          {} since {}, state in {}\n",
                            Duration(rt.uptime_seconds()), rt.started(), rt.state_dir());

@@ -201,6 +201,18 @@ grpc::Status AdminServiceImpl::GetStatus(grpc::ServerContext* ctx, const v1::Get
   if (ctx_.regions != nullptr) {
     for (const RegionSummary& r : ctx_.regions->List()) ToProto(r, resp->add_regions());
   }
+  if (ctx_.channels != nullptr) {
+    for (const ChannelSummary& c : ctx_.channels->List()) {
+      v1::ChannelInfo* out = resp->add_channels();
+      out->set_name(c.name);
+      out->set_key(c.key);
+      out->set_byte_size(c.byte_size);
+      out->set_capacity(c.geometry.capacity);
+      out->set_client(c.client);
+      out->set_calls(c.calls);
+      out->set_stopped(c.stopped);
+    }
+  }
   return grpc::Status::OK;
 }
 

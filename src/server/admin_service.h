@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "src/capture/capturer.h"
 #include "src/region/region_registry.h"
+#include "src/server/channel_server.h"
 #include "src/control/mode_controller.h"
 #include "src/engine/engine.h"
 #include "src/metrics/metrics.h"
@@ -30,6 +31,7 @@ struct AdminContext {
   std::string token;  // empty: no token required
   Capturer* capturer = nullptr;  // null: capture off
   const RegionRegistry* regions = nullptr;  // null: no regions
+  const ChannelServer* channels = nullptr;  // null: no call channels
   ProbeScheduler* probes = nullptr;  // null: RunProbes is unavailable
   // Request counters, owned by the daemon.
   std::function<v1::Counters()> counters;

@@ -34,6 +34,7 @@ class ChannelServer::Channel {
   ChannelSummary summary() const {
     ChannelSummary s = summary_;
     s.calls = calls_.load();
+    s.stopped = stopped_.load();
     return s;
   }
 
@@ -57,6 +58,7 @@ class ChannelServer::Channel {
         spdlog::warn("channel '{}': its shared-memory object shrank under the mapping; the "
                      "channel stops serving (close it and open a new one)",
                      summary_.name);
+        stopped_.store(true);
         return;
       }
       std::string response = st.ok() ? serve_(request) : ErrorResponse(st);
@@ -83,7 +85,7 @@ class ChannelServer::Channel {
   const std::unique_ptr<MappedRegion> map_;
   const absl::Duration spin_;
   const Serve& serve_;
-  std::atomic<bool> stop_{false};
+  std::atomic<bool> stop_{false}, stopped_{false};
   std::atomic<int64_t> calls_{0};
   std::thread thread_;
 };

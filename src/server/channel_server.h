@@ -32,6 +32,7 @@ struct ChannelSummary {
   uint64_t byte_size = 0;
   channel::Geometry geometry;
   int64_t calls = 0;
+  bool stopped = false;  // the object shrank under the mapping: no more calls
 };
 
 class ChannelServer {

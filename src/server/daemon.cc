@@ -273,6 +273,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
         d->metrics_server_ ? Bound(opts.metrics_address, d->metrics_port()) : "");
     actx.capturer = d->capturer_.get();
     actx.regions = d->regions_.get();
+    actx.channels = &d->verify_service_->channels();
     actx.probes = d->probes_.get();
     actx.counters = [self] { return self->handler_->counters(); };
     actx.token = IsUnixAddress(opts.admin_listen) ? "" : opts.admin_token;

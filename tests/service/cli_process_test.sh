@@ -73,6 +73,7 @@ grep -q "^rollback    after 3 breaches within 1000" "$dir/s.txt" || fail "rollba
 grep -q "^listening   data unix:$dir/data.sock  admin unix:$dir/admin.sock  metrics 127.0.0.1:" \
   "$dir/s.txt" || fail "listen addresses: $(cat "$dir/s.txt")"
 grep -q "^regions     none" "$dir/s.txt" || fail "regions"
+grep -q "^channels    none" "$dir/s.txt" || fail "channels"
 grep -q "^up          " "$dir/s.txt" || fail "uptime"
 if grep -q WARNING "$dir/s.txt"; then fail "fault warning without a fault"; fi
 json "$dir/s.json" 'j["runtime"]["inject_custom_fault"] == "" and j["runtime"]["rollback_breaches"] == 3

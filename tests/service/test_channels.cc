@@ -303,6 +303,14 @@ TEST_F(ChannelTest, CloseIsSeenByTheClientAndCounted) {
   EXPECT_NE(Scrape(daemon_->metrics_port()).find("verifyd_channels 2"), std::string::npos);
   v1::VerifyResponse resp;
   ASSERT_TRUE((*a)->Call(SmallRequest(1), &resp).ok());
+  const v1::GetStatusResponse status = Status();
+  ASSERT_EQ(status.channels_size(), 2);
+  EXPECT_EQ(status.channels(0).name(), "a");
+  EXPECT_EQ(status.channels(0).calls(), 1);
+  EXPECT_EQ(status.channels(0).client(), "test");
+  EXPECT_EQ(status.channels(0).key(), (*a)->key());
+  EXPECT_EQ(status.channels(0).capacity(), (*a)->capacity());
+  EXPECT_EQ(status.channels(1).calls(), 0);
   ASSERT_TRUE(Close("", "test").ok());
   EXPECT_NE(Scrape(daemon_->metrics_port()).find("verifyd_channels 0"), std::string::npos);
   const absl::Status st = (*a)->Call(SmallRequest(1), &resp);
@@ -339,6 +347,11 @@ TEST_F(ChannelTest, AShrunkObjectStopsItsChannelNotTheDaemon) {
   ASSERT_TRUE(other.ok()) << other.status();
   ASSERT_TRUE((*other)->Call(SmallRequest(3), &resp).ok());
   EXPECT_EQ(resp.error_code(), 0) << resp.error_message();
+  const v1::GetStatusResponse status = Status();
+  ASSERT_EQ(status.channels_size(), 2);
+  EXPECT_EQ(status.channels(1).name(), "s");
+  EXPECT_TRUE(status.channels(1).stopped());
+  EXPECT_FALSE(status.channels(0).stopped());
   EXPECT_TRUE(Close("s").ok());
 }
 
