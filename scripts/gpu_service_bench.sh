@@ -10,6 +10,7 @@
 #   TRANSPORTS="inline shm cuda_ipc cuda_ipc+stream cuda_ipc+channel inline+channel" (the
 #   default; "+stream" sends on one bidirectional stream per worker instead of unary calls,
 #   "+channel" through one call channel per worker: no gRPC call per verify)
+#   DAEMON_FLAGS="--cuda_sync_spin_us=0 ..." (extra verifyd flags, for A/B runs)
 set -uo pipefail
 PACK=$1 OUT=$2 COUNT=${3:-300}
 bin=$PACK/bin
@@ -24,7 +25,8 @@ start_daemon() {  # [ENGINE]
   rm -rf "$dir/state"
   "$bin/verifyd" --engine="${1:-cuda}" --listen="unix:$dir/data.sock" --admin_listen="unix:$dir/admin.sock" \
     --metrics_address=127.0.0.1:$METRICS_PORT --state_dir="$dir/state" --capture_dir=off \
-    --shadow_threads=2 --shadow_queue=256 --log_level=warn >> "$OUT/service_daemon.log" 2>&1 &
+    --shadow_threads=2 --shadow_queue=256 --log_level=warn ${DAEMON_FLAGS:-} \
+    >> "$OUT/service_daemon.log" 2>&1 &
   pid=$!
   for _ in $(seq 1200); do [ -S "$dir/admin.sock" ] && return 0; sleep 0.1; done  # after the start-up probe
   echo "verifyd did not start"; cat "$OUT/service_daemon.log"; return 1
@@ -127,7 +129,7 @@ if start_daemon cpu; then
 fi
 
 python3 - "$results" "$OUT" "$commit" <<'PY'
-import json, sys, datetime, subprocess
+import json, os, sys, datetime, subprocess
 runs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 # One row per (transport, mode, shape, concurrency): the mean over the alternating repetitions.
 rows, groups = [], {}
@@ -160,7 +162,8 @@ except Exception:
     device = "unknown"
 base = {(r["transport"], r["shape"], r["concurrency"]): r for r in rows if r["mode"] == "reference"}
 lines = [f"# verifyd service benchmark on {device}", "",
-         f"commit `{commit}`, {datetime.date.today()}; `verifyctl send` (another process) over a Unix "
+         f"commit `{commit}`, {datetime.date.today()}; verifyd flags beyond the defaults: "
+         f"`{os.environ.get('DAEMON_FLAGS') or 'none'}`; `verifyctl send` (another process) over a Unix "
          "socket, page size 64, CUDA engine; latency is client-side, stages are server-side p50; "
          "overhead = p50 - the served path's own work (its kernels' time between CUDA events: the "
          "attention itself; tables before 2026-12-01's second run subtracted the host's time to "
@@ -228,7 +231,8 @@ if fc_rows:
                      f"{r['served_custom_ms']:.4f} | {100 * r['share']:.2f}% |")
 md = "\n".join(lines) + "\n"
 open(f"{out}/service-{commit}.md", "w").write(md)
-json.dump({"device": device, "commit": commit, "date": str(datetime.date.today()), "rows": rows,
+json.dump({"device": device, "commit": commit, "date": str(datetime.date.today()),
+           "daemon_flags": os.environ.get("DAEMON_FLAGS", ""), "rows": rows,
            "memcpy": memcpy,
            "finite_check": fc_rows,
            "runs": runs},

@@ -29,6 +29,7 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const EngineOptions& opts) {
     CudaEngineOptions c;
     c.devices = opts.devices;
     c.memory_pool_bytes = static_cast<size_t>(opts.cuda_pool_bytes);
+    c.sync_spin = absl::Microseconds(opts.cuda_sync_spin_us);
     c.custom = kernels::CustomConfigFromEnv();
     auto e = CudaEngine::Create(c);
     if (!e.ok()) return e.status();

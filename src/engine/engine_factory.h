@@ -15,6 +15,8 @@ struct EngineOptions {
   int cpu_threads = 0;        // 0 = all cores
   std::vector<int> devices;   // CUDA devices; empty = all visible
   int64_t cuda_pool_bytes = int64_t{8} << 30;
+  // CUDA: how long a wait for the served output polls before it sleeps (--cuda_sync_spin_us).
+  int64_t cuda_sync_spin_us = 100;
 };
 
 absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const EngineOptions& opts);

@@ -43,6 +43,10 @@ ABSL_FLAG(std::string, engine, "auto", "auto (CUDA when a GPU is visible), cpu o
 ABSL_FLAG(int, cpu_threads, 0, "CPU engine threads; 0 = all cores");
 ABSL_FLAG(std::vector<std::string>, devices, {}, "CUDA devices to serve; empty = all visible");
 ABSL_FLAG(int64_t, cuda_pool_mb, 8192, "CUDA memory pool per device, MiB");
+ABSL_FLAG(int64_t, cuda_sync_spin_us, 100,
+          "CUDA engine: how long the wait for a call's served output polls the GPU before it "
+          "sleeps, microseconds (a sleeping wait wakes tens of microseconds after the GPU is done; "
+          "polling keeps a core busy); 0 = always sleep");
 ABSL_FLAG(int64_t, max_message_mb, 2048, "Largest gRPC message accepted or sent, MiB");
 ABSL_FLAG(int, grpc_max_threads, 128,
           "Threads serving data-plane calls; a call or stream beyond them gets RESOURCE_EXHAUSTED");
@@ -264,6 +268,10 @@ absl::StatusOr<DaemonOptions> ParseDaemonFlags(int argc, char** argv) {
     o.engine.devices.push_back(id);
   }
   o.engine.cuda_pool_bytes = absl::GetFlag(FLAGS_cuda_pool_mb) << 20;
+  o.engine.cuda_sync_spin_us = absl::GetFlag(FLAGS_cuda_sync_spin_us);
+  if (o.engine.cuda_sync_spin_us < 0 || o.engine.cuda_sync_spin_us > 100000) {
+    return absl::InvalidArgumentError("cuda_sync_spin_us: must be in [0, 100000]");
+  }
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_mb) << 20;
   o.grpc_max_threads = absl::GetFlag(FLAGS_grpc_max_threads);
   o.grpc_max_concurrent_streams = absl::GetFlag(FLAGS_grpc_max_concurrent_streams);

@@ -38,6 +38,8 @@ printf 'abc\ndef\n' >"$dir/token2"
 chmod 600 "$dir/token2"
 refused "the token has byte 0x0a at offset 3" "${flags[@]}" --admin_token_file="$dir/token2"
 refused "keep_freed_mb: must be in [0, 2047]" "${flags[@]}" --keep_freed_mb=4096
+refused "cuda_sync_spin_us: must be in [0, 100000]" "${flags[@]}" --cuda_sync_spin_us=-1
+refused "max_channels: must be in [0, 1024]" "${flags[@]}" --max_channels=5000
 chmod 600 "$dir/token"
 refused "is TCP without TLS" --listen="unix:$dir/d2.sock" --admin_listen=127.0.0.1:0 \
   --state_dir="$dir/s2" --admin_token_file="$dir/token"

@@ -161,7 +161,8 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const CudaEngineO
           absl::StrCat("devices: ", d, " is outside the visible [0, ", visible, ")"));
     }
     VERIFYD_ASSIGN_OR_RETURN(
-        auto worker, DeviceWorker::Create(d, options.memory_pool_bytes, options.lanes_per_device));
+        auto worker, DeviceWorker::Create(d, options.memory_pool_bytes, options.lanes_per_device,
+                                          options.sync_spin));
     engine->workers_.push_back(std::move(worker));
   }
   return engine;
@@ -325,7 +326,7 @@ absl::Status CudaEngine::Deliver(Path path, PreparedBundle& pb, const RegionRang
     if (absl::Status rec = b.RecordShadowUse(); done.ok()) done = rec;
   }
   VERIFYD_RETURN_IF_ERROR(done);
-  return w.Check(cudaStreamSynchronize(s), where);
+  return w.AwaitCritical(s, where);
 }
 
 absl::Status CudaEngine::Run(Path path, PreparedBundle& pb) {
@@ -369,7 +370,7 @@ absl::Status CudaEngine::Fetch(Path path, PreparedBundle& pb, PathOutput* out) {
       if (absl::Status rec = b.RecordShadowUse(); copy.ok()) copy = rec;
     }
     VERIFYD_RETURN_IF_ERROR(copy);
-    VERIFYD_RETURN_IF_ERROR(w.Check(cudaEventSynchronize(staging.copied), where));
+    VERIFYD_RETURN_IF_ERROR(w.AwaitCritical(staging.copied, where));
     out->o.clear();
     out->o_f32.clear();
     if (path == Path::kOracle) {

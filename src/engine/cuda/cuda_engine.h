@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "kernels/custom/custom_attention.h"
 #include "src/engine/engine.h"
 
@@ -22,6 +23,9 @@ struct CudaEngineOptions {
   std::vector<int> devices;                    // CUDA device ordinals; empty = every visible GPU
   size_t memory_pool_bytes = size_t{8} << 30;  // per GPU: cap on the pool and what it keeps
   int lanes_per_device = 4;                    // stream pairs per GPU: calls that overlap
+  // Waits block (the driver wakes the thread: tens of µs after the GPU is done), except that a
+  // wait for the served output, on the call's critical path, polls for this long first.
+  absl::Duration sync_spin = absl::Microseconds(100);
   kernels::CustomConfig custom;                // tiles and KV-split planning of the custom path
 };
 

@@ -1,6 +1,7 @@
 #include "src/engine/cuda/device_worker.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "src/engine/cuda/cuda_status.h"
@@ -16,8 +17,9 @@ absl::Status CublasStatus(cublasStatus_t st, absl::string_view where) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DeviceWorker>> DeviceWorker::Create(int device, size_t pool_bytes,
-                                                                   int lanes) {
-  std::unique_ptr<DeviceWorker> w(new DeviceWorker(device));
+                                                                   int lanes,
+                                                                   absl::Duration sync_spin) {
+  std::unique_ptr<DeviceWorker> w(new DeviceWorker(device, sync_spin));
   if (absl::Status st = w->Init(pool_bytes, lanes); !st.ok()) return st;
   return w;
 }
@@ -27,6 +29,7 @@ absl::Status DeviceWorker::Init(size_t pool_bytes, int lanes) {
   if (absl::Status st = Check(cudaSetDevice(device_), where); !st.ok()) return st;
   // Waits block instead of spinning: a sidecar must not burn the host cores that the serving
   // stack and gRPC encoding need (the shadow path's waits would otherwise spin one core each).
+  // Only the wait for a call's served output polls first, for a bounded time (AwaitCritical).
   if (absl::Status st = Check(cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync), where);
       !st.ok()) {
     return st;
@@ -149,6 +152,35 @@ absl::Status DeviceWorker::Check(cudaError_t e, absl::string_view where) {
     }
   }
   return st;
+}
+
+namespace {
+
+// Polls `query` until it stops answering cudaErrorNotReady or `spin` has passed; then `block`.
+template <typename Query, typename Block>
+cudaError_t PollThenBlock(absl::Duration spin, Query query, Block block) {
+  const auto end = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(spin);
+  while (std::chrono::steady_clock::now() < end) {
+    const cudaError_t e = query();
+    if (e != cudaErrorNotReady) return e;
+  }
+  return block();
+}
+
+}  // namespace
+
+absl::Status DeviceWorker::AwaitCritical(cudaStream_t s, absl::string_view where) {
+  return Check(PollThenBlock(
+                   sync_spin_, [s] { return cudaStreamQuery(s); },
+                   [s] { return cudaStreamSynchronize(s); }),
+               where);
+}
+
+absl::Status DeviceWorker::AwaitCritical(cudaEvent_t e, absl::string_view where) {
+  return Check(PollThenBlock(
+                   sync_spin_, [e] { return cudaEventQuery(e); },
+                   [e] { return cudaEventSynchronize(e); }),
+               where);
 }
 
 }  // namespace verifyd

@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/reference/compare_kernels.h"
 #include "src/engine/cuda/pinned_buffer.h"
@@ -54,8 +55,8 @@ struct Lane {
 
 class DeviceWorker {
  public:
-  static absl::StatusOr<std::unique_ptr<DeviceWorker>> Create(int device, size_t pool_bytes,
-                                                              int lanes);
+  static absl::StatusOr<std::unique_ptr<DeviceWorker>> Create(
+      int device, size_t pool_bytes, int lanes, absl::Duration sync_spin = absl::ZeroDuration());
   DeviceWorker(const DeviceWorker&) = delete;
   DeviceWorker& operator=(const DeviceWorker&) = delete;
   ~DeviceWorker();
@@ -69,12 +70,17 @@ class DeviceWorker {
   absl::Status Activate();
   // CudaStatus(e, where) that also remembers a lost context, failing every later call.
   absl::Status Check(cudaError_t e, absl::string_view where);
+  // Waits for `s`'s work (or `e`) on the call's critical path: polls for the worker's sync spin,
+  // then blocks (the device's waits block: cudaDeviceScheduleBlockingSync).
+  absl::Status AwaitCritical(cudaStream_t s, absl::string_view where);
+  absl::Status AwaitCritical(cudaEvent_t e, absl::string_view where);
 
  private:
-  explicit DeviceWorker(int device) : device_(device) {}
+  DeviceWorker(int device, absl::Duration sync_spin) : device_(device), sync_spin_(sync_spin) {}
   absl::Status Init(size_t pool_bytes, int lanes);
 
   const int device_;
+  const absl::Duration sync_spin_;
   cudaDeviceProp props_{};
   cudaMemPool_t pool_ = nullptr;
   std::vector<std::unique_ptr<Lane>> lanes_;
