@@ -11,6 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "src/bundle/bundle.h"
+#include "src/bundle/random_bundle.h"
 #include "verifyd/v1/verify.pb.h"
 
 namespace verifyd::testing {
@@ -42,6 +43,21 @@ class ShmObject {
   size_t bytes_;
   char* data_ = nullptr;
 };
+
+// The bundles the region and channel suites send: 3 requests of 5 heads, odd sizes from the
+// arguments, and 7 NaN-poisoned pages no request names (a whole-pool reader trips over them).
+inline RandomBundleSpec RegionBundleSpec(uint64_t seed, int page_size, int draft,
+                                         int64_t prefix) {
+  RandomBundleSpec spec;
+  spec.batch = 3;
+  spec.draft = draft;
+  spec.heads = 5;
+  spec.prefix = prefix;
+  spec.page_size = page_size;
+  spec.seed = seed;
+  spec.extra_pages = 7;
+  return spec;
+}
 
 // Offsets of a bundle's tensors (and o, lse) in a region, each 64-byte aligned.
 struct ShmLayout {

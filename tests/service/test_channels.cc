@@ -66,21 +66,19 @@ class ChannelTest : public DaemonTest {
     grpc::ClientContext ctx;
     return unix_->Verify(&ctx, req, resp);
   }
+  grpc::Status RegisterShm(const std::string& name, const ShmObject& shm) {
+    v1::RegisterShmRegionRequest req;
+    req.set_name(name);
+    req.set_key(shm.key());
+    req.set_byte_size(shm.size());
+    v1::RegisterRegionResponse resp;
+    grpc::ClientContext ctx;
+    return unix_->RegisterShmRegion(&ctx, req, &resp);
+  }
 
   std::string dir_;
   std::unique_ptr<v1::VerifyService::Stub> unix_;
 };
-
-RandomBundleSpec Spec(uint64_t seed, int page_size, int draft, int64_t prefix) {
-  RandomBundleSpec spec;
-  spec.batch = 3;
-  spec.draft = draft;
-  spec.heads = 5;
-  spec.prefix = prefix;
-  spec.page_size = page_size;
-  spec.seed = seed;
-  return spec;
-}
 
 // One call through a channel the test drives itself, byte by byte as the layout says: what a
 // client in another language does.
@@ -108,15 +106,7 @@ v1::VerifyResponse RawCall(char* base, const v1::OpenChannelResponse& g, const s
 TEST_F(ChannelTest, CallsMatchTheUnaryRpcBitForBit) {
   Start();
   ShmObject shm("pool", 8 << 20);
-  {
-    v1::RegisterShmRegionRequest r;
-    r.set_name("pool");
-    r.set_key(shm.key());
-    r.set_byte_size(shm.size());
-    v1::RegisterRegionResponse rr;
-    grpc::ClientContext ctx;
-    ASSERT_TRUE(unix_->RegisterShmRegion(&ctx, r, &rr).ok());
-  }
+  ASSERT_TRUE(RegisterShm("pool", shm).ok());
   auto chan = OpenClient("c0");
   ASSERT_TRUE(chan.ok()) << chan.status();
   for (v1::Mode mode : {v1::MODE_SHADOW, v1::MODE_CUSTOM}) {
@@ -125,7 +115,7 @@ TEST_F(ChannelTest, CallsMatchTheUnaryRpcBitForBit) {
     }
     for (auto [seed, page, draft, prefix] : {std::tuple{21u, 1, 5, 37}, std::tuple{22u, 16, 7, 131},
                                              std::tuple{23u, 16, 1, 0}}) {
-      RandomBundle b(Spec(seed, page, draft, prefix));
+      RandomBundle b(RegionBundleSpec(seed, page, draft, prefix));
       v1::VerifyRequest req;
       EncodeRequest(b.view(), &req);
       req.set_want_lse(true);
@@ -217,17 +207,9 @@ TEST_F(ChannelTest, BadCallsAreAnsweredNamingTheFieldAndTheChannelGoesOn) {
   }
 
   // An answer larger than the area (inputs in a region, o inline): refused naming o_out.
-  RandomBundle big(Spec(9, 16, 64, 64));
+  RandomBundle big(RegionBundleSpec(9, 16, 64, 64));
   ShmObject pool("bigpool", 8 << 20);
-  {
-    v1::RegisterShmRegionRequest rr;
-    rr.set_name("pool");
-    rr.set_key(pool.key());
-    rr.set_byte_size(pool.size());
-    v1::RegisterRegionResponse resp;
-    grpc::ClientContext ctx;
-    ASSERT_TRUE(unix_->RegisterShmRegion(&ctx, rr, &resp).ok());
-  }
+  ASSERT_TRUE(RegisterShm("pool", pool).ok());
   v1::VerifyRequest large;
   EncodeRequest(big.view(), &large);
   PutInShm(big.view(), ShmLayout::Of(big.view()), pool.data(), "pool", &large);

@@ -87,18 +87,6 @@ class RegionTest : public DaemonTest {
   std::unique_ptr<v1::VerifyService::Stub> unix_;
 };
 
-RandomBundleSpec Spec(uint64_t seed, int page_size, int draft, int64_t prefix) {
-  RandomBundleSpec spec;
-  spec.batch = 3;
-  spec.draft = draft;
-  spec.heads = 5;
-  spec.prefix = prefix;
-  spec.page_size = page_size;
-  spec.seed = seed;
-  spec.extra_pages = 7;  // NaN-poisoned pages a whole-pool reader would trip over
-  return spec;
-}
-
 // Inline and shm transports serve the same bytes, served by the reference (shadow) and by the
 // custom path (custom mode), on odd sizes and page sizes 1 and 16.
 TEST_F(RegionTest, ShmMatchesInlineBitForBit) {
@@ -111,7 +99,7 @@ TEST_F(RegionTest, ShmMatchesInlineBitForBit) {
     }
     for (auto [seed, page, draft, prefix] : {std::tuple{11u, 1, 5, 37}, std::tuple{12u, 16, 7, 131},
                                              std::tuple{13u, 16, 1, 0}}) {
-      RandomBundle b(Spec(seed, page, draft, prefix));
+      RandomBundle b(RegionBundleSpec(seed, page, draft, prefix));
       v1::VerifyRequest inline_req;
       EncodeRequest(b.view(), &inline_req);
       inline_req.set_want_lse(true);
@@ -162,7 +150,7 @@ TEST_F(RegionTest, ShadowIsCleanWhenTheClientReusesItsBuffers) {
   ASSERT_EQ(Status().mode(), v1::MODE_SHADOW);
   constexpr int kCalls = 6;
   for (int i = 0; i < kCalls; ++i) {
-    RandomBundle b(Spec(100 + i, i % 2 ? 1 : 16, 6, 300));
+    RandomBundle b(RegionBundleSpec(100 + i, i % 2 ? 1 : 16, 6, 300));
     v1::VerifyRequest req;
     EncodeRequest(b.view(), &req);
     const ShmLayout l = ShmLayout::Of(b.view());
@@ -181,7 +169,7 @@ TEST_F(RegionTest, ShadowIsCleanWhenTheClientReusesItsBuffers) {
 // A pool registered once and larger than any call: calls name scattered pages of it.
 TEST_F(RegionTest, ACallReadsOnlyItsPagesOfAPool) {
   Start();
-  RandomBundle b(Spec(7, 16, 4, 200));
+  RandomBundle b(RegionBundleSpec(7, 16, 4, 200));
   const BundleView& v = b.view();
   const size_t page_bytes = size_t(v.shape.page_size) * kernels::kHeadDimQK * 2;
   // The client's pool: 4x the pages, the bundle's pages at page 3*k+1, NaN elsewhere.
@@ -223,7 +211,7 @@ TEST_F(RegionTest, BadReferencesNameTheFieldAndServingGoesOn) {
   ShmObject shm("bad", 8 << 20);
   ASSERT_TRUE(RegisterShm("pool", shm, 0, 4 << 20).ok());
   ASSERT_TRUE(RegisterShm("ids", shm, 6 << 20, 1 << 20).ok());
-  RandomBundle b(Spec(21, 16, 4, 90));
+  RandomBundle b(RegionBundleSpec(21, 16, 4, 90));
   const ShmLayout l = ShmLayout::Of(b.view());
   v1::VerifyRequest good;
   EncodeRequest(b.view(), &good);
@@ -329,7 +317,7 @@ TEST_F(RegionTest, AShrunkObjectFailsItsCallsAndServingGoesOn) {
   ShmObject other("intact", 8 << 20);
   ASSERT_TRUE(RegisterShm("pool", shm).ok());
   ASSERT_TRUE(RegisterShm("other", other).ok());
-  RandomBundle b(Spec(31, 16, 4, 90));
+  RandomBundle b(RegionBundleSpec(31, 16, 4, 90));
   const ShmLayout l = ShmLayout::Of(b.view());
   v1::VerifyRequest inline_req;
   EncodeRequest(b.view(), &inline_req);
@@ -446,7 +434,7 @@ TEST_F(RegionTest, RefusedOverTcpByDefault) {
   EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
   EXPECT_NE(st.error_message().find("--allow_region_tcp"), std::string::npos);
   ASSERT_TRUE(RegisterShm("pool", shm).ok());
-  RandomBundle b(Spec(31, 16, 3, 40));
+  RandomBundle b(RegionBundleSpec(31, 16, 3, 40));
   v1::VerifyRequest req;
   EncodeRequest(b.view(), &req);
   PutInShm(b.view(), ShmLayout::Of(b.view()), shm.data(), "pool", &req);
@@ -461,7 +449,7 @@ TEST_F(RegionTest, ServedOverTcpWithTheFlag) {
   Start(/*allow_tcp=*/true);
   ShmObject shm("tcpok", 4 << 20);
   ASSERT_TRUE(RegisterShm("pool", shm, 0, 0, "", verify_.get()).ok());
-  RandomBundle b(Spec(32, 16, 3, 40));
+  RandomBundle b(RegionBundleSpec(32, 16, 3, 40));
   v1::VerifyRequest req;
   EncodeRequest(b.view(), &req);
   PutInShm(b.view(), ShmLayout::Of(b.view()), shm.data(), "pool", &req);
@@ -554,7 +542,7 @@ TEST(RegionChild, RegistersAsTheUserItRunsAs) {
 // region's data, and the unregister returns after it. Later calls get NOT_FOUND.
 TEST_F(RegionTest, UnregisterWaitsForTheCallInFlight) {
   Start();
-  RandomBundleSpec spec = Spec(41, 16, 16, 6000);  // long enough on the CPU to overlap
+  RandomBundleSpec spec = RegionBundleSpec(41, 16, 16, 6000);  // long enough on the CPU to overlap
   spec.heads = 16;
   RandomBundle b(spec);
   const ShmLayout l = ShmLayout::Of(b.view());
