@@ -110,7 +110,8 @@ int RunStatus(const GlobalOptions& g) {
     for (const auto& c : s.channels()) {
       channels.push_back({{"name", c.name()}, {"key", c.key()}, {"byte_size", c.byte_size()},
                           {"capacity", c.capacity()}, {"client", c.client()},
-                          {"calls", c.calls()}, {"stopped", c.stopped()}});
+                          {"calls", c.calls()}, {"stopped", c.stopped()},
+                          {"client_pid", c.client_pid()}});
     }
     const auto& rt = s.runtime();
     const auto& tol = rt.tolerances();
@@ -256,8 +257,9 @@ int RunStatus(const GlobalOptions& g) {
   }
   if (s.channels().empty()) std::cout << "channels    none\n";
   for (const auto& c : s.channels()) {
-    std::cout << fmt::format("channel     {}  on {}, areas of {:.1f} MB  client '{}'  calls {}{}\n",
-                             c.name(), c.key(), c.capacity() / 1e6, c.client(), c.calls(),
+    std::cout << fmt::format(
+        "channel     {}  on {}, areas of {:.1f} MB  client '{}' pid {}  calls {}{}\n", c.name(),
+        c.key(), c.capacity() / 1e6, c.client(), c.client_pid(), c.calls(),
                              c.stopped() ? "  STOPPED (object shrank; close it)" : "");
   }
   std::cout << fmt::format("up          {} since {}, state in {}\n",

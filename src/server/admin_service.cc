@@ -211,6 +211,7 @@ grpc::Status AdminServiceImpl::GetStatus(grpc::ServerContext* ctx, const v1::Get
       out->set_client(c.client);
       out->set_calls(c.calls);
       out->set_stopped(c.stopped);
+      out->set_client_pid(c.client_pid);
     }
   }
   return grpc::Status::OK;

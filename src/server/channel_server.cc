@@ -1,6 +1,11 @@
 #include "src/server/channel_server.h"
 
+#include <poll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <chrono>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -13,12 +18,36 @@ namespace verifyd {
 
 using channel::HeaderOf;
 
+namespace {
+
+// A descriptor that becomes readable when process `pid` exits; -1 when the kernel has no pidfds
+// (before Linux 5.3) or the process is gone already.
+int WatchProcess(int pid) {
+#ifdef SYS_pidfd_open
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+#else
+  (void)pid;
+  return -1;
+#endif
+}
+
+bool Exited(int pidfd) {
+  pollfd p{pidfd, POLLIN, 0};
+  return pidfd >= 0 && ::poll(&p, 1, 0) > 0;
+}
+
+}  // namespace
+
 // One open channel: its mapping and the thread that serves it.
 class ChannelServer::Channel {
  public:
   Channel(ChannelSummary summary, std::unique_ptr<MappedRegion> map, const ChannelLimits& limits,
           const Serve& serve)
-      : summary_(std::move(summary)), map_(std::move(map)), spin_(limits.spin), serve_(serve) {
+      : summary_(std::move(summary)),
+        map_(std::move(map)),
+        spin_(limits.spin),
+        serve_(serve),
+        pidfd_(summary_.client_pid > 0 ? WatchProcess(summary_.client_pid) : -1) {
     channel::InitHeader(map_->base(), summary_.geometry);
     thread_ = std::thread([this] { Loop(); });
   }
@@ -26,10 +55,14 @@ class ChannelServer::Channel {
     stop_.store(true);
     channel::FutexWake(&HeaderOf(map_->base())->request_seq);  // a sleeping Loop looks again
     thread_.join();
+    if (pidfd_ >= 0) ::close(pidfd_);
     channel::Header* h = HeaderOf(map_->base());
     h->state.store(channel::kStateClosed, std::memory_order_release);
     channel::FutexWake(&h->response_seq);  // a client waiting for an answer sees the close
   }
+
+  // The client that opened it exited, and the channel serves no more.
+  bool orphaned() const { return orphaned_.load(); }
 
   ChannelSummary summary() const {
     ChannelSummary s = summary_;
@@ -48,10 +81,18 @@ class ChannelServer::Channel {
     uint32_t served = 0;
     std::string request;
     while (!stop_.load()) {
-      const uint32_t seq = channel::AwaitChange(&h->request_seq, served, spin_,
-                                                absl::Milliseconds(100),
-                                                [this] { return stop_.load(); });
-      if (seq == served) continue;  // asked to stop
+      const uint32_t seq = channel::AwaitChange(
+          &h->request_seq, served, spin_, absl::Milliseconds(100),
+          [this] { return stop_.load() || Exited(pidfd_); });
+      if (seq == served) {  // asked to stop, or the client is gone
+        if (!stop_.load() && Exited(pidfd_)) {
+          spdlog::info("channel '{}': its client (pid {}) exited without closing it; closing it",
+                       summary_.name, summary_.client_pid);
+          orphaned_.store(true);
+          return;
+        }
+        continue;
+      }
       served = seq;
       absl::Status st = channel::CopyRequest(base, g, &request);
       if (!map_->intact()) {
@@ -85,21 +126,47 @@ class ChannelServer::Channel {
   const std::unique_ptr<MappedRegion> map_;
   const absl::Duration spin_;
   const Serve& serve_;
-  std::atomic<bool> stop_{false}, stopped_{false};
+  const int pidfd_;  // readable once the client exited; -1: not watched
+  std::atomic<bool> stop_{false}, stopped_{false}, orphaned_{false};
   std::atomic<int64_t> calls_{0};
   std::thread thread_;
 };
 
 ChannelServer::ChannelServer(ChannelLimits limits, Serve serve)
-    : limits_(limits), serve_(std::move(serve)) {}
+    : limits_(limits), serve_(std::move(serve)) {
+  if (limits_.max_channels > 0) reaper_ = std::thread([this] { ReapLoop(); });
+}
 
 ChannelServer::~ChannelServer() {
   std::map<std::string, std::unique_ptr<Channel>> all;
   {
     std::lock_guard<std::mutex> l(mu_);
+    stopping_ = true;
     all.swap(channels_);
   }
+  reap_cv_.notify_all();
+  if (reaper_.joinable()) reaper_.join();
   all.clear();
+}
+
+void ChannelServer::ReapLoop() {
+  std::unique_lock<std::mutex> l(mu_);
+  while (!reap_cv_.wait_for(l, std::chrono::milliseconds(250), [this] { return stopping_; })) {
+    std::vector<std::unique_ptr<Channel>> gone;
+    for (auto it = channels_.begin(); it != channels_.end();) {
+      if (!it->second->orphaned()) {
+        ++it;
+        continue;
+      }
+      gone.push_back(std::move(it->second));
+      it = channels_.erase(it);
+    }
+    if (gone.empty()) continue;
+    l.unlock();
+    gone.clear();  // their threads have returned already
+    Notify();
+    l.lock();
+  }
 }
 
 void ChannelServer::SetObserver(Observer o) {
@@ -124,7 +191,8 @@ void ChannelServer::Notify() {
 absl::StatusOr<ChannelSummary> ChannelServer::Open(const std::string& name,
                                                    const std::string& key, uint64_t byte_size,
                                                    const std::string& client,
-                                                   std::optional<uint32_t> caller_uid) {
+                                                   std::optional<uint32_t> caller_uid,
+                                                   std::optional<int> caller_pid) {
   if (limits_.max_channels == 0) {
     return absl::FailedPreconditionError(
         "OpenChannel: this verifyd serves no call channels (--max_channels=0)");
@@ -157,6 +225,7 @@ absl::StatusOr<ChannelSummary> ChannelServer::Open(const std::string& name,
   s.client = client;
   s.byte_size = byte_size;
   s.geometry = *g;
+  s.client_pid = caller_pid.value_or(0);
   {
     std::lock_guard<std::mutex> l(mu_);
     if (absl::Status st = check_room(); !st.ok()) return st;  // raced with another Open

@@ -3,7 +3,10 @@
 // Each channel is a client's shared-memory object, mapped read-write as shm regions are (only
 // the caller's own, guarded against a client that shrinks it), and one thread that waits on its
 // request word and serves each call through `serve`: the same path as a Verify RPC's message.
+// A channel opened over a Unix socket watches the process that opened it (a pidfd): when that
+// process exits without closing the channel, the channel is closed within about a second.
 
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -11,6 +14,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -33,6 +37,7 @@ struct ChannelSummary {
   channel::Geometry geometry;
   int64_t calls = 0;
   bool stopped = false;  // the object shrank under the mapping: no more calls
+  int client_pid = 0;    // the watched process; 0: none
 };
 
 class ChannelServer {
@@ -52,9 +57,11 @@ class ChannelServer {
   // Maps `key` (the caller's own object when `caller_uid` is known; MapShm), writes the header
   // and starts serving. ALREADY_EXISTS for a name in use, RESOURCE_EXHAUSTED past
   // --max_channels, INVALID_ARGUMENT naming the field for a bad name or size.
+  // `caller_pid`: the process whose exit closes the channel (nullopt: none is watched).
   absl::StatusOr<ChannelSummary> Open(const std::string& name, const std::string& key,
                                       uint64_t byte_size, const std::string& client,
-                                      std::optional<uint32_t> caller_uid);
+                                      std::optional<uint32_t> caller_uid,
+                                      std::optional<int> caller_pid = std::nullopt);
   // Closes `name`, or with an empty name every channel of `client`; a call in progress finishes
   // first. The client sees state closed. NOT_FOUND for an unknown name.
   absl::StatusOr<std::vector<std::string>> Close(const std::string& name,
@@ -64,12 +71,17 @@ class ChannelServer {
  private:
   class Channel;
   void Notify();
+  // Closes the channels whose client exited, every so often, until the server goes.
+  void ReapLoop();
 
   ChannelLimits limits_;
   Serve serve_;
   Observer observer_;
   mutable std::mutex mu_;
   std::map<std::string, std::unique_ptr<Channel>> channels_;  // guarded by mu_
+  std::condition_variable reap_cv_;
+  bool stopping_ = false;  // guarded by mu_
+  std::thread reaper_;
 };
 
 }  // namespace verifyd

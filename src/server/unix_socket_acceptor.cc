@@ -100,7 +100,9 @@ UnixSocketAcceptor::~UnixSocketAcceptor() {
   }
 }
 
-std::optional<uint32_t> UnixPeerUid(const std::string& peer_string) {
+namespace {
+
+std::optional<ucred> UnixPeerCred(const std::string& peer_string) {
   // The call arrived on this connection, so the descriptor is still open and is the one gRPC
   // named: gRPC closes it only after the connection's calls are gone.
   absl::string_view peer = peer_string;
@@ -116,7 +118,21 @@ std::optional<uint32_t> UnixPeerUid(const std::string& peer_string) {
   ucred cred{};
   len = sizeof cred;
   if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return std::nullopt;
-  return cred.uid;
+  return cred;
+}
+
+}  // namespace
+
+std::optional<uint32_t> UnixPeerUid(const std::string& peer) {
+  const std::optional<ucred> cred = UnixPeerCred(peer);
+  if (!cred) return std::nullopt;
+  return cred->uid;
+}
+
+std::optional<int> UnixPeerPid(const std::string& peer) {
+  const std::optional<ucred> cred = UnixPeerCred(peer);
+  if (!cred || cred->pid <= 0) return std::nullopt;
+  return cred->pid;
 }
 
 std::optional<std::string> UnixPeerIdentity(const std::string& peer) {

@@ -50,6 +50,9 @@ class UnixSocketAcceptor {
 // acceptor handed over); nullopt for any other peer.
 std::optional<uint32_t> UnixPeerUid(const std::string& peer);
 
+// The pid of the process that connected, for such a call; nullopt for any other peer.
+std::optional<int> UnixPeerPid(const std::string& peer);
+
 // "uid:1000(alice)" for such a call; nullopt for any other peer.
 std::optional<std::string> UnixPeerIdentity(const std::string& peer);
 

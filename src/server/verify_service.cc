@@ -187,8 +187,9 @@ absl::Status VerifyServiceImpl::OpenChannel(const grpc::ServerContext& ctx,
       !st.ok()) {
     return st;
   }
-  absl::StatusOr<ChannelSummary> s = channels_.Open(req.name(), req.key(), req.byte_size(),
-                                                    req.client(), UnixPeerUid(ctx.peer()));
+  absl::StatusOr<ChannelSummary> s =
+      channels_.Open(req.name(), req.key(), req.byte_size(), req.client(),
+                     UnixPeerUid(ctx.peer()), UnixPeerPid(ctx.peer()));
   if (!s.ok()) return s.status();
   resp->set_capacity(s->geometry.capacity);
   resp->set_request_offset(s->geometry.request_offset);

@@ -9,7 +9,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include "src/channel/channel_client.h"
@@ -335,6 +337,53 @@ TEST_F(ChannelTest, AShrunkObjectStopsItsChannelNotTheDaemon) {
   EXPECT_TRUE(status.channels(1).stopped());
   EXPECT_FALSE(status.channels(0).stopped());
   EXPECT_TRUE(Close("s").ok());
+}
+
+// A client process that exits without closing its channel (a crash): verifyd watches the
+// process that opened it and closes the channel within about a second, so dead clients do not
+// use up --max_channels. The client is ChannelChild.OpensAChannelAndExits in this binary.
+TEST_F(ChannelTest, AClientThatExitsWithoutClosingHasItsChannelClosed) {
+  Start();
+  const std::string exe = std::filesystem::read_symlink("/proc/self/exe").string();
+  const std::string cmd = "VERIFYD_CHILD_TARGET=unix:" + dir_ + "/data.sock '" + exe +
+                          "' --gtest_filter=ChannelChild.OpensAChannelAndExits 2>&1";
+  FILE* child = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(child, nullptr);
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, child)) > 0;) out.append(buf, n);
+  EXPECT_EQ(::pclose(child), 0) << out;
+  EXPECT_NE(out.find("opened and exiting"), std::string::npos) << out;
+  int open = -1;
+  for (int i = 0; i < 100 && open != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    open = Status().channels_size();
+  }
+  EXPECT_EQ(open, 0) << "the dead client's channel is still open";
+  EXPECT_NE(Scrape(daemon_->metrics_port()).find("verifyd_channels 0"), std::string::npos);
+  // A live client's channel is watched but stays.
+  auto live = OpenClient("live");
+  ASSERT_TRUE(live.ok()) << live.status();
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  const v1::GetStatusResponse s = Status();
+  ASSERT_EQ(s.channels_size(), 1);
+  EXPECT_EQ(s.channels(0).client_pid(), ::getpid());
+}
+
+TEST(ChannelChild, OpensAChannelAndExits) {
+  const char* target = std::getenv("VERIFYD_CHILD_TARGET");
+  if (target == nullptr) {
+    GTEST_SKIP() << "the client of ChannelTest.AClientThatExitsWithoutClosingHasItsChannelClosed";
+  }
+  auto stub = v1::VerifyService::NewStub(Channel(target));
+  ChannelClientOptions o;
+  o.name = "orphan";
+  o.byte_size = channel::kMinBytes;
+  auto c = ChannelClient::Open(*stub, [] { return std::make_unique<grpc::ClientContext>(); }, o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::printf("opened and exiting\n");
+  std::fflush(stdout);
+  ::_exit(0);  // no destructor runs: the channel is never closed
 }
 
 TEST(ChannelLayout, GeometryAndFrames) {
