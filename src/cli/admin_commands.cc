@@ -260,7 +260,7 @@ int RunStatus(const GlobalOptions& g) {
     std::cout << fmt::format(
         "channel     {}  on {}, areas of {:.1f} MB  client '{}' pid {}  calls {}{}\n", c.name(),
         c.key(), c.capacity() / 1e6, c.client(), c.client_pid(), c.calls(),
-                             c.stopped() ? "  STOPPED (object shrank; close it)" : "");
+        c.stopped() ? "  STOPPED (object shrank; close it)" : "");
   }
   std::cout << fmt::format("up          {} since {}, state in {}\n",
                            Duration(rt.uptime_seconds()), rt.started(), rt.state_dir());
