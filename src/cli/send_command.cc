@@ -163,6 +163,11 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
     }
     channel_bytes = channel::kHeaderBytes + 2 * (area + (64 << 10));
   }
+  // A worker whose transport broke fails `held` calls (0, or the one in hand) and every call no
+  // other worker has taken yet.
+  auto give_up = [&](int code, const std::string& why, int64_t held) {
+    tally.Err(code, why, held + std::max<int64_t>(0, s.count - next.exchange(s.count)));
+  };
   auto worker = [&] {
     const int slot = next_slot.fetch_add(1);
     std::unique_ptr<channel::ChannelClient> chan;
@@ -173,9 +178,8 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
       co.client = fmt::format("verifyctl-{}", getpid());
       auto c = channel::ChannelClient::Open(*stub, [&g] { return MakeContext(g, false); }, co);
       if (!c.ok()) {
-        const int64_t rest = std::max<int64_t>(0, s.count - next.exchange(s.count));
-        tally.Err(static_cast<int>(c.status().code()),
-                  "OpenChannel: " + std::string(c.status().message()), rest);
+        give_up(static_cast<int>(c.status().code()),
+                "OpenChannel: " + std::string(c.status().message()), 0);
         return;
       }
       chan = std::move(*c);
@@ -202,10 +206,8 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
         if (!stream->Write(req) || !stream->Read(&resp)) {
           stream->WritesDone();
           const grpc::Status st = stream->Finish();
-          // This call and every one not yet taken by another worker.
-          const int64_t rest = 1 + std::max<int64_t>(0, s.count - next.exchange(s.count));
-          tally.Err(st.ok() ? grpc::StatusCode::UNAVAILABLE : st.error_code(),
-                    st.ok() ? "stream ended early" : st.error_message(), rest);
+          give_up(st.ok() ? grpc::StatusCode::UNAVAILABLE : st.error_code(),
+                  st.ok() ? "stream ended early" : st.error_message(), 1);
           return;
         }
         if (resp.error_code() != 0) {
@@ -216,8 +218,7 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
         const absl::Status st =
             chan->Call(req, &resp, absl::Now() + absl::Seconds(g.timeout_s));
         if (!st.ok()) {
-          const int64_t rest = 1 + std::max<int64_t>(0, s.count - next.exchange(s.count));
-          tally.Err(static_cast<int>(st.code()), std::string(st.message()), rest);
+          give_up(static_cast<int>(st.code()), std::string(st.message()), 1);
           return;
         }
         if (resp.error_code() != 0) {

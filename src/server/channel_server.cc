@@ -12,7 +12,7 @@
 #include "spdlog/spdlog.h"
 #include "src/channel/futex_word.h"
 #include "src/region/shm_mapping.h"
-#include "verifyd/v1/verify.pb.h"
+#include "src/server/in_band_error.h"
 
 namespace verifyd {
 
@@ -115,10 +115,10 @@ class ChannelServer::Channel {
     }
   }
 
+  // A frame the channel itself refuses: no request was parsed, so there is no request id.
   static std::string ErrorResponse(const absl::Status& st) {
     v1::VerifyResponse resp;
-    resp.set_error_code(static_cast<int>(st.code()));
-    resp.set_error_message(std::string(st.message()));
+    ErrorInResponse(st, "", &resp);
     return resp.SerializeAsString();
   }
 

@@ -188,7 +188,9 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
     return st;
   }
   const double fetch_s = Since(t1);
-  const absl::StatusOr<double> served_device_s = engine_->PathSeconds(served, b);
+  // Fetch reports the path's own time with its output; Deliver does not.
+  const absl::StatusOr<double> served_device_s =
+      decoded.o_out ? engine_->PathSeconds(served, b) : absl::StatusOr<double>(out.seconds);
   const auto& s = view->shape;
   if (!decoded.o_out) {
     EncodeBf16({view->rows(), s.heads, kernels::kHeadDimV}, out.o.data(), resp->mutable_o());

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "src/server/in_band_error.h"
 #include "src/server/unix_socket_acceptor.h"
 #include "grpcpp/support/method_handler.h"
 #include "verifyd/v1/verify.grpc.pb.h"
@@ -25,15 +26,6 @@ grpc::Status Serialize(const v1::VerifyResponse& resp, Raw* out) {
 }
 
 constexpr char kNotARequest[] = "message could not be parsed as a verifyd.v1.VerifyRequest";
-
-// A failed call on a transport that goes on after it (the stream, a channel): the error in band.
-void ErrorInResponse(const absl::Status& st, const std::string& request_id,
-                     v1::VerifyResponse* resp) {
-  resp->Clear();
-  resp->set_request_id(request_id);
-  resp->set_error_code(static_cast<int>(st.code()));
-  resp->set_error_message(std::string(st.message()));
-}
 
 double Since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -383,9 +383,7 @@ absl::Status CudaEngine::Fetch(Path path, PreparedBundle& pb, PathOutput* out) {
     out->lse.resize(b.lse_elems());
     std::memcpy(out->lse.data(), host + o_bytes, lse_bytes);
   }
-  float ms = 0;
-  VERIFYD_RETURN_IF_ERROR(w.Check(cudaEventElapsedTime(&ms, st.start, st.done), where));
-  out->seconds = ms * 1e-3;
+  VERIFYD_ASSIGN_OR_RETURN(out->seconds, PathSeconds(path, pb));
   return absl::OkStatus();
 }
 
