@@ -96,8 +96,10 @@ class TensorLocator {
   // a region are copied into verifyd's own memory first: they are checked there, and the client
   // that shares the region cannot change them between the check and the kernels (a page id past
   // the pool after the check would be read).
+  // `elsewhere`: the inline bytes when the message does not hold them (ParseRequestInPlace).
   absl::StatusOr<const void*> Locate(const char* name, const v1::Tensor& t, v1::DType dtype,
-                                     int rank, int* device = nullptr) {
+                                     int rank, int* device = nullptr,
+                                     const std::optional<absl::string_view>* elsewhere = nullptr) {
     if (t.contents_case() == v1::Tensor::CONTENTS_NOT_SET) {
       return absl::InvalidArgumentError(absl::StrCat(name, ": missing tensor"));
     }
@@ -106,12 +108,15 @@ class TensorLocator {
     if (!st.ok()) return st;
     if (device != nullptr) *device = -1;
     if (t.contents_case() == v1::Tensor::kRawContents) {
-      if (static_cast<int64_t>(t.raw_contents().size()) != n) {
-        return absl::InvalidArgumentError(absl::StrCat(name, ": ", t.raw_contents().size(),
-                                                       " bytes for shape ", ShapeStr(t),
-                                                       ", expected ", n));
+      const absl::string_view raw = elsewhere != nullptr && elsewhere->has_value() &&
+                                            t.raw_contents().empty()
+                                        ? **elsewhere
+                                        : absl::string_view(t.raw_contents());
+      if (static_cast<int64_t>(raw.size()) != n) {
+        return absl::InvalidArgumentError(absl::StrCat(name, ": ", raw.size(), " bytes for shape ",
+                                                       ShapeStr(t), ", expected ", n));
       }
-      return static_cast<const void*>(t.raw_contents().data());
+      return static_cast<const void*>(raw.data());
     }
     absl::StatusOr<RegionRange> r = Region(name, t, n);
     if (!r.ok()) return r.status();
@@ -186,7 +191,7 @@ absl::Status DimIs(const char* name, const v1::Tensor& t, int axis, int64_t want
 }  // namespace
 
 absl::Status DecodeRequest(const v1::VerifyRequest& req, const RegionRegistry* regions,
-                           DecodedRequest* out) {
+                           DecodedRequest* out, const InPlaceTensors* in_place) {
   *out = DecodedRequest();
   TensorLocator at(req, regions, out);
   BundleView& v = out->view;
@@ -223,7 +228,8 @@ absl::Status DecodeRequest(const v1::VerifyRequest& req, const RegionRegistry* r
                                 kernels::MaskRowBytes(mask_format, static_cast<int>(draft)),
                                 mask_format == kernels::MaskFormat::kBytes ? "T" : "ceil(T/8)"));
 
-  VERIFYD_ASSIGN_OR_RETURN(p, at.Locate("q", req.q(), v1::DTYPE_BF16, 3, &v.q_device));
+  VERIFYD_ASSIGN_OR_RETURN(p, at.Locate("q", req.q(), v1::DTYPE_BF16, 3, &v.q_device,
+                                            in_place != nullptr ? &in_place->q : nullptr));
   v.q = static_cast<const uint16_t*>(p);
   VERIFYD_RETURN_IF_ERROR(DimIs("q", req.q(), 0, batch * draft, "B*T"));
   VERIFYD_RETURN_IF_ERROR(DimIs("q", req.q(), 2, kHeadDimQK, "576 = 512 latent + 64 rope"));
@@ -247,7 +253,8 @@ absl::Status DecodeRequest(const v1::VerifyRequest& req, const RegionRegistry* r
     v.kv_pool_shared = true;
   }
   VERIFYD_ASSIGN_OR_RETURN(
-      p, at.Locate("kv_pool", req.kv_pool(), v1::DTYPE_BF16, 3, &v.kv_pool_device));
+      p, at.Locate("kv_pool", req.kv_pool(), v1::DTYPE_BF16, 3, &v.kv_pool_device,
+                   in_place != nullptr ? &in_place->kv_pool : nullptr));
   v.kv_pool = static_cast<const uint16_t*>(p);
   VERIFYD_RETURN_IF_ERROR(DimIs("kv_pool", req.kv_pool(), 2, kHeadDimQK, "576"));
   const int64_t page_size = req.kv_pool().shape(1);

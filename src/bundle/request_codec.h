@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "src/bundle/bundle.h"
+#include "src/bundle/request_in_place.h"
 #include "src/region/region_registry.h"
 #include "verifyd/v1/verify.pb.h"
 
@@ -27,9 +28,11 @@ struct DecodedRequest {
 
 // Tensors may be inline bytes or ranges of regions registered in `regions` (null: none are).
 // Checks each tensor's dtype, shape and byte size, where it is (a CUDA IPC region must be on the
-// request's device), then the contents (ValidateBundle).
+// request's device), then the contents (ValidateBundle). `in_place` (ParseRequestInPlace): where
+// the inline bytes of q and kv_pool are when the message does not hold them; the view then points
+// there.
 absl::Status DecodeRequest(const v1::VerifyRequest& req, const RegionRegistry* regions,
-                           DecodedRequest* out);
+                           DecodedRequest* out, const InPlaceTensors* in_place = nullptr);
 // Inline tensors only.
 absl::StatusOr<BundleView> DecodeRequest(const v1::VerifyRequest& req);
 

@@ -40,22 +40,19 @@ void InitHeader(char* base, const Geometry& g) {
   h->state.store(kStateOpen, std::memory_order_release);
 }
 
-absl::Status CopyRequest(const char* base, const Geometry& g, std::string* out) {
+absl::StatusOr<absl::string_view> RequestIn(const char* base, const Geometry& g) {
   const uint32_t bytes = HeaderOf(base)->request_bytes.load(std::memory_order_relaxed);
   if (bytes == 0 || bytes > g.capacity) {
-    out->clear();
     return absl::InvalidArgumentError(absl::StrCat(
         "request_bytes: ", bytes, " is not a request size in this channel (1 to ", g.capacity,
         " bytes)"));
   }
-  out->assign(base + g.request_offset, bytes);
-  return absl::OkStatus();
+  return absl::string_view(base + g.request_offset, bytes);
 }
 
-void PublishResponse(char* base, const Geometry& g, absl::string_view response, uint32_t seq) {
+void PublishResponse(char* base, uint32_t bytes, uint32_t seq) {
   Header* h = HeaderOf(base);
-  std::memcpy(base + g.response_offset, response.data(), response.size());
-  h->response_bytes.store(static_cast<uint32_t>(response.size()), std::memory_order_relaxed);
+  h->response_bytes.store(bytes, std::memory_order_relaxed);
   h->response_seq.store(seq, std::memory_order_release);
 }
 

@@ -7,10 +7,13 @@
 //
 // One call: the client writes the serialized VerifyRequest at request_offset and its size into
 // request_bytes, then stores request_seq + 1 (release) and wakes request_seq. verifyd sees the
-// new sequence number (acquire), copies the request out before it reads it (the client can
-// write the area at any time), serves it, writes the serialized VerifyResponse and its size, then
-// stores the request's sequence number into response_seq (release) and wakes it. The client
-// waits for response_seq to reach its number. A channel serves one call at a time.
+// new sequence number (acquire) and parses the request where it is: it copies out everything it
+// checks (the client can write the area at any time), and reads the inline bytes of q and kv_pool,
+// which no check reads, in place (ParseRequestInPlace). It serves the call, writes the serialized
+// VerifyResponse and its size, then stores the request's sequence number into response_seq
+// (release) and wakes it. The client waits for response_seq to reach its number, and leaves the
+// request area alone until then: bytes it changes earlier may reach the call. A channel serves
+// one call at a time.
 
 #include <atomic>
 #include <cstdint>
@@ -56,13 +59,14 @@ absl::StatusOr<Geometry> GeometryFor(uint64_t byte_size, uint64_t max_capacity);
 
 // verifyd's side. Writes a fresh header: no call yet, state open.
 void InitHeader(char* base, const Geometry& g);
-// Copies the request the client left (request_bytes at request_offset) into `out`, reading the
-// size once. INVALID_ARGUMENT naming request_bytes when it claims more than the area holds, or
-// zero bytes.
-absl::Status CopyRequest(const char* base, const Geometry& g, std::string* out);
-// Writes `response` (at most capacity bytes: the caller checked) and publishes it as the answer
-// to call `seq`.
-void PublishResponse(char* base, const Geometry& g, absl::string_view response, uint32_t seq);
+// The request the client left (request_bytes at request_offset), where it is; the size is read
+// once. INVALID_ARGUMENT naming request_bytes when it claims more than the area holds, or zero
+// bytes.
+absl::StatusOr<absl::string_view> RequestIn(const char* base, const Geometry& g);
+// Where verifyd writes the answer: `capacity` bytes.
+inline char* ResponseArea(char* base, const Geometry& g) { return base + g.response_offset; }
+// Publishes the `bytes` (at most capacity) written at ResponseArea as the answer to call `seq`.
+void PublishResponse(char* base, uint32_t bytes, uint32_t seq);
 
 inline Header* HeaderOf(char* base) { return reinterpret_cast<Header*>(base); }
 inline const Header* HeaderOf(const char* base) { return reinterpret_cast<const Header*>(base); }

@@ -79,7 +79,7 @@ class ChannelServer::Channel {
     // InitHeader set it to 0 before this thread started; the client may ring as soon as
     // OpenChannel answers, before this line runs, so the count starts from there, not from a load.
     uint32_t served = 0;
-    std::string request;
+    v1::VerifyResponse resp;
     while (!stop_.load()) {
       const uint32_t seq = channel::AwaitChange(
           &h->request_seq, served, spin_, absl::Milliseconds(100),
@@ -94,32 +94,35 @@ class ChannelServer::Channel {
         continue;
       }
       served = seq;
-      absl::Status st = channel::CopyRequest(base, g, &request);
-      if (!map_->intact()) {
+      resp.Clear();
+      absl::StatusOr<absl::string_view> request = channel::RequestIn(base, g);
+      if (request.ok()) {
+        serve_(*request, &resp);
+      } else {
+        ErrorInResponse(request.status(), "", &resp);  // no request was parsed: no request id
+      }
+      if (!map_->intact()) {  // what the call read of the area was zeros
         spdlog::warn("channel '{}': its shared-memory object shrank under the mapping; the "
                      "channel stops serving (close it and open a new one)",
                      summary_.name);
         stopped_.store(true);
         return;
       }
-      std::string response = st.ok() ? serve_(request) : ErrorResponse(st);
-      if (response.size() > g.capacity) {
-        response = ErrorResponse(absl::ResourceExhaustedError(absl::StrCat(
-            "o: the response of ", response.size(), " bytes does not fit the channel's ",
-            g.capacity, "-byte response area; name o_out (and lse_out) to have the output "
-            "written in place, or open a larger channel")));
+      size_t bytes = resp.ByteSizeLong();
+      if (bytes > g.capacity) {
+        ErrorInResponse(absl::ResourceExhaustedError(absl::StrCat(
+                            "o: the response of ", bytes, " bytes does not fit the channel's ",
+                            g.capacity, "-byte response area; name o_out (and lse_out) to have "
+                            "the output written in place, or open a larger channel")),
+                        std::string(resp.request_id()), &resp);
+        bytes = resp.ByteSizeLong();
       }
-      channel::PublishResponse(base, g, response, seq);
+      resp.SerializeWithCachedSizesToArray(
+          reinterpret_cast<uint8_t*>(channel::ResponseArea(base, g)));
+      channel::PublishResponse(base, static_cast<uint32_t>(bytes), seq);
       channel::FutexWake(&h->response_seq);
       calls_.fetch_add(1);
     }
-  }
-
-  // A frame the channel itself refuses: no request was parsed, so there is no request id.
-  static std::string ErrorResponse(const absl::Status& st) {
-    v1::VerifyResponse resp;
-    ErrorInResponse(st, "", &resp);
-    return resp.SerializeAsString();
   }
 
   const ChannelSummary summary_;
@@ -132,8 +135,9 @@ class ChannelServer::Channel {
   std::thread thread_;
 };
 
-ChannelServer::ChannelServer(ChannelLimits limits, Serve serve)
-    : limits_(limits), serve_(std::move(serve)) {
+ChannelServer::ChannelServer(ChannelLimits limits, Serve serve,
+                             RegionRegistry::HostPinner pin_host)
+    : limits_(limits), serve_(std::move(serve)), pin_host_(std::move(pin_host)) {
   if (limits_.max_channels > 0) reaper_ = std::thread([this] { ReapLoop(); });
 }
 
@@ -219,6 +223,15 @@ absl::StatusOr<ChannelSummary> ChannelServer::Open(const std::string& name,
   }
   absl::StatusOr<std::unique_ptr<MappedRegion>> m = MapShm(key, 0, byte_size, caller_uid);
   if (!m.ok()) return m.status();
+  if (pin_host_) {
+    absl::StatusOr<std::function<void()>> unpin = pin_host_((*m)->base(), byte_size);
+    if (unpin.ok()) {
+      (*m)->SetBeforeUnmap(std::move(*unpin));
+    } else {
+      spdlog::warn("channel '{}': not pinned, inline tensors are staged through a copy: {}",
+                   name, unpin.status().ToString());
+    }
+  }
   ChannelSummary s;
   s.name = name;
   s.key = key;

@@ -19,7 +19,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/strings/string_view.h"
 #include "src/channel/channel_layout.h"
+#include "src/region/region_registry.h"
+#include "verifyd/v1/verify.pb.h"
 
 namespace verifyd {
 
@@ -42,13 +45,16 @@ struct ChannelSummary {
 
 class ChannelServer {
  public:
-  // Serves one call from its serialized VerifyRequest; returns the serialized VerifyResponse
+  // Serves one call from its serialized VerifyRequest, which is in the channel's request area
+  // where the client can write it (ParseRequestInPlace copies out what is checked); fills `resp`
   // (errors in its error_code and error_message).
-  using Serve = std::function<std::string(const std::string& request)>;
+  using Serve = std::function<void(absl::string_view request, v1::VerifyResponse* resp)>;
   // Sees the channel count after every change (metrics).
   using Observer = std::function<void(int64_t channels)>;
 
-  ChannelServer(ChannelLimits limits, Serve serve);
+  // `pin_host`: pins each channel's memory for the engine's copy engines, so that bytes read in
+  // place go to the GPU without a staging copy (null, or an error: they are staged).
+  ChannelServer(ChannelLimits limits, Serve serve, RegionRegistry::HostPinner pin_host = nullptr);
   ~ChannelServer();  // closes every channel
   ChannelServer(const ChannelServer&) = delete;
   ChannelServer& operator=(const ChannelServer&) = delete;
@@ -76,6 +82,7 @@ class ChannelServer {
 
   ChannelLimits limits_;
   Serve serve_;
+  RegionRegistry::HostPinner pin_host_;
   Observer observer_;
   mutable std::mutex mu_;
   std::map<std::string, std::unique_ptr<Channel>> channels_;  // guarded by mu_

@@ -204,14 +204,17 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
       d->engine_.get(), d->controller_.get(), d->metrics_.get(), d->shadow_.get(), opts.handler,
       [self](const absl::Status& st) { self->OnFatal(st); });
   d->handler_->SetCapturer(d->capturer_.get());
+  Engine* const eng = d->engine_.get();
+  const RegionRegistry::HostPinner pin_host = [eng](char* base, uint64_t bytes) {
+    return eng->PinHostMemory(base, bytes);
+  };
   if (opts.regions.max_regions > 0) {
-    Engine* engine = d->engine_.get();
     d->regions_ = std::make_unique<RegionRegistry>(
         opts.regions,
-        [engine](int device, const std::string& handle, uint64_t bytes) {
-          return engine->OpenCudaIpc(device, handle, bytes);
+        [eng](int device, const std::string& handle, uint64_t bytes) {
+          return eng->OpenCudaIpc(device, handle, bytes);
         },
-        [engine](char* base, uint64_t bytes) { return engine->PinHostMemory(base, bytes); });
+        pin_host);
     d->regions_->SetObserver(
         [m = d->metrics_.get()](int64_t n, uint64_t bytes) { m->SetRegions(n, bytes); });
     d->handler_->SetRegions(d->regions_.get());
@@ -223,7 +226,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
   d->verify_service_ = std::make_unique<VerifyServiceImpl>(
       d->handler_.get(), d->metrics_.get(),
       VerifyServiceOptions{opts.max_message_bytes, opts.max_inflight_bytes, d->regions_.get(),
-                           opts.allow_region_tcp, ChannelLimitsFor(opts)});
+                           pin_host, opts.allow_region_tcp, ChannelLimitsFor(opts)});
   d->verify_service_->channels().SetObserver(
       [m = d->metrics_.get()](int64_t n) { m->SetChannels(n); });
   {

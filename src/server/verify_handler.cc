@@ -112,9 +112,9 @@ void VerifyHandler::Record(const Outcome& o) {
 }
 
 absl::Status VerifyHandler::Handle(const v1::VerifyRequest& req, v1::VerifyResponse* resp,
-                                   const CallContext& call) {
+                                   const CallContext& call, const InPlaceTensors* in_place) {
   ++requests_;
-  absl::Status st = Serve(req, resp, call);
+  absl::Status st = Serve(req, resp, call, in_place);
   if (!st.ok()) ++request_errors_;
   return st;
 }
@@ -131,12 +131,12 @@ absl::Status VerifyHandler::CheckWork(const BundleView& v) const {
 }
 
 absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyResponse* resp,
-                                  const CallContext& call) {
+                                  const CallContext& call, const InPlaceTensors* in_place) {
   const auto t0 = Clock::now();
   // Holds the regions the call names until it returns; work that outlives the call has its own
   // copy of the inputs (Prepare with detach).
   DecodedRequest decoded;
-  absl::Status bad = DecodeRequest(req, regions_, &decoded);
+  absl::Status bad = DecodeRequest(req, regions_, &decoded, in_place);
   if (absl::Status lost = RegionsIntact(decoded.pins); !lost.ok()) bad = lost;  // read as zeros
   const BundleView* view = &decoded.view;
   if (bad.ok()) bad = CheckWork(*view);

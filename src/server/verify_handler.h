@@ -13,6 +13,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "src/bundle/request_in_place.h"
 #include "src/capture/capturer.h"
 #include "src/compare/compare.h"
 #include "src/control/mode_controller.h"
@@ -51,8 +52,11 @@ class VerifyHandler {
   void SetCapturer(Capturer* c) { capturer_ = c; }
   // `call`: the client's deadline and cancellation. An abandoned call stops before its next path
   // (and, on the CPU engine, within it) and returns CANCELLED or DEADLINE_EXCEEDED.
+  // `in_place`: where q's and kv_pool's inline bytes are when `req` does not hold them
+  // (ParseRequestInPlace); they must stay there until Handle returns.
   absl::Status Handle(const v1::VerifyRequest& req, v1::VerifyResponse* resp,
-                      const CallContext& call = CallContext());
+                      const CallContext& call = CallContext(),
+                      const InPlaceTensors* in_place = nullptr);
   const HandlerOptions& options() const { return opts_; }
   // Totals since start, for the admin status.
   v1::Counters counters() const;
@@ -60,7 +64,7 @@ class VerifyHandler {
 
  private:
   absl::Status Serve(const v1::VerifyRequest& req, v1::VerifyResponse* resp,
-                     const CallContext& call);
+                     const CallContext& call, const InPlaceTensors* in_place);
   // RESOURCE_EXHAUSTED naming --max_call_work when the request asks for more.
   absl::Status CheckWork(const BundleView& v) const;
   // For a call whose comparison runs off the critical path: its place in the shadow queue, taken

@@ -47,7 +47,10 @@ VerifyServiceImpl::VerifyServiceImpl(VerifyHandler* handler, Metrics* metrics,
       budget_(opts.max_inflight_bytes, "--max_inflight_mb"),
       verify_method_(MethodName("Verify")),
       stream_method_(MethodName("VerifyStream")),
-      channels_(opts.channels, [this](const std::string& r) { return ServeChannelCall(r); }) {
+      channels_(
+          opts.channels,
+          [this](absl::string_view r, v1::VerifyResponse* resp) { ServeChannelCall(r, resp); },
+          opts.pin_host) {
   // The unary call reads its message itself (a streamed unary handler is, to the server, a
   // stream of one message each way), so that its wire bytes go once they are parsed.
   AddMethod(new grpc::internal::RpcServiceMethod(
@@ -133,12 +136,13 @@ absl::Status VerifyServiceImpl::Parse(Raw& in, v1::VerifyRequest* req) {
 
 absl::Status VerifyServiceImpl::Handle(absl::Status read, std::chrono::steady_clock::time_point t0,
                                        double parse_s, const v1::VerifyRequest& req,
-                                       v1::VerifyResponse* resp, const CallContext& call) {
+                                       v1::VerifyResponse* resp, const CallContext& call,
+                                       const InPlaceTensors* in_place) {
   if (!read.ok()) {
     metrics_->Request("none", read.code(), Since(t0));
     return read;
   }
-  absl::Status st = handler_->Handle(req, resp, call);
+  absl::Status st = handler_->Handle(req, resp, call, in_place);
   if (st.ok()) resp->mutable_timing()->set_parse_seconds(parse_s);
   return st;
 }
@@ -156,20 +160,19 @@ absl::Status VerifyServiceImpl::Serve(grpc::ServerContext* ctx, Raw& in,
   return Handle(st, t0, parse_s, *req, resp, call);
 }
 
-std::string VerifyServiceImpl::ServeChannelCall(const std::string& request) {
+void VerifyServiceImpl::ServeChannelCall(absl::string_view request, v1::VerifyResponse* resp) {
   const auto t0 = std::chrono::steady_clock::now();
   MemoryBudget::Admission admitted;
   v1::VerifyRequest req;
-  v1::VerifyResponse resp;
+  InPlaceTensors in_place;
   absl::Status st = Admit(static_cast<int64_t>(request.size()), &admitted);
-  if (st.ok() && !req.ParseFromString(request)) {
+  if (st.ok() && !ParseRequestInPlace(request, &req, &in_place)) {
     req.Clear();
     st = absl::InvalidArgumentError(kNotARequest);
   }
   // The channel was opened over a transport regions are served on: its calls may name them.
-  st = Handle(st, t0, Since(t0), req, &resp, CallContext());
-  if (!st.ok()) ErrorInResponse(st, req.request_id(), &resp);
-  return resp.SerializeAsString();
+  st = Handle(st, t0, Since(t0), req, resp, CallContext(), &in_place);
+  if (!st.ok()) ErrorInResponse(st, req.request_id(), resp);
 }
 
 absl::Status VerifyServiceImpl::OpenChannel(const grpc::ServerContext& ctx,

@@ -29,6 +29,8 @@ struct VerifyServiceOptions {
   // Requests in flight hold at most this many message bytes together; <= 0: no ceiling.
   int64_t max_inflight_bytes = int64_t{8} << 30;
   RegionRegistry* regions = nullptr;  // null: no regions
+  // Pins host memory for the engine (channels' areas); null: nothing is pinned.
+  RegionRegistry::HostPinner pin_host;
   bool allow_region_tcp = false;      // --allow_region_tcp (channels too)
   ChannelLimits channels;
 };
@@ -51,14 +53,15 @@ class VerifyServiceImpl final : public grpc::Service {
   absl::Status Serve(grpc::ServerContext* ctx, grpc::ByteBuffer& in,
                      MemoryBudget::Admission* admitted, v1::VerifyRequest* req,
                      v1::VerifyResponse* resp);
-  // One call from a channel: its serialized request in, its serialized response out (errors in
-  // error_code and error_message, as on the stream).
-  std::string ServeChannelCall(const std::string& request);
+  // One call from a channel: its serialized request, in the channel's area, parsed in place
+  // (ParseRequestInPlace); errors in the response's error_code and error_message, as on the
+  // stream.
+  void ServeChannelCall(absl::string_view request, v1::VerifyResponse* resp);
   // What every call does once its message is read: a message refused before the handler saw it
   // (`read`, not OK) is counted here (path "none"); otherwise the handler runs it.
   absl::Status Handle(absl::Status read, std::chrono::steady_clock::time_point t0,
                       double parse_s, const v1::VerifyRequest& req, v1::VerifyResponse* resp,
-                      const CallContext& call);
+                      const CallContext& call, const InPlaceTensors* in_place = nullptr);
   absl::Status Admit(int64_t bytes, MemoryBudget::Admission* admitted);
   static absl::Status Parse(grpc::ByteBuffer& in, v1::VerifyRequest* req);
   absl::Status OpenChannel(const grpc::ServerContext& ctx, const v1::OpenChannelRequest& req,

@@ -68,12 +68,35 @@ const RegionRegistry& FuzzRegions() {
 }  // namespace
 
 absl::Status Request(const uint8_t* data, size_t size) {
-  v1::VerifyRequest req;
-  if (!req.ParseFromArray(data, static_cast<int>(size))) {
-    return absl::InvalidArgumentError("message could not be parsed");
+  // Parsed as the daemon parses a channel's call (the bulk left in place), and checked against
+  // protobuf's own parse of the same bytes.
+  const absl::string_view wire(reinterpret_cast<const char*>(data), size);
+  v1::VerifyRequest req, whole;
+  InPlaceTensors bulk;
+  const bool parsed = ParseRequestInPlace(wire, &req, &bulk);
+  if (parsed != whole.ParseFromArray(data, static_cast<int>(size))) {
+    return absl::InternalError(absl::StrCat("ParseRequestInPlace says ", parsed,
+                                            ", protobuf's parse the opposite"));
+  }
+  if (!parsed) return absl::InvalidArgumentError("message could not be parsed");
+  v1::VerifyRequest restored = req;
+  for (auto [t, b] : {std::pair{restored.mutable_q(), bulk.q},
+                      std::pair{restored.mutable_kv_pool(), bulk.kv_pool}}) {
+    if (!b) continue;
+    const char* at = b->data();
+    if (at < wire.data() || at + b->size() > wire.data() + wire.size()) {
+      return absl::InternalError("an in-place tensor is outside the message");
+    }
+    if (t->contents_case() != v1::Tensor::kRawContents || !t->raw_contents().empty()) {
+      return absl::InternalError("an in-place tensor's message field is not empty inline bytes");
+    }
+    t->set_raw_contents(std::string(*b));
+  }
+  if (restored.SerializeAsString() != whole.SerializeAsString()) {
+    return absl::InternalError("ParseRequestInPlace differs from protobuf's parse");
   }
   DecodedRequest d;
-  if (absl::Status st = DecodeRequest(req, &FuzzRegions(), &d); !st.ok()) return st;
+  if (absl::Status st = DecodeRequest(req, &FuzzRegions(), &d, &bulk); !st.ok()) return st;
   sink = Touch(d.view);
   for (const auto& out : {d.o_out, d.lse_out}) {  // every byte of an output range is writable
     if (out) {
@@ -139,14 +162,15 @@ absl::Status Channel(const uint8_t* data, size_t size) {
   std::vector<uint64_t> mem((bytes + 7) / 8, 0);
   char* base = reinterpret_cast<char*>(mem.data());
   std::memcpy(base, data, size);
-  std::string request;
-  if (absl::Status st = channel::CopyRequest(base, *g, &request); !st.ok()) return st;
+  absl::StatusOr<absl::string_view> request = channel::RequestIn(base, *g);
+  if (!request.ok()) return request.status();
   const uint32_t claimed = channel::HeaderOf(base)->request_bytes.load();
-  if (request.size() != claimed || request.size() > g->capacity ||
-      g->request_offset + request.size() > bytes) {
-    return absl::InternalError("the request copied out is not inside the request area");
+  if (request->size() != claimed || request->size() > g->capacity ||
+      request->data() != base + g->request_offset ||
+      g->request_offset + request->size() > bytes) {
+    return absl::InternalError("the request is not inside the request area");
   }
-  return Request(reinterpret_cast<const uint8_t*>(request.data()), request.size());
+  return Request(reinterpret_cast<const uint8_t*>(request->data()), request->size());
 }
 
 const std::vector<Target>& Targets() {

@@ -14,8 +14,9 @@ namespace verifyd::fuzz {
 
 // Every entry point returns what the input deserves; INTERNAL means an invariant broke.
 
-// A VerifyRequest's wire bytes: parse, decode, validate; on success touch every byte an engine
-// would read.
+// A VerifyRequest's wire bytes: parse as the daemon parses a channel's call (ParseRequestInPlace;
+// INTERNAL when it disagrees with protobuf's own parse), decode, validate; on success touch every
+// byte an engine would read.
 absl::Status Request(const uint8_t* data, size_t size);
 // A .safetensors file as `verifyctl replay` reads it: parse, map to a bundle, validate, touch.
 absl::Status Safetensors(const uint8_t* data, size_t size);
@@ -24,8 +25,8 @@ absl::Status Safetensors(const uint8_t* data, size_t size);
 // error).
 absl::Status State(const uint8_t* data, size_t size);
 // A call channel's shared memory as a client may leave it (header, request area; padded with
-// zeros to the smallest channel): the request copied out as verifyd copies it, then served by
-// Request(). INTERNAL when the copy is not inside the request area.
+// zeros to the smallest channel): the request found where verifyd finds it, then served by
+// Request(). INTERNAL when it is not inside the request area.
 absl::Status Channel(const uint8_t* data, size_t size);
 absl::Status Audit(const uint8_t* data, size_t size);
 

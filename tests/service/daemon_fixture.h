@@ -1,10 +1,12 @@
 #pragma once
 // An in-process verifyd on port 0 and a Unix socket, with clients for both services.
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -115,6 +117,19 @@ class DaemonTest : public ::testing::Test {
     grpc::ClientContext ctx;
     EXPECT_TRUE(admin_->GetStatus(&ctx, v1::GetStatusRequest(), &s).ok());
     return s;
+  }
+  // Waits (at most 30 s) until the comparisons of `n` calls have been recorded.
+  v1::Counters WaitForComparisons(int64_t n) {
+    v1::Counters c;
+    for (int i = 0; i < 600; ++i) {
+      c = Status().counters();
+      if (c.comparisons_match() + c.comparisons_breach() + c.comparisons_error() +
+              c.comparisons_skipped() >= n) {
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return c;
   }
   std::unique_ptr<Daemon> daemon_;
   std::string tcp_;

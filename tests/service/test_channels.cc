@@ -302,6 +302,36 @@ TEST_F(ChannelTest, CloseIsSeenByTheClientAndCounted) {
   EXPECT_NE(st.message().find("closed"), std::string::npos) << st;
 }
 
+// verifyd reads a channel call's q and pool where the client wrote them; the other path and the
+// comparison run after the answer, when the client may already write its next call there. They
+// read verifyd's own copy: garbage written over the whole request area right after each answer
+// changes nothing, and every comparison stays clean.
+TEST_F(ChannelTest, ShadowIsCleanWhenTheClientRewritesTheAreaAfterTheAnswer) {
+  Start();
+  ASSERT_EQ(Status().mode(), v1::MODE_SHADOW);
+  ShmObject obj("rewrite", 8 << 20);
+  v1::OpenChannelResponse g;
+  ASSERT_TRUE(OpenRaw("w", obj.key(), obj.size(), &g).ok());
+  constexpr int kCalls = 6;
+  for (int i = 0; i < kCalls; ++i) {
+    RandomBundle b(RegionBundleSpec(200 + i, i % 2 ? 1 : 16, 6, 300));
+    v1::VerifyRequest req;
+    EncodeRequest(b.view(), &req);
+    v1::VerifyResponse want;
+    ASSERT_TRUE(VerifyUnix(req, &want).ok());
+    const std::string bytes = req.SerializeAsString();
+    ASSERT_LE(bytes.size(), g.capacity());
+    const v1::VerifyResponse got = RawCall(obj.data(), g, bytes, bytes.size(), i + 1);
+    ASSERT_EQ(got.error_code(), 0) << got.error_message();
+    EXPECT_EQ(got.o().raw_contents(), want.o().raw_contents());
+    std::memset(obj.data() + g.request_offset(), 0xFF, g.capacity());  // NaN everywhere
+  }
+  const v1::Counters c = WaitForComparisons(2 * kCalls);
+  EXPECT_EQ(c.comparisons_match(), 2 * kCalls);
+  EXPECT_EQ(c.comparisons_breach(), 0);
+  EXPECT_EQ(c.comparisons_error(), 0);
+}
+
 // A client that shrinks its object under the mapping: verifyd reads zeros, not a fault; the
 // channel stops serving and the daemon goes on.
 TEST_F(ChannelTest, AShrunkObjectStopsItsChannelNotTheDaemon) {
@@ -401,17 +431,20 @@ TEST(ChannelLayout, GeometryAndFrames) {
 
   std::vector<char> mem(channel::kHeaderBytes + 2 * 8192);
   channel::InitHeader(mem.data(), *g);
-  std::string out;
-  EXPECT_FALSE(channel::CopyRequest(mem.data(), *g, &out).ok());  // nothing written: 0 bytes
+  EXPECT_FALSE(channel::RequestIn(mem.data(), *g).ok());  // nothing written: 0 bytes
   channel::HeaderOf(mem.data())->request_bytes.store(8192);
   std::memset(mem.data() + g->request_offset, 'x', 8192);
-  ASSERT_TRUE(channel::CopyRequest(mem.data(), *g, &out).ok());
-  EXPECT_EQ(out, std::string(8192, 'x'));
+  absl::StatusOr<absl::string_view> in = channel::RequestIn(mem.data(), *g);
+  ASSERT_TRUE(in.ok());
+  EXPECT_EQ(in->data(), mem.data() + g->request_offset);  // where the client left it
+  EXPECT_EQ(*in, std::string(8192, 'x'));
   channel::HeaderOf(mem.data())->request_bytes.store(8193);
-  const absl::Status st = channel::CopyRequest(mem.data(), *g, &out);
+  const absl::Status st = channel::RequestIn(mem.data(), *g).status();
   EXPECT_NE(st.message().find("request_bytes"), std::string::npos) << st;
-  channel::PublishResponse(mem.data(), *g, "answer", 7);
+  std::memcpy(channel::ResponseArea(mem.data(), *g), "answer", 6);
+  channel::PublishResponse(mem.data(), 6, 7);
   EXPECT_EQ(channel::HeaderOf(mem.data())->response_seq.load(), 7u);
+  EXPECT_EQ(channel::HeaderOf(mem.data())->response_bytes.load(), 6u);
   EXPECT_EQ(std::string(mem.data() + g->response_offset, 6), "answer");
 }
 

@@ -69,20 +69,6 @@ class RegionTest : public DaemonTest {
     grpc::ClientContext ctx;
     return unix_->Verify(&ctx, req, resp);
   }
-  // Waits until the shadow comparisons of `n` calls have been recorded.
-  v1::Counters WaitForComparisons(int64_t n) {
-    v1::Counters c;
-    for (int i = 0; i < 600; ++i) {
-      c = Status().counters();
-      if (c.comparisons_match() + c.comparisons_breach() + c.comparisons_error() +
-              c.comparisons_skipped() >= n) {
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return c;
-  }
-
   std::string dir_;
   std::unique_ptr<v1::VerifyService::Stub> unix_;
 };

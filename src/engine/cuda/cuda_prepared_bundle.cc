@@ -51,21 +51,21 @@ absl::Status CudaPreparedBundle::Upload(const BundleView& v, bool detach) {
   q_in_place_ = v.q_device >= 0 && !detach;
   pool_in_place_ = v.kv_pool_device >= 0 && !detach;
   const bool compact = v.kv_pool_shared && !pool_in_place_;
-  // Sources the GPU reads itself: a CUDA IPC region, or a shm region the engine pinned
-  // (CudaEngine::PinHostMemory). Their bytes skip the staging copy.
+  // Sources the GPU reads itself: a CUDA IPC region, or host memory the engine pinned
+  // (CudaEngine::PinHostMemory: a shm region, a call channel's area). Their bytes skip the
+  // staging copy.
   const void* q_src = v.q_device >= 0 ? v.q : DeviceReadable(v.q);
-  const void* pool_src = v.kv_pool_device >= 0 ? v.kv_pool
-                                                : (v.kv_pool_shared ? DeviceReadable(v.kv_pool)
-                                                                    : nullptr);
+  const void* pool_src = v.kv_pool_device >= 0 ? v.kv_pool : DeviceReadable(v.kv_pool);
   const bool gather_on_device = compact && pool_src != nullptr;
+  const bool pool_direct = !compact && pool_src != nullptr;
   std::vector<int32_t> renumbered;
   if (compact) {
     renumbered.resize(n_idx);
     for (size_t i = 0; i < n_idx; ++i) renumbered[i] = static_cast<int32_t>(i);
   }
 
-  // Host bytes go through the lane's pinned staging in one copy; device bytes (q and pages of a
-  // CUDA IPC region, when snapshotted) are copied on the device after it.
+  // Host bytes go through the lane's pinned staging in one copy; bytes the GPU reads itself (q and
+  // the pool or its pages, in pinned host memory or a CUDA IPC region) are copied after it.
   enum { kQ, kPool, kIndptr, kIndices, kLens, kMask, kSrcPages, kPieces };
   struct Piece {
     const void* host = nullptr;  // staged from here; null: filled on the device (or absent)
@@ -77,7 +77,7 @@ absl::Status CudaPreparedBundle::Upload(const BundleView& v, bool detach) {
   if (!q_in_place_) pieces[kQ] = {q_src != nullptr ? nullptr : v.q, q_bytes};
   if (!pool_in_place_) {
     pieces[kPool] = compact ? Piece{gather_on_device ? nullptr : v.kv_pool, n_idx * page_bytes}
-                            : Piece{v.kv_pool, size_t(v.kv_elems()) * 2};
+                            : Piece{pool_direct ? nullptr : v.kv_pool, size_t(v.kv_elems()) * 2};
   }
   pieces[kIndptr] = {v.kv_indptr, size_t(s.batch + 1) * 4};
   pieces[kIndices] = {compact ? renumbered.data() : v.kv_indices, n_idx * 4};
@@ -154,6 +154,11 @@ absl::Status CudaPreparedBundle::Upload(const BundleView& v, bool detach) {
     st = worker_.Check(cudaMemcpyAsync(dev + pieces[kQ].offset, q_src, q_bytes, cudaMemcpyDefault,
                                        lane_.served),
                        "copying q");
+  }
+  if (st.ok() && pool_direct && !pool_in_place_) {
+    st = worker_.Check(cudaMemcpyAsync(dev + pieces[kPool].offset, pool_src,
+                                       pieces[kPool].bytes, cudaMemcpyDefault, lane_.served),
+                       "copying kv_pool");
   }
   if (st.ok() && gather_on_device) {
     st = worker_.Check(kernels::LaunchGatherPages(

@@ -1,0 +1,171 @@
+// ParseRequestInPlace: the parse of a call channel's request. It must give what protobuf's parse
+// gives for every input (random requests of odd sizes, merged and unknown fields, truncated and
+// corrupted bytes), with q's and kv_pool's inline bytes left in the message's memory and
+// everything else, above all what verifyd checks, copied out of it.
+
+#include <cstdint>
+#include <random>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "src/bundle/random_bundle.h"
+#include "src/bundle/request_codec.h"
+#include "src/bundle/request_in_place.h"
+
+namespace verifyd {
+namespace {
+
+bool Inside(absl::string_view wire, const void* p) {
+  const char* c = static_cast<const char*>(p);
+  return c >= wire.data() && c < wire.data() + wire.size();
+}
+
+// `req` with the in-place bytes put back: what protobuf's own parse gives.
+v1::VerifyRequest Restored(v1::VerifyRequest req, const InPlaceTensors& bulk) {
+  if (bulk.q) req.mutable_q()->set_raw_contents(std::string(*bulk.q));
+  if (bulk.kv_pool) req.mutable_kv_pool()->set_raw_contents(std::string(*bulk.kv_pool));
+  return req;
+}
+
+// Parses `wire` both ways; they must agree on success and on the message.
+void ExpectSameAsProtobuf(const std::string& wire) {
+  v1::VerifyRequest whole, req;
+  InPlaceTensors bulk;
+  const bool ok = whole.ParseFromString(wire);
+  ASSERT_EQ(ParseRequestInPlace(wire, &req, &bulk), ok);
+  if (!ok) return;
+  EXPECT_EQ(Restored(req, bulk).SerializeAsString(), whole.SerializeAsString());
+  for (const auto& b : {bulk.q, bulk.kv_pool}) {
+    if (b) {
+      EXPECT_TRUE(b->empty() || Inside(wire, b->data()));
+    }
+  }
+}
+
+RandomBundleSpec Spec(int batch, int draft, int heads, int prefix, int page, uint64_t seed) {
+  RandomBundleSpec s;
+  s.batch = batch;
+  s.draft = draft;
+  s.heads = heads;
+  s.prefix = prefix;
+  s.page_size = page;
+  s.seed = seed;
+  return s;
+}
+
+TEST(RequestInPlace, RandomRequestsLeaveOnlyTheBulkInPlace) {
+  for (const RandomBundleSpec& spec :
+       {Spec(1, 1, 1, 1, 1, 1), Spec(3, 5, 7, 37, 4, 2), Spec(2, 16, 16, 300, 64, 3),
+        Spec(5, 3, 2, 129, 128, 4)}) {
+    RandomBundle b(spec);
+    v1::VerifyRequest sent;
+    EncodeRequest(b.view(), &sent);
+    sent.set_request_id("call-7");
+    sent.set_want_lse(true);
+    const std::string wire = sent.SerializeAsString();
+    v1::VerifyRequest req;
+    InPlaceTensors bulk;
+    ASSERT_TRUE(ParseRequestInPlace(wire, &req, &bulk));
+    ASSERT_TRUE(bulk.q && bulk.kv_pool);
+    EXPECT_EQ(*bulk.q, sent.q().raw_contents());
+    EXPECT_EQ(*bulk.kv_pool, sent.kv_pool().raw_contents());
+    EXPECT_TRUE(Inside(wire, bulk.q->data()));
+    EXPECT_TRUE(Inside(wire, bulk.kv_pool->data()));
+    EXPECT_TRUE(req.q().raw_contents().empty());
+    EXPECT_EQ(req.q().contents_case(), v1::Tensor::kRawContents);
+    EXPECT_EQ(Restored(req, bulk).SerializeAsString(), wire);
+
+    // What the checks read is verifyd's own copy; the view reads q and the pool in place.
+    DecodedRequest d;
+    ASSERT_TRUE(DecodeRequest(req, nullptr, &d, &bulk).ok());
+    EXPECT_TRUE(Inside(wire, d.view.q));
+    EXPECT_TRUE(Inside(wire, d.view.kv_pool));
+    for (const void* checked : {static_cast<const void*>(d.view.kv_indptr),
+                                static_cast<const void*>(d.view.kv_indices),
+                                static_cast<const void*>(d.view.kv_lens),
+                                static_cast<const void*>(d.view.tree_mask)}) {
+      EXPECT_FALSE(Inside(wire, checked));
+    }
+    absl::StatusOr<BundleView> whole = DecodeRequest(sent);
+    ASSERT_TRUE(whole.ok());
+    EXPECT_EQ(d.view.shape.num_pages, whole->shape.num_pages);
+    EXPECT_EQ(0, std::memcmp(d.view.q, whole->q, size_t(whole->q_elems()) * 2));
+  }
+}
+
+TEST(RequestInPlace, FollowsProtobufOnMergedAndUnknownFields) {
+  RandomBundle b(Spec(2, 3, 4, 20, 8, 5));
+  v1::VerifyRequest sent;
+  EncodeRequest(b.view(), &sent);
+  const std::string base = sent.SerializeAsString();
+
+  v1::VerifyRequest extra;  // a second q with no contents: the first q's bytes stay
+  extra.mutable_q()->set_dtype(v1::DTYPE_BF16);
+  ExpectSameAsProtobuf(base + extra.SerializeAsString());
+
+  extra.Clear();  // a later q naming a region: the inline bytes are gone
+  extra.mutable_q()->mutable_shm()->set_region("r");
+  ExpectSameAsProtobuf(base + extra.SerializeAsString());
+  v1::VerifyRequest req;
+  InPlaceTensors bulk;
+  ASSERT_TRUE(ParseRequestInPlace(base + extra.SerializeAsString(), &req, &bulk));
+  EXPECT_FALSE(bulk.q.has_value());
+  EXPECT_TRUE(bulk.kv_pool.has_value());
+
+  extra.Clear();  // and inline again after that: the last one wins
+  extra.mutable_q()->set_raw_contents("abcd");
+  ExpectSameAsProtobuf(base + extra.SerializeAsString());
+  ASSERT_TRUE(ParseRequestInPlace(base + extra.SerializeAsString(), &req, &bulk));
+  ASSERT_TRUE(bulk.q.has_value());
+  EXPECT_EQ(*bulk.q, "abcd");
+
+  // Unknown fields, at the top and inside a tensor, and field 3 of a tensor as a varint (not
+  // raw_contents to protobuf: an unknown field).
+  const std::string unknown_top = std::string("\xa8\x06\x05", 3);           // field 101, varint 5
+  const std::string tensor_varint3 = std::string("\x12\x02\x18\x07", 4);  // q { 3: 7 }
+  const std::string tensor_unknown = std::string("\x1a\x04\xba\x06\x01z", 6);  // kv_pool{103:"z"}
+  ExpectSameAsProtobuf(base + unknown_top + tensor_varint3 + tensor_unknown);
+}
+
+TEST(RequestInPlace, TruncatedAndCorruptedBytesParseAsProtobufSays) {
+  RandomBundle b(Spec(1, 2, 1, 3, 1, 6));
+  v1::VerifyRequest sent;
+  EncodeRequest(b.view(), &sent);
+  sent.set_request_id("x");
+  const std::string wire = sent.SerializeAsString();
+  for (size_t n = 0; n <= wire.size(); ++n) ExpectSameAsProtobuf(wire.substr(0, n));
+  std::mt19937_64 rng(42);
+  for (int i = 0; i < 3000; ++i) {
+    std::string w = wire;
+    const int flips = 1 + static_cast<int>(rng() % 3);
+    for (int f = 0; f < flips; ++f) w[rng() % w.size()] = static_cast<char>(rng());
+    ExpectSameAsProtobuf(w);
+    if (::testing::Test::HasFailure()) {
+      ADD_FAILURE() << "input " << i;
+      return;
+    }
+  }
+  ExpectSameAsProtobuf(std::string("\x00", 1));     // tag 0
+  ExpectSameAsProtobuf(std::string("\x12\x80", 2));  // a length that never ends
+  ExpectSameAsProtobuf(std::string("\x12\x05\x1a\x10", 4));  // raw_contents past its tensor
+}
+
+TEST(RequestInPlace, BulkOfTheWrongSizeIsRefusedNamingTheTensor) {
+  RandomBundle b(Spec(1, 2, 2, 9, 4, 7));
+  v1::VerifyRequest sent;
+  EncodeRequest(b.view(), &sent);
+  std::string q = sent.q().raw_contents();
+  q.pop_back();
+  sent.mutable_q()->set_raw_contents(q);
+  const std::string wire = sent.SerializeAsString();
+  v1::VerifyRequest req;
+  InPlaceTensors bulk;
+  ASSERT_TRUE(ParseRequestInPlace(wire, &req, &bulk));
+  DecodedRequest d;
+  const absl::Status st = DecodeRequest(req, nullptr, &d, &bulk);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message().rfind("q: ", 0), 0u) << st;
+}
+
+}  // namespace
+}  // namespace verifyd
