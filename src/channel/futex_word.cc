@@ -54,4 +54,10 @@ uint32_t AwaitChange(std::atomic<uint32_t>* word, uint32_t old, absl::Duration s
   }
 }
 
+absl::Duration AdaptiveSpin(absl::Duration last_gap, absl::Duration floor, absl::Duration cap) {
+  floor = std::min(floor, cap);
+  if (last_gap > cap) return floor;
+  return std::clamp(2 * last_gap, floor, cap);
+}
+
 }  // namespace verifyd::channel

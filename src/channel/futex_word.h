@@ -22,4 +22,10 @@ uint32_t AwaitChange(std::atomic<uint32_t>* word, uint32_t old, absl::Duration s
                      absl::Duration nap, const std::function<bool()>& give_up,
                      absl::Time deadline = absl::InfiniteFuture());
 
+// How long a waiter spins for the next change after the last one came `last_gap` after the one
+// before (from the answer to the next call): twice that gap, within [floor, cap], when the gap
+// was within `cap` (the next change is likely to come as soon, and spinning saves the wake-up);
+// only `floor` after a longer gap (a caller that slow would rarely be caught). floor <= cap.
+absl::Duration AdaptiveSpin(absl::Duration last_gap, absl::Duration floor, absl::Duration cap);
+
 }  // namespace verifyd::channel

@@ -80,10 +80,14 @@ class ChannelServer::Channel {
     // OpenChannel answers, before this line runs, so the count starts from there, not from a load.
     uint32_t served = 0;
     v1::VerifyResponse resp;
+    // From the last answer to the call after it: how long the next spin is.
+    absl::Duration last_gap = absl::InfiniteDuration();
+    absl::Time answered = absl::InfinitePast();
     while (!stop_.load()) {
       const uint32_t seq = channel::AwaitChange(
-          &h->request_seq, served, spin_, absl::Milliseconds(100),
-          [this] { return stop_.load() || Exited(pidfd_); });
+          &h->request_seq, served,
+          channel::AdaptiveSpin(last_gap, ChannelLimits::kSpinFloor, spin_),
+          absl::Milliseconds(100), [this] { return stop_.load() || Exited(pidfd_); });
       if (seq == served) {  // asked to stop, or the client is gone
         if (!stop_.load() && Exited(pidfd_)) {
           spdlog::info("channel '{}': its client (pid {}) exited without closing it; closing it",
@@ -94,6 +98,7 @@ class ChannelServer::Channel {
         continue;
       }
       served = seq;
+      last_gap = absl::Now() - answered;
       resp.Clear();
       absl::StatusOr<absl::string_view> request = channel::RequestIn(base, g);
       if (request.ok()) {
@@ -121,6 +126,7 @@ class ChannelServer::Channel {
           reinterpret_cast<uint8_t*>(channel::ResponseArea(base, g)));
       channel::PublishResponse(base, static_cast<uint32_t>(bytes), seq);
       channel::FutexWake(&h->response_seq);
+      answered = absl::Now();
       calls_.fetch_add(1);
     }
   }

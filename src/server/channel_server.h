@@ -29,9 +29,11 @@ namespace verifyd {
 struct ChannelLimits {
   int max_channels = 16;                       // --max_channels; 0: no channels
   uint64_t max_capacity = uint64_t{1} << 30;   // an area's bytes at most (--max_message_mb)
-  // After a call, how long the channel's thread spins for the next one before it sleeps
-  // (--channel_spin_us): a call within it pays no wake-up.
-  absl::Duration spin = absl::Microseconds(50);
+  // After a call, the most the channel's thread spins for the next one before it sleeps
+  // (--channel_spin_us): twice the last gap between calls when that gap was within this,
+  // otherwise kSpinFloor (channel::AdaptiveSpin). A call within the spin pays no wake-up.
+  absl::Duration spin = absl::Microseconds(1000);
+  static constexpr absl::Duration kSpinFloor = absl::Microseconds(50);
 };
 
 struct ChannelSummary {

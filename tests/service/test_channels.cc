@@ -448,5 +448,22 @@ TEST(ChannelLayout, GeometryAndFrames) {
   EXPECT_EQ(std::string(mem.data() + g->response_offset, 6), "answer");
 }
 
+// The channel thread's spin after a call: twice the last gap when calls came within the cap, so
+// a caller that comes back as fast is caught without a wake-up; just the floor after a longer
+// gap, so a slow caller costs no core.
+TEST(ChannelSpin, TwiceTheLastGapWithinTheCapElseTheFloor) {
+  using absl::Microseconds;
+  const absl::Duration floor = Microseconds(50), cap = Microseconds(1000);
+  EXPECT_EQ(channel::AdaptiveSpin(Microseconds(100), floor, cap), Microseconds(200));
+  EXPECT_EQ(channel::AdaptiveSpin(Microseconds(10), floor, cap), floor);
+  EXPECT_EQ(channel::AdaptiveSpin(Microseconds(700), floor, cap), cap);
+  EXPECT_EQ(channel::AdaptiveSpin(Microseconds(1000), floor, cap), cap);
+  EXPECT_EQ(channel::AdaptiveSpin(Microseconds(1001), floor, cap), floor);
+  EXPECT_EQ(channel::AdaptiveSpin(absl::InfiniteDuration(), floor, cap), floor);  // first call
+  EXPECT_EQ(channel::AdaptiveSpin(Microseconds(10), floor, Microseconds(20)), Microseconds(20));
+  EXPECT_EQ(channel::AdaptiveSpin(Microseconds(10), floor, absl::ZeroDuration()),
+            absl::ZeroDuration());  // --channel_spin_us=0: never spins
+}
+
 }  // namespace
 }  // namespace verifyd::testing
