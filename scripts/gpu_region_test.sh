@@ -58,6 +58,16 @@ for transport in cuda_ipc shm cuda_ipc+channel; do
     done
   done
 done
+# A resident slot: each worker writes its bundle once and names it in every call.
+out=$(ctl send --transport cuda_ipc --channel --resident --check --shape 2,16,8,2048 \
+        --page_size 64 --count 40 --distinct 4 --concurrency 4 2>&1)
+rc=$?
+calls=$((calls + 40))
+if [[ $rc != 0 ]]; then
+  fail "send --transport cuda_ipc --channel --resident: rc=$rc: $(echo "$out" | tail -3)"
+else
+  echo "ok   send --transport cuda_ipc --channel --resident --check: $(echo "$out" | grep -E '^check:' || true)"
+fi
 sleep 1
 read -r match breach error skipped < <(counters)
 echo "shadow comparisons after $calls scribbled region calls: match $match breach $breach error $error skipped $skipped"

@@ -7,9 +7,10 @@
 # GPU, overhead = p50 - that time, and shadow's added p50.
 #
 #   gpu_service_bench.sh PACK_DIR OUT_DIR [COUNT]
-#   TRANSPORTS="inline shm cuda_ipc cuda_ipc+stream cuda_ipc+channel inline+channel" (the
-#   default; "+stream" sends on one bidirectional stream per worker instead of unary calls,
-#   "+channel" through one call channel per worker: no gRPC call per verify)
+#   TRANSPORTS="inline shm cuda_ipc cuda_ipc+stream cuda_ipc+channel cuda_ipc+channel+resident
+#   inline+channel" (the default; "+stream" sends on one bidirectional stream per worker instead
+#   of unary calls, "+channel" through one call channel per worker: no gRPC call per verify;
+#   "+resident": each worker writes its bundle into its region once, so calls come back to back)
 #   DAEMON_FLAGS="--cuda_sync_spin_us=0 ..." (extra verifyd flags, for A/B runs)
 set -uo pipefail
 PACK=$1 OUT=$2 COUNT=${3:-300}
@@ -50,10 +51,11 @@ floor_rows() {  # ENGINE
 
 start_daemon || exit 1
 # Reference and shadow alternate, twice per configuration, so that drift hits both alike.
-for transport in ${TRANSPORTS:-inline shm cuda_ipc cuda_ipc+stream cuda_ipc+channel inline+channel}; do
-  how=(--transport "${transport%+*}")
-  [[ $transport == *+stream ]] && how+=(--stream)
-  [[ $transport == *+channel ]] && how+=(--channel)
+for transport in ${TRANSPORTS:-inline shm cuda_ipc cuda_ipc+stream cuda_ipc+channel cuda_ipc+channel+resident inline+channel}; do
+  how=(--transport "${transport%%+*}")
+  [[ $transport == *+stream* ]] && how+=(--stream)
+  [[ $transport == *+channel* ]] && how+=(--channel)
+  [[ $transport == *+resident* ]] && how+=(--resident)
   for shape in "${shapes[@]}"; do
     for conc in 1 8; do
       for rep in 1 2; do
@@ -149,7 +151,7 @@ for (transport, mode, shape, conc), rs in groups.items():
                                        for k in rs[0]["server_stage_seconds_p50"]}
     rows.append(row)
 order = {"inline": 0, "inline+channel": 1, "shm": 2, "cuda_ipc": 3, "cuda_ipc+stream": 4,
-         "cuda_ipc+channel": 5}  # then the floor rows
+         "cuda_ipc+channel": 5, "cuda_ipc+channel+resident": 6}  # then the floor rows
 rows.sort(key=lambda r: (order.get(r["transport"], 9), r["shape"], r["concurrency"], r["mode"] != "reference"))
 try:
     memcpy = json.load(open(f"{sys.argv[2]}/memcpy.json"))
@@ -170,7 +172,10 @@ lines = [f"# verifyd service benchmark on {device}", "",
          "start the path instead); each row is the mean of two runs, reference and shadow "
          "alternating. Bundle bytes: what inline carries (shm and cuda_ipc carry refs; cuda_ipc "
          "sends the index tensors inline). +stream: one gRPC stream per worker; +channel: one "
-         "call channel per worker (shared memory and a futex doorbell, no gRPC call per verify).", "",
+         "call channel per worker (shared memory and a futex doorbell, no gRPC call per verify); "
+         "+resident: each worker writes its bundle into its region once and calls with it every "
+         "time (a stack whose KV pool stays resident), so calls come back to back; without it a "
+         "worker writes its bundle (10-20 MB) before each call.", "",
          "Host memcpy of one bundle on this machine (median of 20): " +
          ", ".join(f"{k}: {v['bytes']/1e6:.1f} MB in {v['seconds']*1e3:.2f} ms ({v['gb_per_s']:.1f} GB/s)"
                    for k, v in memcpy.items()), "",

@@ -8,6 +8,7 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -91,8 +92,12 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
   }
   const bool regions = transport != SendTransport::kInline;
   if (s.channel && s.stream) return Fail(g, "send", "--channel and --stream: choose one");
-  if ((s.check || s.scribble) && !regions) {
-    return Fail(g, "send", "--check and --scribble need --transport shm or cuda_ipc");
+  if ((s.check || s.scribble || s.resident) && !regions) {
+    return Fail(g, "send", "--check, --scribble and --resident need --transport shm or cuda_ipc");
+  }
+  if (s.scribble && s.resident) {
+    return Fail(g, "send", "--scribble and --resident: choose one (scribbling overwrites what "
+                           "stays resident)");
   }
 
   // Encode a few distinct bundles once; the workers reuse them.
@@ -191,15 +196,19 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
       sctx->set_deadline(std::chrono::system_clock::time_point::max());
       stream = stub->VerifyStream(sctx.get());
     }
+    std::optional<v1::VerifyRequest> resident;  // --resident: the call naming the staged slot
+    int bundle = 0;                             // the bundle in the slot
     for (int64_t n; (n = next.fetch_add(1)) < s.count;) {
-      v1::VerifyRequest req = requests[n % distinct];
-      if (!s.request_id_prefix.empty()) req.set_request_id(fmt::format("{}-{}", s.request_id_prefix, n));
-      if (region) {
-        if (absl::Status st = region->Stage(slot, bundles[n % distinct]->view(), &req); !st.ok()) {
+      if (!resident) bundle = static_cast<int>(n % distinct);
+      v1::VerifyRequest req = resident ? *resident : requests[bundle];
+      if (region && !resident) {
+        if (absl::Status st = region->Stage(slot, bundles[bundle]->view(), &req); !st.ok()) {
           tally.Err(static_cast<int>(st.code()), std::string(st.message()));
           continue;
         }
+        if (s.resident) resident = req;
       }
+      if (!s.request_id_prefix.empty()) req.set_request_id(fmt::format("{}-{}", s.request_id_prefix, n));
       v1::VerifyResponse resp;
       const auto t = Clock::now();
       if (stream) {
@@ -235,7 +244,7 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
       }
       tally.Ok(std::chrono::duration<double>(Clock::now() - t).count(), resp);
       if (region && s.check) {
-        const v1::VerifyResponse& want = inline_out[n % distinct];
+        const v1::VerifyResponse& want = inline_out[bundle];
         absl::StatusOr<std::string> o = region->Output(slot);
         if (!o.ok()) {
           tally.Err(static_cast<int>(o.status().code()), std::string(o.status().message()));
@@ -281,6 +290,7 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
     PrintJson({{"shape", s.shape}, {"page_size", s.page_size}, {"count", s.count},
                {"transport", s.transport}, {"checked", tally.checked},
                {"unchecked", tally.unchecked}, {"scribble", s.scribble},
+               {"resident", s.resident},
                {"distinct", distinct}, {"traffic", s.traffic},
                {"concurrency", s.concurrency}, {"stream", s.stream}, {"channel", s.channel},
                {"bundle_bytes", bundle_bytes}, {"ok", nok}, {"failed", nerr},

@@ -26,6 +26,9 @@ struct SendOptions {
   int device = 0;                 // the request's device (and the cuda_ipc region's GPU)
   bool check = false;     // region transports: o must equal the inline transport's bit for bit
   bool scribble = false;  // region transports: overwrite q and the pool after each response
+  // Region transports: each worker writes its bundle into its slot once and names it in every
+  // call (a stack whose pool stays resident), so calls come back to back.
+  bool resident = false;
 };
 
 int RunSend(const GlobalOptions& g, const SendOptions& s);

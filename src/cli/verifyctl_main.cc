@@ -77,6 +77,9 @@ int main(int argc, char** argv) {
   s->add_flag("--scribble", send.scribble,
               "region transports: overwrite q and the pool right after each response, as a "
               "client reusing its buffers");
+  s->add_flag("--resident", send.resident,
+              "region transports: each worker writes its bundle into its slot once and calls "
+              "with it every time (a stack whose KV pool stays resident): calls back to back");
 
   std::string sample_mode;
   double sample_rate = 0;
