@@ -66,7 +66,7 @@ ABSL_FLAG(bool, allow_region_tcp, false,
 ABSL_FLAG(int64_t, max_channels, 16,
           "Call channels (a shared-memory request slot with a futex doorbell, one call at a time "
           "each) clients may open; 0 = none");
-ABSL_FLAG(int64_t, channel_spin_us, 1000,
+ABSL_FLAG(int64_t, channel_spin_us, 50,
           "After a call, the most a channel's thread spins for the next one before it sleeps, "
           "microseconds: twice the last gap between its calls when that gap was within this, "
           "else 50 (a call within the spin pays no wake-up; a spin keeps a core busy; 0 = none)");

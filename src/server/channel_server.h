@@ -32,7 +32,7 @@ struct ChannelLimits {
   // After a call, the most the channel's thread spins for the next one before it sleeps
   // (--channel_spin_us): twice the last gap between calls when that gap was within this,
   // otherwise kSpinFloor (channel::AdaptiveSpin). A call within the spin pays no wake-up.
-  absl::Duration spin = absl::Microseconds(1000);
+  absl::Duration spin = absl::Microseconds(50);
   static constexpr absl::Duration kSpinFloor = absl::Microseconds(50);
 };
 

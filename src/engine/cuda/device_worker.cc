@@ -55,12 +55,23 @@ absl::Status DeviceWorker::Init(size_t pool_bytes, int lanes) {
       !st.ok()) {
     return st;
   }
+  // The served stream runs what calls wait for (the inputs' copies, the reference path) at the
+  // device's highest priority, the shadow stream (the deferred path, the comparisons) at its
+  // lowest: deferred work yields the SMs it frees to the next call's served kernels.
+  int least = 0, greatest = 0;
+  if (absl::Status st = Check(cudaDeviceGetStreamPriorityRange(&least, &greatest), where);
+      !st.ok()) {
+    return st;
+  }
   for (int i = 0; i < std::max(lanes, 1); ++i) {
     auto lane = std::make_unique<Lane>();
     Lane& l = *lane;
     lanes_.push_back(std::move(lane));  // owned from here on, so the destructor frees it
-    absl::Status st = Check(cudaStreamCreateWithFlags(&l.served, cudaStreamNonBlocking), where);
-    if (st.ok()) st = Check(cudaStreamCreateWithFlags(&l.shadow, cudaStreamNonBlocking), where);
+    absl::Status st =
+        Check(cudaStreamCreateWithPriority(&l.served, cudaStreamNonBlocking, greatest), where);
+    if (st.ok()) {
+      st = Check(cudaStreamCreateWithPriority(&l.shadow, cudaStreamNonBlocking, least), where);
+    }
     for (cudaEvent_t* e :
          {&l.input.copied, &l.output_served.copied, &l.output_shadow.copied, &l.compare_done,
           &l.finite_done}) {

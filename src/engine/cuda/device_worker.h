@@ -31,8 +31,10 @@ struct Staging {
 };
 
 struct Lane {
-  cudaStream_t served = nullptr;  // the reference path and the input copies
-  cudaStream_t shadow = nullptr;  // the custom path, the oracle and the comparisons
+  // the reference path and the input copies, at the device's highest stream priority
+  cudaStream_t served = nullptr;
+  // the custom path, the oracle and the comparisons, at its lowest
+  cudaStream_t shadow = nullptr;
 
   absl::Mutex blas_mu;  // a cuBLAS handle is not safe for concurrent calls
   cublasHandle_t blas ABSL_GUARDED_BY(blas_mu) = nullptr;  // bound to `served` per launch
