@@ -230,7 +230,9 @@ absl::StatusOr<ChannelSummary> ChannelServer::Open(const std::string& name,
   absl::StatusOr<std::unique_ptr<MappedRegion>> m = MapShm(key, 0, byte_size, caller_uid);
   if (!m.ok()) return m.status();
   if (pin_host_) {
-    absl::StatusOr<std::function<void()>> unpin = pin_host_((*m)->base(), byte_size);
+    // The areas only: the header's futex words stay ordinary pages.
+    absl::StatusOr<std::function<void()>> unpin =
+        pin_host_((*m)->base() + channel::kHeaderBytes, byte_size - channel::kHeaderBytes);
     if (unpin.ok()) {
       (*m)->SetBeforeUnmap(std::move(*unpin));
     } else {
