@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <barrier>
 #include <chrono>
 #include <iostream>
 #include <map>
@@ -173,6 +174,7 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
   auto give_up = [&](int code, const std::string& why, int64_t held) {
     tally.Err(code, why, held + std::max<int64_t>(0, s.count - next.exchange(s.count)));
   };
+  std::barrier opened(static_cast<std::ptrdiff_t>(s.concurrency));
   auto worker = [&] {
     const int slot = next_slot.fetch_add(1);
     std::unique_ptr<channel::ChannelClient> chan;
@@ -185,6 +187,7 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
       if (!c.ok()) {
         give_up(static_cast<int>(c.status().code()),
                 "OpenChannel: " + std::string(c.status().message()), 0);
+        opened.arrive_and_drop();
         return;
       }
       chan = std::move(*c);
@@ -196,6 +199,8 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
       sctx->set_deadline(std::chrono::system_clock::time_point::max());
       stream = stub->VerifyStream(sctx.get());
     }
+    // Calls start once every worker has its transport: opening one is not part of the calls.
+    opened.arrive_and_wait();
     std::optional<v1::VerifyRequest> resident;  // --resident: the call naming the staged slot
     int bundle = 0;                             // the bundle in the slot
     for (int64_t n; (n = next.fetch_add(1)) < s.count;) {

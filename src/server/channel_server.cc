@@ -229,10 +229,13 @@ absl::StatusOr<ChannelSummary> ChannelServer::Open(const std::string& name,
   }
   absl::StatusOr<std::unique_ptr<MappedRegion>> m = MapShm(key, 0, byte_size, caller_uid);
   if (!m.ok()) return m.status();
+  absl::Duration pinning;
   if (pin_host_) {
     // The areas only: the header's futex words stay ordinary pages.
+    const absl::Time t = absl::Now();
     absl::StatusOr<std::function<void()>> unpin =
         pin_host_((*m)->base() + channel::kHeaderBytes, byte_size - channel::kHeaderBytes);
+    pinning = absl::Now() - t;
     if (unpin.ok()) {
       (*m)->SetBeforeUnmap(std::move(*unpin));
     } else {
@@ -252,8 +255,9 @@ absl::StatusOr<ChannelSummary> ChannelServer::Open(const std::string& name,
     if (absl::Status st = check_room(); !st.ok()) return st;  // raced with another Open
     channels_[name] = std::make_unique<Channel>(s, std::move(*m), limits_, serve_);
   }
-  spdlog::info("channel '{}' open on '{}' ({} bytes, areas of {} bytes, client '{}')", name, key,
-               byte_size, g->capacity, client);
+  spdlog::info("channel '{}' open on '{}' ({} bytes, areas of {} bytes, client '{}'; pinned in "
+               "{:.1f} ms)",
+               name, key, byte_size, g->capacity, client, absl::ToDoubleMilliseconds(pinning));
   Notify();
   return s;
 }
