@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <tuple>
 
 #include "gtest/gtest.h"
 #include "src/bundle/random_bundle.h"
@@ -42,14 +43,11 @@ void ExpectSameAsProtobuf(const std::string& wire) {
   }
 }
 
-RandomBundleSpec Spec(int batch, int draft, int heads, int prefix, int page, uint64_t seed) {
+// B, T, H, prefix, page size, seed.
+RandomBundleSpec Spec(int b, int t, int h, int64_t prefix, int page, uint64_t seed) {
   RandomBundleSpec s;
-  s.batch = batch;
-  s.draft = draft;
-  s.heads = heads;
-  s.prefix = prefix;
-  s.page_size = page;
-  s.seed = seed;
+  std::tie(s.batch, s.draft, s.heads, s.prefix, s.page_size, s.seed) =
+      std::tie(b, t, h, prefix, page, seed);
   return s;
 }
 
