@@ -143,6 +143,7 @@ TEST(RequestInPlace, TruncatedAndCorruptedBytesParseAsProtobufSays) {
       return;
     }
   }
+  ExpectSameAsProtobuf("");                         // the empty message
   ExpectSameAsProtobuf(std::string("\x00", 1));     // tag 0
   ExpectSameAsProtobuf(std::string("\x12\x80", 2));  // a length that never ends
   ExpectSameAsProtobuf(std::string("\x12\x05\x1a\x10", 4));  // raw_contents past its tensor

@@ -80,8 +80,10 @@ absl::Status Request(const uint8_t* data, size_t size) {
   }
   if (!parsed) return absl::InvalidArgumentError("message could not be parsed");
   v1::VerifyRequest restored = req;
-  for (auto [t, b] : {std::pair{restored.mutable_q(), bulk.q},
-                      std::pair{restored.mutable_kv_pool(), bulk.kv_pool}}) {
+  // mutable_*() would create the tensor: only where the bulk says there is one.
+  for (auto [t, b] : {std::pair{bulk.q ? restored.mutable_q() : nullptr, bulk.q},
+                      std::pair{bulk.kv_pool ? restored.mutable_kv_pool() : nullptr,
+                                bulk.kv_pool}}) {
     if (!b) continue;
     const char* at = b->data();
     if (at < wire.data() || at + b->size() > wire.data() + wire.size()) {
