@@ -16,6 +16,16 @@ using google::protobuf::io::CodedInputStream;
 using google::protobuf::io::CodedOutputStream;
 using google::protobuf::io::StringOutputStream;
 
+// The next field's tag as protobuf's parser reads it: at most five bytes, the bits past 32
+// dropped, field number not 0 (CodedInputStream::ReadTag would take a longer varint).
+bool ReadTag(CodedInputStream& in, uint32_t* tag) {
+  const int at = in.CurrentPosition();
+  uint64_t v = 0;
+  if (!in.ReadVarint64(&v) || in.CurrentPosition() - at > 5) return false;
+  *tag = static_cast<uint32_t>(v);
+  return WireFormatLite::GetTagFieldNumber(*tag) != 0;
+}
+
 bool IsLengthDelimited(uint32_t tag) {
   return WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
 }
@@ -39,8 +49,8 @@ bool CopyTensor(absl::string_view tensor, std::string* out,
   StringOutputStream sink(out);
   CodedOutputStream os(&sink);
   while (in.CurrentPosition() < size) {
-    const uint32_t tag = in.ReadTag();
-    if (WireFormatLite::GetTagFieldNumber(tag) == 0) return false;
+    uint32_t tag = 0;
+    if (!ReadTag(in, &tag)) return false;
     const int field = WireFormatLite::GetTagFieldNumber(tag);
     if (field == v1::Tensor::kRawContentsFieldNumber && IsLengthDelimited(tag)) {
       absl::string_view bytes;
@@ -72,9 +82,9 @@ bool ParseRequestInPlace(absl::string_view wire, v1::VerifyRequest* req, InPlace
     CodedOutputStream os(&sink);
     std::string tensor;
     while (in.CurrentPosition() < size) {
-      const uint32_t tag = in.ReadTag();
+      uint32_t tag = 0;
+      if (!ReadTag(in, &tag)) return false;
       const int field = WireFormatLite::GetTagFieldNumber(tag);
-      if (field == 0) return false;
       std::optional<absl::string_view>* into =
           !IsLengthDelimited(tag)                           ? nullptr
           : field == v1::VerifyRequest::kQFieldNumber      ? &bulk->q

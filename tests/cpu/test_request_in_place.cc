@@ -145,6 +145,9 @@ TEST(RequestInPlace, TruncatedAndCorruptedBytesParseAsProtobufSays) {
   }
   ExpectSameAsProtobuf("");                         // the empty message
   ExpectSameAsProtobuf(std::string("\x00", 1));     // tag 0
+  // Tags: five bytes are read with the bits past 32 dropped, six bytes are refused.
+  ExpectSameAsProtobuf(std::string("\xfa\xff\xff\xff\x12\x00", 6));
+  ExpectSameAsProtobuf(std::string("\xfa\xff\xff\xff\x8f\x00\x00", 7));
   ExpectSameAsProtobuf(std::string("\x12\x80", 2));  // a length that never ends
   ExpectSameAsProtobuf(std::string("\x12\x05\x1a\x10", 4));  // raw_contents past its tensor
 }
