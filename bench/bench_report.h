@@ -12,9 +12,8 @@
 namespace verifyd::bench {
 
 struct BenchRow {
-  // "custom" (as shipped), "custom-v3", "custom-v4", "custom-v4k", "custom-v4c" (the wgmma
-  // schedules by name),
-  // "custom-qkwgmma" (wgmma Q·Kᵀ only), "custom-mma" (mma.sync only), "custom-sm120cfg" (sm_120
+  // "custom" (as shipped), "custom-v3", "custom-v4", "custom-v4k", "custom-v4c", "custom-v5"
+  // (the wgmma schedules by name), "custom-qkwgmma" (wgmma Q·Kᵀ only), "custom-mma" (mma.sync only), "custom-sm120cfg" (sm_120
   // tiles), "reference"
   std::string path;
   int batch = 0, draft = 0, heads = 0, page_size = 0;

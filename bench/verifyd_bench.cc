@@ -134,9 +134,10 @@ struct Options {
   std::string out_dir = ".";
   std::string commit = VERIFYD_GIT_COMMIT;
   std::vector<int> pages = {1, 64};
-  std::vector<std::string> paths = {"custom",     "custom-v3",       "custom-v4",
-                                    "custom-v4k", "custom-v4c",      "custom-qkwgmma",
-                                    "custom-mma", "custom-sm120cfg", "reference"};
+  std::vector<std::string> paths = {"custom",     "custom-v3",      "custom-v4",
+                                    "custom-v4k", "custom-v4c",     "custom-v5",
+                                    "custom-qkwgmma", "custom-mma", "custom-sm120cfg",
+                                    "reference"};
   double seconds_per_row = 0.25;
   int max_shapes = 0;
   int shape_index = -1;  // >= 0: only kShapes[shape_index] (for profiling one launch)
@@ -217,6 +218,7 @@ int Run(const Options& opt) {
                          : path == "custom-v4"      ? kernels::CustomScoreMma::kWgmmaSeesaw
                          : path == "custom-v4k"     ? kernels::CustomScoreMma::kWgmmaSeesawSplitK
                          : path == "custom-v4c"     ? kernels::CustomScoreMma::kWgmmaSeesaw2Chain
+                         : path == "custom-v5"      ? kernels::CustomScoreMma::kWgmmaPairSeesaw
                                                     : kernels::CustomScoreMma::kAuto;
         kernels::CustomPlan plan;
         if (kernels::ResolveCustomPlan(in[0]->problem, cfg, &plan, mma) == cudaSuccess) {
@@ -332,8 +334,8 @@ int main(int argc, char** argv) {
   app.add_option("--pages", opt.pages, "page sizes to run");
   app.add_option(
       "--paths", opt.paths,
-      "custom, custom-v3, custom-v4, custom-v4k, custom-v4c, custom-qkwgmma, custom-mma, "
-      "custom-sm120cfg, reference");
+      "custom, custom-v3, custom-v4, custom-v4k, custom-v4c, custom-v5, custom-qkwgmma, "
+      "custom-mma, custom-sm120cfg, reference");
   app.add_option("--seconds-per-row", opt.seconds_per_row, "timing budget per row");
   app.add_option("--max-shapes", opt.max_shapes, "stop after this many (shape, page) pairs");
   app.add_option("--shape-index", opt.shape_index, "run only this shape of the built-in list")

@@ -9,6 +9,7 @@
 #include "kernels/custom/custom_plan.h"
 #include "kernels/custom/fused_verify_kernel.cuh"
 #include "kernels/custom/kernel_params.h"
+#include "kernels/custom/pair_seesaw_kernel.cuh"
 #include "kernels/custom/split_combine_kernel.cuh"
 #include "kernels/custom/tile_config.cuh"
 
@@ -65,6 +66,10 @@ cudaError_t QueryDevice(int dev, DeviceFacts* f) {
                                static_cast<int>(HopperTiles::kSmemBytes));
       if (e != cudaSuccess) return e;
     }
+    e = cudaFuncSetAttribute(custom::PairSeesawKernel<HopperTiles>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(HopperTiles::kSmemBytes));
+    if (e != cudaSuccess) return e;
     e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
         &f->ctas_hopper, custom::FusedVerifyKernel<HopperTiles, true, true>, HopperTiles::kThreads,
         HopperTiles::kSmemBytes);
@@ -118,13 +123,14 @@ ResolvedPlan Resolve(const VerifyProblem& p, const CustomConfig& c, CustomScoreM
       r.plan.wgmma_scores &&
       (mma == CustomScoreMma::kAuto || mma == CustomScoreMma::kWgmmaV3 ||
        mma == CustomScoreMma::kWgmmaSeesaw || mma == CustomScoreMma::kWgmmaSeesawSplitK ||
-       mma == CustomScoreMma::kWgmmaSeesaw2Chain);
+       mma == CustomScoreMma::kWgmmaSeesaw2Chain || mma == CustomScoreMma::kWgmmaPairSeesaw);
   r.plan.seesaw = r.plan.wgmma_pv && (mma == CustomScoreMma::kWgmmaSeesaw ||
                                       mma == CustomScoreMma::kWgmmaSeesawSplitK ||
                                       mma == CustomScoreMma::kWgmmaSeesaw2Chain ||
                                       (mma == CustomScoreMma::kAuto && ShipsSeesaw(r.plan)));
   r.plan.split_k_scores = r.plan.seesaw && mma == CustomScoreMma::kWgmmaSeesawSplitK;
   r.plan.two_chain_scores = r.plan.seesaw && mma == CustomScoreMma::kWgmmaSeesaw2Chain;
+  r.plan.pair_seesaw = r.plan.wgmma_pv && mma == CustomScoreMma::kWgmmaPairSeesaw;
   return r;
 }
 
@@ -134,9 +140,11 @@ int Log2(int v) {
   return s;
 }
 
-template <class Cfg, bool kWgmmaS, bool kWgmmaPV, bool kSeesaw = false, bool kSplitK = false,
-          bool kTwoChainS = false>
-cudaError_t LaunchPlanned(const VerifyProblem& p, const CustomPlan& plan, void* workspace,
+// Launches `kernel` (a fused kernel on Cfg's tiles) and, when the KV is split, the combine: as a
+// programmatic dependent with `dependent_combine` (the fused kernel then calls LaunchDependents).
+template <class Cfg>
+cudaError_t LaunchPlanned(void (*kernel)(KernelParams), bool dependent_combine,
+                          const VerifyProblem& p, const CustomPlan& plan, void* workspace,
                           cudaStream_t stream) {
   KernelParams k{};
   k.q = p.q;
@@ -163,13 +171,12 @@ cudaError_t LaunchPlanned(const VerifyProblem& p, const CustomPlan& plan, void* 
         reinterpret_cast<float*>(static_cast<char*>(workspace) + plan.partial_lse_offset);
   }
   const dim3 grid(plan.row_blocks, plan.splits, p.shape.batch);
-  custom::FusedVerifyKernel<Cfg, kWgmmaS, kWgmmaPV, kSeesaw, kSplitK, kTwoChainS>
-      <<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(k);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(k);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || plan.splits == 1) return e;
   const int64_t blocks =
       (k.rows_total + custom::kCombineRowsPerBlock - 1) / custom::kCombineRowsPerBlock;
-  if constexpr (kSeesaw) {
+  if (dependent_combine) {
     // A programmatic dependent of the fused kernel: it launches while the last CTAs of the
     // fused kernel run and waits (griddepcontrol.wait) for their results.
     cudaLaunchConfig_t lc{};
@@ -187,6 +194,15 @@ cudaError_t LaunchPlanned(const VerifyProblem& p, const CustomPlan& plan, void* 
                                 dim3(128, custom::kCombineRowsPerBlock), 0, stream>>>(k,
                                                                                       Cfg::kTokens);
   return cudaGetLastError();
+}
+
+template <class Cfg, bool kWgmmaS, bool kWgmmaPV, bool kSeesaw = false, bool kSplitK = false,
+          bool kTwoChainS = false>
+cudaError_t LaunchPlanned(const VerifyProblem& p, const CustomPlan& plan, void* workspace,
+                          cudaStream_t stream) {
+  return LaunchPlanned<Cfg>(
+      custom::FusedVerifyKernel<Cfg, kWgmmaS, kWgmmaPV, kSeesaw, kSplitK, kTwoChainS>, kSeesaw, p,
+      plan, workspace, stream);
 }
 
 }  // namespace
@@ -229,6 +245,10 @@ cudaError_t LaunchCustomWith(const VerifyProblem& p, const CustomConfig& c, Cust
   }
   if (r.plan.small_tiles) {
     return LaunchPlanned<Sm120Tiles, false, false>(p, r.plan, workspace, stream);
+  }
+  if (r.plan.pair_seesaw) {
+    return LaunchPlanned<HopperTiles>(custom::PairSeesawKernel<HopperTiles>, true, p, r.plan,
+                                      workspace, stream);
   }
   if (r.plan.split_k_scores) {
     return LaunchPlanned<HopperTiles, true, true, true, true>(p, r.plan, workspace, stream);

@@ -16,6 +16,8 @@ namespace verifyd::kernels {
 // warpgroups' softmax and P·V in turn, combine as a programmatic dependent launch (v4).
 // kWgmmaSeesawSplitK: v4 with Q·Kᵀ as m64n64 per warpgroup over half of the 576 dims.
 // kWgmmaSeesaw2Chain: v4 with Q·Kᵀ's k steps in two accumulator chains (even, odd) per warpgroup.
+// kWgmmaPairSeesaw: v5, the seesaw at tile granularity (pair_seesaw_kernel.cuh): each warpgroup
+// the whole Q·Kᵀ of one of a step's two tiles, loads per 64-dim block behind mbarriers.
 // kWgmmaScores: wgmma for Q·Kᵀ only. kMmaSync: mma.sync everywhere. The narrower choices stay
 // to compare against and to fall back on.
 enum class CustomScoreMma {
@@ -25,7 +27,8 @@ enum class CustomScoreMma {
   kWgmmaV3,
   kWgmmaSeesaw,
   kWgmmaSeesawSplitK,
-  kWgmmaSeesaw2Chain
+  kWgmmaSeesaw2Chain,
+  kWgmmaPairSeesaw
 };
 
 cudaError_t ResolveCustomPlan(const VerifyProblem& p, const CustomConfig& c, CustomPlan* plan,

@@ -1,14 +1,21 @@
 #pragma once
-// Thin wrappers over the PTX the fused kernel is built from: 16-byte cp.async with zero fill,
+// Thin wrappers over the PTX the fused kernels are built from: 16-byte cp.async with zero fill,
 // 4-byte cp.async, ldmatrix (plain and transposed), mma.sync m16n8k16 bf16 with fp32
-// accumulation, named barriers.
-// Every target the project builds for (sm_80 and later) has all of them.
+// accumulation, named barriers; mbarriers and wgmma (sm_90).
+// Every target the project builds for (sm_80 and later) has all but the sm_90 ones.
 
 #include <cuda_bf16.h>
 
 #include <cstdint>
 
 namespace verifyd::kernels::custom {
+
+// 2^x on the special function unit (ftz; exp2(-inf) = 0).
+__device__ __forceinline__ float FastExp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
 
 __device__ __forceinline__ uint32_t SmemAddress(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -96,6 +103,44 @@ __device__ __forceinline__ void WaitForPrimaryGrid() {
 // every thread that takes part must execute the same one).
 __device__ __forceinline__ void NamedBarrierAnyPc(int id, int threads) {
   asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ---- mbarriers (sm_90): one-way signals between warpgroups and cp.async completion.
+
+// An 8-byte-aligned shared-memory barrier that completes a phase after `count` arrivals.
+// Initialized by one thread, before a __syncthreads.
+__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// One arrival (release: this thread's earlier shared-memory writes are visible to the waiters).
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+  asm volatile(
+      "{\n"
+      ".reg .b64 state;\n"
+      "mbarrier.arrive.shared::cta.b64 state, [%0];\n"
+      "}\n" ::"r"(bar)
+      : "memory");
+}
+// One arrival, made by the hardware once every cp.async this thread issued before it has landed.
+__device__ __forceinline__ void CpAsyncMbarArrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the phase of parity `parity` (0 for the first phase, then alternating) completed.
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+#else
+  (void)bar, (void)parity;
+  __trap();
+#endif
 }
 
 __device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {

@@ -15,16 +15,11 @@
 #include <cstdint>
 
 #include "kernels/custom/device_primitives.cuh"
+#include "kernels/custom/kernel_epilogue.cuh"
 #include "kernels/custom/kernel_params.h"
 #include "kernels/custom/tile_config.cuh"
 
 namespace verifyd::kernels::custom {
-
-__device__ __forceinline__ float FastExp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // Issues cp.async for kNumRows rows of 576 bf16 into a tile laid out as in tile_config.cuh.
 // `row_src(r, &valid)` gives row r's global address (any mapped address when !valid: the row is
@@ -670,38 +665,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const Kern
     }
   }
   __syncthreads();
-  constexpr float kLn2 = 0.6931471805599453f;
-  // Row r's outputs held by this thread: dims dim0 + 8 * nt + 2 * tq (+1) for nt < num_nt, from
-  // o_acc[first_acc + nt * nt_stride + 2 * half] (+1).
   auto store_row = [&](int r, int dim0, int first_acc, int nt_stride, int num_nt, int half) {
-    const float l = red[r] + red[kRows + r];
-    // l == 0: the row saw no key in this range; zeros and lse = -inf, never 0 * inf.
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const float lse = l > 0.f ? row_scale[r] * kLn2 + logf(l) : -INFINITY;
-    const int64_t grow = row0 + r;
-    const bool write_lse = dim0 == 0 && tq == 0;
-    if (p.splits == 1) {
-      uint32_t* orow = reinterpret_cast<uint32_t*>(p.o + grow * kHeadDimV + dim0 + 2 * tq);
-#pragma unroll
-      for (int nt = 0; nt < 32; ++nt) {
-        if (nt < num_nt) {
-          const int a = first_acc + nt * nt_stride + 2 * half;
-          orow[nt * 4] = PackBf16x2(o_acc[a] * inv, o_acc[a + 1] * inv);
-        }
-      }
-      if (p.lse != nullptr && write_lse) p.lse[grow] = lse;
-    } else {
-      const int64_t prow = split * p.rows_total + grow;
-      float2* orow = reinterpret_cast<float2*>(p.o_partial + prow * kHeadDimV + dim0 + 2 * tq);
-#pragma unroll
-      for (int nt = 0; nt < 32; ++nt) {
-        if (nt < num_nt) {
-          const int a = first_acc + nt * nt_stride + 2 * half;
-          orow[nt * 4] = make_float2(o_acc[a] * inv, o_acc[a + 1] * inv);
-        }
-      }
-      if (write_lse) p.lse_partial[prow] = lse;
-    }
+    StoreOutputRow<kRows>(p, o_acc, red, row_scale, row0, split, tq, r, dim0, first_acc,
+                          nt_stride, num_nt, half);
   };
   if constexpr (kUseWgmmaPV) {
 #pragma unroll

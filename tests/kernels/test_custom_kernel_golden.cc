@@ -56,7 +56,8 @@ TEST_P(CustomKernelGolden, MatchesTheStoredOracle) {
   testing::DeviceBundle dev;
   ASSERT_EQ(dev.Upload(v), cudaSuccess);
   // The shipped choice in both tile configurations, and the v3 and v4 schedules of the Hopper
-  // tiles (v4k: with split-K Q·Kᵀ; v4c: with Q·Kᵀ in two accumulator chains) by name.
+  // tiles (v4k: with split-K Q·Kᵀ; v4c: with Q·Kᵀ in two accumulator chains; v5: the seesaw
+  // over pairs of tiles) by name.
   struct Variant {
     const char* name;
     bool small;
@@ -68,6 +69,7 @@ TEST_P(CustomKernelGolden, MatchesTheStoredOracle) {
         Variant{"hopper_v4", false, kernels::CustomScoreMma::kWgmmaSeesaw},
         Variant{"hopper_v4k", false, kernels::CustomScoreMma::kWgmmaSeesawSplitK},
         Variant{"hopper_v4c", false, kernels::CustomScoreMma::kWgmmaSeesaw2Chain},
+        Variant{"hopper_v5", false, kernels::CustomScoreMma::kWgmmaPairSeesaw},
         Variant{"sm120", true, kernels::CustomScoreMma::kAuto}}) {
     const bool small = var.small;
     SCOPED_TRACE(var.name);
