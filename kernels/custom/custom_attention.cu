@@ -126,11 +126,13 @@ ResolvedPlan Resolve(const VerifyProblem& p, const CustomConfig& c, CustomScoreM
        mma == CustomScoreMma::kWgmmaSeesaw2Chain || mma == CustomScoreMma::kWgmmaPairSeesaw);
   r.plan.seesaw = r.plan.wgmma_pv && (mma == CustomScoreMma::kWgmmaSeesaw ||
                                       mma == CustomScoreMma::kWgmmaSeesawSplitK ||
-                                      mma == CustomScoreMma::kWgmmaSeesaw2Chain ||
-                                      (mma == CustomScoreMma::kAuto && ShipsSeesaw(r.plan)));
+                                      mma == CustomScoreMma::kWgmmaSeesaw2Chain);
   r.plan.split_k_scores = r.plan.seesaw && mma == CustomScoreMma::kWgmmaSeesawSplitK;
   r.plan.two_chain_scores = r.plan.seesaw && mma == CustomScoreMma::kWgmmaSeesaw2Chain;
-  r.plan.pair_seesaw = r.plan.wgmma_pv && mma == CustomScoreMma::kWgmmaPairSeesaw;
+  // Shipped (kAuto): v5 on every shape class, the fastest of the schedules on all ten benchmark
+  // shapes at page sizes 1 and 64 (kernels/NOTES.md, v5).
+  r.plan.pair_seesaw = r.plan.wgmma_pv && (mma == CustomScoreMma::kWgmmaPairSeesaw ||
+                                           mma == CustomScoreMma::kAuto);
   return r;
 }
 

@@ -25,8 +25,6 @@ double SplitCost(int64_t ctas_base, int64_t max_tiles, int splits, int64_t slots
 
 }  // namespace
 
-bool ShipsSeesaw(const CustomPlan& plan) { return !plan.small_tiles && plan.splits >= 8; }
-
 CustomPlan PlanCustom(const VerifyProblem& p, bool small_tiles, int num_sms, int ctas_per_sm,
                       int force_splits) {
   CustomPlan plan;

@@ -56,12 +56,6 @@ struct CustomPlan {
   size_t partial_lse_offset = 0;
 };
 
-// Which wgmma schedule the shipped choice (CustomScoreMma::kAuto) runs on the Hopper tiles:
-// true for v4 (seesaw, split combine as a dependent launch), false for v3. Per shape class, from
-// verifyd-bench on the H200 (kernels/NOTES.md): v4 is 2-5% faster where the KV is cut into 8 or
-// more splits (the combine's launch overlaps the fused kernel), and not faster elsewhere.
-bool ShipsSeesaw(const CustomPlan& plan);
-
 // `ctas_per_sm`: how many CTAs of the chosen configuration one multiprocessor holds.
 // `force_splits` > 0 fixes the split count (clamped to [1, max_tiles]).
 CustomPlan PlanCustom(const VerifyProblem& p, bool small_tiles, int num_sms, int ctas_per_sm,

@@ -216,12 +216,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
   __syncthreads();
 
   // Tree-mask rows of this thread's two query rows (rows past m_valid take the last valid one).
+  int mtok[2];
   const uint8_t* mrow[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const int r = min(row + 8 * i, m_valid - 1);
-    const int tok = (m0 + r) / p.heads;
-    mrow[i] = p.tree_mask + (int64_t{b} * p.draft + tok) * p.mask_row_bytes;
+    mtok[i] = (m0 + min(row + 8 * i, m_valid - 1)) / p.heads;
+    mrow[i] = p.tree_mask + (int64_t{b} * p.draft + mtok[i]) * p.mask_row_bytes;
   }
   // Scores of one tile in the log2 domain, masked keys -inf, and their row maxima.
   auto softmax_input = [&](float (&s)[32], int tile, float (&mx)[2]) {

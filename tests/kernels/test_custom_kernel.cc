@@ -371,6 +371,37 @@ TEST(CustomKernelDeterminism, RepeatedLaunchIsBitIdentical) {
   }
 }
 
+// The shipped choice: v5 on a device with wgmma, never with the sm_120 tiles; the older
+// schedules by name only.
+TEST(CustomKernelLaunch, ShipsThePairSeesawOnHopper) {
+  const std::string why = testing::NoGpuReason();
+  if (!why.empty()) GTEST_SKIP() << "GPU kernel test skipped: " << why;
+  int dev = 0, major = 0, minor = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), cudaSuccess);
+  RandomBundleSpec spec;
+  spec.batch = 8;
+  spec.draft = 16;
+  spec.heads = 8;
+  spec.prefix = 4096;
+  RandomBundle bundle(spec);
+  DeviceBundle dev_bundle;
+  ASSERT_EQ(dev_bundle.Upload(bundle.view()), cudaSuccess);
+  kernels::CustomPlan shipped, v4, small;
+  ASSERT_EQ(kernels::ResolveCustomPlan(dev_bundle.problem, {}, &shipped), cudaSuccess);
+  ASSERT_EQ(kernels::ResolveCustomPlan(dev_bundle.problem, {}, &v4,
+                                       kernels::CustomScoreMma::kWgmmaSeesaw),
+            cudaSuccess);
+  CustomConfig sm120;
+  sm120.small_smem = true;
+  ASSERT_EQ(kernels::ResolveCustomPlan(dev_bundle.problem, sm120, &small), cudaSuccess);
+  EXPECT_EQ(shipped.pair_seesaw, major == 9 && minor == 0);
+  EXPECT_FALSE(shipped.seesaw);
+  EXPECT_TRUE(v4.seesaw == (major == 9 && minor == 0) && !v4.pair_seesaw);
+  EXPECT_FALSE(small.pair_seesaw || small.wgmma_scores);
+}
+
 // Too small a workspace is refused before anything is launched.
 TEST(CustomKernelLaunch, RefusesShortWorkspace) {
   const std::string why = testing::NoGpuReason();

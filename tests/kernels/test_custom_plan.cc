@@ -43,24 +43,6 @@ TEST(CustomPlan, LongPrefixSmallBatchFillsTheMachine) {
   }
 }
 
-// The shipped schedule per shape class: v4 where the KV is cut into 8 or more splits (the small
-// benchmark shapes), v3 for the large ones.
-TEST(CustomPlan, ShipsTheSeesawWhereTheKvIsCutIntoManySplits) {
-  const CustomPlan few = PlanCustom(Problem(8, 16, 8, 4096), false, 132, 1, 0);
-  EXPECT_GE(few.splits, 8);
-  EXPECT_TRUE(ShipsSeesaw(few));
-  EXPECT_TRUE(ShipsSeesaw(PlanCustom(Problem(1, 16, 8, 4096), false, 132, 1, 0)));
-  for (const CustomPlan& large : {PlanCustom(Problem(32, 16, 8, 8192), false, 132, 1, 0),
-                                  PlanCustom(Problem(16, 8, 16, 32768), false, 132, 1, 0),
-                                  PlanCustom(Problem(1, 1024, 8, 2048), false, 132, 1, 0),
-                                  PlanCustom(Problem(64, 1, 128, 4096), false, 132, 1, 0)}) {
-    EXPECT_LT(large.splits, 8);
-    EXPECT_FALSE(ShipsSeesaw(large));
-  }
-  EXPECT_FALSE(ShipsSeesaw(PlanCustom(Problem(8, 16, 8, 4096), true, 132, 2, 0)))
-      << "the sm_120 tiles have no seesaw schedule";
-}
-
 TEST(CustomPlan, EnoughRowBlocksNeedNoSplit) {
   const CustomPlan plan = PlanCustom(Problem(1, 1024, 8, 2048), false, 132, 1, 0);
   EXPECT_EQ(plan.row_blocks, 128);
