@@ -33,11 +33,6 @@ __device__ __forceinline__ void CpAsync4(uint32_t smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem), "l"(gmem));
 }
 
-// Requests the L1 line holding `gmem` (no register is written; later loads of it hit L1).
-__device__ __forceinline__ void PrefetchL1(const void* gmem) {
-  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(gmem));
-}
-
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 template <int kPending>

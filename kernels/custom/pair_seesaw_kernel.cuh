@@ -140,9 +140,7 @@ __device__ __forceinline__ uint64_t VDesc(uint32_t kv_tile, int half) {
 }
 #endif
 
-// kMaskUnderScores (v5m): a tail tile's tree-mask lines are requested into L1 between issuing its
-// Q·Kᵀ and waiting for it, so that their latency hides under the tensor work; v5 reads them after.
-template <class Cfg, bool kMaskUnderScores>
+template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const KernelParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(Cfg::kRows == 64 && Cfg::kTokens == 64 && Cfg::kThreads == 256,
@@ -254,18 +252,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
     }
   };
-  // v5m: the L1 lines holding a tail tile's tree-mask bytes of this thread's rows, requested
-  // while the tensor cores work on the tile's S (softmax_input then reads them from L1).
-  auto prefetch_mask = [&](int tile) {
-    const int j0 = max(tile * kTokens - prefix, 0);  // the tile's first draft key
-    if (tile * kTokens + kTokens <= prefix || j0 >= p.draft) return;
-    const int j1 = min(tile * kTokens + kTokens - 1 - prefix, p.draft - 1);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      PrefetchL1(mrow[i] + (p.mask_bits ? j0 >> 3 : j0));
-      PrefetchL1(mrow[i] + (p.mask_bits ? j1 >> 3 : j1));
-    }
-  };
   auto scale_o = [&](float (&o)[128], const float (&f)[2]) {
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
@@ -307,7 +293,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
       WgmmaFence();
       ScoreSteps<Cfg>(s, q_s, buf0, 16, Cfg::kKSteps);
       WgmmaCommit();
-      if (kMaskUnderScores) prefetch_mask(t0);
       WgmmaWait<0>();
       FenceOperands(s);
       softmax_input(s, t0, mx);
@@ -393,7 +378,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
         ScoreSteps<Cfg>(s, q_s, buf1, 0, 16);
         ScoreSteps<Cfg>(s, q_s, buf1, 32, Cfg::kKSteps);
         WgmmaCommit();
-        if (kMaskUnderScores) prefetch_mask(t1);
         WgmmaWait<0>();
         FenceOperands(s);
         softmax_input(s, t1, mx);
