@@ -18,7 +18,6 @@ namespace verifyd::kernels {
 // kWgmmaSeesaw2Chain: v4 with Q·Kᵀ's k steps in two accumulator chains (even, odd) per warpgroup.
 // kWgmmaPairSeesaw: v5, the seesaw at tile granularity (pair_seesaw_kernel.cuh): each warpgroup
 // the whole Q·Kᵀ of one of a step's two tiles, loads per 64-dim block behind mbarriers.
-// kWgmmaPairSeesawV0RFirst: v5r, v5 with warpgroup 1 multiplying by P0 before P1.
 // kWgmmaScores: wgmma for Q·Kᵀ only. kMmaSync: mma.sync everywhere. The narrower choices stay
 // to compare against and to fall back on.
 enum class CustomScoreMma {
@@ -29,8 +28,7 @@ enum class CustomScoreMma {
   kWgmmaSeesaw,
   kWgmmaSeesawSplitK,
   kWgmmaSeesaw2Chain,
-  kWgmmaPairSeesaw,
-  kWgmmaPairSeesawV0RFirst
+  kWgmmaPairSeesaw
 };
 
 cudaError_t ResolveCustomPlan(const VerifyProblem& p, const CustomConfig& c, CustomPlan* plan,

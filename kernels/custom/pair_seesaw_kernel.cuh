@@ -140,8 +140,7 @@ __device__ __forceinline__ uint64_t VDesc(uint32_t kv_tile, int half) {
 }
 #endif
 
-// kV0RFirst (v5r): warpgroup 1 multiplies by P0 before P1 (see the loop).
-template <class Cfg, bool kV0RFirst>
+template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const KernelParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(Cfg::kRows == 64 && Cfg::kTokens == 64 && Cfg::kThreads == 256,
@@ -408,83 +407,42 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
 #pragma unroll
       for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * f[i] + rowsum[i];
       scale_o(o_acc, f);
-      if constexpr (kV0RFirst) {
-        // v5r: P0 V0_R before P1 V1_R, so that buffer 0's upper blocks (which warpgroup 0's
-        // next S0 waits for) are reloaded one P·V earlier.
-        if (has1) PackP64(s, a);
-        MbarWait(bar(L::kP0), par);
-        FenceProxyAsyncShared();
+      if (has1) {
+        PackP64(s, a);
         FenceOperands(o_acc);
         WgmmaFence();
-        {
-          const uint64_t dp = SmemDescSw128(p0_s);
-          const uint64_t dv = VDesc<Cfg>(buf0, 1);
+        const uint64_t dv = VDesc<Cfg>(buf1, 1);
 #pragma unroll
-          for (int ks = 0; ks < 4; ++ks) {
-            WgmmaM64N256K16TransB(o_acc, dp + ((ks * 32) >> 4), dv + ((ks * 16 * 128) >> 4));
-          }
+        for (int ks = 0; ks < 4; ++ks) {
+          WgmmaM64N256K16RegATransB(o_acc, a[ks], dv + ((ks * 16 * 128) >> 4));
         }
         WgmmaCommit();
-        if (has1) {
-          WgmmaFence();
-          const uint64_t dv = VDesc<Cfg>(buf1, 1);
+      }
+      MbarWait(bar(L::kP0), par);
+      FenceProxyAsyncShared();
+      FenceOperands(o_acc);
+      WgmmaFence();
+      {
+        const uint64_t dp = SmemDescSw128(p0_s);
+        const uint64_t dv = VDesc<Cfg>(buf0, 1);
 #pragma unroll
-          for (int ks = 0; ks < 4; ++ks) {
-            WgmmaM64N256K16RegATransB(o_acc, a[ks], dv + ((ks * 16 * 128) >> 4));
-          }
-          WgmmaCommit();
-          WgmmaWait<1>();  // P0 V0_R: buffer 0 blocks 4-8 are free
-        } else {
-          WgmmaWait<0>();
+        for (int ks = 0; ks < 4; ++ks) {
+          WgmmaM64N256K16TransB(o_acc, dp + ((ks * 32) >> 4), dv + ((ks * 16 * 128) >> 4));
         }
-        if (has_n0) {
-          LoadTileBlocks<Cfg>(p, buf0, n0, kv_len, page_mask, kHiRope, pid_n0, wt);
-          CpAsyncMbarArrive(bar(L::kFull0Hi));
-        }
-        WgmmaWait<0>();  // P1 V1_R: buffer 1 blocks 4-7 are free, and a[]
-        FenceOperands(o_acc);
+      }
+      WgmmaCommit();
+      if (has1) {
+        WgmmaWait<1>();  // P1 V1_R: buffer 1 blocks 4-7 are free, and a[]
         if (has_n1) {
           LoadTileBlocks<Cfg>(p, buf1, n1, kv_len, page_mask, kHi, pid_n1, wt);
           CpAsyncMbarArrive(bar(L::kFull1Hi));
         }
-      } else {
-        if (has1) {
-          PackP64(s, a);
-          FenceOperands(o_acc);
-          WgmmaFence();
-          const uint64_t dv = VDesc<Cfg>(buf1, 1);
-  #pragma unroll
-          for (int ks = 0; ks < 4; ++ks) {
-            WgmmaM64N256K16RegATransB(o_acc, a[ks], dv + ((ks * 16 * 128) >> 4));
-          }
-          WgmmaCommit();
-        }
-        MbarWait(bar(L::kP0), par);
-        FenceProxyAsyncShared();
-        FenceOperands(o_acc);
-        WgmmaFence();
-        {
-          const uint64_t dp = SmemDescSw128(p0_s);
-          const uint64_t dv = VDesc<Cfg>(buf0, 1);
-  #pragma unroll
-          for (int ks = 0; ks < 4; ++ks) {
-            WgmmaM64N256K16TransB(o_acc, dp + ((ks * 32) >> 4), dv + ((ks * 16 * 128) >> 4));
-          }
-        }
-        WgmmaCommit();
-        if (has1) {
-          WgmmaWait<1>();  // P1 V1_R: buffer 1 blocks 4-7 are free, and a[]
-          if (has_n1) {
-            LoadTileBlocks<Cfg>(p, buf1, n1, kv_len, page_mask, kHi, pid_n1, wt);
-            CpAsyncMbarArrive(bar(L::kFull1Hi));
-          }
-        }
-        WgmmaWait<0>();  // P0 V0_R: buffer 0 blocks 4-8 are free
-        FenceOperands(o_acc);
-        if (has_n0) {
-          LoadTileBlocks<Cfg>(p, buf0, n0, kv_len, page_mask, kHiRope, pid_n0, wt);
-          CpAsyncMbarArrive(bar(L::kFull0Hi));
-        }
+      }
+      WgmmaWait<0>();  // P0 V0_R: buffer 0 blocks 4-8 are free
+      FenceOperands(o_acc);
+      if (has_n0) {
+        LoadTileBlocks<Cfg>(p, buf0, n0, kv_len, page_mask, kHiRope, pid_n0, wt);
+        CpAsyncMbarArrive(bar(L::kFull0Hi));
       }
 #pragma unroll
       for (int i = 0; i < 2; ++i) m_run[i] = m_new[i];

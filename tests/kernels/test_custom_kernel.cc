@@ -145,12 +145,12 @@ std::vector<KernelCase> GridCases() {
 // hopper, hopper_split5: the Hopper tiles as shipped (wgmma Q·Kᵀ and P·V on an sm_90 device);
 // hopper_v4, hopper_v4_split5: the seesaw schedule; hopper_v4k: with split-K Q·Kᵀ;
 // hopper_v4c: with Q·Kᵀ in two accumulator chains; hopper_v5, hopper_v5_split5: the seesaw over
-// pairs of tiles (odd tile counts per split included); hopper_v5r: v5 with P0 V0_R first;
+// pairs of tiles (odd tile counts per split included);
 // hopper_v3: the v3 schedule by name;
 // hopper_qkwgmma: wgmma Q·Kᵀ, mma.sync P·V; hopper_mma: mma.sync for both; sm120*: the small
 // tiles that fit sm_120, forced on whatever GPU runs the test.
 std::vector<KernelConfig> Configs() {
-  std::vector<KernelConfig> v(14);
+  std::vector<KernelConfig> v(13);
   v[0].name = "hopper";
   v[1].name = "hopper_split5";
   v[1].config.force_splits = 5;
@@ -179,8 +179,6 @@ std::vector<KernelConfig> Configs() {
   v[12].name = "hopper_v5_split5";
   v[12].mma = kernels::CustomScoreMma::kWgmmaPairSeesaw;
   v[12].config.force_splits = 5;
-  v[13].name = "hopper_v5r";
-  v[13].mma = kernels::CustomScoreMma::kWgmmaPairSeesawV0RFirst;
   return v;
 }
 
