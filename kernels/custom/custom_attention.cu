@@ -66,10 +66,12 @@ cudaError_t QueryDevice(int dev, DeviceFacts* f) {
                                static_cast<int>(HopperTiles::kSmemBytes));
       if (e != cudaSuccess) return e;
     }
-    e = cudaFuncSetAttribute(custom::PairSeesawKernel<HopperTiles>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(HopperTiles::kSmemBytes));
-    if (e != cudaSuccess) return e;
+    for (auto* k : {custom::PairSeesawKernel<HopperTiles, false>,
+                    custom::PairSeesawKernel<HopperTiles, true>}) {
+      e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(HopperTiles::kSmemBytes));
+      if (e != cudaSuccess) return e;
+    }
     e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
         &f->ctas_hopper, custom::FusedVerifyKernel<HopperTiles, true, true>, HopperTiles::kThreads,
         HopperTiles::kSmemBytes);
@@ -123,16 +125,18 @@ ResolvedPlan Resolve(const VerifyProblem& p, const CustomConfig& c, CustomScoreM
       r.plan.wgmma_scores &&
       (mma == CustomScoreMma::kAuto || mma == CustomScoreMma::kWgmmaV3 ||
        mma == CustomScoreMma::kWgmmaSeesaw || mma == CustomScoreMma::kWgmmaSeesawSplitK ||
-       mma == CustomScoreMma::kWgmmaSeesaw2Chain || mma == CustomScoreMma::kWgmmaPairSeesaw);
+       mma == CustomScoreMma::kWgmmaSeesaw2Chain || mma == CustomScoreMma::kWgmmaPairSeesaw ||
+       mma == CustomScoreMma::kWgmmaPairSeesawStaggered);
   r.plan.seesaw = r.plan.wgmma_pv && (mma == CustomScoreMma::kWgmmaSeesaw ||
                                       mma == CustomScoreMma::kWgmmaSeesawSplitK ||
                                       mma == CustomScoreMma::kWgmmaSeesaw2Chain);
   r.plan.split_k_scores = r.plan.seesaw && mma == CustomScoreMma::kWgmmaSeesawSplitK;
   r.plan.two_chain_scores = r.plan.seesaw && mma == CustomScoreMma::kWgmmaSeesaw2Chain;
-  // Shipped (kAuto): v5 on every shape class, the fastest of the schedules on all ten benchmark
-  // shapes at page sizes 1 and 64 (kernels/NOTES.md, v5).
+  // Shipped (kAuto): v5s on every shape class (kernels/NOTES.md, v5 and its steps).
   r.plan.pair_seesaw = r.plan.wgmma_pv && (mma == CustomScoreMma::kWgmmaPairSeesaw ||
+                                           mma == CustomScoreMma::kWgmmaPairSeesawStaggered ||
                                            mma == CustomScoreMma::kAuto);
+  r.plan.staggered_scores = r.plan.pair_seesaw && mma != CustomScoreMma::kWgmmaPairSeesaw;
   return r;
 }
 
@@ -249,8 +253,10 @@ cudaError_t LaunchCustomWith(const VerifyProblem& p, const CustomConfig& c, Cust
     return LaunchPlanned<Sm120Tiles, false, false>(p, r.plan, workspace, stream);
   }
   if (r.plan.pair_seesaw) {
-    return LaunchPlanned<HopperTiles>(custom::PairSeesawKernel<HopperTiles>, true, p, r.plan,
-                                      workspace, stream);
+    return LaunchPlanned<HopperTiles>(r.plan.staggered_scores
+                                          ? custom::PairSeesawKernel<HopperTiles, true>
+                                          : custom::PairSeesawKernel<HopperTiles, false>,
+                                      true, p, r.plan, workspace, stream);
   }
   if (r.plan.split_k_scores) {
     return LaunchPlanned<HopperTiles, true, true, true, true>(p, r.plan, workspace, stream);

@@ -10,14 +10,15 @@
 
 namespace verifyd::kernels {
 
-// Which instructions and schedule the Hopper tiles use. kAuto: the shipped choice, v5
-// (kWgmmaPairSeesaw) on sm_90 devices, mma.sync elsewhere. kWgmmaV3: wgmma
+// Which instructions and schedule the Hopper tiles use. kAuto: the shipped choice, v5s
+// (kWgmmaPairSeesawStaggered) on sm_90 devices, mma.sync elsewhere. kWgmmaV3: wgmma
 // for both, both warpgroups' softmax in step (v3). kWgmmaSeesaw: wgmma for both, the
 // warpgroups' softmax and P·V in turn, combine as a programmatic dependent launch (v4).
 // kWgmmaSeesawSplitK: v4 with Q·Kᵀ as m64n64 per warpgroup over half of the 576 dims.
 // kWgmmaSeesaw2Chain: v4 with Q·Kᵀ's k steps in two accumulator chains (even, odd) per warpgroup.
 // kWgmmaPairSeesaw: v5, the seesaw at tile granularity (pair_seesaw_kernel.cuh): each warpgroup
 // the whole Q·Kᵀ of one of a step's two tiles, loads per 64-dim block behind mbarriers.
+// kWgmmaPairSeesawStaggered: v5s, v5 with warpgroup 1's Q·Kᵀ issued after warpgroup 0's is done.
 // kWgmmaScores: wgmma for Q·Kᵀ only. kMmaSync: mma.sync everywhere. The narrower choices stay
 // to compare against and to fall back on.
 enum class CustomScoreMma {
@@ -28,7 +29,8 @@ enum class CustomScoreMma {
   kWgmmaSeesaw,
   kWgmmaSeesawSplitK,
   kWgmmaSeesaw2Chain,
-  kWgmmaPairSeesaw
+  kWgmmaPairSeesaw,
+  kWgmmaPairSeesawStaggered
 };
 
 cudaError_t ResolveCustomPlan(const VerifyProblem& p, const CustomConfig& c, CustomPlan* plan,

@@ -47,9 +47,29 @@ struct PairSeesawLayout {
   static constexpr size_t kRed = Cfg::kPOffset;           // f32 [2][kRows]: m0, m1; then row sums
   static constexpr size_t kRowMax = kRed + 2 * Cfg::kRows * 4;  // f32 [kRows], the epilogue's
   static constexpr size_t kBars = kRowMax + Cfg::kRows * 4;     // 8 mbarriers
-  enum Bar { kFull0Lo, kFull0Hi, kFull1Lo, kFull1Hi, kM0, kM1, kP0, kP1, kNumBars };
+  enum Bar { kFull0Lo, kFull0Hi, kFull1Lo, kFull1Hi, kM0, kM1, kP0, kP1, kS0, kNumBars };
   static_assert(kBars % 8 == 0 && kBars + kNumBars * 8 <= Cfg::kSmemBytes, "v5 state fits");
 };
+
+// Phase stamps for bench/kernel_trace.cu, compiled in only with VERIFYD_KERNEL_TRACE: CTA
+// (0, 0, 0)'s first thread of each warpgroup writes clock64() at the phase boundaries of its
+// first kTraceSteps steps into g_kernel_trace[warpgroup][step][event].
+inline constexpr int kTraceSteps = 64;
+inline constexpr int kTraceEvents = 12;
+#if defined(VERIFYD_KERNEL_TRACE)
+__device__ uint64_t* g_kernel_trace = nullptr;
+#define VERIFYD_TRACE(step, ev)                                                                 \
+  do {                                                                                          \
+    if (g_kernel_trace != nullptr && (blockIdx.x | blockIdx.y | blockIdx.z) == 0 && wt == 0 &&  \
+        (step) < kTraceSteps) {                                                                 \
+      g_kernel_trace[(wg * kTraceSteps + (step)) * kTraceEvents + (ev)] = clock64();            \
+    }                                                                                           \
+  } while (0)
+#else
+#define VERIFYD_TRACE(step, ev) \
+  do {                          \
+  } while (0)
+#endif
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // Issues this warpgroup's cp.async for the 64-dim blocks in `blocks` (a bit per block) of tile
@@ -140,7 +160,11 @@ __device__ __forceinline__ uint64_t VDesc(uint32_t kv_tile, int half) {
 }
 #endif
 
-template <class Cfg>
+// kStagger (v5s): warpgroup 1 issues S1 only once warpgroup 0's S0 has completed, so that the two
+// Q·Kᵀ take turns on the tensor cores and S1 runs under warpgroup 0's softmax (without it both
+// start together, each at half the shared-memory bandwidth, and then both run softmax while the
+// tensor cores idle: bench/kernel_trace.cu).
+template <class Cfg, bool kStagger>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const KernelParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(Cfg::kRows == 64 && Cfg::kTokens == 64 && Cfg::kThreads == 256,
@@ -281,20 +305,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
     for (int i = 0; i < 32; ++i) s[i] = 0.f;
     float mx[2], m_new[2], m_use[2], f[2], rowsum[2] = {0.f, 0.f};
     uint32_t a[4][4];
+    VERIFYD_TRACE(step, 0);
     if (wg == 0) {
       // S0 over buffer 0: blocks 0-3 (this warpgroup's load) first.
       MbarWait(bar(L::kFull0Lo), par);
+      VERIFYD_TRACE(step, 1);
       FenceProxyAsyncShared();
       FenceOperands(s);
       WgmmaFence();
       ScoreSteps<Cfg>(s, q_s, buf0, 0, 16);
       MbarWait(bar(L::kFull0Hi), par);
+      VERIFYD_TRACE(step, 2);
       FenceProxyAsyncShared();
       WgmmaFence();
       ScoreSteps<Cfg>(s, q_s, buf0, 16, Cfg::kKSteps);
       WgmmaCommit();
       WgmmaWait<0>();
       FenceOperands(s);
+      if (kStagger) MbarArrive(bar(L::kS0));
+      VERIFYD_TRACE(step, 3);
       softmax_input(s, t0, mx);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -304,6 +333,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
         if (tq == 0) red[row + 8 * i] = m_new[i];
       }
       MbarArrive(bar(L::kM0));
+      VERIFYD_TRACE(step, 4);
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
         s[i] = FastExp2(s[i] - m_use[(i >> 1) & 1]);
@@ -323,8 +353,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
         }
       }
       WgmmaCommit();
+      VERIFYD_TRACE(step, 5);
       // m1 from warpgroup 1: P0 rescaled to it goes to buffer 0's rope block for o_R.
       MbarWait(bar(L::kM1), par);
+      VERIFYD_TRACE(step, 6);
       float m1[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -336,8 +368,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
       StoreP64(s, f, row, tq, p0_words);
       FenceProxyAsyncShared();
       MbarArrive(bar(L::kP0));
+      VERIFYD_TRACE(step, 7);
       WgmmaWait<0>();  // P0 V0_L: buffer 0 blocks 0-3 are free, and a[]
       FenceOperands(o_acc);
+      VERIFYD_TRACE(step, 8);
       if (has_n0) {
         LoadTileBlocks<Cfg>(p, buf0, n0, kv_len, page_mask, kLo, pid_n0, wt);
         CpAsyncMbarArrive(bar(L::kFull0Lo));
@@ -345,6 +379,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
       scale_o(o_acc, f);
       if (has1) {
         MbarWait(bar(L::kP1), par);
+        VERIFYD_TRACE(step, 9);
         FenceProxyAsyncShared();
         FenceOperands(o_acc);
         WgmmaFence();
@@ -357,22 +392,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
         WgmmaCommit();
         WgmmaWait<0>();  // P1 V1_L: buffer 1 blocks 0-3 and 8 are free
         FenceOperands(o_acc);
+        VERIFYD_TRACE(step, 10);
       }
       if (has_n1) {
         LoadTileBlocks<Cfg>(p, buf1, n1, kv_len, page_mask, kLoRope, pid_n1, wt);
         CpAsyncMbarArrive(bar(L::kFull1Lo));
       }
+      VERIFYD_TRACE(step, 11);
 #pragma unroll
       for (int i = 0; i < 2; ++i) m_run[i] = m1[i];
     } else {
       if (has1) {
         // S1 over buffer 1: blocks 4-7 (this warpgroup's load) first.
         MbarWait(bar(L::kFull1Hi), par);
+        if (kStagger) MbarWait(bar(L::kS0), par);
+        VERIFYD_TRACE(step, 1);
         FenceProxyAsyncShared();
         FenceOperands(s);
         WgmmaFence();
         ScoreSteps<Cfg>(s, q_s, buf1, 16, 32);
         MbarWait(bar(L::kFull1Lo), par);
+        VERIFYD_TRACE(step, 2);
         FenceProxyAsyncShared();
         WgmmaFence();
         ScoreSteps<Cfg>(s, q_s, buf1, 0, 16);
@@ -380,11 +420,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
         WgmmaCommit();
         WgmmaWait<0>();
         FenceOperands(s);
+        VERIFYD_TRACE(step, 3);
         softmax_input(s, t1, mx);
       } else {
         mx[0] = mx[1] = -INFINITY;
       }
       MbarWait(bar(L::kM0), par);
+      VERIFYD_TRACE(step, 4);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         m_new[i] = fmaxf(red[row + 8 * i], mx[i]);  // m1
@@ -393,6 +435,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
         if (tq == 0) red[kRows + row + 8 * i] = m_new[i];
       }
       MbarArrive(bar(L::kM1));
+      VERIFYD_TRACE(step, 5);
       if (has1) {
 #pragma unroll
         for (int i = 0; i < 32; ++i) {
@@ -404,6 +447,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
         FenceProxyAsyncShared();
       }
       MbarArrive(bar(L::kP1));
+      VERIFYD_TRACE(step, 6);
 #pragma unroll
       for (int i = 0; i < 2; ++i) l_run[i] = l_run[i] * f[i] + rowsum[i];
       scale_o(o_acc, f);
@@ -418,7 +462,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
         }
         WgmmaCommit();
       }
+      VERIFYD_TRACE(step, 7);
       MbarWait(bar(L::kP0), par);
+      VERIFYD_TRACE(step, 8);
       FenceProxyAsyncShared();
       FenceOperands(o_acc);
       WgmmaFence();
@@ -438,12 +484,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
           CpAsyncMbarArrive(bar(L::kFull1Hi));
         }
       }
+      VERIFYD_TRACE(step, 9);
       WgmmaWait<0>();  // P0 V0_R: buffer 0 blocks 4-8 are free
       FenceOperands(o_acc);
+      VERIFYD_TRACE(step, 10);
       if (has_n0) {
         LoadTileBlocks<Cfg>(p, buf0, n0, kv_len, page_mask, kHiRope, pid_n0, wt);
         CpAsyncMbarArrive(bar(L::kFull0Hi));
       }
+      VERIFYD_TRACE(step, 11);
 #pragma unroll
       for (int i = 0; i < 2; ++i) m_run[i] = m_new[i];
     }

@@ -145,12 +145,13 @@ std::vector<KernelCase> GridCases() {
 // hopper, hopper_split5: the Hopper tiles as shipped (wgmma Q·Kᵀ and P·V on an sm_90 device);
 // hopper_v4, hopper_v4_split5: the seesaw schedule; hopper_v4k: with split-K Q·Kᵀ;
 // hopper_v4c: with Q·Kᵀ in two accumulator chains; hopper_v5, hopper_v5_split5: the seesaw over
-// pairs of tiles (odd tile counts per split included);
+// pairs of tiles (odd tile counts per split included); hopper_v5s: v5 with the two warpgroups'
+// Q·Kᵀ in turn;
 // hopper_v3: the v3 schedule by name;
 // hopper_qkwgmma: wgmma Q·Kᵀ, mma.sync P·V; hopper_mma: mma.sync for both; sm120*: the small
 // tiles that fit sm_120, forced on whatever GPU runs the test.
 std::vector<KernelConfig> Configs() {
-  std::vector<KernelConfig> v(13);
+  std::vector<KernelConfig> v(14);
   v[0].name = "hopper";
   v[1].name = "hopper_split5";
   v[1].config.force_splits = 5;
@@ -179,6 +180,8 @@ std::vector<KernelConfig> Configs() {
   v[12].name = "hopper_v5_split5";
   v[12].mma = kernels::CustomScoreMma::kWgmmaPairSeesaw;
   v[12].config.force_splits = 5;
+  v[13].name = "hopper_v5s";
+  v[13].mma = kernels::CustomScoreMma::kWgmmaPairSeesawStaggered;
   return v;
 }
 
@@ -397,6 +400,7 @@ TEST(CustomKernelLaunch, ShipsThePairSeesawOnHopper) {
   sm120.small_smem = true;
   ASSERT_EQ(kernels::ResolveCustomPlan(dev_bundle.problem, sm120, &small), cudaSuccess);
   EXPECT_EQ(shipped.pair_seesaw, major == 9 && minor == 0);
+  EXPECT_EQ(shipped.staggered_scores, major == 9 && minor == 0);
   EXPECT_FALSE(shipped.seesaw);
   EXPECT_TRUE(v4.seesaw == (major == 9 && minor == 0) && !v4.pair_seesaw);
   EXPECT_FALSE(small.pair_seesaw || small.wgmma_scores);
