@@ -132,11 +132,13 @@ ResolvedPlan Resolve(const VerifyProblem& p, const CustomConfig& c, CustomScoreM
                                       mma == CustomScoreMma::kWgmmaSeesaw2Chain);
   r.plan.split_k_scores = r.plan.seesaw && mma == CustomScoreMma::kWgmmaSeesawSplitK;
   r.plan.two_chain_scores = r.plan.seesaw && mma == CustomScoreMma::kWgmmaSeesaw2Chain;
-  // Shipped (kAuto): v5s on every shape class (kernels/NOTES.md, v5 and its steps).
+  // Shipped (kAuto): v5 on every shape class, the fastest of v3, v4 and v5 on all ten benchmark
+  // shapes at page sizes 1 and 64 (kernels/NOTES.md, v5). v5s by name only.
   r.plan.pair_seesaw = r.plan.wgmma_pv && (mma == CustomScoreMma::kWgmmaPairSeesaw ||
                                            mma == CustomScoreMma::kWgmmaPairSeesawStaggered ||
                                            mma == CustomScoreMma::kAuto);
-  r.plan.staggered_scores = r.plan.pair_seesaw && mma != CustomScoreMma::kWgmmaPairSeesaw;
+  r.plan.staggered_scores =
+      r.plan.pair_seesaw && mma == CustomScoreMma::kWgmmaPairSeesawStaggered;
   return r;
 }
 
