@@ -110,7 +110,8 @@ int main(int argc, char** argv) {
       step_len.push_back(static_cast<double>(at(0, step + 1, 0)) - t0);
       for (int wg = 0; wg < 2; ++wg) {
         for (int ev = 0; ev < kTraceEvents; ++ev) {
-          if (at(wg, step, ev) != 0) rel[wg][ev].push_back(static_cast<double>(at(wg, step, ev)) - t0);
+          if (at(wg, step, ev) == 0) continue;
+          rel[wg][ev].push_back(static_cast<double>(at(wg, step, ev)) - t0);
         }
       }
     }

@@ -98,7 +98,8 @@ __device__ __forceinline__ void LoadTileBlocks(const KernelParams& p, uint32_t b
   }
 }
 
-// The page ids of the four rows this thread loads of tile `tile` (rows past kv_len: the last key's).
+// The page ids of the four rows this thread loads of tile `tile` (rows past kv_len: the last
+// key's).
 template <class Cfg>
 __device__ __forceinline__ void LoadPageIds(const int32_t* pages, int tile, int kv_len,
                                             int page_shift, int wt, int32_t (&pid)[4]) {
@@ -157,6 +158,29 @@ __device__ __forceinline__ void StoreP64(const float (&pv)[32], const float (&f)
 template <class Cfg>
 __device__ __forceinline__ uint64_t VDesc(uint32_t kv_tile, int half) {
   return SmemDescSw128MnMajor(kv_tile + half * 4 * Cfg::kKvBlockBytes, Cfg::kKvBlockBytes);
+}
+
+// o (this warpgroup's 64 rows x 256 dims) += P V over a 64-key tile, four K = 16 steps; V the dims
+// [256 * half, +256) of the KV buffer at kv_tile. P from registers (a: PackP64's fragments) or from
+// the swizzled P tile at p_tile. The caller fences and commits.
+template <class Cfg>
+__device__ __forceinline__ void PvFromRegisters(float (&o)[128], const uint32_t (&a)[4][4],
+                                                uint32_t kv_tile, int half) {
+  const uint64_t dv = VDesc<Cfg>(kv_tile, half);
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    WgmmaM64N256K16RegATransB(o, a[ks], dv + ((ks * 16 * 128) >> 4));
+  }
+}
+template <class Cfg>
+__device__ __forceinline__ void PvFromShared(float (&o)[128], uint32_t p_tile, uint32_t kv_tile,
+                                             int half) {
+  const uint64_t dp = SmemDescSw128(p_tile);
+  const uint64_t dv = VDesc<Cfg>(kv_tile, half);
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    WgmmaM64N256K16TransB(o, dp + ((ks * 32) >> 4), dv + ((ks * 16 * 128) >> 4));
+  }
 }
 #endif
 
@@ -345,13 +369,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
       scale_o(o_acc, f);
       FenceOperands(o_acc);
       WgmmaFence();
-      {
-        const uint64_t dv = VDesc<Cfg>(buf0, 0);
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-          WgmmaM64N256K16RegATransB(o_acc, a[ks], dv + ((ks * 16 * 128) >> 4));
-        }
-      }
+      PvFromRegisters<Cfg>(o_acc, a, buf0, 0);
       WgmmaCommit();
       VERIFYD_TRACE(step, 5);
       // m1 from warpgroup 1: P0 rescaled to it goes to buffer 0's rope block for o_R.
@@ -383,12 +401,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
         FenceProxyAsyncShared();
         FenceOperands(o_acc);
         WgmmaFence();
-        const uint64_t dp = SmemDescSw128(p1_s);
-        const uint64_t dv = VDesc<Cfg>(buf1, 0);
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-          WgmmaM64N256K16TransB(o_acc, dp + ((ks * 32) >> 4), dv + ((ks * 16 * 128) >> 4));
-        }
+        PvFromShared<Cfg>(o_acc, p1_s, buf1, 0);
         WgmmaCommit();
         WgmmaWait<0>();  // P1 V1_L: buffer 1 blocks 0-3 and 8 are free
         FenceOperands(o_acc);
@@ -455,11 +468,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
         PackP64(s, a);
         FenceOperands(o_acc);
         WgmmaFence();
-        const uint64_t dv = VDesc<Cfg>(buf1, 1);
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-          WgmmaM64N256K16RegATransB(o_acc, a[ks], dv + ((ks * 16 * 128) >> 4));
-        }
+        PvFromRegisters<Cfg>(o_acc, a, buf1, 1);
         WgmmaCommit();
       }
       VERIFYD_TRACE(step, 7);
@@ -468,14 +477,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
       FenceProxyAsyncShared();
       FenceOperands(o_acc);
       WgmmaFence();
-      {
-        const uint64_t dp = SmemDescSw128(p0_s);
-        const uint64_t dv = VDesc<Cfg>(buf0, 1);
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-          WgmmaM64N256K16TransB(o_acc, dp + ((ks * 32) >> 4), dv + ((ks * 16 * 128) >> 4));
-        }
-      }
+      PvFromShared<Cfg>(o_acc, p0_s, buf0, 1);
       WgmmaCommit();
       if (has1) {
         WgmmaWait<1>();  // P1 V1_R: buffer 1 blocks 4-7 are free, and a[]
