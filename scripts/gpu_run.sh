@@ -179,6 +179,15 @@ if [[ $run_bench == 1 ]]; then
   echo "verifyd-bench: rc=$rc in $(( $(date +%s) - start )) s" >> "$SUMMARY"
   md=$(ls "$OUT"/*-"$COMMIT"-*.md 2>/dev/null | head -1)
   [[ -n "$md" ]] && cat "$md" >> "$SUMMARY"
+  # One call's engine steps without a transport: reference, shadow, shadow waited for.
+  if [[ -x "$PACK/bin/verifyd-engine-bench" ]]; then
+    timeout 120 "$PACK/bin/verifyd-engine-bench" --engine cuda --out "$OUT" \
+      > "$OUT/engine_bench.log" 2>&1
+    rc=$?
+    [[ $rc == 0 ]] || status=1
+    echo "verifyd-engine-bench: rc=$rc" >> "$SUMMARY"
+    [[ -f "$OUT/engine-bench-cuda.md" ]] && cat "$OUT/engine-bench-cuda.md" >> "$SUMMARY"
+  fi
 fi
 if [[ $run_service == 1 ]]; then
   start=$(date +%s)
