@@ -116,7 +116,7 @@ int main(int argc, char** argv) {
       }
     }
   }
-  std::printf("shape B=%d T=%d H=%d prefix=%lld page=%d: %d CTAs' worth of splits %d, %lld tiles "
+  std::printf("shape B=%d T=%d H=%d prefix=%lld page=%d: %d CTAs (%d KV splits), %lld tiles "
               "per CTA, %d steps; CTA (0,0,0), %zu steady-state steps over 4 launches\n",
               spec.batch, spec.draft, spec.heads, static_cast<long long>(spec.prefix),
               spec.page_size, plan.row_blocks * spec.batch * plan.splits, plan.splits,
