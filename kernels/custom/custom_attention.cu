@@ -61,12 +61,8 @@ cudaError_t QueryDevice(int dev, DeviceFacts* f) {
                     custom::FusedVerifyKernel<HopperTiles, true, true, true>,
                     custom::FusedVerifyKernel<HopperTiles, true, true>,
                     custom::FusedVerifyKernel<HopperTiles, true, false>,
-                    custom::FusedVerifyKernel<HopperTiles, false, false>}) {
-      e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(HopperTiles::kSmemBytes));
-      if (e != cudaSuccess) return e;
-    }
-    for (auto* k : {custom::PairSeesawKernel<HopperTiles, false>,
+                    custom::FusedVerifyKernel<HopperTiles, false, false>,
+                    custom::PairSeesawKernel<HopperTiles, false>,
                     custom::PairSeesawKernel<HopperTiles, true>}) {
       e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(HopperTiles::kSmemBytes));

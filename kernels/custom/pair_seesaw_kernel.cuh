@@ -46,7 +46,7 @@ template <class Cfg>
 struct PairSeesawLayout {
   static constexpr size_t kRed = Cfg::kPOffset;           // f32 [2][kRows]: m0, m1; then row sums
   static constexpr size_t kRowMax = kRed + 2 * Cfg::kRows * 4;  // f32 [kRows], the epilogue's
-  static constexpr size_t kBars = kRowMax + Cfg::kRows * 4;     // 8 mbarriers
+  static constexpr size_t kBars = kRowMax + Cfg::kRows * 4;     // kNumBars mbarriers
   enum Bar { kFull0Lo, kFull0Hi, kFull1Lo, kFull1Hi, kM0, kM1, kP0, kP1, kS0, kNumBars };
   static_assert(kBars % 8 == 0 && kBars + kNumBars * 8 <= Cfg::kSmemBytes, "v5 state fits");
 };
