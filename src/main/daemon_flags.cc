@@ -53,6 +53,11 @@ ABSL_FLAG(int, grpc_max_threads, 128,
 ABSL_FLAG(int, grpc_max_concurrent_streams, 256, "Concurrent data-plane streams per connection");
 ABSL_FLAG(int64_t, max_inflight_mb, 8192,
           "Memory budget: request bytes all calls in flight may hold together, MiB; 0 = none");
+ABSL_FLAG(int64_t, pinned_receive_mb, 1024,
+          "Buffers gRPC request messages are received into, kept between calls, MiB in all: each "
+          "message is copied once into one and parsed there, and the CUDA engine pins them, so "
+          "inline tensors go to the GPU without another copy (pinning a new buffer takes "
+          "milliseconds); 0 = a fresh, unpinned buffer per call");
 ABSL_FLAG(int64_t, keep_freed_mb, verifyd::kDefaultKeepFreedMb,
           "Freed memory kept for reuse by later calls instead of being returned to the OS, MiB "
           "(bundles are then not faulted in afresh on every call); 0 = glibc's default");
@@ -281,6 +286,11 @@ absl::StatusOr<DaemonOptions> ParseDaemonFlags(int argc, char** argv) {
     return absl::InvalidArgumentError("grpc_max_concurrent_streams: must be >= 1");
   }
   o.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_mb) << 20;
+  const int64_t receive_mb = absl::GetFlag(FLAGS_pinned_receive_mb);
+  if (receive_mb < 0 || receive_mb > (int64_t{1} << 20)) {
+    return absl::InvalidArgumentError("pinned_receive_mb: must be in [0, 2^20]");
+  }
+  o.pinned_receive_bytes = static_cast<uint64_t>(receive_mb) << 20;
   const int64_t keep_mb = absl::GetFlag(FLAGS_keep_freed_mb);
   if (keep_mb < 0 || keep_mb > kMaxKeepFreedMb) {
     return absl::InvalidArgumentError(

@@ -170,6 +170,18 @@ Metrics::Metrics(const BuildInfo& info) : registry_(std::make_shared<prometheus:
                    .Help("Open call channels (shared-memory request slots with a doorbell)")
                    .Register(r)
                    .Add({});
+  receive_buffer_bytes_ = &prometheus::BuildGauge()
+                               .Name("verifyd_receive_buffer_bytes")
+                               .Help("Host buffers gRPC request messages are received into, in "
+                                     "use or kept for later calls, bytes")
+                               .Register(r)
+                               .Add({});
+  receive_buffer_pinned_bytes_ = &prometheus::BuildGauge()
+                                      .Name("verifyd_receive_buffer_pinned_bytes")
+                                      .Help("Of verifyd_receive_buffer_bytes, the bytes pinned "
+                                            "for the GPU")
+                                      .Register(r)
+                                      .Add({});
   shadow_queue_depth_ = &prometheus::BuildGauge()
                              .Name("verifyd_shadow_queue_depth")
                              .Help("Comparisons waiting to run off the critical path")
@@ -274,6 +286,11 @@ void Metrics::Rollback(std::string_view reason) {
 void Metrics::OracleError() { oracle_errors_->Increment(); }
 
 void Metrics::SetChannels(int64_t channels) { channels_->Set(static_cast<double>(channels)); }
+
+void Metrics::SetReceiveBuffers(uint64_t bytes, uint64_t pinned_bytes) {
+  receive_buffer_bytes_->Set(static_cast<double>(bytes));
+  receive_buffer_pinned_bytes_->Set(static_cast<double>(pinned_bytes));
+}
 
 void Metrics::SetRegions(int64_t regions, uint64_t bytes) {
   regions_->Set(static_cast<double>(regions));

@@ -52,6 +52,9 @@ class Metrics {
   // Registered regions and the sum of their byte sizes.
   void SetRegions(int64_t regions, uint64_t bytes);
   void SetChannels(int64_t channels);
+  // Host memory gRPC messages are received into (in use or kept for later calls), and how much
+  // of it is pinned.
+  void SetReceiveBuffers(uint64_t bytes, uint64_t pinned_bytes);
   // A canary call served by the reference because its comparison could not be queued.
   void CanaryShed();
   void Capture(std::string_view trigger);  // "breach" or "requested"
@@ -85,6 +88,8 @@ class Metrics {
   prometheus::Gauge* regions_;
   prometheus::Gauge* region_bytes_;
   prometheus::Gauge* channels_;
+  prometheus::Gauge* receive_buffer_bytes_;
+  prometheus::Gauge* receive_buffer_pinned_bytes_;
   prometheus::Counter* canary_shed_;
   prometheus::Family<prometheus::Counter>* captures_;
 };

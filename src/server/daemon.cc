@@ -226,9 +226,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
   d->verify_service_ = std::make_unique<VerifyServiceImpl>(
       d->handler_.get(), d->metrics_.get(),
       VerifyServiceOptions{opts.max_message_bytes, opts.max_inflight_bytes, d->regions_.get(),
-                           pin_host, opts.allow_region_tcp, ChannelLimitsFor(opts)});
+                           pin_host, opts.allow_region_tcp, ChannelLimitsFor(opts),
+                           opts.pinned_receive_bytes});
   d->verify_service_->channels().SetObserver(
       [m = d->metrics_.get()](int64_t n) { m->SetChannels(n); });
+  d->verify_service_->receive_buffers().SetObserver(
+      [m = d->metrics_.get()](const ReceiveBuffers::Stats& s) {
+        m->SetReceiveBuffers(s.bytes, s.pinned_bytes);
+      });
   {
     grpc::ServerBuilder b;
     std::vector<int> ports(opts.listen.size(), 0);

@@ -59,6 +59,7 @@ struct DaemonOptions {
   int grpc_max_threads = 128;
   int grpc_max_concurrent_streams = 256;
   int64_t max_inflight_bytes = int64_t{8} << 30;  // memory budget of calls in flight; 0 = none
+  uint64_t pinned_receive_bytes = uint64_t{1} << 30;  // gRPC receive buffers kept (and pinned)
   int64_t keep_freed_bytes = kDefaultKeepFreedMb << 20;  // KeepFreedMemory() (main applies it)
   ControllerOptions controller;
   HandlerOptions handler;

@@ -45,6 +45,7 @@ VerifyServiceImpl::VerifyServiceImpl(VerifyHandler* handler, Metrics* metrics,
       opts_(opts),
       region_rpcs_(opts.regions, opts.allow_region_tcp),
       budget_(opts.max_inflight_bytes, "--max_inflight_mb"),
+      receive_(opts.receive_keep_bytes, opts.pin_host),
       verify_method_(MethodName("Verify")),
       stream_method_(MethodName("VerifyStream")),
       channels_(
@@ -125,9 +126,9 @@ absl::Status VerifyServiceImpl::Admit(int64_t bytes, MemoryBudget::Admission* ad
   return absl::OkStatus();
 }
 
-absl::Status VerifyServiceImpl::Parse(Raw& in, v1::VerifyRequest* req) {
-  // Deserialize consumes the buffer: the wire bytes are freed once parsed.
-  if (!grpc::SerializationTraits<v1::VerifyRequest>::Deserialize(&in, req).ok()) {
+absl::Status VerifyServiceImpl::Parse(absl::string_view wire, v1::VerifyRequest* req,
+                                      InPlaceTensors* in_place) {
+  if (!ParseRequestInPlace(wire, req, in_place)) {
     req->Clear();
     return absl::InvalidArgumentError(kNotARequest);
   }
@@ -152,12 +153,18 @@ absl::Status VerifyServiceImpl::Serve(grpc::ServerContext* ctx, Raw& in,
                                       v1::VerifyResponse* resp) {
   const auto t0 = std::chrono::steady_clock::now();
   absl::Status st = Admit(static_cast<int64_t>(in.Length()), admitted);
-  if (st.ok()) st = Parse(in, req);
+  // The message's bytes stay in `received` until the handler is done with them.
+  absl::StatusOr<ReceiveBuffers::Message> received;
+  InPlaceTensors in_place;
+  if (st.ok()) {
+    received = receive_.Receive(in);
+    st = received.ok() ? Parse(received->bytes(), req, &in_place) : received.status();
+  }
   in.Clear();
   const double parse_s = Since(t0);
   if (st.ok()) st = region_rpcs_.CheckRequest(*ctx, *req);
   const CallContext call([ctx] { return ctx->IsCancelled(); }, ctx->deadline());
-  return Handle(st, t0, parse_s, *req, resp, call);
+  return Handle(st, t0, parse_s, *req, resp, call, &in_place);
 }
 
 void VerifyServiceImpl::ServeChannelCall(absl::string_view request, v1::VerifyResponse* resp) {
@@ -166,10 +173,7 @@ void VerifyServiceImpl::ServeChannelCall(absl::string_view request, v1::VerifyRe
   v1::VerifyRequest req;
   InPlaceTensors in_place;
   absl::Status st = Admit(static_cast<int64_t>(request.size()), &admitted);
-  if (st.ok() && !ParseRequestInPlace(request, &req, &in_place)) {
-    req.Clear();
-    st = absl::InvalidArgumentError(kNotARequest);
-  }
+  if (st.ok()) st = Parse(request, &req, &in_place);
   // The channel was opened over a transport regions are served on: its calls may name them.
   st = Handle(st, t0, Since(t0), req, resp, CallContext(), &in_place);
   if (!st.ok()) ErrorInResponse(st, req.request_id(), resp);

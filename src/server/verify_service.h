@@ -18,6 +18,7 @@
 #include "src/metrics/metrics.h"
 #include "src/server/channel_server.h"
 #include "src/server/memory_budget.h"
+#include "src/server/receive_buffers.h"
 #include "src/server/region_rpcs.h"
 #include "src/server/verify_handler.h"
 #include "verifyd/v1/verify.pb.h"
@@ -33,12 +34,15 @@ struct VerifyServiceOptions {
   RegionRegistry::HostPinner pin_host;
   bool allow_region_tcp = false;      // --allow_region_tcp (channels too)
   ChannelLimits channels;
+  // Receive buffers kept (and pinned) between calls, bytes (--pinned_receive_mb).
+  uint64_t receive_keep_bytes = uint64_t{1} << 30;
 };
 
 class VerifyServiceImpl final : public grpc::Service {
  public:
   VerifyServiceImpl(VerifyHandler* handler, Metrics* metrics, VerifyServiceOptions opts);
   ChannelServer& channels() { return channels_; }
+  ReceiveBuffers& receive_buffers() { return receive_; }
 
   grpc::Status Verify(grpc::ServerContext* ctx,
                       grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>* call);
@@ -47,9 +51,9 @@ class VerifyServiceImpl final : public grpc::Service {
                             grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream);
 
  private:
-  // Admits `in` to the memory budget (held in `admitted` until the response is sent), parses it
-  // into `req` and runs the handler. A message refused before the handler saw it is counted here
-  // (path "none").
+  // Admits `in` to the memory budget (held in `admitted` until the response is sent), receives
+  // it into one of `receive_`'s buffers, parses it there in place and runs the handler. A
+  // message refused before the handler saw it is counted here (path "none").
   absl::Status Serve(grpc::ServerContext* ctx, grpc::ByteBuffer& in,
                      MemoryBudget::Admission* admitted, v1::VerifyRequest* req,
                      v1::VerifyResponse* resp);
@@ -63,7 +67,9 @@ class VerifyServiceImpl final : public grpc::Service {
                       double parse_s, const v1::VerifyRequest& req, v1::VerifyResponse* resp,
                       const CallContext& call, const InPlaceTensors* in_place = nullptr);
   absl::Status Admit(int64_t bytes, MemoryBudget::Admission* admitted);
-  static absl::Status Parse(grpc::ByteBuffer& in, v1::VerifyRequest* req);
+  // ParseRequestInPlace, with its refusal as the status.
+  static absl::Status Parse(absl::string_view wire, v1::VerifyRequest* req,
+                            InPlaceTensors* in_place);
   absl::Status OpenChannel(const grpc::ServerContext& ctx, const v1::OpenChannelRequest& req,
                            v1::OpenChannelResponse* resp);
   absl::Status CloseChannel(const grpc::ServerContext& ctx, const v1::CloseChannelRequest& req,
@@ -80,6 +86,7 @@ class VerifyServiceImpl final : public grpc::Service {
   RegionRpcs region_rpcs_;
   std::deque<std::string> method_names_;  // stable: the names gRPC's method table points at
   MemoryBudget budget_;
+  ReceiveBuffers receive_;
   const std::string verify_method_, stream_method_;
   ChannelServer channels_;  // last: its threads call into the members above
 };

@@ -1,0 +1,248 @@
+// gRPC request messages are received into pooled host buffers and parsed there in place: the
+// pool's accounting, pinning and limits, and, over real gRPC, calls of odd sizes served bit for
+// bit through those buffers on the unary call and the stream.
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "grpcpp/generic/generic_stub.h"
+#include "src/server/receive_buffers.h"
+#include "tests/service/daemon_fixture.h"
+
+namespace verifyd {
+namespace {
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+
+// The bytes of `text` as a gRPC message of `pieces` slices of uneven sizes.
+grpc::ByteBuffer Sliced(const std::string& text, int pieces, std::mt19937& rng) {
+  std::vector<size_t> cuts;
+  for (int i = 0; i + 1 < pieces; ++i) cuts.push_back(rng() % (text.size() + 1));
+  cuts.push_back(0);
+  cuts.push_back(text.size());
+  std::sort(cuts.begin(), cuts.end());
+  std::vector<grpc::Slice> slices;
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+    slices.emplace_back(text.data() + cuts[i], cuts[i + 1] - cuts[i]);
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+std::string RandomBytes(size_t n, std::mt19937& rng) {
+  std::string s(n, '\0');
+  for (char& c : s) c = static_cast<char>(rng());
+  return s;
+}
+
+// Pins by counting (the CPU build has no device to pin for); the returned function unpins.
+struct CountingPinner {
+  std::atomic<int> pins{0}, unpins{0};
+  bool fail = false;
+  RegionRegistry::HostPinner fn() {
+    return [this](char*, uint64_t) -> absl::StatusOr<std::function<void()>> {
+      if (fail) return absl::ResourceExhaustedError("cudaHostRegister: out of memory");
+      ++pins;
+      return std::function<void()>([this] { ++unpins; });
+    };
+  }
+};
+
+TEST(ReceiveBuffers, CapacityIsThePowerOfTwoAtOrAboveTheMessageFromOneMiB) {
+  EXPECT_EQ(ReceiveBuffers::CapacityFor(0), kMiB);
+  EXPECT_EQ(ReceiveBuffers::CapacityFor(1), kMiB);
+  EXPECT_EQ(ReceiveBuffers::CapacityFor(kMiB), kMiB);
+  EXPECT_EQ(ReceiveBuffers::CapacityFor(kMiB + 1), 2 * kMiB);
+  EXPECT_EQ(ReceiveBuffers::CapacityFor(20'000'000), 32 * kMiB);
+}
+
+TEST(ReceiveBuffers, AMessageOfManySlicesIsReceivedWholeAndItsWireBytesFreed) {
+  std::mt19937 rng(7);
+  ReceiveBuffers pool(64 * kMiB, nullptr);
+  for (size_t size : {size_t{0}, size_t{1}, size_t{4093}, size_t{kMiB}, size_t{3 * kMiB + 17}}) {
+    const std::string text = RandomBytes(size, rng);
+    grpc::ByteBuffer in = Sliced(text, 1 + static_cast<int>(rng() % 40), rng);
+    absl::StatusOr<ReceiveBuffers::Message> m = pool.Receive(in);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(m->bytes(), text) << "size " << size;
+    EXPECT_EQ(in.Length(), 0u);
+  }
+}
+
+TEST(ReceiveBuffers, ABufferIsPinnedOnceAndReusedByLaterMessagesOfItsSize) {
+  std::mt19937 rng(11);
+  CountingPinner pinner;
+  {
+    ReceiveBuffers pool(64 * kMiB, pinner.fn());
+    for (int i = 0; i < 20; ++i) {
+      const std::string text = RandomBytes(kMiB + 1 + rng() % kMiB, rng);  // the 2 MiB class
+      grpc::ByteBuffer in = Sliced(text, 5, rng);
+      absl::StatusOr<ReceiveBuffers::Message> m = pool.Receive(in);
+      ASSERT_TRUE(m.ok()) << m.status();
+      ASSERT_EQ(m->bytes(), text);
+      const ReceiveBuffers::Stats s = pool.stats();
+      EXPECT_EQ(s.buffers, 1);
+      EXPECT_EQ(s.kept, 0);  // the one buffer is in use
+      EXPECT_EQ(s.pinned_bytes, 2 * kMiB);
+    }
+    EXPECT_EQ(pinner.pins.load(), 1);
+    EXPECT_EQ(pool.stats().kept_bytes, 2 * kMiB);
+    // Another size class gets a buffer of its own.
+    grpc::ByteBuffer in = Sliced(RandomBytes(5 * kMiB, rng), 3, rng);
+    ASSERT_TRUE(pool.Receive(in).ok());
+    EXPECT_EQ(pinner.pins.load(), 2);
+    EXPECT_EQ(pool.stats().bytes, 10 * kMiB);
+    EXPECT_EQ(pinner.unpins.load(), 0);
+  }
+  EXPECT_EQ(pinner.unpins.load(), 2);  // the pool unpins what it kept
+}
+
+TEST(ReceiveBuffers, BuffersBeyondTheKeepLimitAreUnpinnedAndFreed) {
+  std::mt19937 rng(13);
+  CountingPinner pinner;
+  std::vector<ReceiveBuffers::Stats> seen;
+  ReceiveBuffers pool(3 * kMiB, pinner.fn());
+  pool.SetObserver([&seen](const ReceiveBuffers::Stats& s) { seen.push_back(s); });
+  {
+    grpc::ByteBuffer a = Sliced(RandomBytes(2 * kMiB, rng), 2, rng);
+    grpc::ByteBuffer b = Sliced(RandomBytes(2 * kMiB - 5, rng), 2, rng);
+    absl::StatusOr<ReceiveBuffers::Message> ma = pool.Receive(a), mb = pool.Receive(b);
+    ASSERT_TRUE(ma.ok() && mb.ok());
+    EXPECT_EQ(pool.stats().buffers, 2);  // two calls in flight hold one each
+    EXPECT_EQ(pinner.pins.load(), 2);
+  }
+  const ReceiveBuffers::Stats s = pool.stats();
+  EXPECT_EQ(s.buffers, 1);
+  EXPECT_EQ(s.kept, 1);
+  EXPECT_EQ(s.kept_bytes, 2 * kMiB);
+  EXPECT_EQ(s.pinned_bytes, 2 * kMiB);
+  EXPECT_EQ(pinner.unpins.load(), 1);
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen.back().bytes, 2 * kMiB);
+  EXPECT_EQ(seen.back().pinned_bytes, 2 * kMiB);
+}
+
+TEST(ReceiveBuffers, NothingIsPinnedWhenNothingIsKept) {
+  std::mt19937 rng(17);
+  CountingPinner pinner;
+  ReceiveBuffers pool(0, pinner.fn());
+  for (int i = 0; i < 3; ++i) {
+    const std::string text = RandomBytes(kMiB + 3, rng);
+    grpc::ByteBuffer in = Sliced(text, 4, rng);
+    absl::StatusOr<ReceiveBuffers::Message> m = pool.Receive(in);
+    ASSERT_TRUE(m.ok());
+    EXPECT_EQ(m->bytes(), text);
+  }
+  EXPECT_EQ(pinner.pins.load(), 0);
+  EXPECT_EQ(pool.stats().buffers, 0);
+}
+
+TEST(ReceiveBuffers, AFailedPinLeavesTheMessageWholeAndTheBufferUnpinned) {
+  std::mt19937 rng(19);
+  CountingPinner pinner;
+  pinner.fail = true;
+  ReceiveBuffers pool(64 * kMiB, pinner.fn());
+  const std::string text = RandomBytes(kMiB / 2, rng);
+  grpc::ByteBuffer in = Sliced(text, 3, rng);
+  absl::StatusOr<ReceiveBuffers::Message> m = pool.Receive(in);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->bytes(), text);
+  EXPECT_EQ(pool.stats().pinned_bytes, 0u);
+  EXPECT_EQ(pool.stats().bytes, kMiB);
+}
+
+// The bytes a path produces for `req`, computed in-process by a separate engine.
+std::string LocalOutput(const v1::VerifyRequest& req, Path path) {
+  auto view = DecodeRequest(req);
+  EXPECT_TRUE(view.ok()) << view.status();
+  auto engine = testing::LocalEngine();
+  auto prepared = engine->Prepare(*view, false);
+  EXPECT_TRUE(prepared.ok());
+  EXPECT_TRUE(engine->Run(path, **prepared).ok());
+  PathOutput out;
+  EXPECT_TRUE(engine->Fetch(path, **prepared, &out).ok());
+  return std::string(reinterpret_cast<const char*>(out.o.data()), out.o.size() * 2);
+}
+
+double MetricValue(const std::string& text, const std::string& series) {
+  const size_t at = text.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + series.size() + 2));
+}
+
+class ReceiveService : public testing::DaemonTest {};
+
+TEST_F(ReceiveService, InlineCallsOfOddSizesAreServedBitForBitOnTheCallAndTheStream) {
+  StartDaemon(testing::TestOptions(testing::TestDir("recv")));
+  std::mt19937 rng(23);
+  grpc::ClientContext sctx;
+  auto stream = verify_->VerifyStream(&sctx);
+  for (int i = 0; i < 6; ++i) {
+    // Prefixes up to a few thousand keys: messages of a few KB to several MB, many slices.
+    const int draft = 1 + static_cast<int>(rng() % 9);
+    const int64_t prefix = static_cast<int64_t>(rng() % 6000);
+    const int page = 1 << (rng() % 7);
+    const v1::VerifyRequest req = testing::SmallRequest(100 + i, draft, prefix, page);
+    const std::string want = LocalOutput(req, Path::kReference);
+    v1::VerifyResponse unary;
+    ASSERT_TRUE(Verify(req, &unary).ok()) << "call " << i;
+    EXPECT_EQ(unary.o().raw_contents(), want) << "unary call " << i;
+    v1::VerifyResponse streamed;
+    ASSERT_TRUE(stream->Write(req));
+    ASSERT_TRUE(stream->Read(&streamed));
+    EXPECT_TRUE(streamed.error_message().empty()) << streamed.error_message();
+    EXPECT_EQ(streamed.o().raw_contents(), want) << "streamed call " << i;
+  }
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  // The calls went through kept receive buffers; the CUDA engine pins them.
+  const std::string m = testing::Scrape(daemon_->metrics_port());
+  EXPECT_GE(MetricValue(m, "verifyd_receive_buffer_bytes"), double(kMiB)) << m;
+  const double pinned = MetricValue(m, "verifyd_receive_buffer_pinned_bytes");
+  if (testing::TestEngine() == "cuda") {
+    EXPECT_GE(pinned, double(kMiB));
+  } else {
+    EXPECT_EQ(pinned, 0);
+  }
+}
+
+TEST_F(ReceiveService, ABadMessageIsRefusedAndTheNextCallIsServed) {
+  StartDaemon(testing::TestOptions(testing::TestDir("recv")));
+  grpc::GenericStub generic(testing::Channel(tcp_));
+  // A field 1 with a length past the message's end, in two slices.
+  std::string bad = "\x0a\xff\xff\x03";
+  bad += std::string(1000, 'x');
+  std::mt19937 rng(29);
+  grpc::ByteBuffer req = Sliced(bad, 2, rng), resp;
+  grpc::ClientContext ctx;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  grpc::Status st;
+  generic.UnaryCall(&ctx, "/verifyd.v1.VerifyService/Verify", grpc::StubOptions(), &req, &resp,
+                    [&](grpc::Status s) {
+                      std::lock_guard<std::mutex> l(mu);
+                      st = s;
+                      done = true;
+                      cv.notify_all();
+                    });
+  {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return done; });
+  }
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(st.error_message().find("could not be parsed"), std::string::npos)
+      << st.error_message();
+  const v1::VerifyRequest good = testing::SmallRequest(5);
+  v1::VerifyResponse r;
+  ASSERT_TRUE(Verify(good, &r).ok());
+  EXPECT_EQ(r.o().raw_contents(), LocalOutput(good, Path::kReference));
+}
+
+}  // namespace
+}  // namespace verifyd
