@@ -82,6 +82,26 @@ inline v1::VerifyRequest SmallRequest(uint64_t seed, int draft = 3, int64_t pref
   return req;
 }
 
+// The bytes a path produces for `req`, computed in-process by a separate engine.
+inline std::string LocalOutput(const v1::VerifyRequest& req, Path path) {
+  auto view = DecodeRequest(req);
+  EXPECT_TRUE(view.ok()) << view.status();
+  auto engine = LocalEngine();
+  auto prepared = engine->Prepare(*view, false);
+  EXPECT_TRUE(prepared.ok());
+  EXPECT_TRUE(engine->Run(path, **prepared).ok());
+  PathOutput out;
+  EXPECT_TRUE(engine->Fetch(path, **prepared, &out).ok());
+  return std::string(reinterpret_cast<const char*>(out.o.data()), out.o.size() * 2);
+}
+
+// The value of an unlabelled series in a /metrics text; -1 when it is not there.
+inline double MetricValue(const std::string& text, const std::string& series) {
+  const size_t at = text.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + series.size() + 2));
+}
+
 inline std::string Scrape(int port) {
   httplib::Client cli("127.0.0.1", port);
   auto res = cli.Get("/metrics");

@@ -19,11 +19,7 @@ namespace {
 
 using testing::DaemonTest;
 
-double MetricValue(const std::string& text, const std::string& series) {
-  const size_t at = text.find("\n" + series + " ");
-  if (at == std::string::npos) return -1;
-  return std::stod(text.substr(at + series.size() + 2));
-}
+using testing::MetricValue;
 
 grpc::Status SetModeAs(v1::AdminService::Stub* admin, const std::string& token,
                        const std::string& who, v1::Mode mode, double fraction = 0) {

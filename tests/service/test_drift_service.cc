@@ -7,11 +7,7 @@
 namespace verifyd {
 namespace {
 
-double MetricValue(const std::string& text, const std::string& series) {
-  const size_t at = text.find("\n" + series + " ");
-  if (at == std::string::npos) return -1;
-  return std::stod(text.substr(at + series.size() + 2));
-}
+using testing::MetricValue;
 
 // Concentrated attention (sinks, recency, heavy hitters): where the bf16 accumulator passes
 // the per-call check.

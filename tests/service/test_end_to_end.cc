@@ -20,24 +20,9 @@ namespace {
 
 using testing::DaemonTest;
 
-// The bytes a path produces for `req`, computed in-process by a separate CPU engine.
-std::string LocalOutput(const v1::VerifyRequest& req, Path path) {
-  auto view = DecodeRequest(req);
-  EXPECT_TRUE(view.ok()) << view.status();
-  auto engine = testing::LocalEngine();
-  auto prepared = engine->Prepare(*view, false);
-  EXPECT_TRUE(prepared.ok());
-  EXPECT_TRUE(engine->Run(path, **prepared).ok());
-  PathOutput out;
-  EXPECT_TRUE(engine->Fetch(path, **prepared, &out).ok());
-  return std::string(reinterpret_cast<const char*>(out.o.data()), out.o.size() * 2);
-}
+using testing::LocalOutput;
 
-double MetricValue(const std::string& text, const std::string& series) {
-  const size_t at = text.find("\n" + series + " ");
-  if (at == std::string::npos) return -1;
-  return std::stod(text.substr(at + series.size() + 2));
-}
+using testing::MetricValue;
 
 // grpc.health.v1.Health/Check for the whole server; returns the serialized HealthCheckResponse
 // ("\x08\x01" = SERVING, "\x08\x02" = NOT_SERVING).

@@ -11,11 +11,7 @@
 namespace verifyd {
 namespace {
 
-double MetricValue(const std::string& text, const std::string& series) {
-  const size_t at = text.find("\n" + series + " ");
-  if (at == std::string::npos) return -1;
-  return std::stod(text.substr(at + series.size() + 2));
-}
+using testing::MetricValue;
 
 std::string LastLine(const std::string& path) {
   std::ifstream in(path);

@@ -12,11 +12,7 @@
 namespace verifyd {
 namespace {
 
-double MetricValue(const std::string& text, const std::string& series) {
-  const size_t at = text.find("\n" + series + " ");
-  if (at == std::string::npos) return -1;
-  return std::stod(text.substr(at + series.size() + 2));
-}
+using testing::MetricValue;
 
 class ProbeServiceTest : public testing::DaemonTest {
  protected:

@@ -156,24 +156,9 @@ TEST(ReceiveBuffers, AFailedPinLeavesTheMessageWholeAndTheBufferUnpinned) {
   EXPECT_EQ(pool.stats().bytes, kMiB);
 }
 
-// The bytes a path produces for `req`, computed in-process by a separate engine.
-std::string LocalOutput(const v1::VerifyRequest& req, Path path) {
-  auto view = DecodeRequest(req);
-  EXPECT_TRUE(view.ok()) << view.status();
-  auto engine = testing::LocalEngine();
-  auto prepared = engine->Prepare(*view, false);
-  EXPECT_TRUE(prepared.ok());
-  EXPECT_TRUE(engine->Run(path, **prepared).ok());
-  PathOutput out;
-  EXPECT_TRUE(engine->Fetch(path, **prepared, &out).ok());
-  return std::string(reinterpret_cast<const char*>(out.o.data()), out.o.size() * 2);
-}
+using testing::LocalOutput;
 
-double MetricValue(const std::string& text, const std::string& series) {
-  const size_t at = text.find("\n" + series + " ");
-  if (at == std::string::npos) return -1;
-  return std::stod(text.substr(at + series.size() + 2));
-}
+using testing::MetricValue;
 
 class ReceiveService : public testing::DaemonTest {};
 
