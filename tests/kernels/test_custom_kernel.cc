@@ -146,12 +146,12 @@ std::vector<KernelCase> GridCases() {
 // hopper_v4, hopper_v4_split5: the seesaw schedule; hopper_v4k: with split-K Q·Kᵀ;
 // hopper_v4c: with Q·Kᵀ in two accumulator chains; hopper_v5, hopper_v5_split5: the seesaw over
 // pairs of tiles (odd tile counts per split included); hopper_v5s: v5 with the two warpgroups'
-// Q·Kᵀ in turn; hopper_v5p: v5 with the reloads' page ids in shared memory;
+// Q·Kᵀ in turn; hopper_v5p, hopper_v5p_split5: v5 with the reloads' page ids in shared memory;
 // hopper_v3: the v3 schedule by name;
 // hopper_qkwgmma: wgmma Q·Kᵀ, mma.sync P·V; hopper_mma: mma.sync for both; sm120*: the small
 // tiles that fit sm_120, forced on whatever GPU runs the test.
 std::vector<KernelConfig> Configs() {
-  std::vector<KernelConfig> v(15);
+  std::vector<KernelConfig> v(16);
   v[0].name = "hopper";
   v[1].name = "hopper_split5";
   v[1].config.force_splits = 5;
@@ -184,6 +184,9 @@ std::vector<KernelConfig> Configs() {
   v[13].mma = kernels::CustomScoreMma::kWgmmaPairSeesawStaggered;
   v[14].name = "hopper_v5p";
   v[14].mma = kernels::CustomScoreMma::kWgmmaPairSeesawSharedIds;
+  v[15].name = "hopper_v5p_split5";
+  v[15].mma = kernels::CustomScoreMma::kWgmmaPairSeesawSharedIds;
+  v[15].config.force_splits = 5;
   return v;
 }
 
