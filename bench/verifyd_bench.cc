@@ -136,7 +136,6 @@ struct Options {
   std::vector<int> pages = {1, 64};
   std::vector<std::string> paths = {"custom",     "custom-v3",      "custom-v4",
                                     "custom-v4k", "custom-v4c",     "custom-v5",     "custom-v5s",
-                                    "custom-v5p",
                                     "custom-qkwgmma", "custom-mma", "custom-sm120cfg",
                                     "reference"};
   double seconds_per_row = 0.25;
@@ -221,7 +220,6 @@ int Run(const Options& opt) {
                          : path == "custom-v4c"     ? kernels::CustomScoreMma::kWgmmaSeesaw2Chain
                          : path == "custom-v5"      ? kernels::CustomScoreMma::kWgmmaPairSeesaw
                          : path == "custom-v5s" ? kernels::CustomScoreMma::kWgmmaPairSeesawStaggered
-                         : path == "custom-v5p" ? kernels::CustomScoreMma::kWgmmaPairSeesawSharedIds
                                                     : kernels::CustomScoreMma::kAuto;
         kernels::CustomPlan plan;
         if (kernels::ResolveCustomPlan(in[0]->problem, cfg, &plan, mma) == cudaSuccess) {
@@ -337,8 +335,8 @@ int main(int argc, char** argv) {
   app.add_option("--pages", opt.pages, "page sizes to run");
   app.add_option(
       "--paths", opt.paths,
-      "custom, custom-v3, custom-v4, custom-v4k, custom-v4c, custom-v5, custom-v5s, custom-v5p, "
-      "custom-qkwgmma, custom-mma, custom-sm120cfg, reference");
+      "custom, custom-v3, custom-v4, custom-v4k, custom-v4c, custom-v5, custom-v5s, custom-qkwgmma, "
+      "custom-mma, custom-sm120cfg, reference");
   app.add_option("--seconds-per-row", opt.seconds_per_row, "timing budget per row");
   app.add_option("--max-shapes", opt.max_shapes, "stop after this many (shape, page) pairs");
   app.add_option("--shape-index", opt.shape_index, "run only this shape of the built-in list")

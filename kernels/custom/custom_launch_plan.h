@@ -19,8 +19,6 @@ namespace verifyd::kernels {
 // kWgmmaPairSeesaw: v5, the seesaw at tile granularity (pair_seesaw_kernel.cuh): each warpgroup
 // the whole Q·Kᵀ of one of a step's two tiles, loads per 64-dim block behind mbarriers.
 // kWgmmaPairSeesawStaggered: v5s, v5 with warpgroup 1's Q·Kᵀ issued after warpgroup 0's is done.
-// kWgmmaPairSeesawSharedIds: v5p, v5 with the page ids of each reload copied into shared memory
-// by cp.async a step ahead instead of held in registers.
 // kWgmmaScores: wgmma for Q·Kᵀ only. kMmaSync: mma.sync everywhere. The narrower choices stay
 // to compare against and to fall back on.
 enum class CustomScoreMma {
@@ -32,8 +30,7 @@ enum class CustomScoreMma {
   kWgmmaSeesawSplitK,
   kWgmmaSeesaw2Chain,
   kWgmmaPairSeesaw,
-  kWgmmaPairSeesawStaggered,
-  kWgmmaPairSeesawSharedIds
+  kWgmmaPairSeesawStaggered
 };
 
 cudaError_t ResolveCustomPlan(const VerifyProblem& p, const CustomConfig& c, CustomPlan* plan,

@@ -48,7 +48,6 @@ struct CustomPlan {
   bool two_chain_scores = false;  // v4 with Q·Kᵀ in two accumulator chains per warpgroup
   bool pair_seesaw = false;   // v5: the seesaw over pairs of tiles, a whole tile per warpgroup
   bool staggered_scores = false;  // v5s: v5 with warpgroup 1's Q·Kᵀ after warpgroup 0's
-  bool shared_page_ids = false;   // v5p: v5 with the reloads' page ids in shared memory
   CustomTileShape tiles{};
   int row_blocks = 0;        // ceil(T*H / tiles.rows)
   int64_t max_tiles = 0;     // ceil(max_kv_len / tiles.tokens)

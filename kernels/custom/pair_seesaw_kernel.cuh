@@ -25,9 +25,7 @@
 // Each of these four loads signals its own mbarrier through cp.async.mbarrier.arrive; the
 // reader's k steps of S visit first the blocks loaded earliest. Rows are gathered through
 // kv_indices with 16-byte cp.async (any page size), rows past kv_len zero-filled; the page ids of a
-// warpgroup's next load are read into registers at the start of the step before (v5), or (v5p)
-// copied by cp.async into a per-thread shared-memory slot a whole step before and read from there
-// just before the load, so no register holds them across the step.
+// warpgroup's next load are read into registers at the start of the step before.
 
 #include <cuda_runtime.h>
 
@@ -50,12 +48,7 @@ struct PairSeesawLayout {
   static constexpr size_t kRowMax = kRed + 2 * Cfg::kRows * 4;  // f32 [kRows], the epilogue's
   static constexpr size_t kBars = kRowMax + Cfg::kRows * 4;     // kNumBars mbarriers
   enum Bar { kFull0Lo, kFull0Hi, kFull1Lo, kFull1Hi, kM0, kM1, kP0, kP1, kS0, kNumBars };
-  // v5p: i32 [warpgroup][slot][pass][thread], the page ids of a thread's next two loads (slot 0:
-  // its first load of a step, slot 1: its second), copied there a step ahead.
-  static constexpr size_t kIds = kBars + 128;
-  static constexpr size_t kIdsBytes = size_t{2} * 2 * 4 * 128 * 4;
-  static_assert(kBars % 8 == 0 && kNumBars * 8 <= 128 && kIds + kIdsBytes <= Cfg::kSmemBytes,
-                "v5 state fits");
+  static_assert(kBars % 8 == 0 && kBars + kNumBars * 8 <= Cfg::kSmemBytes, "v5 state fits");
 };
 
 // Phase stamps for bench/kernel_trace.cu, compiled in only with VERIFYD_KERNEL_TRACE: CTA
@@ -115,22 +108,6 @@ __device__ __forceinline__ void LoadPageIds(const int32_t* pages, int tile, int 
     const int t = min(tile * Cfg::kTokens + pass * 16 + (wt >> 3), kv_len - 1);
     pid[pass] = pages[t >> page_shift];
   }
-}
-
-// v5p: copies (cp.async, 4 bytes each) the page ids LoadPageIds would read for tile `tile` into
-// this thread's slot ids_s (four i32, 512 bytes apart).
-template <class Cfg>
-__device__ __forceinline__ void FetchPageIds(const int32_t* pages, int tile, int kv_len,
-                                             int page_shift, int wt, uint32_t ids_s) {
-#pragma unroll
-  for (int pass = 0; pass < 4; ++pass) {
-    const int t = min(tile * Cfg::kTokens + pass * 16 + (wt >> 3), kv_len - 1);
-    CpAsync4(ids_s + pass * 512, pages + (t >> page_shift));
-  }
-}
-__device__ __forceinline__ void ReadPageIds(const int32_t* ids, int32_t (&pid)[4]) {
-#pragma unroll
-  for (int pass = 0; pass < 4; ++pass) pid[pass] = ids[pass * 128];
 }
 
 // Issues S += Q Kᵀ k steps [kk0, kk1) of one whole 64-key tile (wgmma m64n64k16, both operands in
@@ -211,13 +188,7 @@ __device__ __forceinline__ void PvFromShared(float (&o)[128], uint32_t p_tile, u
 // Q·Kᵀ take turns on the tensor cores and S1 runs under warpgroup 0's softmax (without it both
 // start together, each at half the shared-memory bandwidth, and then both run softmax while the
 // tensor cores idle: bench/kernel_trace.cu).
-// kSharedIds (v5p): the page ids of each reload come from a per-thread shared-memory slot filled by
-// cp.async one step ahead (FetchPageIds at the previous reload of the same slot, or the prologue)
-// instead of registers loaded at the step's start: 8 fewer registers live across the step, and no
-// global load between a warpgroup's P·V and its reload. Each reload commits one cp.async group
-// (the tile's blocks and the next ids), so cp.async.wait_group 1 before reading a slot waits
-// exactly for the group that filled it (whose tile blocks the previous S already waited for).
-template <class Cfg, bool kStagger, bool kSharedIds = false>
+template <class Cfg, bool kStagger>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const KernelParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(Cfg::kRows == 64 && Cfg::kTokens == 64 && Cfg::kThreads == 256,
@@ -262,33 +233,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
   float* row_max = reinterpret_cast<float*>(smem + L::kRowMax);
   const uint32_t bars = SmemAddress(smem + L::kBars);
   auto bar = [&](int i) { return bars + 8u * static_cast<uint32_t>(i); };
-  // v5p: this thread's two page-id slots ([pass] 128 i32 apart).
-  const int32_t* ids_g[2];
-  uint32_t ids_s[2];
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    ids_g[k] = reinterpret_cast<const int32_t*>(smem + L::kIds) + (wg * 2 + k) * 4 * 128 + wt;
-    ids_s[k] = SmemAddress(ids_g[k]);
-  }
-  // v5p: the ids of a reload from slot k, once the group that copied them is complete (the
-  // newest group is the other slot's unless `newest` says it is this slot's: warpgroup 1's
-  // reload of buffer 0 in a step without its buffer-1 reload), and after the reload's cp.async
-  // the ids of tile + 2 into the same slot; one group per reload.
-  auto ids_for = [&](int k, int32_t (&pid)[4], bool newest = false) {
-    if (newest) {
-      CpAsyncWait<0>();
-    } else {
-      CpAsyncWait<1>();
-    }
-    asm volatile("" ::: "memory");  // the slot is read after the wait
-    ReadPageIds(ids_g[k], pid);
-  };
-  auto ids_next = [&](int k, int tile) {
-    if (tile + 2 < tile_end) {
-      FetchPageIds<Cfg>(pages, tile + 2, kv_len, p.page_shift, wt, ids_s[k]);
-    }
-    CpAsyncCommit();
-  };
   if ((q_s & 1023u) != 0) __trap();  // wgmma's swizzle atoms need 1024-byte alignment
 
   if (tid == 0) {
@@ -314,21 +258,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
       CpAsyncMbarArrive(bar(wg == 0 ? L::kFull1Lo : L::kFull1Hi));
     }
     CpAsyncCommit();
-    if (kSharedIds) {
-      // Slot 0: the ids of this warpgroup's first reload (warpgroup 0 reloads tile t0 + 2 first,
-      // warpgroup 1 tile t0 + 3), slot 1 the other; one group each.
-      const int first = wg == 0 ? t0 + 2 : t0 + 3, second = wg == 0 ? t0 + 3 : t0 + 2;
-      if (first < tile_end) FetchPageIds<Cfg>(pages, first, kv_len, p.page_shift, wt, ids_s[0]);
-      CpAsyncCommit();
-      if (second < tile_end) FetchPageIds<Cfg>(pages, second, kv_len, p.page_shift, wt, ids_s[1]);
-      CpAsyncCommit();
-    }
   }
-  if (kSharedIds) {
-    CpAsyncWait<3>();  // Q (the first tiles and the two id groups may still be in flight)
-  } else {
-    CpAsyncWait<1>();  // Q
-  }
+  CpAsyncWait<1>();  // Q
   FenceProxyAsyncShared();
   __syncthreads();
 
@@ -391,10 +322,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
     const bool has1 = t1 < tile_end, has_n0 = n0 < tile_end, has_n1 = n1 < tile_end;
     // Page ids of this warpgroup's loads at the end of the step, read now.
     int32_t pid_n0[4], pid_n1[4];
-    if (!kSharedIds) {
-      if (has_n0) LoadPageIds<Cfg>(pages, n0, kv_len, p.page_shift, wt, pid_n0);
-      if (has_n1) LoadPageIds<Cfg>(pages, n1, kv_len, p.page_shift, wt, pid_n1);
-    }
+    if (has_n0) LoadPageIds<Cfg>(pages, n0, kv_len, p.page_shift, wt, pid_n0);
+    if (has_n1) LoadPageIds<Cfg>(pages, n1, kv_len, p.page_shift, wt, pid_n1);
     float s[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) s[i] = 0.f;
@@ -462,10 +391,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
       FenceOperands(o_acc);
       VERIFYD_TRACE(step, 8);
       if (has_n0) {
-        if (kSharedIds) ids_for(0, pid_n0);
         LoadTileBlocks<Cfg>(p, buf0, n0, kv_len, page_mask, kLo, pid_n0, wt);
         CpAsyncMbarArrive(bar(L::kFull0Lo));
-        if (kSharedIds) ids_next(0, n0);
       }
       scale_o(o_acc, f);
       if (has1) {
@@ -481,10 +408,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
         VERIFYD_TRACE(step, 10);
       }
       if (has_n1) {
-        if (kSharedIds) ids_for(1, pid_n1);
         LoadTileBlocks<Cfg>(p, buf1, n1, kv_len, page_mask, kLoRope, pid_n1, wt);
         CpAsyncMbarArrive(bar(L::kFull1Lo));
-        if (kSharedIds) ids_next(1, n1);
       }
       VERIFYD_TRACE(step, 11);
 #pragma unroll
@@ -557,10 +482,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
       if (has1) {
         WgmmaWait<1>();  // P1 V1_R: buffer 1 blocks 4-7 are free, and a[]
         if (has_n1) {
-          if (kSharedIds) ids_for(0, pid_n1);
           LoadTileBlocks<Cfg>(p, buf1, n1, kv_len, page_mask, kHi, pid_n1, wt);
           CpAsyncMbarArrive(bar(L::kFull1Hi));
-          if (kSharedIds) ids_next(0, n1);
         }
       }
       VERIFYD_TRACE(step, 9);
@@ -568,10 +491,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
       FenceOperands(o_acc);
       VERIFYD_TRACE(step, 10);
       if (has_n0) {
-        if (kSharedIds) ids_for(1, pid_n0, !has_n1);
         LoadTileBlocks<Cfg>(p, buf0, n0, kv_len, page_mask, kHiRope, pid_n0, wt);
         CpAsyncMbarArrive(bar(L::kFull0Hi));
-        if (kSharedIds) ids_next(1, n0);
       }
       VERIFYD_TRACE(step, 11);
 #pragma unroll

@@ -146,12 +146,12 @@ std::vector<KernelCase> GridCases() {
 // hopper_v4, hopper_v4_split5: the seesaw schedule; hopper_v4k: with split-K Q·Kᵀ;
 // hopper_v4c: with Q·Kᵀ in two accumulator chains; hopper_v5, hopper_v5_split5: the seesaw over
 // pairs of tiles (odd tile counts per split included); hopper_v5s: v5 with the two warpgroups'
-// Q·Kᵀ in turn; hopper_v5p, hopper_v5p_split5: v5 with the reloads' page ids in shared memory;
+// Q·Kᵀ in turn;
 // hopper_v3: the v3 schedule by name;
 // hopper_qkwgmma: wgmma Q·Kᵀ, mma.sync P·V; hopper_mma: mma.sync for both; sm120*: the small
 // tiles that fit sm_120, forced on whatever GPU runs the test.
 std::vector<KernelConfig> Configs() {
-  std::vector<KernelConfig> v(16);
+  std::vector<KernelConfig> v(14);
   v[0].name = "hopper";
   v[1].name = "hopper_split5";
   v[1].config.force_splits = 5;
@@ -182,11 +182,6 @@ std::vector<KernelConfig> Configs() {
   v[12].config.force_splits = 5;
   v[13].name = "hopper_v5s";
   v[13].mma = kernels::CustomScoreMma::kWgmmaPairSeesawStaggered;
-  v[14].name = "hopper_v5p";
-  v[14].mma = kernels::CustomScoreMma::kWgmmaPairSeesawSharedIds;
-  v[15].name = "hopper_v5p_split5";
-  v[15].mma = kernels::CustomScoreMma::kWgmmaPairSeesawSharedIds;
-  v[15].config.force_splits = 5;
   return v;
 }
 
@@ -406,7 +401,6 @@ TEST(CustomKernelLaunch, ShipsThePairSeesawOnHopper) {
   ASSERT_EQ(kernels::ResolveCustomPlan(dev_bundle.problem, sm120, &small), cudaSuccess);
   EXPECT_EQ(shipped.pair_seesaw, major == 9 && minor == 0);
   EXPECT_FALSE(shipped.staggered_scores) << "v5s runs by name only";
-  EXPECT_FALSE(shipped.shared_page_ids) << "v5p runs by name only";
   EXPECT_FALSE(shipped.seesaw);
   EXPECT_TRUE(v4.seesaw == (major == 9 && minor == 0) && !v4.pair_seesaw);
   EXPECT_FALSE(small.pair_seesaw || small.wgmma_scores);

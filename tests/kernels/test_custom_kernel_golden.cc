@@ -71,7 +71,6 @@ TEST_P(CustomKernelGolden, MatchesTheStoredOracle) {
         Variant{"hopper_v4c", false, kernels::CustomScoreMma::kWgmmaSeesaw2Chain},
         Variant{"hopper_v5", false, kernels::CustomScoreMma::kWgmmaPairSeesaw},
         Variant{"hopper_v5s", false, kernels::CustomScoreMma::kWgmmaPairSeesawStaggered},
-        Variant{"hopper_v5p", false, kernels::CustomScoreMma::kWgmmaPairSeesawSharedIds},
         Variant{"sm120", true, kernels::CustomScoreMma::kAuto}}) {
     const bool small = var.small;
     SCOPED_TRACE(var.name);
