@@ -5,7 +5,8 @@
 // the cycles since the step began (warpgroup 0's step start), and the median step length.
 // A diagnostic, not a benchmark: the stamps cost a few cycles each.
 //
-//   verifyd-kernel-trace [B T H prefix page]      (default 4 16 64 8192 64)
+//   verifyd-kernel-trace [B T H prefix page [v5|v5s]]   (default 4 16 64 8192 64, the shipped
+//                                                      kernel)
 
 #define VERIFYD_KERNEL_TRACE 1
 #include "kernels/custom/custom_attention.cu"  // NOLINT: the kernels, with the trace stamps
@@ -13,6 +14,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "src/bundle/random_bundle.h"
@@ -52,14 +54,26 @@ int main(int argc, char** argv) {
   spec.heads = 64;
   spec.prefix = 8192;
   spec.page_size = 64;
-  if (argc == 6) {
+  kernels::CustomScoreMma mma = kernels::CustomScoreMma::kAuto;
+  if (argc == 7) {
+    const std::string v = argv[6];
+    if (v == "v5") {
+      mma = kernels::CustomScoreMma::kWgmmaPairSeesaw;
+    } else if (v == "v5s") {
+      mma = kernels::CustomScoreMma::kWgmmaPairSeesawStaggered;
+    } else {
+      std::fprintf(stderr, "verifyd-kernel-trace: unknown variant %s\n", argv[6]);
+      return 2;
+    }
+  }
+  if (argc == 6 || argc == 7) {
     spec.batch = std::atoi(argv[1]);
     spec.draft = std::atoi(argv[2]);
     spec.heads = std::atoi(argv[3]);
     spec.prefix = std::atoll(argv[4]);
     spec.page_size = std::atoi(argv[5]);
   } else if (argc != 1) {
-    std::fprintf(stderr, "usage: verifyd-kernel-trace [B T H prefix page]\n");
+    std::fprintf(stderr, "usage: verifyd-kernel-trace [B T H prefix page [v5|v5s]]\n");
     return 2;
   }
   spec.seed = 7;
@@ -68,11 +82,12 @@ int main(int argc, char** argv) {
   if (cudaError_t e = dev.Upload(bundle.view()); e != cudaSuccess) return Fail("upload", e);
   kernels::CustomConfig config;
   kernels::CustomPlan plan;
-  if (cudaError_t e = kernels::ResolveCustomPlan(dev.problem, config, &plan); e != cudaSuccess) {
+  if (cudaError_t e = kernels::ResolveCustomPlan(dev.problem, config, &plan, mma);
+      e != cudaSuccess) {
     return Fail("plan", e);
   }
   if (!plan.pair_seesaw) {
-    std::fprintf(stderr, "verifyd-kernel-trace: the shipped plan is not v5 on this device\n");
+    std::fprintf(stderr, "verifyd-kernel-trace: the plan is not v5 on this device\n");
     return 1;
   }
   const size_t n = size_t{2} * kTraceSteps * kTraceEvents;
@@ -93,8 +108,8 @@ int main(int argc, char** argv) {
   const int steps = static_cast<int>(std::min<int64_t>((tiles + 1) / 2, kTraceSteps));
   for (int launch = 0; launch < 6; ++launch) {
     cudaMemset(trace.get<void>(), 0, n * sizeof(uint64_t));
-    if (cudaError_t e = kernels::LaunchCustom(dev.problem, config, ws.get<void>(), ws_bytes,
-                                              nullptr);
+    if (cudaError_t e = kernels::LaunchCustomWith(dev.problem, config, mma, ws.get<void>(),
+                                                  ws_bytes, nullptr);
         e != cudaSuccess) {
       return Fail("launch", e);
     }
