@@ -11,7 +11,7 @@
 // The difference between shadow and shadow-serial is what the deferred work costs the next call
 // (GPU and host contention); between shadow-serial and reference, the snapshot.
 //
-//   verifyd-engine-bench [--engine cuda|cpu] [--calls N] [--out DIR]
+//   verifyd-engine-bench [--engine cuda|cpu] [--calls N] [--commit C] [--out DIR]
 
 #include <cuda_runtime.h>
 
@@ -220,12 +220,13 @@ Row RunMode(Engine& engine, const std::string& mode, const Shape& sh, int calls,
 int main(int argc, char** argv) {
   using namespace verifyd;
   using namespace verifyd::bench;
-  std::string engine_kind = "cuda", out_dir;
+  std::string engine_kind = "cuda", out_dir, commit = "unknown";
   int calls = 300;
   CLI::App app{"verifyd-engine-bench: one call's engine steps, reference and shadow, no transport"};
   app.add_option("--engine", engine_kind, "cuda or cpu")->check(CLI::IsMember({"cuda", "cpu"}));
   app.add_option("--calls", calls, "calls per mode and shape")->check(CLI::Range(1, 1000000));
   app.add_option("--out", out_dir, "directory for engine-bench-<engine>.{md,json}");
+  app.add_option("--commit", commit, "the commit the binary was built from, for the tables");
   CLI11_PARSE(app, argc, argv);
 
   EngineOptions eo;
@@ -245,7 +246,13 @@ int main(int argc, char** argv) {
       rows.push_back(RunMode(**engine, mode, sh, calls, on_device));
     }
   }
-  std::string md =
+  const std::string device = (*engine)->Info().device;
+  std::string md = "# verifyd-engine-bench on " + device + "\n\ncommit `" + commit + "`, " +
+                   std::to_string(calls) +
+                   " calls per row after a warm-up; medians of each engine step's host time, "
+                   "calls back to back, inputs read in place (in device memory on the CUDA "
+                   "engine)\n\n";
+  md +=
       "| mode | B,T,H,prefix | calls | p50 ms | p99 ms | prepare ms | served path ms | deliver ms "
       "| release ms | served path's GPU ms | errors |\n|---|---|---:|---:|---:|---:|---:|---:|---:|"
       "---:|---:|\n";
@@ -265,7 +272,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s %d,%d,%d: %s\n", r.mode.c_str(), r.shape.batch, r.shape.draft,
                    r.shape.heads, r.first_error.c_str());
     }
-    j.push_back({{"mode", r.mode}, {"B", r.shape.batch}, {"T", r.shape.draft},
+    j.push_back({{"commit", commit}, {"device", device}, {"mode", r.mode}, {"B", r.shape.batch}, {"T", r.shape.draft},
                  {"H", r.shape.heads}, {"prefix", r.shape.prefix}, {"calls", r.calls},
                  {"p50_ms", r.p50_ms}, {"p99_ms", r.p99_ms}, {"prepare_ms", r.prepare_ms},
                  {"served_ms", r.served_ms}, {"deliver_ms", r.deliver_ms},

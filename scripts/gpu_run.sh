@@ -181,7 +181,7 @@ if [[ $run_bench == 1 ]]; then
   [[ -n "$md" ]] && cat "$md" >> "$SUMMARY"
   # One call's engine steps without a transport: reference, shadow, shadow waited for.
   if [[ -x "$PACK/bin/verifyd-engine-bench" ]]; then
-    timeout 120 "$PACK/bin/verifyd-engine-bench" --engine cuda --out "$OUT" \
+    timeout 120 "$PACK/bin/verifyd-engine-bench" --engine cuda --commit "$COMMIT" --out "$OUT" \
       > "$OUT/engine_bench.log" 2>&1
     rc=$?
     [[ $rc == 0 ]] || status=1
