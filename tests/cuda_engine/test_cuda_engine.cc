@@ -506,6 +506,64 @@ TEST(CudaEngine, WarmPathTimes) {
   }
 }
 
+// Inputs the GPU reads where they are (a CUDA IPC region's q and a shared pool): prepared with
+// detach, the bundle is a snapshot (q and the named pages copied by one gather launch), so
+// overwriting the client's memory afterwards changes neither path's output.
+TEST(CudaEngine, ADetachedBundleOfDeviceInputsIsASnapshot) {
+  REQUIRE_GPU_ENGINE();
+  for (int page : {1, 16, 64}) {
+    SCOPED_TRACE(testing::Message() << "page " << page);
+    RandomBundleSpec s;
+    s.batch = 3;
+    s.draft = 5;
+    s.heads = 16;
+    s.page_size = page;
+    s.prefix = 301;
+    s.seed = 900 + page;
+    RandomBundle rb(s);
+    const BundleView host = rb.view();
+    PathOutput want_ref, want_cus;
+    {
+      auto pb = Gpu()->Prepare(host, false);
+      ASSERT_TRUE(pb.ok()) << pb.status();
+      ASSERT_TRUE(Gpu()->Run(Path::kReference, **pb).ok());
+      ASSERT_TRUE(Gpu()->Fetch(Path::kReference, **pb, &want_ref).ok());
+      ASSERT_TRUE(Gpu()->Run(Path::kCustom, **pb).ok());
+      ASSERT_TRUE(Gpu()->Fetch(Path::kCustom, **pb, &want_cus).ok());
+    }
+    const size_t q_bytes = size_t(host.q_elems()) * 2, kv_bytes = size_t(host.kv_elems()) * 2;
+    void* q = nullptr;
+    void* kv = nullptr;
+    ASSERT_EQ(cudaMalloc(&q, q_bytes), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&kv, kv_bytes), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(q, host.q, q_bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(kv, host.kv_pool, kv_bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    BundleView v = host;
+    v.q = static_cast<const uint16_t*>(q);
+    v.kv_pool = static_cast<const uint16_t*>(kv);
+    v.q_device = 0;
+    v.kv_pool_device = 0;
+    v.kv_pool_shared = true;
+    auto pb = Gpu()->Prepare(v, /*detach=*/true);
+    ASSERT_TRUE(pb.ok()) << pb.status();
+    PathOutput ref, cus;
+    ASSERT_TRUE(Gpu()->Run(Path::kReference, **pb).ok());
+    ASSERT_TRUE(Gpu()->Fetch(Path::kReference, **pb, &ref).ok());
+    // The response is out: the client reuses its memory at once (NaN everywhere), and the
+    // deferred path runs after that.
+    ASSERT_EQ(cudaMemset(q, 0xff, q_bytes), cudaSuccess);
+    ASSERT_EQ(cudaMemset(kv, 0xff, kv_bytes), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_TRUE(Gpu()->Run(Path::kCustom, **pb).ok());
+    ASSERT_TRUE(Gpu()->Fetch(Path::kCustom, **pb, &cus).ok());
+    EXPECT_TRUE(ref.o == want_ref.o);
+    EXPECT_TRUE(cus.o == want_cus.o);
+    pb->reset();
+    cudaFree(q);
+    cudaFree(kv);
+  }
+}
+
 // Many gRPC threads share one engine: every thread's results equal the single-threaded ones.
 TEST(CudaEngine, ConcurrentCallsGiveTheSameResults) {
   REQUIRE_GPU_ENGINE();

@@ -17,6 +17,7 @@
 #include "kernels/reference/finite_check_kernels.h"
 #include "src/engine/cuda/device_diff_stats.h"
 #include "kernels/reference/oracle_kernel.h"
+#include "kernels/reference/page_gather_kernels.h"
 #include "kernels/reference/reference_attention.h"
 #include "kernels/reference/reference_plan.h"
 #include "src/bundle/random_bundle.h"
@@ -241,6 +242,53 @@ TEST(ReferenceKernel, UnalignedKvPoolGivesTheSameOutput) {
   const RefRun b = RunReferencePlanned(unaligned, v.o_elems(), v.lse_elems(), plan);
   EXPECT_TRUE(a.o == b.o);
   EXPECT_TRUE(std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 4) == 0);
+}
+
+// The snapshot's gather: the named pages in order, and a range (q) in the same launch, with odd
+// page and range sizes; a range off 16-byte alignment is refused.
+TEST(GatherKernel, CopiesTheNamedPagesAndARangeInOneLaunch) {
+  VERIFYD_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(61);
+  for (int64_t page_bytes : {int64_t{1152}, int64_t{16 * 1152}, int64_t{64 * 1152}}) {
+    for (int64_t range_bytes : {int64_t{0}, int64_t{16}, int64_t{1152 * 37}, int64_t{1 << 20}}) {
+      SCOPED_TRACE(testing::Message() << "page " << page_bytes << " range " << range_bytes);
+      const int64_t pool_pages = 29, n = 17;
+      std::vector<char> pool(pool_pages * page_bytes), range(range_bytes);
+      for (char& c : pool) c = static_cast<char>(rng());
+      for (char& c : range) c = static_cast<char>(rng());
+      std::vector<int32_t> pages(n);
+      for (int32_t& p : pages) p = static_cast<int32_t>(rng() % pool_pages);
+      DeviceBytes d_pool(pool.size()), d_pages(n * 4), d_out(n * page_bytes + 64),
+          d_range(range_bytes + 16), d_range_out(range_bytes + 64);
+      Upload(d_pool.get(), pool.data(), pool.size());
+      Upload(d_pages.get(), pages.data(), n * 4);
+      Upload(d_range.get(), range.data(), range_bytes);
+      CUDA_OK(cudaMemset(d_out.get(), 0x5a, n * page_bytes + 64));
+      CUDA_OK(cudaMemset(d_range_out.get(), 0x5a, range_bytes + 64));
+      const kernels::CopyRange also{d_range.get(), d_range_out.get(), range_bytes};
+      CUDA_OK(kernels::LaunchGatherPages(d_pool.get(), reinterpret_cast<int32_t*>(d_pages.get()),
+                                         n, page_bytes, d_out.get(), nullptr, also));
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<char> out = Download<char>(d_out.get(), n * page_bytes + 64);
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(std::memcmp(out.data() + i * page_bytes, pool.data() + pages[i] * page_bytes,
+                              page_bytes),
+                  0)
+            << "page " << i;
+      }
+      for (int64_t i = n * page_bytes; i < n * page_bytes + 64; ++i) ASSERT_EQ(out[i], 0x5a);
+      const std::vector<char> r = Download<char>(d_range_out.get(), range_bytes + 64);
+      EXPECT_EQ(std::memcmp(r.data(), range.data(), range_bytes), 0);
+      for (int64_t i = range_bytes; i < range_bytes + 64; ++i) ASSERT_EQ(r[i], 0x5a);
+    }
+  }
+  DeviceBytes a(64), b(64);
+  EXPECT_EQ(kernels::LaunchGatherPages(a.get(), nullptr, 0, 1152, b.get(), nullptr,
+                                       kernels::CopyRange{a.get(8), b.get(), 32}),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::LaunchGatherPages(a.get(), nullptr, 0, 1152, b.get(), nullptr,
+                                       kernels::CopyRange{a.get(), b.get(), 24}),
+            cudaErrorInvalidValue);
 }
 
 TEST(OracleKernel, MatchesTheCpuOracle) {
