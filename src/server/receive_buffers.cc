@@ -104,7 +104,9 @@ absl::StatusOr<ReceiveBuffers::Message::Block> ReceiveBuffers::Take(uint64_t cap
   }
   b.base = static_cast<char*>(p);
   b.capacity = capacity;
-  if (pin_) {
+  // A buffer larger than the pool keeps is freed after its call: pinning it would cost more than
+  // the staging copy it saves.
+  if (pin_ && capacity <= keep_bytes_) {
     const absl::Time t = absl::Now();
     absl::StatusOr<std::function<void()>> unpin = pin_(b.base, capacity);
     if (unpin.ok()) {

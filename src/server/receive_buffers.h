@@ -53,8 +53,9 @@ class ReceiveBuffers {
     uint64_t size_ = 0;
   };
 
-  // `pin`: makes a buffer readable by the engine's devices (null: nothing is pinned). Buffers
-  // are pinned only when the pool keeps any (keep_bytes > 0): one used once is not worth it.
+  // `pin`: makes a buffer readable by the engine's devices (null: nothing is pinned). Only
+  // buffers the pool can keep are pinned (none when keep_bytes is 0): one used once is not worth
+  // it.
   ReceiveBuffers(uint64_t keep_bytes, RegionRegistry::HostPinner pin);
   ~ReceiveBuffers();
   ReceiveBuffers(const ReceiveBuffers&) = delete;

@@ -142,6 +142,22 @@ TEST(ReceiveBuffers, NothingIsPinnedWhenNothingIsKept) {
   EXPECT_EQ(pool.stats().buffers, 0);
 }
 
+TEST(ReceiveBuffers, ABufferLargerThanThePoolKeepsIsNotPinned) {
+  std::mt19937 rng(31);
+  CountingPinner pinner;
+  ReceiveBuffers pool(3 * kMiB, pinner.fn());
+  for (int i = 0; i < 3; ++i) {
+    const std::string text = RandomBytes(4 * kMiB + 1, rng);  // the 8 MiB class
+    grpc::ByteBuffer in = Sliced(text, 6, rng);
+    absl::StatusOr<ReceiveBuffers::Message> m = pool.Receive(in);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(m->bytes(), text);
+    EXPECT_EQ(pool.stats().pinned_bytes, 0u);
+  }
+  EXPECT_EQ(pinner.pins.load(), 0);
+  EXPECT_EQ(pool.stats().buffers, 0);
+}
+
 TEST(ReceiveBuffers, AFailedPinLeavesTheMessageWholeAndTheBufferUnpinned) {
   std::mt19937 rng(19);
   CountingPinner pinner;
