@@ -2,7 +2,8 @@
 // verifyd.v1.VerifyService over gRPC: the unary call and the bidirectional stream. Messages
 // arrive as raw bytes and are parsed here, so that a message that cannot be parsed, one over the
 // size limit or one that does not fit the memory budget gets a clear error (in band on the
-// stream, which goes on) and is counted. The wire bytes are freed once parsed.
+// stream, which goes on) and is counted. gRPC's wire bytes are freed once copied into a receive
+// buffer (ReceiveBuffers), where the message is parsed in place and stays until its call ends.
 
 #include <chrono>
 #include <cstdint>
