@@ -69,10 +69,8 @@ bool CopyTensor(absl::string_view tensor, std::string* out,
   return !os.HadError();
 }
 
-}  // namespace
-
-bool ParseRequestInPlace(absl::string_view wire, v1::VerifyRequest* req, InPlaceTensors* bulk) {
-  *bulk = InPlaceTensors();
+// ParseRequestInPlace's walk; `bulk` may be half filled when it fails.
+bool Walk(absl::string_view wire, v1::VerifyRequest* req, InPlaceTensors* bulk) {
   if (wire.size() > static_cast<size_t>(INT_MAX)) return false;
   const int size = static_cast<int>(wire.size());
   std::string small;  // the message without the bulk
@@ -104,11 +102,16 @@ bool ParseRequestInPlace(absl::string_view wire, v1::VerifyRequest* req, InPlace
     }
     if (os.HadError()) return false;
   }
-  if (!req->ParseFromString(small)) {
-    *bulk = InPlaceTensors();
-    return false;
-  }
-  return true;
+  return req->ParseFromString(small);
+}
+
+}  // namespace
+
+bool ParseRequestInPlace(absl::string_view wire, v1::VerifyRequest* req, InPlaceTensors* bulk) {
+  *bulk = InPlaceTensors();
+  if (Walk(wire, req, bulk)) return true;
+  *bulk = InPlaceTensors();
+  return false;
 }
 
 }  // namespace verifyd

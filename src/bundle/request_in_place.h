@@ -20,7 +20,8 @@ struct InPlaceTensors {
 };
 
 // What VerifyRequest::ParseFromArray(wire) gives, except that q's and kv_pool's raw_contents are
-// left in `wire` and named in `bulk`. False where ParseFromArray would fail.
+// left in `wire` and named in `bulk`. False where ParseFromArray would fail; `bulk` is then
+// empty.
 bool ParseRequestInPlace(absl::string_view wire, v1::VerifyRequest* req, InPlaceTensors* bulk);
 
 }  // namespace verifyd

@@ -34,7 +34,10 @@ void ExpectSameAsProtobuf(const std::string& wire) {
   InPlaceTensors bulk;
   const bool ok = whole.ParseFromString(wire);
   ASSERT_EQ(ParseRequestInPlace(wire, &req, &bulk), ok);
-  if (!ok) return;
+  if (!ok) {
+    EXPECT_FALSE(bulk.q || bulk.kv_pool) << "a refused message names no bulk";
+    return;
+  }
   EXPECT_EQ(Restored(req, bulk).SerializeAsString(), whole.SerializeAsString());
   for (const auto& b : {bulk.q, bulk.kv_pool}) {
     if (b) {
