@@ -2,12 +2,15 @@
 // An in-process verifyd on port 0 and a Unix socket, with clients for both services.
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
@@ -100,6 +103,26 @@ inline double MetricValue(const std::string& text, const std::string& series) {
   const size_t at = text.find("\n" + series + " ");
   if (at == std::string::npos) return -1;
   return std::stod(text.substr(at + series.size() + 2));
+}
+
+// One unary call of `method` with raw bytes, as any client could send them; waits for its status.
+inline grpc::Status RawUnaryCall(const std::string& target, const std::string& method,
+                                 grpc::ByteBuffer* req, grpc::ByteBuffer* resp) {
+  grpc::GenericStub generic(Channel(target));
+  grpc::ClientContext ctx;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  grpc::Status status;
+  generic.UnaryCall(&ctx, method, grpc::StubOptions(), req, resp, [&](grpc::Status s) {
+    std::lock_guard<std::mutex> l(mu);
+    status = s;
+    done = true;
+    cv.notify_all();
+  });
+  std::unique_lock<std::mutex> l(mu);
+  cv.wait(l, [&] { return done; });
+  return status;
 }
 
 inline std::string Scrape(int port) {

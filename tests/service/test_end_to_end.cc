@@ -7,12 +7,9 @@
 #include <sys/stat.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstring>
-#include <mutex>
 #include <thread>
 
-#include "grpcpp/generic/generic_stub.h"
 #include "tests/service/daemon_fixture.h"
 
 namespace verifyd {
@@ -27,23 +24,10 @@ using testing::MetricValue;
 // grpc.health.v1.Health/Check for the whole server; returns the serialized HealthCheckResponse
 // ("\x08\x01" = SERVING, "\x08\x02" = NOT_SERVING).
 std::string Health(const std::string& target) {
-  grpc::GenericStub generic(testing::Channel(target));
-  grpc::ClientContext ctx;
   grpc::Slice empty("");
   grpc::ByteBuffer req(&empty, 1), resp;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  grpc::Status status;
-  generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &req, &resp,
-                    [&](grpc::Status s) {
-                      std::lock_guard<std::mutex> l(mu);
-                      status = s;
-                      done = true;
-                      cv.notify_all();
-                    });
-  std::unique_lock<std::mutex> l(mu);
-  cv.wait(l, [&] { return done; });
+  const grpc::Status status =
+      testing::RawUnaryCall(target, "/grpc.health.v1.Health/Check", &req, &resp);
   EXPECT_TRUE(status.ok()) << status.error_message();
   std::vector<grpc::Slice> slices;
   EXPECT_TRUE(resp.Dump(&slices).ok());
