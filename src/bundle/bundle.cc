@@ -1,28 +1,33 @@
 #include "src/bundle/bundle.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace verifyd {
 
+// q's and the pool's bf16 values are copied as bytes: inline bytes read in place
+// (ParseRequestInPlace) may start at any address, where a uint16_t load is undefined.
 OwnedBundle::OwnedBundle(const BundleView& v)
-    : q_(v.q, v.q + v.q_elems()),
+    : q_(static_cast<size_t>(v.q_elems())),
       kv_indptr_(v.kv_indptr, v.kv_indptr + v.shape.batch + 1),
       kv_indices_(v.kv_indices, v.kv_indices + v.shape.num_indices),
       kv_lens_(v.kv_lens, v.kv_lens + v.shape.batch),
       tree_mask_(v.tree_mask, v.tree_mask + v.mask_bytes()),
       view_(v) {
+  std::memcpy(q_.data(), v.q, q_.size() * 2);
   if (v.kv_pool_shared) {
     const int64_t page_elems = int64_t{v.shape.page_size} * kernels::kHeadDimQK;
     kv_pool_.resize(static_cast<size_t>(v.shape.num_indices * page_elems));
     for (int64_t i = 0; i < v.shape.num_indices; ++i) {
-      std::copy_n(v.kv_pool + v.kv_indices[i] * page_elems, page_elems,
-                  kv_pool_.data() + i * page_elems);
+      std::memcpy(kv_pool_.data() + i * page_elems, v.kv_pool + v.kv_indices[i] * page_elems,
+                  static_cast<size_t>(page_elems) * 2);
       kv_indices_[i] = static_cast<int32_t>(i);
     }
     view_.shape.num_pages = v.shape.num_indices;
     view_.kv_pool_shared = false;
   } else {
-    kv_pool_.assign(v.kv_pool, v.kv_pool + v.kv_elems());
+    kv_pool_.resize(static_cast<size_t>(v.kv_elems()));
+    std::memcpy(kv_pool_.data(), v.kv_pool, kv_pool_.size() * 2);
   }
   PointViewAtStorage();
 }

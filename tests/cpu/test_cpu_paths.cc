@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -249,6 +250,47 @@ TEST(CpuEngine, RunsFetchesAndCompares) {
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_LT(d->rel_l2, kCustomMaxRelL2);
   EXPECT_FALSE(engine->Compare(**pb, Path::kOracle, Path::kCustom, Tolerance{}).ok());
+}
+
+// Inline bytes parsed in place (gRPC's receive buffers, call channels) can put q and the pool at
+// odd addresses: every path and the bundle's own copy give what they give on aligned memory.
+TEST(CpuEngine, InputsAtOddAddressesGiveTheAlignedOutputs) {
+  RandomBundleSpec s;
+  s.batch = 2;
+  s.draft = 3;
+  s.heads = 4;
+  s.page_size = 16;
+  s.prefix = 45;
+  s.seed = 53;
+  RandomBundle rb(s);
+  const BundleView& v = rb.view();
+  const size_t q_bytes = size_t(v.q_elems()) * 2, kv_bytes = size_t(v.kv_elems()) * 2;
+  std::vector<char> q(q_bytes + 1), kv(kv_bytes + 1);
+  std::memcpy(q.data() + 1, v.q, q_bytes);
+  std::memcpy(kv.data() + 1, v.kv_pool, kv_bytes);
+  BundleView odd = v;
+  odd.q = reinterpret_cast<const uint16_t*>(q.data() + 1);
+  odd.kv_pool = reinterpret_cast<const uint16_t*>(kv.data() + 1);
+  auto engine = MakeCpuEngine(2, kSmallTiles);
+  for (bool detach : {false, true}) {
+    auto want = engine->Prepare(v, false);
+    auto got = engine->Prepare(odd, detach);
+    ASSERT_TRUE(want.ok() && got.ok());
+    for (Path p : {Path::kReference, Path::kCustom, Path::kOracle}) {
+      ASSERT_TRUE(engine->Run(p, **want).ok());
+      ASSERT_TRUE(engine->Run(p, **got).ok());
+      PathOutput a, b;
+      ASSERT_TRUE(engine->Fetch(p, **want, &a).ok());
+      ASSERT_TRUE(engine->Fetch(p, **got, &b).ok());
+      EXPECT_EQ(a.o, b.o) << PathName(p);
+      EXPECT_EQ(a.o_f32, b.o_f32) << PathName(p);
+      EXPECT_EQ(a.lse, b.lse) << PathName(p);
+    }
+    auto inputs = engine->FetchInputs(**got);
+    ASSERT_TRUE(inputs.ok());
+    EXPECT_EQ(std::memcmp((*inputs)->view().q, v.q, q_bytes), 0);
+    EXPECT_EQ(std::memcmp((*inputs)->view().kv_pool, v.kv_pool, kv_bytes), 0);
+  }
 }
 
 TEST(CpuEngine, ConcurrentRequestsGiveTheSerialAnswer) {

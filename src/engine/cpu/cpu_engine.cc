@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <map>
 #include <optional>
@@ -81,7 +82,11 @@ class CpuEngine : public Engine {
     if (!bundle.on_host()) {
       return absl::FailedPreconditionError("q: the CPU engine reads host memory only");
     }
-    return std::make_shared<CpuPreparedBundle>(bundle, detach);
+    // The paths read bf16 with uint16_t loads; inline bytes read in place may start at an odd
+    // address, and are then copied first.
+    const bool aligned = reinterpret_cast<uintptr_t>(bundle.q) % alignof(uint16_t) == 0 &&
+                         reinterpret_cast<uintptr_t>(bundle.kv_pool) % alignof(uint16_t) == 0;
+    return std::make_shared<CpuPreparedBundle>(bundle, detach || !aligned);
   }
 
   absl::Status Run(Path path, PreparedBundle& pb) override { return RunPath(path, pb, nullptr); }
