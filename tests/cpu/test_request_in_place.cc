@@ -155,6 +155,34 @@ TEST(RequestInPlace, TruncatedAndCorruptedBytesParseAsProtobufSays) {
   ExpectSameAsProtobuf(std::string("\x12\x05\x1a\x10", 4));  // raw_contents past its tensor
 }
 
+// Lengths and values in more bytes than they need: protobuf's parser takes a size in at most
+// five bytes and a varint in at most ten. What the in-place parse rewrites (q's and kv_pool's
+// length, raw_contents) must be read under the same rules, and what it copies must stay as sent.
+TEST(RequestInPlace, OverlongEncodingsParseAsProtobufSays) {
+  const std::string q_tag("\x12", 1), pool_tag("\x1a", 1), raw_tag("\x1a", 1);
+  // `len` bytes of payload announced in `n` bytes (padded with continuation bytes).
+  auto size = [](uint32_t len, int n) {
+    std::string s;
+    for (int i = 0; i < n - 1; ++i, len >>= 7) s.push_back(static_cast<char>(0x80 | (len & 0x7f)));
+    s.push_back(static_cast<char>(len));
+    return s;
+  };
+  for (int n = 1; n <= 7; ++n) {
+    SCOPED_TRACE(n);
+    const std::string raw = raw_tag + size(2, n) + "ab";  // a tensor's raw_contents "ab"
+    ExpectSameAsProtobuf(q_tag + size(static_cast<uint32_t>(raw.size()), n) + raw);
+    ExpectSameAsProtobuf(pool_tag + size(static_cast<uint32_t>(raw.size()), 1) + raw);
+    ExpectSameAsProtobuf(std::string("\x0a", 1) + size(1, n) + "x");  // request_id
+    const std::string shm = std::string("\x22", 1) + size(0, n);         // an empty shm
+    ExpectSameAsProtobuf(q_tag + size(static_cast<uint32_t>(shm.size()), 1) + shm);
+    ExpectSameAsProtobuf(std::string("\xa8\x06", 2) + size(5, n));    // field 101, varint
+  }
+  // The fifth byte of a size above 7 is 2 GiB or more; a varint of eleven bytes never ends.
+  ExpectSameAsProtobuf(q_tag + std::string("\x80\x80\x80\x80\x08", 5));
+  ExpectSameAsProtobuf(std::string("\xa8\x06", 2) + size(5, 10));
+  ExpectSameAsProtobuf(std::string("\xa8\x06", 2) + size(5, 11));
+}
+
 TEST(RequestInPlace, BulkOfTheWrongSizeIsRefusedNamingTheTensor) {
   RandomBundle b(Spec(1, 2, 2, 9, 4, 7));
   v1::VerifyRequest sent;

@@ -22,13 +22,20 @@
 namespace verifyd::fuzz {
 namespace {
 
+// One bf16 of q or the pool: bytes parsed in place may start at an odd address.
+uint16_t Load(const uint16_t* p) {
+  uint16_t x;
+  std::memcpy(&x, p, sizeof x);
+  return x;
+}
+
 // Reads everything a validated bundle lets an engine read; ASan reports any byte out of bounds.
 uint64_t Touch(const BundleView& v) {
-  uint64_t sum = v.q[0] + v.q[v.q_elems() - 1];
+  uint64_t sum = Load(v.q) + Load(v.q + v.q_elems() - 1);
   for (int b = 0; b < v.shape.batch; ++b) {
     for (int64_t t = 0; t < v.kv_lens[b]; ++t) {
       const uint16_t* row = v.KvRow(b, t);
-      sum += row[0] + row[kernels::kHeadDimQK - 1];
+      sum += Load(row) + Load(row + kernels::kHeadDimQK - 1);
     }
     for (int i = 0; i < v.shape.draft; ++i) {
       for (int j = 0; j < v.shape.draft; ++j) sum += v.MaskBit(b, i, j);
