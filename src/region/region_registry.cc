@@ -149,15 +149,9 @@ absl::StatusOr<RegionSummary> RegionRegistry::RegisterShm(const std::string& nam
   }
   absl::StatusOr<std::unique_ptr<MappedRegion>> m = MapShm(key, offset, byte_size, caller_uid);
   if (!m.ok()) return m.status();
-  if (host_pinner_) {
-    absl::StatusOr<std::function<void()>> unpin = host_pinner_((*m)->base(), byte_size);
-    if (unpin.ok()) {
-      (*m)->SetBeforeUnmap(std::move(*unpin));
-    } else {
-      spdlog::warn("region '{}': not pinned, calls stage it through a copy: {}", name,
-                   unpin.status().ToString());
-    }
-  }
+  PinnedHost pinned =
+      PinHost(host_pinner_, (*m)->base(), byte_size, absl::StrCat("region '", name, "'"));
+  if (pinned.unpin) (*m)->SetBeforeUnmap(std::move(pinned.unpin));
   auto e = std::make_shared<Entry>();
   e->info.name = name;
   e->info.kind = RegionKind::kShm;

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "src/region/host_pinning.h"
 #include "src/region/mapped_region.h"
 
 namespace verifyd {
@@ -73,9 +74,8 @@ class RegionRegistry {
   // Opens a CUDA IPC handle on a device (the engine's); FAILED_PRECONDITION when it cannot.
   using CudaOpener = std::function<absl::StatusOr<std::unique_ptr<MappedRegion>>(
       int device, const std::string& handle, uint64_t byte_size)>;
-  // Pins a shm region's host memory for the engine's copy engines (cudaHostRegister); returns
-  // what unpins it. An error leaves the region usable, through staging copies.
-  using HostPinner = std::function<absl::StatusOr<std::function<void()>>(char* base, uint64_t bytes)>;
+  // Pins a shm region's host memory for the engine's copy engines (host_pinning.h).
+  using HostPinner = verifyd::HostPinner;
   // Sees the region count and total bytes after every change (metrics).
   using Observer = std::function<void(int64_t regions, uint64_t bytes)>;
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 #include "src/channel/futex_word.h"
+#include "src/region/host_pinning.h"
 #include "src/region/shm_mapping.h"
 #include "src/server/in_band_error.h"
 
@@ -229,20 +230,11 @@ absl::StatusOr<ChannelSummary> ChannelServer::Open(const std::string& name,
   }
   absl::StatusOr<std::unique_ptr<MappedRegion>> m = MapShm(key, 0, byte_size, caller_uid);
   if (!m.ok()) return m.status();
-  absl::Duration pinning;
-  if (pin_host_) {
-    // The areas only: the header's futex words stay ordinary pages.
-    const absl::Time t = absl::Now();
-    absl::StatusOr<std::function<void()>> unpin =
-        pin_host_((*m)->base() + channel::kHeaderBytes, byte_size - channel::kHeaderBytes);
-    pinning = absl::Now() - t;
-    if (unpin.ok()) {
-      (*m)->SetBeforeUnmap(std::move(*unpin));
-    } else {
-      spdlog::warn("channel '{}': not pinned, inline tensors are staged through a copy: {}",
-                   name, unpin.status().ToString());
-    }
-  }
+  // The areas only: the header's futex words stay ordinary pages.
+  PinnedHost pinned = PinHost(pin_host_, (*m)->base() + channel::kHeaderBytes,
+                              byte_size - channel::kHeaderBytes,
+                              absl::StrCat("channel '", name, "'"));
+  if (pinned.unpin) (*m)->SetBeforeUnmap(std::move(pinned.unpin));
   ChannelSummary s;
   s.name = name;
   s.key = key;
@@ -257,7 +249,7 @@ absl::StatusOr<ChannelSummary> ChannelServer::Open(const std::string& name,
   }
   spdlog::info("channel '{}' open on '{}' ({} bytes, areas of {} bytes, client '{}'; pinned in "
                "{:.1f} ms)",
-               name, key, byte_size, g->capacity, client, absl::ToDoubleMilliseconds(pinning));
+               name, key, byte_size, g->capacity, client, absl::ToDoubleMilliseconds(pinned.took));
   Notify();
   return s;
 }

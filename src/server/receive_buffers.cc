@@ -7,8 +7,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
+#include "src/region/host_pinning.h"
 
 namespace verifyd {
 namespace {
@@ -106,18 +106,13 @@ absl::StatusOr<ReceiveBuffers::Message::Block> ReceiveBuffers::Take(uint64_t cap
   b.capacity = capacity;
   // A buffer larger than the pool keeps is freed after its call: pinning it would cost more than
   // the staging copy it saves.
-  if (pin_ && capacity <= keep_bytes_) {
-    const absl::Time t = absl::Now();
-    absl::StatusOr<std::function<void()>> unpin = pin_(b.base, capacity);
-    if (unpin.ok()) {
-      b.unpin = std::move(*unpin);
-      if (b.unpin) {
-        spdlog::info("receive buffer of {} MiB pinned in {:.1f} ms", capacity >> 20,
-                     absl::ToDoubleMilliseconds(absl::Now() - t));
-      }
-    } else {
-      spdlog::warn("receive buffer of {} MiB not pinned, its inputs are staged through a copy: {}",
-                   capacity >> 20, unpin.status().ToString());
+  if (capacity <= keep_bytes_) {
+    PinnedHost pinned = PinHost(pin_, b.base, capacity,
+                                absl::StrCat("receive buffer of ", capacity >> 20, " MiB"));
+    b.unpin = std::move(pinned.unpin);
+    if (b.unpin) {
+      spdlog::info("receive buffer of {} MiB pinned in {:.1f} ms", capacity >> 20,
+                   absl::ToDoubleMilliseconds(pinned.took));
     }
   }
   {
