@@ -7,10 +7,12 @@
 # GPU, overhead = p50 - that time, and shadow's added p50.
 #
 #   gpu_service_bench.sh PACK_DIR OUT_DIR [COUNT]
-#   TRANSPORTS="inline shm cuda_ipc cuda_ipc+stream cuda_ipc+channel cuda_ipc+channel+resident
-#   inline+channel" (the default; "+stream" sends on one bidirectional stream per worker instead
-#   of unary calls, "+channel" through one call channel per worker: no gRPC call per verify;
-#   "+resident": each worker writes its bundle into its region once, so calls come back to back)
+#   TRANSPORTS="inline inline+message shm cuda_ipc cuda_ipc+stream cuda_ipc+channel
+#   cuda_ipc+channel+resident inline+channel" (the default; inline unary calls send q and the pool
+#   from the client's memory, "+message" copies them into the message first as the generated stub
+#   does; "+stream" sends on one bidirectional stream per worker instead of unary calls,
+#   "+channel" through one call channel per worker: no gRPC call per verify; "+resident": each
+#   worker writes its bundle into its region once, so calls come back to back)
 #   DAEMON_FLAGS="--cuda_sync_spin_us=0 ..." (extra verifyd flags, for A/B runs)
 set -uo pipefail
 PACK=$1 OUT=$2 COUNT=${3:-300}
@@ -51,8 +53,9 @@ floor_rows() {  # ENGINE
 
 start_daemon || exit 1
 # Reference and shadow alternate, twice per configuration, so that drift hits both alike.
-for transport in ${TRANSPORTS:-inline shm cuda_ipc cuda_ipc+stream cuda_ipc+channel cuda_ipc+channel+resident inline+channel}; do
+for transport in ${TRANSPORTS:-inline inline+message shm cuda_ipc cuda_ipc+stream cuda_ipc+channel cuda_ipc+channel+resident inline+channel}; do
   how=(--transport "${transport%%+*}")
+  [[ $transport == *+message* ]] && how+=(--inline_encode message)
   [[ $transport == *+stream* ]] && how+=(--stream)
   [[ $transport == *+channel* ]] && how+=(--channel)
   [[ $transport == *+resident* ]] && how+=(--resident)
@@ -150,8 +153,8 @@ for (transport, mode, shape, conc), rs in groups.items():
     row["server_stage_seconds_p50"] = {k: mean([r["server_stage_seconds_p50"][k] for r in rs])
                                        for k in rs[0]["server_stage_seconds_p50"]}
     rows.append(row)
-order = {"inline": 0, "inline+channel": 1, "shm": 2, "cuda_ipc": 3, "cuda_ipc+stream": 4,
-         "cuda_ipc+channel": 5, "cuda_ipc+channel+resident": 6}  # then the floor rows
+order = {"inline": 0, "inline+message": 1, "inline+channel": 2, "shm": 3, "cuda_ipc": 4,
+         "cuda_ipc+stream": 5, "cuda_ipc+channel": 6, "cuda_ipc+channel+resident": 7}  # then the floor rows
 rows.sort(key=lambda r: (order.get(r["transport"], 9), r["shape"], r["concurrency"], r["mode"] != "reference"))
 try:
     memcpy = json.load(open(f"{sys.argv[2]}/memcpy.json"))
@@ -171,7 +174,9 @@ lines = [f"# verifyd service benchmark on {device}", "",
          "attention itself; tables before 2026-12-01's second run subtracted the host's time to "
          "start the path instead); each row is the mean of two runs, reference and shadow "
          "alternating. Bundle bytes: what inline carries (shm and cuda_ipc carry refs; cuda_ipc "
-         "sends the index tensors inline). +stream: one gRPC stream per worker; +channel: one "
+         "sends the index tensors inline). inline: q and the pool sent from verifyctl's memory "
+         "around the rest of the message; +message: copied into the message first, as the "
+         "generated stub sends it. +stream: one gRPC stream per worker; +channel: one "
          "call channel per worker (shared memory and a futex doorbell, no gRPC call per verify); "
          "+resident: each worker writes its bundle into its region once and calls with it every "
          "time (a stack whose KV pool stays resident), so calls come back to back; without it a "
@@ -179,7 +184,8 @@ lines = [f"# verifyd service benchmark on {device}", "",
          "Host memcpy of one bundle on this machine (median of 20): " +
          ", ".join(f"{k}: {v['bytes']/1e6:.1f} MB in {v['seconds']*1e3:.2f} ms ({v['gb_per_s']:.1f} GB/s)"
                    for k, v in memcpy.items()), "",
-         "Where the time goes: client encode (the inline message serialized once, timed by verifyctl), "
+         "Where the time goes: client encode (inline: the request's pieces made once, +message: the "
+         "message serialized once; timed by verifyctl), "
          "parse (the server parsing the message), decode (checks), prepare (inputs onto the GPU), "
          "served path (the host's time to start it), fetch/deliver (the output back, waiting for "
          "the GPU), and the rest of p50: the transport (gRPC's framing and the socket, or the "

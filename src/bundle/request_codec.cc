@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <tuple>
 
 #include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
@@ -329,10 +330,19 @@ void EncodeF32(const std::vector<int64_t>& shape, const float* data, v1::Tensor*
   SetRaw(v1::DTYPE_F32, shape, data, Count(shape) * 4, t);
 }
 
-void EncodeRequest(const BundleView& v, v1::VerifyRequest* req) {
+void EncodeRequest(const BundleView& v, v1::VerifyRequest* req, InPlaceTensors* bulk) {
   const auto& s = v.shape;
-  EncodeBf16({v.rows(), s.heads, kHeadDimQK}, v.q, req->mutable_q());
-  EncodeBf16({s.num_pages, s.page_size, kHeadDimQK}, v.kv_pool, req->mutable_kv_pool());
+  for (auto [t, data, shape, in_place] :
+       {std::tuple{req->mutable_q(), v.q, std::vector<int64_t>{v.rows(), s.heads, kHeadDimQK},
+                   bulk ? &bulk->q : nullptr},
+        std::tuple{req->mutable_kv_pool(), v.kv_pool,
+                   std::vector<int64_t>{s.num_pages, s.page_size, kHeadDimQK},
+                   bulk ? &bulk->kv_pool : nullptr}}) {
+    const int64_t bytes = Count(shape) * 2;
+    SetRaw(v1::DTYPE_BF16, shape, in_place ? static_cast<const void*>("") : data,
+           in_place ? 0 : bytes, t);
+    if (in_place) *in_place = absl::string_view(reinterpret_cast<const char*>(data), bytes);
+  }
   SetRaw(v1::DTYPE_I32, {s.batch + 1}, v.kv_indptr, (s.batch + 1) * 4, req->mutable_kv_indptr());
   SetRaw(v1::DTYPE_I32, {s.num_indices}, v.kv_indices, s.num_indices * 4,
          req->mutable_kv_indices());

@@ -36,8 +36,10 @@ absl::Status DecodeRequest(const v1::VerifyRequest& req, const RegionRegistry* r
 // Inline tensors only.
 absl::StatusOr<BundleView> DecodeRequest(const v1::VerifyRequest& req);
 
-// Fills `req` from a view (raw little-endian bytes).
-void EncodeRequest(const BundleView& v, v1::VerifyRequest* req);
+// Fills `req` from a view (raw little-endian bytes). With `bulk`, q's and kv_pool's bytes are not
+// copied into `req`: their raw_contents stay empty and `bulk` names the view's (to be sent with
+// SerializeRequestAround).
+void EncodeRequest(const BundleView& v, v1::VerifyRequest* req, InPlaceTensors* bulk = nullptr);
 
 // Output tensors: o bf16 [B*T, H, 512], lse f32 [B*T, H].
 void EncodeBf16(const std::vector<int64_t>& shape, const uint16_t* data, v1::Tensor* t);

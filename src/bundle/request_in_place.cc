@@ -127,6 +127,46 @@ bool Walk(absl::string_view wire, v1::VerifyRequest* req, InPlaceTensors* bulk) 
 
 }  // namespace
 
+uint64_t RequestPieces::size() const {
+  uint64_t n = small.size();
+  for (const Insert& i : bulk) n += i.bytes.size();
+  return n;
+}
+
+std::vector<absl::string_view> RequestPieces::Pieces() const& {
+  std::vector<absl::string_view> out;
+  size_t from = 0;
+  for (const Insert& i : bulk) {
+    if (i.at > from) out.emplace_back(small.data() + from, i.at - from);
+    if (!i.bytes.empty()) out.push_back(i.bytes);
+    from = i.at;
+  }
+  if (small.size() > from) out.emplace_back(small.data() + from, small.size() - from);
+  return out;
+}
+
+RequestPieces SerializeRequestAround(const v1::VerifyRequest& req, const InPlaceTensors& bulk) {
+  RequestPieces p;
+  req.SerializeToString(&p.small);
+  const uint32_t raw_tag = WireFormatLite::MakeTag(v1::Tensor::kRawContentsFieldNumber,
+                                                   WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
+  for (auto [field, bytes] : {std::pair{v1::VerifyRequest::kQFieldNumber, bulk.q},
+                              std::pair{v1::VerifyRequest::kKvPoolFieldNumber, bulk.kv_pool}}) {
+    if (!bytes) continue;
+    // field { raw_contents: bytes }, its bytes not copied.
+    const uint32_t n = static_cast<uint32_t>(bytes->size());
+    const size_t raw_header = CodedOutputStream::VarintSize32(raw_tag) +
+                              CodedOutputStream::VarintSize32(n);
+    AppendVarint(WireFormatLite::MakeTag(field, WireFormatLite::WIRETYPE_LENGTH_DELIMITED),
+                 &p.small);
+    AppendVarint(static_cast<uint32_t>(raw_header + n), &p.small);
+    AppendVarint(raw_tag, &p.small);
+    AppendVarint(n, &p.small);
+    p.bulk.push_back({p.small.size(), *bytes});
+  }
+  return p;
+}
+
 bool ParseRequestInPlace(absl::string_view wire, v1::VerifyRequest* req, InPlaceTensors* bulk) {
   *bulk = InPlaceTensors();
   if (Walk(wire, req, bulk)) return true;

@@ -19,6 +19,7 @@
 #include "src/bundle/random_bundle.h"
 #include "src/bundle/request_codec.h"
 #include "src/cli/cli_common.h"
+#include "src/cli/pieces_call.h"
 #include "src/channel/channel_client.h"
 #include "src/cli/send_regions.h"
 #include "verifyd/v1/verify.grpc.pb.h"
@@ -92,6 +93,9 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
     return Fail(g, "send", "--transport: inline, shm or cuda_ipc");
   }
   const bool regions = transport != SendTransport::kInline;
+  if (s.inline_encode != "pieces" && s.inline_encode != "message") {
+    return Fail(g, "send", "--inline_encode: pieces or message");
+  }
   if (s.channel && s.stream) return Fail(g, "send", "--channel and --stream: choose one");
   if ((s.check || s.scribble || s.resident) && !regions) {
     return Fail(g, "send", "--check, --scribble and --resident need --transport shm or cuda_ipc");
@@ -101,9 +105,13 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
                            "stays resident)");
   }
 
-  // Encode a few distinct bundles once; the workers reuse them.
+  // Encode a few distinct bundles once; the workers reuse them. Inline unary calls send q and the
+  // pool from the bundle's own memory (SerializeRequestAround), as a serving stack's client would:
+  // not copied into the message, nor into a serialized buffer.
   const int distinct = static_cast<int>(std::clamp<int64_t>(s.distinct, 1, s.count));
+  const bool around = !regions && !s.channel && !s.stream && s.inline_encode == "pieces";
   std::vector<v1::VerifyRequest> requests(distinct);
+  std::vector<InPlaceTensors> bulks(distinct);
   std::vector<std::unique_ptr<RandomBundle>> bundles;
   int64_t bundle_bytes = 0;
   for (int i = 0; i < distinct; ++i) {
@@ -117,26 +125,26 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
     spec.traffic = traffic;
     spec.seed = s.seed + i;
     const RandomBundle& b = *bundles.emplace_back(std::make_unique<RandomBundle>(spec));
-    EncodeRequest(b.view(), &requests[i]);
+    EncodeRequest(b.view(), &requests[i], around ? &bulks[i] : nullptr);
     requests[i].set_want_lse(s.want_lse);
     requests[i].set_compare_sync(s.compare_sync);
     requests[i].set_device(s.device);
-    bundle_bytes = requests[i].ByteSizeLong();
+    bundle_bytes = static_cast<int64_t>(SerializeRequestAround(requests[i], bulks[i]).size());
   }
 
-  // The client's own encoding of one call (what gRPC does to the message before sending it).
+  // The client's own encoding of one call (what gRPC does to the message before sending it, or
+  // the pieces it sends).
   std::vector<double> encode_s;
-  {
-    v1::VerifyRequest probe = requests[0];
-    std::string wire;
-    for (int i = 0; i < 5; ++i) {
-      const auto t = Clock::now();
-      probe.SerializeToString(&wire);
-      encode_s.push_back(std::chrono::duration<double>(Clock::now() - t).count());
-    }
+  for (int i = 0; i < 5; ++i) {
+    const auto t = Clock::now();
+    const uint64_t bytes = around ? SerializeRequestAround(requests[0], bulks[0]).size()
+                                  : requests[0].SerializeAsString().size();
+    if (bytes == 0) return Fail(g, "send", "the request encodes to nothing");
+    encode_s.push_back(std::chrono::duration<double>(Clock::now() - t).count());
   }
 
-  auto stub = v1::VerifyService::NewStub(MakeChannel(g.target));
+  const std::shared_ptr<grpc::Channel> channel = MakeChannel(g.target);
+  auto stub = v1::VerifyService::NewStub(channel);
   // Region transports: the memory, registered once, one slot per worker; with --check, each
   // bundle's inline output to compare with.
   std::unique_ptr<SendRegion> region;
@@ -192,6 +200,8 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
       }
       chan = std::move(*c);
     }
+    std::optional<PiecesCaller> pieces_caller;
+    if (around) pieces_caller.emplace(channel);
     std::unique_ptr<grpc::ClientContext> sctx;
     std::unique_ptr<grpc::ClientReaderWriter<v1::VerifyRequest, v1::VerifyResponse>> stream;
     if (s.stream) {
@@ -237,6 +247,14 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
         }
         if (resp.error_code() != 0) {
           tally.Err(resp.error_code(), resp.error_message());
+          continue;
+        }
+      } else if (pieces_caller) {
+        auto ctx = MakeContext(g, false);
+        const RequestPieces pieces = SerializeRequestAround(req, bulks[bundle]);
+        grpc::Status st = pieces_caller->Verify(ctx.get(), pieces, &resp);
+        if (!st.ok()) {
+          tally.Err(st.error_code(), st.error_message());
           continue;
         }
       } else {
@@ -293,7 +311,8 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
   const double srv50 = Percentile(tally.server_s, 0.5);
   if (g.json) {
     PrintJson({{"shape", s.shape}, {"page_size", s.page_size}, {"count", s.count},
-               {"transport", s.transport}, {"checked", tally.checked},
+               {"transport", s.transport}, {"inline_encode", around ? "pieces" : "message"},
+               {"checked", tally.checked},
                {"unchecked", tally.unchecked}, {"scribble", s.scribble},
                {"resident", s.resident},
                {"distinct", distinct}, {"traffic", s.traffic},

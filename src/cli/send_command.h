@@ -23,6 +23,10 @@ struct SendOptions {
   bool compare_sync = false;
   std::string request_id_prefix;  // request ids PREFIX-N (canary stays stable per id)
   std::string transport = "inline";  // inline, shm or cuda_ipc (see send_regions.h)
+  // Inline unary calls: "pieces" sends q and the pool from the bundle's memory
+  // (SerializeRequestAround); "message" copies them into the request message first, as the
+  // generated stub sends it.
+  std::string inline_encode = "pieces";
   int device = 0;                 // the request's device (and the cuda_ipc region's GPU)
   bool check = false;     // region transports: o must equal the inline transport's bit for bit
   bool scribble = false;  // region transports: overwrite q and the pool after each response

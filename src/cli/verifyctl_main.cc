@@ -70,6 +70,10 @@ int main(int argc, char** argv) {
                 "inline, shm (a POSIX shm region verifyctl creates) or cuda_ipc (GPU memory "
                 "verifyctl allocates, shared by CUDA IPC); regions need a unix: target")
       ->capture_default_str();
+  s->add_option("--inline_encode", send.inline_encode,
+                "inline unary calls: pieces (q and the pool sent from where they are) or message "
+                "(copied into the request message, then serialized)")
+      ->capture_default_str();
   s->add_option("--device", send.device, "the request's GPU (and the cuda_ipc region's)")
       ->capture_default_str();
   s->add_flag("--check", send.check,

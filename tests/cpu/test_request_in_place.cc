@@ -183,6 +183,86 @@ TEST(RequestInPlace, OverlongEncodingsParseAsProtobufSays) {
   ExpectSameAsProtobuf(std::string("\xa8\x06", 2) + size(5, 11));
 }
 
+std::string Concatenated(const RequestPieces& p) {
+  std::string wire;
+  for (absl::string_view piece : p.Pieces()) wire.append(piece.data(), piece.size());
+  return wire;
+}
+
+// A client's side: a request serialized around its bulk (SerializeRequestAround) is, byte for
+// byte of what protobuf parses, the request with the bulk copied in; the bulk's pieces are the
+// client's own memory, and the daemon's in-place parse finds the bulk again.
+TEST(RequestInPlace, ARequestSerializedAroundItsBulkParsesAsTheWholeRequest) {
+  for (const RandomBundleSpec& spec :
+       {Spec(1, 1, 1, 1, 1, 11), Spec(3, 5, 7, 37, 4, 12), Spec(2, 16, 16, 300, 64, 13),
+        Spec(5, 3, 2, 129, 128, 14)}) {
+    RandomBundle b(spec);
+    v1::VerifyRequest whole, around;
+    EncodeRequest(b.view(), &whole);
+    InPlaceTensors bulk;
+    EncodeRequest(b.view(), &around, &bulk);
+    for (v1::VerifyRequest* r : {&whole, &around}) {
+      r->set_request_id("call-9");
+      r->set_want_lse(true);
+    }
+    ASSERT_TRUE(bulk.q && bulk.kv_pool);
+    EXPECT_TRUE(around.q().raw_contents().empty());
+    EXPECT_LT(around.ByteSizeLong(), 4096u + static_cast<size_t>(b.view().shape.num_indices) * 4 +
+                                         static_cast<size_t>(b.view().mask_bytes()));
+
+    const RequestPieces pieces = SerializeRequestAround(around, bulk);
+    const std::string wire = Concatenated(pieces);
+    EXPECT_EQ(pieces.size(), wire.size());
+    int borrowed = 0;
+    for (absl::string_view piece : pieces.Pieces()) {
+      if (piece.data() == static_cast<const void*>(b.view().q) ||
+          piece.data() == static_cast<const void*>(b.view().kv_pool)) {
+        ++borrowed;
+      }
+    }
+    EXPECT_EQ(borrowed, 2) << "q and the pool are sent from where they are";
+
+    v1::VerifyRequest parsed;
+    ASSERT_TRUE(parsed.ParseFromString(wire));
+    EXPECT_EQ(parsed.SerializeAsString(), whole.SerializeAsString());
+    ExpectSameAsProtobuf(wire);
+
+    v1::VerifyRequest req;
+    InPlaceTensors found;
+    ASSERT_TRUE(ParseRequestInPlace(wire, &req, &found));
+    ASSERT_TRUE(found.q && found.kv_pool);
+    EXPECT_EQ(*found.q, *bulk.q);
+    EXPECT_EQ(*found.kv_pool, *bulk.kv_pool);
+    DecodedRequest d;
+    ASSERT_TRUE(DecodeRequest(req, nullptr, &d, &found).ok());
+    EXPECT_EQ(d.view.shape.num_pages, b.view().shape.num_pages);
+  }
+}
+
+TEST(RequestInPlace, ARequestSerializedAroundPartOrNoneOfItsBulk) {
+  RandomBundle b(Spec(2, 3, 4, 20, 8, 15));
+  v1::VerifyRequest whole;
+  EncodeRequest(b.view(), &whole);
+  // No bulk: one piece, protobuf's own serialization.
+  const RequestPieces none = SerializeRequestAround(whole, InPlaceTensors());
+  ASSERT_EQ(none.Pieces().size(), 1u);
+  EXPECT_EQ(Concatenated(none), whole.SerializeAsString());
+  // The pool around, q in the message.
+  v1::VerifyRequest part = whole;
+  part.mutable_kv_pool()->set_raw_contents("");
+  InPlaceTensors bulk;
+  bulk.kv_pool = whole.kv_pool().raw_contents();
+  v1::VerifyRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(Concatenated(SerializeRequestAround(part, bulk))));
+  EXPECT_EQ(parsed.SerializeAsString(), whole.SerializeAsString());
+  // Bytes left in the message where the bulk is named are overridden; empty bulk is sent empty.
+  bulk.q = absl::string_view();
+  ASSERT_TRUE(parsed.ParseFromString(Concatenated(SerializeRequestAround(whole, bulk))));
+  EXPECT_EQ(parsed.q().contents_case(), v1::Tensor::kRawContents);
+  EXPECT_TRUE(parsed.q().raw_contents().empty());
+  EXPECT_EQ(parsed.kv_pool().raw_contents(), whole.kv_pool().raw_contents());
+}
+
 TEST(RequestInPlace, BulkOfTheWrongSizeIsRefusedNamingTheTensor) {
   RandomBundle b(Spec(1, 2, 2, 9, 4, 7));
   v1::VerifyRequest sent;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 
 #include "src/bundle/request_codec.h"
+#include "src/bundle/request_in_place.h"
 #include "src/channel/channel_layout.h"
 #include "src/bundle/validate.h"
 #include "src/control/state_store.h"
@@ -103,6 +104,16 @@ absl::Status Request(const uint8_t* data, size_t size) {
   }
   if (restored.SerializeAsString() != whole.SerializeAsString()) {
     return absl::InternalError("ParseRequestInPlace differs from protobuf's parse");
+  }
+  // And back, as a client sends it: serialized around the bulk, it parses as the whole message.
+  std::string around;
+  const RequestPieces pieces = SerializeRequestAround(req, bulk);
+  for (absl::string_view piece : pieces.Pieces()) {
+    around.append(piece.data(), piece.size());
+  }
+  v1::VerifyRequest back;
+  if (!back.ParseFromString(around) || back.SerializeAsString() != whole.SerializeAsString()) {
+    return absl::InternalError("SerializeRequestAround does not give the request back");
   }
   DecodedRequest d;
   if (absl::Status st = DecodeRequest(req, &FuzzRegions(), &d, &bulk); !st.ok()) return st;

@@ -40,6 +40,16 @@ json "$dir/err.json" 'j["code"] == "FAILED_PRECONDITION"' || fail "json error: $
 
 ctl send --shape 2,3,8,54 --page_size 16 --count 4 --json >"$dir/send.json" || fail "send"
 grep -q '"ok": 4' "$dir/send.json" || fail "send did not get 4 answers: $(cat "$dir/send.json")"
+# Inline calls as pieces (the default) and as one message: both served, the way reported.
+json "$dir/send.json" 'j["inline_encode"] == "pieces"' || fail "inline_encode: $(cat "$dir/send.json")"
+ctl send --shape 2,3,8,54 --page_size 16 --count 2 --inline_encode message --json \
+  >"$dir/send_msg.json" || fail "send --inline_encode message"
+json "$dir/send_msg.json" 'j["ok"] == 2 and j["inline_encode"] == "message"' \
+  || fail "send --inline_encode message: $(cat "$dir/send_msg.json")"
+if ctl send --count 1 --inline_encode bogus >/dev/null 2>"$dir/err"; then
+  fail "--inline_encode bogus passed"
+fi
+grep -q -- "--inline_encode" "$dir/err" || fail "no field named for a bad --inline_encode"
 ctl send --shape 1,4,2,40 --page_size 16 --count 2 --traffic realistic --json \
   >"$dir/send_real.json" || fail "send --traffic realistic"
 grep -q '"traffic": "realistic"' "$dir/send_real.json" || fail "traffic model not reported"

@@ -1,6 +1,7 @@
 // gRPC request messages are received into pooled host buffers and parsed there in place: the
 // pool's accounting, pinning and limits, and, over real gRPC, calls of odd sizes served bit for
-// bit through those buffers on the unary call and the stream.
+// bit through those buffers on the unary call and the stream, and sent by a client as pieces
+// (q and the pool from the client's own memory).
 
 #include <algorithm>
 #include <atomic>
@@ -9,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "src/bundle/request_in_place.h"
+#include "src/cli/pieces_call.h"
 #include "src/server/receive_buffers.h"
 #include "tests/service/daemon_fixture.h"
 
@@ -206,6 +209,42 @@ TEST_F(ReceiveService, InlineCallsOfOddSizesAreServedBitForBitOnTheCallAndTheStr
     EXPECT_GE(pinned, double(kMiB));
   } else {
     EXPECT_EQ(pinned, 0);
+  }
+}
+
+// verifyctl's inline calls: q and the pool are not in the message but sent from where they lie.
+TEST_F(ReceiveService, ARequestSentAsPiecesIsServedAsTheWholeMessage) {
+  StartDaemon(testing::TestOptions(testing::TestDir("recv")));
+  cli::PiecesCaller caller(testing::Channel(tcp_));
+  std::mt19937 rng(31);
+  for (int i = 0; i < 3; ++i) {
+    const int draft = 1 + static_cast<int>(rng() % 9);
+    const int64_t prefix = static_cast<int64_t>(rng() % 3000);
+    const int page = 1 << (rng() % 7);
+    v1::VerifyRequest req = testing::SmallRequest(200 + i, draft, prefix, page);
+    req.set_request_id("pieces-" + std::to_string(i));
+    const std::string want = LocalOutput(req, Path::kReference);
+    // The client's memory: q and the pool outside the message.
+    const std::string q = req.q().raw_contents(), pool = req.kv_pool().raw_contents();
+    req.mutable_q()->set_raw_contents("");
+    req.mutable_kv_pool()->set_raw_contents("");
+    InPlaceTensors bulk;
+    bulk.q = q;
+    bulk.kv_pool = pool;
+    grpc::ClientContext ctx;
+    v1::VerifyResponse resp;
+    const grpc::Status st = caller.Verify(&ctx, SerializeRequestAround(req, bulk), &resp);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    EXPECT_TRUE(resp.error_message().empty()) << resp.error_message();
+    EXPECT_EQ(resp.request_id(), req.request_id());
+    EXPECT_EQ(resp.o().raw_contents(), want) << "call " << i;
+
+    // A pool one byte short is refused naming it, and the caller goes on.
+    bulk.kv_pool = absl::string_view(pool).substr(1);
+    grpc::ClientContext bad_ctx;
+    const grpc::Status bad = caller.Verify(&bad_ctx, SerializeRequestAround(req, bulk), &resp);
+    EXPECT_EQ(bad.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(bad.error_message().rfind("kv_pool", 0), 0u) << bad.error_message();
   }
 }
 
