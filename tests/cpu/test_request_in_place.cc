@@ -7,6 +7,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "src/bundle/random_bundle.h"
@@ -54,10 +55,14 @@ RandomBundleSpec Spec(int b, int t, int h, int64_t prefix, int page, uint64_t se
   return s;
 }
 
+// Bundles of odd sizes, page 1 to 128, seeded from `seed` on.
+std::vector<RandomBundleSpec> OddSpecs(uint64_t seed) {
+  return {Spec(1, 1, 1, 1, 1, seed), Spec(3, 5, 7, 37, 4, seed + 1),
+          Spec(2, 16, 16, 300, 64, seed + 2), Spec(5, 3, 2, 129, 128, seed + 3)};
+}
+
 TEST(RequestInPlace, RandomRequestsLeaveOnlyTheBulkInPlace) {
-  for (const RandomBundleSpec& spec :
-       {Spec(1, 1, 1, 1, 1, 1), Spec(3, 5, 7, 37, 4, 2), Spec(2, 16, 16, 300, 64, 3),
-        Spec(5, 3, 2, 129, 128, 4)}) {
+  for (const RandomBundleSpec& spec : OddSpecs(1)) {
     RandomBundle b(spec);
     v1::VerifyRequest sent;
     EncodeRequest(b.view(), &sent);
@@ -193,9 +198,7 @@ std::string Concatenated(const RequestPieces& p) {
 // byte of what protobuf parses, the request with the bulk copied in; the bulk's pieces are the
 // client's own memory, and the daemon's in-place parse finds the bulk again.
 TEST(RequestInPlace, ARequestSerializedAroundItsBulkParsesAsTheWholeRequest) {
-  for (const RandomBundleSpec& spec :
-       {Spec(1, 1, 1, 1, 1, 11), Spec(3, 5, 7, 37, 4, 12), Spec(2, 16, 16, 300, 64, 13),
-        Spec(5, 3, 2, 129, 128, 14)}) {
+  for (const RandomBundleSpec& spec : OddSpecs(11)) {
     RandomBundle b(spec);
     v1::VerifyRequest whole, around;
     EncodeRequest(b.view(), &whole);
