@@ -22,15 +22,24 @@ class CallContext {
   CallContext(const CallContext&) = delete;
   CallContext& operator=(const CallContext&) = delete;
 
-  // OK while the client waits; DEADLINE_EXCEEDED past its deadline, CANCELLED once it went away.
-  // Once abandoned, stays so. Thread-safe.
+  // The deadline gRPC gives the server is the client's remaining time counted from when the
+  // call's headers arrived, so it falls a little after the client's own; when the client's
+  // passes, its cancellation can arrive first. A cancellation seen this close to the deadline is
+  // the deadline's.
+  static constexpr std::chrono::milliseconds kDeadlineSkew{100};
+
+  // OK while the client waits; DEADLINE_EXCEEDED past its deadline (or cancelled within
+  // kDeadlineSkew of it), CANCELLED once it went away. Once abandoned, stays so. Thread-safe.
   absl::Status Check() const {
     int code = abandoned_.load(std::memory_order_relaxed);
     if (code == 0) {
-      if (Clock::now() >= deadline_) {
+      const Clock::time_point now = Clock::now();
+      if (now >= deadline_) {
         code = static_cast<int>(absl::StatusCode::kDeadlineExceeded);
       } else if (cancelled_ && cancelled_()) {
-        code = static_cast<int>(absl::StatusCode::kCancelled);
+        code = static_cast<int>(deadline_ - now <= kDeadlineSkew
+                                    ? absl::StatusCode::kDeadlineExceeded
+                                    : absl::StatusCode::kCancelled);
       } else {
         return absl::OkStatus();
       }
