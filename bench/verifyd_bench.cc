@@ -134,194 +134,261 @@ struct Options {
   std::string out_dir = ".";
   std::string commit = VERIFYD_GIT_COMMIT;
   std::vector<int> pages = {1, 64};
-  std::vector<std::string> paths = {"custom",     "custom-v3",      "custom-v4",
-                                    "custom-v4k", "custom-v4c",     "custom-v5",     "custom-v5s",
-                                    "custom-qkwgmma", "custom-mma", "custom-sm120cfg",
-                                    "reference"};
+  std::vector<std::string> paths = {"custom",     "custom-v3",       "custom-v4",  "custom-v4k",
+                                    "custom-v4c", "custom-v5",       "custom-v5s", "custom-qkwgmma",
+                                    "custom-mma", "custom-sm120cfg", "reference"};
   double seconds_per_row = 0.25;
   int max_shapes = 0;
-  int shape_index = -1;  // >= 0: only kShapes[shape_index] (for profiling one launch)
+  int shape_index = -1;              // >= 0: only kShapes[shape_index] (for profiling one launch)
   std::vector<std::string> bundles;  // --bundle files; empty: the random shapes above
 };
 
-int Run(const Options& opt) {
-  cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+// The custom kernel's score schedule a --paths name asks for.
+kernels::CustomScoreMma ScoreMmaOf(const std::string& path) {
+  return path == "custom-mma"       ? kernels::CustomScoreMma::kMmaSync
+         : path == "custom-qkwgmma" ? kernels::CustomScoreMma::kWgmmaScores
+         : path == "custom-v3"      ? kernels::CustomScoreMma::kWgmmaV3
+         : path == "custom-v4"      ? kernels::CustomScoreMma::kWgmmaSeesaw
+         : path == "custom-v4k"     ? kernels::CustomScoreMma::kWgmmaSeesawSplitK
+         : path == "custom-v4c"     ? kernels::CustomScoreMma::kWgmmaSeesaw2Chain
+         : path == "custom-v5"      ? kernels::CustomScoreMma::kWgmmaPairSeesaw
+         : path == "custom-v5s"     ? kernels::CustomScoreMma::kWgmmaPairSeesawStaggered
+                                    : kernels::CustomScoreMma::kAuto;
+}
+
+// One bundle on the device, with what every path's row on it is measured against.
+struct BundleRun {
+  BundleRun(const BundleView& view, const Shape& shape, int page_size)
+      : v(view), sh(shape), page(page_size) {}
+  const BundleView& v;
+  Shape sh;
+  int page;
+  double flops = 0, bytes = 0;          // the work and the traffic of one launch
+  double t_flop_ms = 0, t_byte_ms = 0;  // their times at the measured ceilings
+  int sets = 0;
+  std::vector<std::unique_ptr<InputSet>> in;  // rotated through so that no launch hits the L2
+  std::vector<uint16_t> ref_o;                // the reference's output of set 0, once it ran
+};
+
+class Bench {
+ public:
+  explicit Bench(const Options& opt) : opt_(opt) {}
+  int Run();
+
+ private:
+  using Launch = std::function<cudaError_t(int)>;
+
+  bool Start();
+  bool BenchBundleFiles();
+  void BenchRandomShapes();
+  void BenchOne(const BundleView& v, const Shape& sh, int page);
+  BenchRow RunPath(const std::string& path, BundleRun& b);
+  Launch PathLaunch(const std::string& path, const BundleRun& b, DevPtr<uint8_t>* ws,
+                    BenchRow* row);
+  void TimeRow(const Launch& launch, const std::string& path, BundleRun& b, BenchRow* row);
+  void WriteReport();
+
+  const Options& opt_;
+  const bool want_ref_ =
+      std::find(opt_.paths.begin(), opt_.paths.end(), "reference") != opt_.paths.end();
+  cudaDeviceProp prop_{};
+  BenchReport report_;
+  cublasHandle_t handle_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  std::vector<BenchRow> ref_rows_;  // appended after every custom row
+};
+
+int Bench::Run() {
+  if (!Start()) return 2;
+  if (!opt_.bundles.empty()) {
+    if (!BenchBundleFiles()) return 2;
+  } else {
+    BenchRandomShapes();
+  }
+  report_.rows.insert(report_.rows.end(), ref_rows_.begin(), ref_rows_.end());
+  cublasDestroy(handle_);
+  WriteReport();
+  return 0;
+}
+
+// The device, cuBLAS and the ceilings every row is judged against; false without a device or
+// cuBLAS.
+bool Bench::Start() {
+  if (cudaGetDeviceProperties(&prop_, 0) != cudaSuccess) {
     std::fprintf(stderr, "verifyd-bench: no CUDA device\n");
-    return 2;
+    return false;
   }
   cudaSetDevice(0);
-  BenchReport report;
-  report.device = prop.name;
-  report.commit = opt.commit;
-  report.date = Today();
-  report.sms = prop.multiProcessorCount;
-  cublasHandle_t handle;
-  if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) {
+  report_.device = prop_.name;
+  report_.commit = opt_.commit;
+  report_.date = Today();
+  report_.sms = prop_.multiProcessorCount;
+  if (cublasCreate(&handle_) != CUBLAS_STATUS_SUCCESS) {
     std::fprintf(stderr, "verifyd-bench: cublasCreate failed\n");
-    return 2;
+    return false;
   }
-  report.ceilings = MeasureCeilings(handle);
-  std::printf("ceilings: GEMM %.1f TFLOP/s, copy %.0f GB/s %s\n", report.ceilings.gemm_tflops,
-              report.ceilings.copy_gbps, report.ceilings.error.c_str());
-  cudaStream_t stream;
-  cudaStreamCreate(&stream);
+  report_.ceilings = MeasureCeilings(handle_);
+  std::printf("ceilings: GEMM %.1f TFLOP/s, copy %.0f GB/s %s\n", report_.ceilings.gemm_tflops,
+              report_.ceilings.copy_gbps, report_.ceilings.error.c_str());
+  cudaStreamCreate(&stream_);
+  return true;
+}
 
-  const bool want_ref =
-      std::find(opt.paths.begin(), opt.paths.end(), "reference") != opt.paths.end();
+// The --bundle files; false when one does not load or is not a valid bundle.
+bool Bench::BenchBundleFiles() {
+  for (const std::string& file : opt_.bundles) {
+    absl::StatusOr<BundleFile> f = LoadBundleFile(file);
+    absl::Status st = f.ok() ? ValidateBundle(f->view) : f.status();
+    if (!st.ok()) {
+      std::fprintf(stderr, "verifyd-bench: %s: %s\n", file.c_str(),
+                   std::string(st.message()).c_str());
+      return false;
+    }
+    const BundleView& v = f->view;
+    BenchOne(v, {v.shape.batch, v.shape.draft, v.shape.heads, v.max_kv_len - v.shape.draft},
+             v.shape.page_size);
+  }
+  return true;
+}
+
+// The built-in shapes at every --pages size, as random bundles.
+void Bench::BenchRandomShapes() {
   int shapes_done = 0;
-  std::vector<BenchRow> ref_rows;
-  // Times every requested path on one bundle (random, or from a --bundle file).
-  auto bench_one = [&](const BundleView& v, const Shape& sh, int page) {
-    const double flops = 2.0 * sh.draft * sh.heads * double(v.total_kv_len) *
-                         (kernels::kHeadDimQK + kernels::kHeadDimV);
-    const double bytes = double(v.total_kv_len) * kernels::kHeadDimQK * 2 +
-                         double(v.q_elems()) * 2 + double(v.o_elems()) * 2;
-    const double t_flop_ms = flops / (report.ceilings.gemm_tflops * 1e12) * 1e3;
-    const double t_byte_ms = bytes / (report.ceilings.copy_gbps * 1e9) * 1e3;
-
-    // Enough distinct copies that one pass over them is >= 4x the L2 cache.
-    const double set_bytes =
-        double(v.kv_elems()) * 2 + double(v.q_elems()) * 2 + double(v.o_elems()) * 2;
-    const int sets =
-        std::clamp(static_cast<int>(std::ceil(4.0 * prop.l2CacheSize / set_bytes)), 2, 16);
-    std::vector<std::unique_ptr<InputSet>> in;
-    bool ok = true;
-    for (int k = 0; k < sets && ok; ++k) {
-      in.push_back(std::make_unique<InputSet>());
-      ok = Upload(v, in.back().get()) == cudaSuccess;
-    }
-    if (!ok) {
-      std::fprintf(stderr, "upload failed for B=%d T=%d H=%d\n", sh.batch, sh.draft, sh.heads);
-      return;
-    }
-
-    std::vector<uint16_t> ref_o;
-    auto run_path = [&](const std::string& path) {
-      BenchRow row;
-      row.path = path;
-      row.batch = sh.batch;
-      row.draft = sh.draft;
-      row.heads = sh.heads;
-      row.prefix = sh.prefix;
-      row.page_size = page;
-      row.floor_ms = std::max(t_flop_ms, t_byte_ms);
-      row.compute_bound = t_flop_ms >= t_byte_ms;
-      DevPtr<uint8_t> ws;
-      std::function<cudaError_t(int)> launch;
-      kernels::CustomConfig cfg;
-      if (path.rfind("custom", 0) == 0) {
-        cfg.small_smem = path == "custom-sm120cfg";
-        const auto mma = path == "custom-mma"       ? kernels::CustomScoreMma::kMmaSync
-                         : path == "custom-qkwgmma" ? kernels::CustomScoreMma::kWgmmaScores
-                         : path == "custom-v3"      ? kernels::CustomScoreMma::kWgmmaV3
-                         : path == "custom-v4"      ? kernels::CustomScoreMma::kWgmmaSeesaw
-                         : path == "custom-v4k"     ? kernels::CustomScoreMma::kWgmmaSeesawSplitK
-                         : path == "custom-v4c"     ? kernels::CustomScoreMma::kWgmmaSeesaw2Chain
-                         : path == "custom-v5"      ? kernels::CustomScoreMma::kWgmmaPairSeesaw
-                         : path == "custom-v5s" ? kernels::CustomScoreMma::kWgmmaPairSeesawStaggered
-                                                    : kernels::CustomScoreMma::kAuto;
-        kernels::CustomPlan plan;
-        if (kernels::ResolveCustomPlan(in[0]->problem, cfg, &plan, mma) == cudaSuccess) {
-          row.splits = plan.splits;
-        }
-        const size_t wsb = kernels::CustomWorkspaceBytes(in[0]->problem, cfg);
-        if (ws.Alloc(wsb) != cudaSuccess) row.error = "workspace";
-        launch = [&, wsb, mma](int i) {
-          return kernels::LaunchCustomWith(in[i % sets]->problem, cfg, mma, ws.p, wsb, stream);
-        };
-      } else {
-#if VERIFYD_BENCH_HAVE_REFERENCE
-        const size_t wsb = kernels::ReferenceWorkspaceBytes(in[0]->problem);
-        if (ws.Alloc(wsb) != cudaSuccess) row.error = "workspace";
-        launch = [&, wsb](int i) {
-          return kernels::LaunchReference(in[i % sets]->problem, ws.p, wsb, handle, stream);
-        };
-#else
-        row.error = "reference path not built";
-#endif
-      }
-      if (row.error.empty()) {
-        // One timed launch sizes the repetition count.
-        const double probe = MedianMs(stream, 1, 1, launch);
-        const int reps =
-            probe > 0 ? std::clamp(static_cast<int>(opt.seconds_per_row * 1e3 / probe), 10, 200)
-                      : 1;
-        row.ms = probe > 0 ? MedianMs(stream, 2, reps, launch) : -1;
-        if (row.ms <= 0) row.error = cudaGetErrorString(cudaGetLastError());
-      }
-      if (row.ms > 0) {
-        row.tflops = flops / (row.ms * 1e-3) / 1e12;
-        row.gbps = bytes / (row.ms * 1e-3) / 1e9;
-        // Output of set 0 from its last launch, against the reference's.
-        std::vector<uint16_t> o(v.o_elems());
-        cudaMemcpy(o.data(), in[0]->o.p, o.size() * 2, cudaMemcpyDeviceToHost);
-        if (path == "reference") {
-          ref_o = std::move(o);
-        } else if (!ref_o.empty()) {
-          const DiffStats d = CompareBf16(o.data(), ref_o.data(), int64_t(o.size()), nullptr,
-                                          nullptr, 0, Tolerance{});
-          row.rel_l2_vs_reference = d.rel_l2;
-        }
-      }
-      std::printf(
-          "%-16s B=%-3d T=%-4d H=%-3d prefix=%-6lld page=%-3d %9.4f ms %7.1f TFLOP/s "
-          "%6.0f GB/s floor %.4f ms ratio %.2f splits %d %s\n",
-          path.c_str(), sh.batch, sh.draft, sh.heads, static_cast<long long>(sh.prefix), page,
-          row.ms, row.tflops, row.gbps, row.floor_ms, row.ms > 0 ? row.ms / row.floor_ms : 0.0,
-          row.splits, row.error.c_str());
-      std::fflush(stdout);
-      return row;
-    };
-    // The reference runs first so that the custom rows can report their difference to it.
-    BenchRow ref_row;
-    if (want_ref) ref_row = run_path("reference");
-    for (const std::string& path : opt.paths) {
-      if (path != "reference") report.rows.push_back(run_path(path));
-    }
-    if (want_ref) ref_rows.push_back(ref_row);
-  };
-  if (!opt.bundles.empty()) {
-    for (const std::string& file : opt.bundles) {
-      absl::StatusOr<BundleFile> f = LoadBundleFile(file);
-      absl::Status st = f.ok() ? ValidateBundle(f->view) : f.status();
-      if (!st.ok()) {
-        std::fprintf(stderr, "verifyd-bench: %s: %s\n", file.c_str(),
-                     std::string(st.message()).c_str());
-        return 2;
-      }
-      const BundleView& v = f->view;
-      bench_one(v, {v.shape.batch, v.shape.draft, v.shape.heads, v.max_kv_len - v.shape.draft},
-                v.shape.page_size);
-    }
-  } else {
-    for (int page : opt.pages) {
-      for (const Shape& sh : kShapes) {
-        if (opt.max_shapes > 0 && shapes_done >= opt.max_shapes) break;
-        ++shapes_done;
-        if (opt.shape_index >= 0 && &sh != &kShapes[opt.shape_index]) continue;
-        RandomBundleSpec spec;
-        spec.batch = sh.batch;
-        spec.draft = sh.draft;
-        spec.heads = sh.heads;
-        spec.page_size = page;
-        spec.prefix = sh.prefix;
-        spec.tree = TreeKind::kRandomTree;
-        spec.seed = 1000 + shapes_done;
-        const RandomBundle bundle(spec);
-        bench_one(bundle.view(), sh, page);
-      }
+  for (int page : opt_.pages) {
+    for (const Shape& sh : kShapes) {
+      if (opt_.max_shapes > 0 && shapes_done >= opt_.max_shapes) break;
+      ++shapes_done;
+      if (opt_.shape_index >= 0 && &sh != &kShapes[opt_.shape_index]) continue;
+      RandomBundleSpec spec;
+      spec.batch = sh.batch;
+      spec.draft = sh.draft;
+      spec.heads = sh.heads;
+      spec.page_size = page;
+      spec.prefix = sh.prefix;
+      spec.tree = TreeKind::kRandomTree;
+      spec.seed = 1000 + shapes_done;
+      const RandomBundle bundle(spec);
+      BenchOne(bundle.view(), sh, page);
     }
   }
-  report.rows.insert(report.rows.end(), ref_rows.begin(), ref_rows.end());
-  cublasDestroy(handle);
+}
 
+// Times every requested path on one bundle (random, or from a --bundle file).
+void Bench::BenchOne(const BundleView& v, const Shape& sh, int page) {
+  BundleRun b(v, sh, page);
+  b.flops = 2.0 * sh.draft * sh.heads * double(v.total_kv_len) *
+            (kernels::kHeadDimQK + kernels::kHeadDimV);
+  b.bytes = double(v.total_kv_len) * kernels::kHeadDimQK * 2 + double(v.q_elems()) * 2 +
+            double(v.o_elems()) * 2;
+  b.t_flop_ms = b.flops / (report_.ceilings.gemm_tflops * 1e12) * 1e3;
+  b.t_byte_ms = b.bytes / (report_.ceilings.copy_gbps * 1e9) * 1e3;
+
+  // Enough distinct copies that one pass over them is >= 4x the L2 cache.
+  const double set_bytes =
+      double(v.kv_elems()) * 2 + double(v.q_elems()) * 2 + double(v.o_elems()) * 2;
+  b.sets = std::clamp(static_cast<int>(std::ceil(4.0 * prop_.l2CacheSize / set_bytes)), 2, 16);
+  bool ok = true;
+  for (int k = 0; k < b.sets && ok; ++k) {
+    b.in.push_back(std::make_unique<InputSet>());
+    ok = Upload(v, b.in.back().get()) == cudaSuccess;
+  }
+  if (!ok) {
+    std::fprintf(stderr, "upload failed for B=%d T=%d H=%d\n", sh.batch, sh.draft, sh.heads);
+    return;
+  }
+  // The reference runs first so that the custom rows can report their difference to it.
+  BenchRow ref_row;
+  if (want_ref_) ref_row = RunPath("reference", b);
+  for (const std::string& path : opt_.paths) {
+    if (path != "reference") report_.rows.push_back(RunPath(path, b));
+  }
+  if (want_ref_) ref_rows_.push_back(ref_row);
+}
+
+BenchRow Bench::RunPath(const std::string& path, BundleRun& b) {
+  BenchRow row;
+  row.path = path;
+  row.batch = b.sh.batch;
+  row.draft = b.sh.draft;
+  row.heads = b.sh.heads;
+  row.prefix = b.sh.prefix;
+  row.page_size = b.page;
+  row.floor_ms = std::max(b.t_flop_ms, b.t_byte_ms);
+  row.compute_bound = b.t_flop_ms >= b.t_byte_ms;
+  DevPtr<uint8_t> ws;
+  const Launch launch = PathLaunch(path, b, &ws, &row);
+  if (row.error.empty()) TimeRow(launch, path, b, &row);
+  std::printf(
+      "%-16s B=%-3d T=%-4d H=%-3d prefix=%-6lld page=%-3d %9.4f ms %7.1f TFLOP/s "
+      "%6.0f GB/s floor %.4f ms ratio %.2f splits %d %s\n",
+      path.c_str(), b.sh.batch, b.sh.draft, b.sh.heads, static_cast<long long>(b.sh.prefix), b.page,
+      row.ms, row.tflops, row.gbps, row.floor_ms, row.ms > 0 ? row.ms / row.floor_ms : 0.0,
+      row.splits, row.error.c_str());
+  std::fflush(stdout);
+  return row;
+}
+
+// One launch of the path on input set i, its workspace in `ws`; sets row->error when the path
+// cannot run, and row->splits for a custom path.
+Bench::Launch Bench::PathLaunch(const std::string& path, const BundleRun& b, DevPtr<uint8_t>* ws,
+                                BenchRow* row) {
+  if (path.rfind("custom", 0) == 0) {
+    kernels::CustomConfig cfg;
+    cfg.small_smem = path == "custom-sm120cfg";
+    const kernels::CustomScoreMma mma = ScoreMmaOf(path);
+    kernels::CustomPlan plan;
+    if (kernels::ResolveCustomPlan(b.in[0]->problem, cfg, &plan, mma) == cudaSuccess) {
+      row->splits = plan.splits;
+    }
+    const size_t wsb = kernels::CustomWorkspaceBytes(b.in[0]->problem, cfg);
+    if (ws->Alloc(wsb) != cudaSuccess) row->error = "workspace";
+    return [this, &b, ws, cfg, wsb, mma](int i) {
+      return kernels::LaunchCustomWith(b.in[i % b.sets]->problem, cfg, mma, ws->p, wsb, stream_);
+    };
+  }
+#if VERIFYD_BENCH_HAVE_REFERENCE
+  const size_t wsb = kernels::ReferenceWorkspaceBytes(b.in[0]->problem);
+  if (ws->Alloc(wsb) != cudaSuccess) row->error = "workspace";
+  return [this, &b, ws, wsb](int i) {
+    return kernels::LaunchReference(b.in[i % b.sets]->problem, ws->p, wsb, handle_, stream_);
+  };
+#else
+  row->error = "reference path not built";
+  return nullptr;
+#endif
+}
+
+// The median launch time and the rates it makes, and set 0's output against the reference's.
+void Bench::TimeRow(const Launch& launch, const std::string& path, BundleRun& b, BenchRow* row) {
+  // One timed launch sizes the repetition count.
+  const double probe = MedianMs(stream_, 1, 1, launch);
+  const int reps =
+      probe > 0 ? std::clamp(static_cast<int>(opt_.seconds_per_row * 1e3 / probe), 10, 200) : 1;
+  row->ms = probe > 0 ? MedianMs(stream_, 2, reps, launch) : -1;
+  if (row->ms <= 0) {
+    row->error = cudaGetErrorString(cudaGetLastError());
+    return;
+  }
+  row->tflops = b.flops / (row->ms * 1e-3) / 1e12;
+  row->gbps = b.bytes / (row->ms * 1e-3) / 1e9;
+  // Output of set 0 from its last launch, against the reference's.
+  std::vector<uint16_t> o(b.v.o_elems());
+  cudaMemcpy(o.data(), b.in[0]->o.p, o.size() * 2, cudaMemcpyDeviceToHost);
+  if (path == "reference") {
+    b.ref_o = std::move(o);
+  } else if (!b.ref_o.empty()) {
+    const DiffStats d =
+        CompareBf16(o.data(), b.ref_o.data(), int64_t(o.size()), nullptr, nullptr, 0, Tolerance{});
+    row->rel_l2_vs_reference = d.rel_l2;
+  }
+}
+
+void Bench::WriteReport() {
   const std::string base =
-      opt.out_dir + "/" + report.date + "-" + report.commit + "-" + DeviceSlug(report.device);
-  std::ofstream(base + ".md") << ToMarkdown(report);
-  std::ofstream(base + ".json") << ToJson(report);
-  std::printf("\n%s\nwrote %s.{md,json}\n", ToMarkdown(report).c_str(), base.c_str());
-  return 0;
+      opt_.out_dir + "/" + report_.date + "-" + report_.commit + "-" + DeviceSlug(report_.device);
+  std::ofstream(base + ".md") << ToMarkdown(report_);
+  std::ofstream(base + ".json") << ToJson(report_);
+  std::printf("\n%s\nwrote %s.{md,json}\n", ToMarkdown(report_).c_str(), base.c_str());
 }
 
 }  // namespace
@@ -333,10 +400,9 @@ int main(int argc, char** argv) {
   app.add_option("--out", opt.out_dir, "directory for <date>-<commit>-<device>.{md,json}");
   app.add_option("--commit", opt.commit, "commit the binaries were built from");
   app.add_option("--pages", opt.pages, "page sizes to run");
-  app.add_option(
-      "--paths", opt.paths,
-      "custom, custom-v3, custom-v4, custom-v4k, custom-v4c, custom-v5, custom-v5s, custom-qkwgmma, "
-      "custom-mma, custom-sm120cfg, reference");
+  app.add_option("--paths", opt.paths,
+                 "custom, custom-v3, custom-v4, custom-v4k, custom-v4c, custom-v5, custom-v5s, "
+                 "custom-qkwgmma, custom-mma, custom-sm120cfg, reference");
   app.add_option("--seconds-per-row", opt.seconds_per_row, "timing budget per row");
   app.add_option("--max-shapes", opt.max_shapes, "stop after this many (shape, page) pairs");
   app.add_option("--shape-index", opt.shape_index, "run only this shape of the built-in list")
@@ -344,5 +410,5 @@ int main(int argc, char** argv) {
   app.add_option("--bundle", opt.bundles,
                  "time the paths on these .safetensors bundles (captures, golden cases) instead");
   CLI11_PARSE(app, argc, argv);
-  return verifyd::bench::Run(opt);
+  return verifyd::bench::Bench(opt).Run();
 }

@@ -34,169 +34,247 @@ const std::vector<double>& MaxAbs() {
   return edges;
 }
 
-}  // namespace
+using CounterFamily = prometheus::Family<prometheus::Counter>;
+using GaugeFamily = prometheus::Family<prometheus::Gauge>;
+using HistogramFamily = prometheus::Family<prometheus::Histogram>;
 
-// The metric table.
-Metrics::Metrics(const BuildInfo& info) : registry_(std::make_shared<prometheus::Registry>()) {
-  auto& r = *registry_;
-  requests_ = &prometheus::BuildCounter()
+// /metrics lists the families of each kind (counter, gauge, histogram) in the order they were
+// registered: the order of the areas below, and of the families in each, is the page's order.
+
+// Calls: how many and how long by served path, and what serving adds to a response.
+void DeclareCallMetrics(prometheus::Registry& r, CounterFamily** requests,
+                        HistogramFamily** request_seconds, HistogramFamily** path_seconds,
+                        prometheus::Histogram** shadow_overhead_seconds,
+                        prometheus::Histogram** finite_check_seconds) {
+  *requests = &prometheus::BuildCounter()
                    .Name("verifyd_requests_total")
                    .Help("Verify calls by served path and gRPC status code")
                    .Register(r);
-  request_seconds_ = &prometheus::BuildHistogram()
+  *request_seconds = &prometheus::BuildHistogram()
                           .Name("verifyd_request_duration_seconds")
                           .Help("Server time of a Verify call, receive to response, by served path")
                           .Register(r);
-  path_seconds_ = &prometheus::BuildHistogram()
+  *path_seconds = &prometheus::BuildHistogram()
                        .Name("verifyd_path_duration_seconds")
                        .Help("Time one path (reference, custom, oracle) took on one call")
                        .Register(r);
-  shadow_overhead_seconds_ =
+  *shadow_overhead_seconds =
       &prometheus::BuildHistogram()
            .Name("verifyd_shadow_overhead_seconds")
            .Help("Time added to a response to hand the non-served path off to the shadow queue")
            .Register(r)
            .Add({}, Latency());
-  finite_check_seconds_ =
+  *finite_check_seconds =
       &prometheus::BuildHistogram()
            .Name("verifyd_finite_check_seconds")
            .Help("Time of the NaN/Inf check of a served custom output, before it is returned")
            .Register(r)
            .Add({}, Latency());
-  comparisons_ = &prometheus::BuildCounter()
+}
+
+// Comparisons by outcome and the differences they measured, with every outcome's and pair's
+// series present from the start so that dashboards see zeros, not absent series.
+void DeclareComparisonMetrics(prometheus::Registry& r, CounterFamily** comparisons,
+                              HistogramFamily** diff_rel_l2, HistogramFamily** diff_max_abs,
+                              HistogramFamily** diff_max_row_rel_l2) {
+  *comparisons = &prometheus::BuildCounter()
                       .Name("verifyd_comparisons_total")
-                      .Help("Custom-vs-reference comparisons by outcome "
-                            "(match, breach, error, timeout, skipped)")
+                      .Help(
+                          "Custom-vs-reference comparisons by outcome "
+                          "(match, breach, error, timeout, skipped)")
                       .Register(r);
-  diff_rel_l2_ = &prometheus::BuildHistogram()
+  *diff_rel_l2 = &prometheus::BuildHistogram()
                       .Name("verifyd_diff_rel_l2")
                       .Help("Relative L2 difference ||a-b||/||b|| by pair")
                       .Register(r);
-  diff_max_abs_ = &prometheus::BuildHistogram()
+  *diff_max_abs = &prometheus::BuildHistogram()
                        .Name("verifyd_diff_max_abs")
                        .Help("Largest absolute element difference by pair")
                        .Register(r);
-  diff_max_row_rel_l2_ = &prometheus::BuildHistogram()
-                             .Name("verifyd_diff_max_row_rel_l2")
-                             .Help("Largest per-row (one head's output) relative L2 difference "
-                                   "of a comparison, by pair")
-                             .Register(r);
-  mode_ = &prometheus::BuildGauge()
+  *diff_max_row_rel_l2 = &prometheus::BuildHistogram()
+                              .Name("verifyd_diff_max_row_rel_l2")
+                              .Help(
+                                  "Largest per-row (one head's output) relative L2 difference "
+                                  "of a comparison, by pair")
+                              .Register(r);
+  for (const char* o : {"match", "breach", "error", "timeout", "skipped"}) {
+    (*comparisons)->Add({{"outcome", o}});
+  }
+  for (const char* p : {"custom_vs_reference", "custom_vs_oracle", "reference_vs_oracle"}) {
+    (*diff_rel_l2)->Add({{"pair", p}}, RelL2());
+    (*diff_max_abs)->Add({{"pair", p}}, MaxAbs());
+    (*diff_max_row_rel_l2)->Add({{"pair", p}}, RelL2());
+  }
+}
+
+// The mode being served and the flip gate's state.
+void DeclareModeMetrics(prometheus::Registry& r, GaugeFamily** mode,
+                        prometheus::Gauge** canary_fraction, prometheus::Gauge** gate_ready,
+                        prometheus::Gauge** gate_clean, prometheus::Gauge** mode_forced) {
+  *mode = &prometheus::BuildGauge()
                .Name("verifyd_mode")
                .Help("1 for the mode being served (reference, shadow, canary, custom), else 0")
                .Register(r);
-  canary_fraction_ = &prometheus::BuildGauge()
+  *canary_fraction = &prometheus::BuildGauge()
                           .Name("verifyd_canary_fraction")
                           .Help("Fraction of calls served by the custom path in canary mode")
                           .Register(r)
                           .Add({});
-  gate_ready_ = &prometheus::BuildGauge()
+  *gate_ready = &prometheus::BuildGauge()
                      .Name("verifyd_gate_ready")
                      .Help("1 when the flip gate would let canary/custom through now")
                      .Register(r)
                      .Add({});
-  gate_clean_ = &prometheus::BuildGauge()
+  *gate_clean = &prometheus::BuildGauge()
                      .Name("verifyd_gate_clean_comparisons")
                      .Help("Clean comparisons in a row, toward the gate's window")
                      .Register(r)
                      .Add({});
-  mode_forced_ = &prometheus::BuildGauge()
+  *mode_forced = &prometheus::BuildGauge()
                       .Name("verifyd_mode_forced")
-                      .Help("1 while canary/custom is served because a --force flip overrode a "
-                            "closed gate; 0 when the gate's evidence approved it, or in any "
-                            "other mode")
+                      .Help(
+                          "1 while canary/custom is served because a --force flip overrode a "
+                          "closed gate; 0 when the gate's evidence approved it, or in any "
+                          "other mode")
                       .Register(r)
                       .Add({});
-  rollbacks_ = &prometheus::BuildCounter()
+}
+
+// What takes canary/custom away: rollbacks by reason (each reason's series present from the
+// start) and the oracle drift test.
+void DeclareRollbackMetrics(prometheus::Registry& r, CounterFamily** rollbacks,
+                            prometheus::Gauge** drift_ratio, prometheus::Gauge** drift_t,
+                            prometheus::Counter** drift_breaches) {
+  *rollbacks = &prometheus::BuildCounter()
                     .Name("verifyd_rollbacks_total")
-                    .Help("Mode changes verifyd made by itself away from canary/custom, by "
-                          "reason (tolerance, nan_inf, error, timeout, drift, probe, "
-                          "custom_fault, build_changed)")
+                    .Help(
+                        "Mode changes verifyd made by itself away from canary/custom, by "
+                        "reason (tolerance, nan_inf, error, timeout, drift, probe, "
+                        "custom_fault, build_changed)")
                     .Register(r);
-  drift_ratio_ = &prometheus::BuildGauge()
+  *drift_ratio = &prometheus::BuildGauge()
                       .Name("verifyd_drift_ratio")
-                      .Help("Oracle drift: geometric mean of custom's rel-L2 against the oracle "
-                            "over the reference's, over the drift window (0: no samples)")
+                      .Help(
+                          "Oracle drift: geometric mean of custom's rel-L2 against the oracle "
+                          "over the reference's, over the drift window (0: no samples)")
                       .Register(r)
                       .Add({});
-  drift_t_ = &prometheus::BuildGauge()
+  *drift_t = &prometheus::BuildGauge()
                   .Name("verifyd_drift_t")
-                  .Help("Oracle drift: one-sided t statistic against --drift_max_ratio; a "
-                        "breach at --drift_min_t (0 before --drift_min_samples)")
+                  .Help(
+                      "Oracle drift: one-sided t statistic against --drift_max_ratio; a "
+                      "breach at --drift_min_t (0 before --drift_min_samples)")
                   .Register(r)
                   .Add({});
-  drift_breaches_ = &prometheus::BuildCounter()
+  *drift_breaches = &prometheus::BuildCounter()
                          .Name("verifyd_drift_breaches_total")
                          .Help("Times the oracle drift test went into breach")
                          .Register(r)
                          .Add({});
-  probe_runs_ = &prometheus::BuildCounter()
+  for (const char* reason : {"tolerance", "nan_inf", "error", "timeout", "drift", "probe",
+                             "custom_fault", "build_changed"}) {
+    (*rollbacks)->Add({{"reason", reason}});
+  }
+}
+
+// The probe suite's runs and the sampled oracle's failures.
+void DeclareProbeMetrics(prometheus::Registry& r, prometheus::Counter** probe_runs,
+                         prometheus::Counter** probe_failures,
+                         prometheus::Gauge** probe_last_seconds,
+                         prometheus::Counter** oracle_errors) {
+  *probe_runs = &prometheus::BuildCounter()
                      .Name("verifyd_probe_runs_total")
                      .Help("Runs of the probe suite (start-up, --probe_interval, verifyctl probe)")
                      .Register(r)
                      .Add({});
-  probe_failures_ = &prometheus::BuildCounter()
+  *probe_failures = &prometheus::BuildCounter()
                          .Name("verifyd_probe_failures_total")
                          .Help("Runs of the probe suite in which a probe failed")
                          .Register(r)
                          .Add({});
-  probe_last_seconds_ = &prometheus::BuildGauge()
+  *probe_last_seconds = &prometheus::BuildGauge()
                              .Name("verifyd_probe_last_duration_seconds")
                              .Help("How long the last run of the probe suite took")
                              .Register(r)
                              .Add({});
-  oracle_errors_ = &prometheus::BuildCounter()
+  *oracle_errors = &prometheus::BuildCounter()
                         .Name("verifyd_oracle_errors_total")
                         .Help("Sampled oracle runs that failed")
                         .Register(r)
                         .Add({});
-  admin_auth_failures_ = &prometheus::BuildCounter()
-                             .Name("verifyd_admin_auth_failures_total")
-                             .Help("Admin calls refused for a missing or wrong bearer token")
-                             .Register(r)
-                             .Add({});
-  regions_ = &prometheus::BuildGauge()
+}
+
+// What clients were refused or hold: admin calls without the token, registered regions, open
+// call channels and the buffers their messages are received into.
+void DeclareClientMetrics(prometheus::Registry& r, prometheus::Counter** admin_auth_failures,
+                          prometheus::Gauge** regions, prometheus::Gauge** region_bytes,
+                          prometheus::Gauge** channels, prometheus::Gauge** receive_buffer_bytes,
+                          prometheus::Gauge** receive_buffer_pinned_bytes) {
+  *admin_auth_failures = &prometheus::BuildCounter()
+                              .Name("verifyd_admin_auth_failures_total")
+                              .Help("Admin calls refused for a missing or wrong bearer token")
+                              .Register(r)
+                              .Add({});
+  *regions = &prometheus::BuildGauge()
                   .Name("verifyd_regions")
                   .Help("Registered shared-memory and CUDA IPC regions")
                   .Register(r)
                   .Add({});
-  region_bytes_ = &prometheus::BuildGauge()
+  *region_bytes = &prometheus::BuildGauge()
                        .Name("verifyd_region_bytes")
                        .Help("Sum of the byte sizes of the registered regions")
                        .Register(r)
                        .Add({});
-  channels_ = &prometheus::BuildGauge()
+  *channels = &prometheus::BuildGauge()
                    .Name("verifyd_channels")
                    .Help("Open call channels (shared-memory request slots with a doorbell)")
                    .Register(r)
                    .Add({});
-  receive_buffer_bytes_ = &prometheus::BuildGauge()
+  *receive_buffer_bytes = &prometheus::BuildGauge()
                                .Name("verifyd_receive_buffer_bytes")
-                               .Help("Host buffers gRPC request messages are received into, in "
-                                     "use or kept for later calls, bytes")
+                               .Help(
+                                   "Host buffers gRPC request messages are received into, in "
+                                   "use or kept for later calls, bytes")
                                .Register(r)
                                .Add({});
-  receive_buffer_pinned_bytes_ = &prometheus::BuildGauge()
+  *receive_buffer_pinned_bytes = &prometheus::BuildGauge()
                                       .Name("verifyd_receive_buffer_pinned_bytes")
-                                      .Help("Of verifyd_receive_buffer_bytes, the bytes pinned "
-                                            "for the GPU")
+                                      .Help(
+                                          "Of verifyd_receive_buffer_bytes, the bytes pinned "
+                                          "for the GPU")
                                       .Register(r)
                                       .Add({});
-  shadow_queue_depth_ = &prometheus::BuildGauge()
+}
+
+// The shadow queue, and the canary calls it had no place for.
+void DeclareShadowMetrics(prometheus::Registry& r, prometheus::Gauge** shadow_queue_depth,
+                          prometheus::Counter** canary_shed) {
+  *shadow_queue_depth = &prometheus::BuildGauge()
                              .Name("verifyd_shadow_queue_depth")
                              .Help("Comparisons waiting to run off the critical path")
                              .Register(r)
                              .Add({});
-  canary_shed_ = &prometheus::BuildCounter()
+  *canary_shed = &prometheus::BuildCounter()
                       .Name("verifyd_canary_shed_total")
-                      .Help("Canary calls served by the reference because the shadow queue had "
-                            "no place for their comparison")
+                      .Help(
+                          "Canary calls served by the reference because the shadow queue had "
+                          "no place for their comparison")
                       .Register(r)
                       .Add({});
-  captures_ = &prometheus::BuildCounter()
+}
+
+// Captured bundles by trigger (each trigger's series present from the start).
+void DeclareCaptureMetrics(prometheus::Registry& r, CounterFamily** captures) {
+  *captures = &prometheus::BuildCounter()
                    .Name("verifyd_captures_total")
                    .Help("Bundles written to the capture directory by trigger")
                    .Register(r);
+  for (const char* trigger : {"breach", "requested"}) {
+    (*captures)->Add({{"trigger", trigger}});
+  }
+}
+
+void DeclareBuildInfo(prometheus::Registry& r, const BuildInfo& info) {
   prometheus::BuildGauge()
       .Name("verifyd_build_info")
       .Help("Build and engine of this verifyd; always 1")
@@ -207,23 +285,24 @@ Metrics::Metrics(const BuildInfo& info) : registry_(std::make_shared<prometheus:
             {"device", info.device},
             {"compute_capability", info.compute_capability}})
       .Set(1);
-  // Pre-create the common series so dashboards see zeros, not absent series.
-  for (const char* o : {"match", "breach", "error", "timeout", "skipped"}) {
-    comparisons_->Add({{"outcome", o}});
-  }
-  for (const char* p : {"custom_vs_reference", "custom_vs_oracle", "reference_vs_oracle"}) {
-    diff_rel_l2_->Add({{"pair", p}}, RelL2());
-    diff_max_abs_->Add({{"pair", p}}, MaxAbs());
-    diff_max_row_rel_l2_->Add({{"pair", p}}, RelL2());
-  }
-  for (const char* trigger : {"breach", "requested"}) {
-    captures_->Add({{"trigger", trigger}});
-  }
-  for (const char* reason :
-       {"tolerance", "nan_inf", "error", "timeout", "drift", "probe", "custom_fault",
-        "build_changed"}) {
-    rollbacks_->Add({{"reason", reason}});
-  }
+}
+
+}  // namespace
+
+// The metric table, area by area.
+Metrics::Metrics(const BuildInfo& info) : registry_(std::make_shared<prometheus::Registry>()) {
+  auto& r = *registry_;
+  DeclareCallMetrics(r, &requests_, &request_seconds_, &path_seconds_, &shadow_overhead_seconds_,
+                     &finite_check_seconds_);
+  DeclareComparisonMetrics(r, &comparisons_, &diff_rel_l2_, &diff_max_abs_, &diff_max_row_rel_l2_);
+  DeclareModeMetrics(r, &mode_, &canary_fraction_, &gate_ready_, &gate_clean_, &mode_forced_);
+  DeclareRollbackMetrics(r, &rollbacks_, &drift_ratio_, &drift_t_, &drift_breaches_);
+  DeclareProbeMetrics(r, &probe_runs_, &probe_failures_, &probe_last_seconds_, &oracle_errors_);
+  DeclareClientMetrics(r, &admin_auth_failures_, &regions_, &region_bytes_, &channels_,
+                       &receive_buffer_bytes_, &receive_buffer_pinned_bytes_);
+  DeclareShadowMetrics(r, &shadow_queue_depth_, &canary_shed_);
+  DeclareCaptureMetrics(r, &captures_);
+  DeclareBuildInfo(r, info);
 }
 
 void Metrics::Request(std::string_view served, absl::StatusCode code, double seconds) {
@@ -240,7 +319,9 @@ void Metrics::ShadowOverhead(double seconds) { shadow_overhead_seconds_->Observe
 
 void Metrics::FiniteCheck(double seconds) { finite_check_seconds_->Observe(seconds); }
 
-void Metrics::Comparison(OutcomeKind k) { comparisons_->Add({{"outcome", OutcomeName(k)}}).Increment(); }
+void Metrics::Comparison(OutcomeKind k) {
+  comparisons_->Add({{"outcome", OutcomeName(k)}}).Increment();
+}
 
 void Metrics::Diff(std::string_view pair, const DiffStats& d) {
   const std::string p(pair);

@@ -44,12 +44,12 @@ struct Options {
   std::string drafts = "4,16,64";
   int heads = 2;
   int batch = 1;
-  int calls = 20;            // most calls per class
-  double budget = 4e6;       // per class: calls <= budget / (T * kv_len), at least min_calls
+  int calls = 20;       // most calls per class
+  double budget = 4e6;  // per class: calls <= budget / (T * kv_len), at least min_calls
   int min_calls = 1;
   uint64_t seed = 1;
-  bool oracle = false;       // also measure both paths against the fp64 oracle
-  bool drift = false;        // feed the oracle drift test (runs the oracle on every call)
+  bool oracle = false;           // also measure both paths against the fp64 oracle
+  bool drift = false;            // feed the oracle drift test (runs the oracle on every call)
   int64_t probe_max_prefix = 0;  // > 0: run the probe suite with this longest prefix
   bool fail_on_breach = false;
   int threads = 0;
@@ -129,9 +129,8 @@ absl::StatusOr<ClassResult> RunClass(Engine& engine, const Options& o, Traffic t
   c.draft = draft;
   const double work = static_cast<double>(draft) * static_cast<double>(prefix + draft);
   // Clamped as a double: a large budget over a small class must not overflow the int.
-  const int calls = static_cast<int>(
-      std::clamp(std::floor(o.budget / work), static_cast<double>(o.min_calls),
-                 static_cast<double>(o.calls)));
+  const int calls = static_cast<int>(std::clamp(
+      std::floor(o.budget / work), static_cast<double>(o.min_calls), static_cast<double>(o.calls)));
   for (int call = 0; call < calls; ++call) {
     RandomBundleSpec spec;
     spec.batch = o.batch;
@@ -171,8 +170,8 @@ absl::StatusOr<ClassResult> RunClass(Engine& engine, const Options& o, Traffic t
     if (absl::Status st = engine.Fetch(Path::kCustom, b, &cus); !st.ok()) return st;
     if (absl::Status st = engine.Fetch(Path::kReference, b, &ref); !st.ok()) return st;
     c.max.Take("atol_rel_needed",
-               NeededAtolRel(cus.o, [&](int64_t i) { return double{Bf16ToFloat(ref.o[i])}; },
-                             o.tol.rtol));
+               NeededAtolRel(
+                   cus.o, [&](int64_t i) { return double{Bf16ToFloat(ref.o[i])}; }, o.tol.rtol));
     if (drift != nullptr) {
       if (absl::Status st = engine.Run(Path::kOracle, b); !st.ok()) return st;
       auto cd = engine.Compare(b, Path::kCustom, Path::kOracle, o.tol);
@@ -217,9 +216,13 @@ bool ParseList(const std::string& s, std::vector<T>* out) {
 }
 
 json ToJson(const ClassResult& c) {
-  json j = {{"traffic", TrafficName(c.traffic)}, {"batch", c.batch},
-            {"prefix", c.prefix},                 {"page_size", c.page},
-            {"draft", c.draft},                   {"calls", c.calls},   {"breaches", c.breaches},
+  json j = {{"traffic", TrafficName(c.traffic)},
+            {"batch", c.batch},
+            {"prefix", c.prefix},
+            {"page_size", c.page},
+            {"draft", c.draft},
+            {"calls", c.calls},
+            {"breaches", c.breaches},
             {"breach_fraction", c.calls ? double(c.breaches) / c.calls : 0.0}};
   j["first_breach_call"] = c.first_breach ? json(c.first_breach) : json(nullptr);
   j["criteria"] = c.criteria;
@@ -228,54 +231,175 @@ json ToJson(const ClassResult& c) {
   return j;
 }
 
-int Main(int argc, char** argv) {
-  Options o;
-  CLI::App app{"reference vs custom on an engine over shape classes and traffic models"};
-  app.add_option("--label", o.label, "name of the build (the mutant)");
-  app.add_option("--commit", o.commit, "commit the build is from");
-  app.add_option("--traffic", o.traffic, "traffic models, comma-separated");
-  app.add_option("--prefixes", o.prefixes, "prefix lengths, comma-separated");
-  app.add_option("--pages", o.pages, "page sizes, comma-separated");
-  app.add_option("--drafts", o.drafts, "draft lengths T, comma-separated");
-  app.add_option("--heads", o.heads, "heads")->check(CLI::Range(1, 128));
-  app.add_option("--batch", o.batch, "requests per bundle")->check(CLI::Range(1, 64));
-  app.add_option("--calls", o.calls, "most calls per class")->check(CLI::Range(1, 1 << 30));
-  app.add_option("--budget", o.budget, "per class: calls <= budget / (T * kv_len)");
-  app.add_option("--min_calls", o.min_calls, "fewest calls per class")
+void AddFlags(CLI::App& app, Options* o) {
+  app.add_option("--label", o->label, "name of the build (the mutant)");
+  app.add_option("--commit", o->commit, "commit the build is from");
+  app.add_option("--traffic", o->traffic, "traffic models, comma-separated");
+  app.add_option("--prefixes", o->prefixes, "prefix lengths, comma-separated");
+  app.add_option("--pages", o->pages, "page sizes, comma-separated");
+  app.add_option("--drafts", o->drafts, "draft lengths T, comma-separated");
+  app.add_option("--heads", o->heads, "heads")->check(CLI::Range(1, 128));
+  app.add_option("--batch", o->batch, "requests per bundle")->check(CLI::Range(1, 64));
+  app.add_option("--calls", o->calls, "most calls per class")->check(CLI::Range(1, 1 << 30));
+  app.add_option("--budget", o->budget, "per class: calls <= budget / (T * kv_len)");
+  app.add_option("--min_calls", o->min_calls, "fewest calls per class")
       ->check(CLI::Range(1, 1 << 30));
-  app.add_option("--seed", o.seed, "seed of the first bundle");
-  app.add_flag("--oracle", o.oracle, "also compare both paths with the fp64 oracle");
-  app.add_flag("--drift", o.drift,
+  app.add_option("--seed", o->seed, "seed of the first bundle");
+  app.add_flag("--oracle", o->oracle, "also compare both paths with the fp64 oracle");
+  app.add_flag("--drift", o->drift,
                "feed the oracle drift test, one stream per traffic model (runs the oracle)");
-  app.add_option("--probe_max_prefix", o.probe_max_prefix,
+  app.add_option("--probe_max_prefix", o->probe_max_prefix,
                  "run the probe suite with this longest prefix (0: not)");
-  app.add_flag("--fail_on_breach", o.fail_on_breach,
+  app.add_flag("--fail_on_breach", o->fail_on_breach,
                "exit 1 when any call breaches, the drift test trips or a probe fails");
-  app.add_option("--engine", o.engine, "cpu or cuda (a build with the CUDA engine)");
-  app.add_option("--threads", o.threads, "CPU engine threads (0: all cores)");
-  app.add_option("--json", o.json_path, "write the results here");
-  app.add_option("--atol", o.tol.atol, "element check: absolute part");
-  app.add_option("--atol_rel", o.tol.atol_rel, "element check: part relative to the row's rms");
-  app.add_option("--rtol", o.tol.rtol, "element check: relative part");
-  app.add_option("--max_rel_l2", o.tol.max_rel_l2, "global rel-L2 limit");
-  app.add_option("--max_row_rel_l2", o.tol.max_row_rel_l2, "per-row rel-L2 limit");
-  CLI11_PARSE(app, argc, argv);
+  app.add_option("--engine", o->engine, "cpu or cuda (a build with the CUDA engine)");
+  app.add_option("--threads", o->threads, "CPU engine threads (0: all cores)");
+  app.add_option("--json", o->json_path, "write the results here");
+  app.add_option("--atol", o->tol.atol, "element check: absolute part");
+  app.add_option("--atol_rel", o->tol.atol_rel, "element check: part relative to the row's rms");
+  app.add_option("--rtol", o->tol.rtol, "element check: relative part");
+  app.add_option("--max_rel_l2", o->tol.max_rel_l2, "global rel-L2 limit");
+  app.add_option("--max_row_rel_l2", o->tol.max_row_rel_l2, "per-row rel-L2 limit");
+}
 
-  std::vector<std::string> traffic_names = absl::StrSplit(o.traffic, ',');
+// The classes to run: every traffic model x prefix x page size x draft length.
+struct ClassGrid {
   std::vector<Traffic> traffics;
+  std::vector<int64_t> prefixes;
+  std::vector<int> pages, drafts;
+};
+
+// False (after saying which) when a list flag does not parse.
+bool ParseGrid(const Options& o, ClassGrid* grid) {
+  std::vector<std::string> traffic_names = absl::StrSplit(o.traffic, ',');
   for (const auto& name : traffic_names) {
     Traffic t;
     if (!ParseTraffic(name, &t)) {
       std::cerr << "--traffic: random or realistic, got '" << name << "'\n";
-      return 2;
+      return false;
     }
-    traffics.push_back(t);
+    grid->traffics.push_back(t);
   }
-  std::vector<int64_t> prefixes;
-  std::vector<int> pages, drafts;
-  if (!ParseList(o.prefixes, &prefixes)) return std::cerr << "--prefixes: integers\n", 2;
-  if (!ParseList(o.pages, &pages)) return std::cerr << "--pages: integers\n", 2;
-  if (!ParseList(o.drafts, &drafts)) return std::cerr << "--drafts: integers\n", 2;
+  if (!ParseList(o.prefixes, &grid->prefixes)) return std::cerr << "--prefixes: integers\n", false;
+  if (!ParseList(o.pages, &grid->pages)) return std::cerr << "--pages: integers\n", false;
+  if (!ParseList(o.drafts, &grid->drafts)) return std::cerr << "--drafts: integers\n", false;
+  return true;
+}
+
+// What the classes found, over all of them.
+struct Totals {
+  json classes = json::array();
+  int64_t calls = 0, breaches = 0;
+  json drift = json::object();  // per traffic model, with --drift
+  bool drift_tripped = false;
+};
+
+void PrintClass(const Options& o, Traffic t, ClassResult& c) {
+  std::cout << fmt::format(
+      "{:<28} {:<9} prefix {:>6} page {:>2} T {:>2}: {:>3}/{:<3} breached, first {}  "
+      "row rel-L2 max {:.3g}  atol_rel needed {:.3g}  {}\n",
+      o.label, TrafficName(t), c.prefix, c.page, c.draft, c.breaches, c.calls, c.first_breach,
+      c.max.v["max_row_rel_l2"], c.max.v["atol_rel_needed"], c.first_reason);
+  std::cout.flush();
+}
+
+void ReportDrift(const Options& o, Traffic t, const DriftStream& drift, Totals* totals) {
+  totals->drift_tripped |= drift.first_breach > 0;
+  std::cout << fmt::format("{:<28} {:<9} drift: {} samples, first breach {}, ratio max {:.3g}\n",
+                           o.label, TrafficName(t), drift.samples, drift.first_breach,
+                           drift.max_ratio);
+  json d = {{"samples", drift.samples},
+            {"breach_samples", drift.breach_samples},
+            {"max_ratio", drift.max_ratio}};
+  d["first_breach_sample"] = drift.first_breach ? json(drift.first_breach) : json(nullptr);
+  totals->drift[TrafficName(t)] = d;
+}
+
+// Every class of the grid, one drift stream per traffic model; false (after saying why) when the
+// engine failed on a class.
+bool RunClasses(Engine& engine, const Options& o, const ClassGrid& grid, Totals* totals) {
+  uint64_t class_seed = o.seed;
+  for (Traffic t : grid.traffics) {
+    DriftStream drift{DriftOptions{}};
+    for (int64_t prefix : grid.prefixes) {
+      for (int page : grid.pages) {
+        for (int draft : grid.drafts) {
+          class_seed += 1000003;
+          auto c =
+              RunClass(engine, o, t, prefix, page, draft, class_seed, o.drift ? &drift : nullptr);
+          if (!c.ok()) {
+            std::cerr << o.label << ": " << c.status() << "\n";
+            return false;
+          }
+          totals->calls += c->calls;
+          totals->breaches += c->breaches;
+          PrintClass(o, t, *c);
+          totals->classes.push_back(ToJson(*c));
+        }
+      }
+    }
+    if (o.drift) ReportDrift(o, t, drift, totals);
+  }
+  return true;
+}
+
+// The probe suite once, with --probe_max_prefix; false (after saying why) when its options are
+// invalid.
+bool RunProbes(Engine& engine, const Options& o, json* probe_doc, bool* probe_failed) {
+  ProbeSuiteOptions po;
+  po.max_prefix = o.probe_max_prefix;
+  if (absl::Status st = ValidateProbeSuiteOptions(po); !st.ok()) {
+    std::cerr << st.message() << "\n";
+    return false;
+  }
+  const ProbeReport r = RunProbeSuite(engine, BuildProbeSuite(po), o.tol);
+  *probe_failed = !r.passed();
+  json failed = json::array();
+  std::string first_reason;
+  for (const ProbeResult& p : r.results) {
+    if (p.passed) continue;
+    failed.push_back(p.name);
+    if (first_reason.empty()) first_reason = p.name + ": " + p.reason;
+  }
+  *probe_doc = {{"max_prefix", o.probe_max_prefix}, {"probes", r.results.size()},
+                {"failures", r.failures},           {"failed", failed},
+                {"first_reason", first_reason},     {"seconds", r.seconds}};
+  std::cout << fmt::format("{:<28} probe: {}\n", o.label, r.Summary());
+  return true;
+}
+
+void WriteJson(const Options& o, const EngineInfo& info, const Totals& totals,
+               const json& probe_doc) {
+  json doc = {{"label", o.label},
+              {"commit", o.commit},
+              {"engine", info.engine},
+              {"device", info.device},
+              {"heads", o.heads},
+              {"batch", o.batch},
+              {"tolerance",
+               {{"atol", o.tol.atol},
+                {"atol_rel", o.tol.atol_rel},
+                {"rtol", o.tol.rtol},
+                {"max_rel_l2", o.tol.max_rel_l2},
+                {"max_row_rel_l2", o.tol.max_row_rel_l2},
+                {"max_abs", o.tol.max_abs},
+                {"max_lse_abs", o.tol.max_lse_abs},
+                {"max_beyond_tol", o.tol.max_beyond_tol}}},
+              {"calls", totals.calls},
+              {"breaches", totals.breaches},
+              {"classes", totals.classes}};
+  if (o.drift) doc["drift"] = totals.drift;
+  if (o.probe_max_prefix > 0) doc["probe"] = probe_doc;
+  std::ofstream(o.json_path) << doc.dump(1) << "\n";
+}
+
+int Main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"reference vs custom on an engine over shape classes and traffic models"};
+  AddFlags(app, &o);
+  CLI11_PARSE(app, argc, argv);
+  ClassGrid grid;
+  if (!ParseGrid(o, &grid)) return 2;
 
   EngineOptions eo;
   eo.kind = o.engine;
@@ -287,96 +411,15 @@ int Main(int argc, char** argv) {
   }
   std::unique_ptr<Engine> engine = std::move(*made);
   const EngineInfo info = engine->Info();
-  json classes = json::array();
-  int64_t calls = 0, breaches = 0;
-  uint64_t class_seed = o.seed;
-  json drift_doc = json::object();
-  bool drift_tripped = false;
-  for (Traffic t : traffics) {
-    DriftStream drift{DriftOptions{}};
-    for (int64_t prefix : prefixes) {
-      for (int page : pages) {
-        for (int draft : drafts) {
-          class_seed += 1000003;
-          auto c = RunClass(*engine, o, t, prefix, page, draft, class_seed,
-                            o.drift ? &drift : nullptr);
-          if (!c.ok()) {
-            std::cerr << o.label << ": " << c.status() << "\n";
-            return 1;
-          }
-          calls += c->calls;
-          breaches += c->breaches;
-          std::cout << fmt::format(
-              "{:<28} {:<9} prefix {:>6} page {:>2} T {:>2}: {:>3}/{:<3} breached, first {}  "
-              "row rel-L2 max {:.3g}  atol_rel needed {:.3g}  {}\n",
-              o.label, TrafficName(t), prefix, page, draft, c->breaches, c->calls,
-              c->first_breach, c->max.v["max_row_rel_l2"], c->max.v["atol_rel_needed"],
-              c->first_reason);
-          std::cout.flush();
-          classes.push_back(ToJson(*c));
-        }
-      }
-    }
-    if (o.drift) {
-      drift_tripped |= drift.first_breach > 0;
-      std::cout << fmt::format("{:<28} {:<9} drift: {} samples, first breach {}, ratio max {:.3g}\n",
-                               o.label, TrafficName(t), drift.samples, drift.first_breach,
-                               drift.max_ratio);
-      json d = {{"samples", drift.samples},
-                {"breach_samples", drift.breach_samples},
-                {"max_ratio", drift.max_ratio}};
-      d["first_breach_sample"] = drift.first_breach ? json(drift.first_breach) : json(nullptr);
-      drift_doc[TrafficName(t)] = d;
-    }
-  }
+  Totals totals;
+  if (!RunClasses(*engine, o, grid, &totals)) return 1;
   json probe_doc = nullptr;
   bool probe_failed = false;
-  if (o.probe_max_prefix > 0) {
-    ProbeSuiteOptions po;
-    po.max_prefix = o.probe_max_prefix;
-    if (absl::Status st = ValidateProbeSuiteOptions(po); !st.ok()) {
-      std::cerr << st.message() << "\n";
-      return 2;
-    }
-    const ProbeReport r = RunProbeSuite(*engine, BuildProbeSuite(po), o.tol);
-    probe_failed = !r.passed();
-    json failed = json::array();
-    std::string first_reason;
-    for (const ProbeResult& p : r.results) {
-      if (p.passed) continue;
-      failed.push_back(p.name);
-      if (first_reason.empty()) first_reason = p.name + ": " + p.reason;
-    }
-    probe_doc = {{"max_prefix", o.probe_max_prefix}, {"probes", r.results.size()},
-                 {"failures", r.failures}, {"failed", failed}, {"first_reason", first_reason},
-                 {"seconds", r.seconds}};
-    std::cout << fmt::format("{:<28} probe: {}\n", o.label, r.Summary());
-  }
-  std::cout << fmt::format("{}: {} breaches in {} calls\n", o.label, breaches, calls);
-  if (!o.json_path.empty()) {
-    json doc = {{"label", o.label},
-                {"commit", o.commit},
-                {"engine", info.engine},
-                {"device", info.device},
-                {"heads", o.heads},
-                {"batch", o.batch},
-                {"tolerance",
-                 {{"atol", o.tol.atol},
-                  {"atol_rel", o.tol.atol_rel},
-                  {"rtol", o.tol.rtol},
-                  {"max_rel_l2", o.tol.max_rel_l2},
-                  {"max_row_rel_l2", o.tol.max_row_rel_l2},
-                  {"max_abs", o.tol.max_abs},
-                  {"max_lse_abs", o.tol.max_lse_abs},
-                  {"max_beyond_tol", o.tol.max_beyond_tol}}},
-                {"calls", calls},
-                {"breaches", breaches},
-                {"classes", classes}};
-    if (o.drift) doc["drift"] = drift_doc;
-    if (o.probe_max_prefix > 0) doc["probe"] = probe_doc;
-    std::ofstream(o.json_path) << doc.dump(1) << "\n";
-  }
-  return o.fail_on_breach && (breaches > 0 || drift_tripped || probe_failed) ? 1 : 0;
+  if (o.probe_max_prefix > 0 && !RunProbes(*engine, o, &probe_doc, &probe_failed)) return 2;
+  std::cout << fmt::format("{}: {} breaches in {} calls\n", o.label, totals.breaches, totals.calls);
+  if (!o.json_path.empty()) WriteJson(o, info, totals, probe_doc);
+  const bool breached = totals.breaches > 0 || totals.drift_tripped || probe_failed;
+  return o.fail_on_breach && breached ? 1 : 0;
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// Every validation rule, over real gRPC: INVALID_ARGUMENT (or PERMISSION_DENIED) with a message that
-// names the field; afterwards the same daemon still serves a good bundle.
+// Every validation rule, over real gRPC: INVALID_ARGUMENT (or PERMISSION_DENIED) with a message
+// that names the field; afterwards the same daemon still serves a good bundle.
 
 #include <cmath>
 #include <cstring>
@@ -89,117 +89,188 @@ double RequestsTotal(const std::string& metrics, const std::string& labels) {
   return at == std::string::npos ? -1 : std::stod(metrics.substr(at + key.size()));
 }
 
-TEST_F(ValidationTest, EveryBadBundleIsRejectedByFieldAndTheDaemonKeepsServing) {
-  StartDaemon(testing::TestOptions(testing::TestDir("validation")));
-  // B=2, T=3, H=8, page 16, prefix 54: kv_len 57 = 4 pages per request.
-  const v1::VerifyRequest good = testing::SmallRequest(7);
-  const int pool_pages = static_cast<int>(good.kv_pool().shape(0));
-  const std::vector<BadCase> cases = {
+// q: absent, of the wrong type or shape, or where TCP clients may not name it.
+std::vector<BadCase> QBadCases() {
+  return {
       {"q missing", [](auto* r) { r->clear_q(); }, "q: missing"},
       {"q dtype", [](auto* r) { r->mutable_q()->set_dtype(v1::DTYPE_F32); }, "q: dtype"},
       {"q rank", [](auto* r) { r->mutable_q()->mutable_shape()->RemoveLast(); }, "q: shape"},
-      {"q bytes", [](auto* r) { r->mutable_q()->mutable_raw_contents()->resize(10); }, "q: 10 bytes"},
-      {"q rows", [](auto* r) {
+      {"q bytes", [](auto* r) { r->mutable_q()->mutable_raw_contents()->resize(10); },
+       "q: 10 bytes"},
+      {"q rows",
+       [](auto* r) {
          auto* q = r->mutable_q();
          q->set_shape(0, 5);
          q->set_shape(1, 8 * 6 / 5 + 1);  // keeps nothing consistent
-       }, "q: "},
-      {"q head dim", [](auto* r) {
+       },
+       "q: "},
+      {"q head dim",
+       [](auto* r) {
          auto* q = r->mutable_q();
          q->set_shape(1, 9);
          q->set_shape(2, 512);
-       }, "q: shape"},
-      {"q heads zero", [](auto* r) {
+       },
+       "q: shape"},
+      {"q heads zero",
+       [](auto* r) {
          auto* q = r->mutable_q();
          q->set_shape(1, 0);
          q->clear_raw_contents();
          q->set_raw_contents("");
-       }, "q: heads"},
-      {"q heads 129", [](auto* r) {
+       },
+       "q: heads"},
+      {"q heads 129",
+       [](auto* r) {
          auto* q = r->mutable_q();
          q->set_shape(1, 129);
          q->set_raw_contents(std::string(6 * 129 * 576 * 2, '\0'));
-       }, "q: heads"},
-      {"q byte count overflows", [](auto* r) {
+       },
+       "q: heads"},
+      {"q byte count overflows",
+       [](auto* r) {
          auto* q = r->mutable_q();
          q->set_shape(0, int64_t{1} << 40);
          q->set_shape(1, int64_t{1} << 40);
-       }, "q: shape [1099511627776, 1099511627776, 576] has more than 2^63 bytes"},
-      // Regions are refused over TCP before the handler sees the call (tests/service/test_regions.cc
-      // has the bad references over a Unix socket).
-      {"q in shared memory over TCP", [](auto* r) {
-         r->mutable_q()->mutable_shm()->set_region("r0");
-       }, "q: shared-memory and CUDA IPC regions are served on Unix sockets only",
+       },
+       "q: shape [1099511627776, 1099511627776, 576] has more than 2^63 bytes"},
+      // Regions are refused over TCP before the handler sees the call
+      // (tests/service/test_regions.cc has the bad references over a Unix socket).
+      {"q in shared memory over TCP",
+       [](auto* r) { r->mutable_q()->mutable_shm()->set_region("r0"); },
+       "q: shared-memory and CUDA IPC regions are served on Unix sockets only",
        grpc::StatusCode::PERMISSION_DENIED},
-      {"kv_pool dtype", [](auto* r) { r->mutable_kv_pool()->set_dtype(v1::DTYPE_U8); }, "kv_pool: dtype"},
-      {"kv_pool head dim", [](auto* r) {
+  };
+}
+
+// The KV pool: its type, head dim and page size.
+std::vector<BadCase> PoolBadCases() {
+  return {
+      {"kv_pool dtype", [](auto* r) { r->mutable_kv_pool()->set_dtype(v1::DTYPE_U8); },
+       "kv_pool: dtype"},
+      {"kv_pool head dim",
+       [](auto* r) {
          auto* p = r->mutable_kv_pool();
          p->set_shape(1, p->shape(1) * 576 / 512);
          p->set_shape(2, 512);
-       }, "kv_pool: shape"},
-      {"page_size 3", [](auto* r) {
+       },
+       "kv_pool: shape"},
+      {"page_size 3",
+       [](auto* r) {
          auto* p = r->mutable_kv_pool();
          p->set_shape(0, p->shape(0) * 16);
          p->set_shape(1, 1);
          p->set_shape(0, p->shape(0) / 3);
          p->set_shape(1, 3);
          p->mutable_raw_contents()->resize(p->shape(0) * 3 * 576 * 2);
-       }, "page_size: 3"},
-      {"page_size 256", [](auto* r) {
+       },
+       "page_size: 3"},
+      {"page_size 256",
+       [](auto* r) {
          auto* p = r->mutable_kv_pool();
          const int64_t pages = p->shape(0) / 16;
          p->set_shape(0, pages);
          p->set_shape(1, 256);
          p->mutable_raw_contents()->resize(pages * 256 * 576 * 2);
-       }, "page_size 256"},
-      {"kv_indptr length", [](auto* r) {
+       },
+       "page_size 256"},
+  };
+}
+
+// The page table and the requests' lengths; `pool_pages` is the pool's page count.
+std::vector<BadCase> PageTableBadCases(int pool_pages) {
+  return {
+      {"kv_indptr length",
+       [](auto* r) {
          r->mutable_kv_indptr()->set_shape(0, 2);
          r->mutable_kv_indptr()->mutable_raw_contents()->resize(8);
-       }, "kv_indptr: shape"},
+       },
+       "kv_indptr: shape"},
       {"kv_indptr[0]", [](auto* r) { SetI32(r->mutable_kv_indptr(), 0, 1); }, "kv_indptr[0]"},
-      {"kv_indptr decreasing", [](auto* r) {
-         SetI32(r->mutable_kv_indptr(), 1, GetI32(r->kv_indptr(), 2) + 1);
-       }, "kv_indptr[2]"},
-      {"kv_indptr end", [](auto* r) {
-         SetI32(r->mutable_kv_indptr(), 2, GetI32(r->kv_indptr(), 2) - 1);
-       }, "kv_indptr[2]"},
-      {"kv_indices dtype", [](auto* r) { r->mutable_kv_indices()->set_dtype(v1::DTYPE_F32); }, "kv_indices: dtype"},
-      {"kv_indices past pool", [pool_pages](auto* r) { SetI32(r->mutable_kv_indices(), 5, pool_pages); }, "kv_indices[5]"},
-      {"kv_indices negative", [](auto* r) { SetI32(r->mutable_kv_indices(), 0, -1); }, "kv_indices[0]"},
-      {"kv_lens dtype", [](auto* r) { r->mutable_kv_lens()->set_dtype(v1::DTYPE_BF16); }, "kv_lens: dtype"},
+      {"kv_indptr decreasing",
+       [](auto* r) { SetI32(r->mutable_kv_indptr(), 1, GetI32(r->kv_indptr(), 2) + 1); },
+       "kv_indptr[2]"},
+      {"kv_indptr end",
+       [](auto* r) { SetI32(r->mutable_kv_indptr(), 2, GetI32(r->kv_indptr(), 2) - 1); },
+       "kv_indptr[2]"},
+      {"kv_indices dtype", [](auto* r) { r->mutable_kv_indices()->set_dtype(v1::DTYPE_F32); },
+       "kv_indices: dtype"},
+      {"kv_indices past pool",
+       [pool_pages](auto* r) { SetI32(r->mutable_kv_indices(), 5, pool_pages); }, "kv_indices[5]"},
+      {"kv_indices negative", [](auto* r) { SetI32(r->mutable_kv_indices(), 0, -1); },
+       "kv_indices[0]"},
+      {"kv_lens dtype", [](auto* r) { r->mutable_kv_lens()->set_dtype(v1::DTYPE_BF16); },
+       "kv_lens: dtype"},
       {"kv_lens below T", [](auto* r) { SetI32(r->mutable_kv_lens(), 1, 2); }, "kv_lens[1]"},
-      {"kv_lens needs more pages", [](auto* r) { SetI32(r->mutable_kv_lens(), 0, 65); }, "kv_indptr: request 0"},
-      {"prefix over limit", [](auto* r) { SetI32(r->mutable_kv_lens(), 0, 131072 + 4); }, "kv_lens[0]: prefix"},
-      {"batch zero", [](auto* r) {
+      {"kv_lens needs more pages", [](auto* r) { SetI32(r->mutable_kv_lens(), 0, 65); },
+       "kv_indptr: request 0"},
+      {"prefix over limit", [](auto* r) { SetI32(r->mutable_kv_lens(), 0, 131072 + 4); },
+       "kv_lens[0]: prefix"},
+      {"batch zero",
+       [](auto* r) {
          r->mutable_kv_lens()->set_shape(0, 0);
          r->mutable_kv_lens()->set_raw_contents("");
-       }, "kv_lens: batch 0"},
-      {"tree_mask value", [](auto* r) { (*r->mutable_tree_mask()->mutable_raw_contents())[1 * 3 + 2] = 2; }, "tree_mask[0,1,2]"},
-      {"tree_mask batch", [](auto* r) {
+       },
+       "kv_lens: batch 0"},
+  };
+}
+
+// The tree mask and the softmax scale.
+std::vector<BadCase> MaskAndScaleBadCases() {
+  return {
+      {"tree_mask value",
+       [](auto* r) { (*r->mutable_tree_mask()->mutable_raw_contents())[1 * 3 + 2] = 2; },
+       "tree_mask[0,1,2]"},
+      {"tree_mask batch",
+       [](auto* r) {
          auto* m = r->mutable_tree_mask();
          m->set_shape(0, 1);
          m->mutable_raw_contents()->resize(9);
-       }, "tree_mask: shape"},
-      {"tree_mask T over limit", [](auto* r) {
+       },
+       "tree_mask: shape"},
+      {"tree_mask T over limit",
+       [](auto* r) {
          auto* m = r->mutable_tree_mask();
          m->set_shape(1, 1025);
          m->set_shape(2, 1025);
          m->mutable_raw_contents()->resize(2 * 1025 * 1025);
-       }, "tree_mask: draft length T = 1025"},
-      {"tree_mask bits padding", [](auto* r) {
+       },
+       "tree_mask: draft length T = 1025"},
+      {"tree_mask bits padding",
+       [](auto* r) {
          r->set_mask_format(v1::MASK_FORMAT_BITS);
          auto* m = r->mutable_tree_mask();
          m->set_shape(2, 1);
          std::string bits(6, '\x01');
          bits[4] = '\xff';  // bits 3..7 are past T = 3
          m->set_raw_contents(bits);
-       }, "tree_mask[1,1]"},
-      {"mask_format unknown", [](auto* r) { r->set_mask_format(static_cast<v1::MaskFormat>(7)); }, "mask_format"},
+       },
+       "tree_mask[1,1]"},
+      {"mask_format unknown", [](auto* r) { r->set_mask_format(static_cast<v1::MaskFormat>(7)); },
+       "mask_format"},
       {"sm_scale zero", [](auto* r) { r->set_sm_scale(0); }, "sm_scale"},
       {"sm_scale negative", [](auto* r) { r->set_sm_scale(-0.1f); }, "sm_scale"},
       {"sm_scale NaN", [](auto* r) { r->set_sm_scale(std::nanf("")); }, "sm_scale"},
-      {"sm_scale inf", [](auto* r) { r->set_sm_scale(std::numeric_limits<float>::infinity()); }, "sm_scale"},
+      {"sm_scale inf", [](auto* r) { r->set_sm_scale(std::numeric_limits<float>::infinity()); },
+       "sm_scale"},
   };
+}
+
+// Every bad bundle, each a mutation of a good one whose pool holds `pool_pages` pages.
+std::vector<BadCase> BadCases(int pool_pages) {
+  std::vector<BadCase> cases;
+  for (const std::vector<BadCase>& part :
+       {QBadCases(), PoolBadCases(), PageTableBadCases(pool_pages), MaskAndScaleBadCases()}) {
+    cases.insert(cases.end(), part.begin(), part.end());
+  }
+  return cases;
+}
+
+TEST_F(ValidationTest, EveryBadBundleIsRejectedByFieldAndTheDaemonKeepsServing) {
+  StartDaemon(testing::TestOptions(testing::TestDir("validation")));
+  // B=2, T=3, H=8, page 16, prefix 54: kv_len 57 = 4 pages per request.
+  const v1::VerifyRequest good = testing::SmallRequest(7);
+  const int pool_pages = static_cast<int>(good.kv_pool().shape(0));
+  const std::vector<BadCase> cases = BadCases(pool_pages);
   for (const BadCase& c : cases) {
     SCOPED_TRACE(c.name);
     v1::VerifyRequest req = good;

@@ -11,6 +11,7 @@ namespace verifyd {
 namespace {
 
 constexpr size_t kAlign = 256;
+constexpr char kUploading[] = "copying the bundle to the device";
 
 size_t AlignUp(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
@@ -25,6 +26,152 @@ const void* DeviceReadable(const void* host) {
     return nullptr;
   }
   return a.type == cudaMemoryTypeHost ? a.devicePointer : nullptr;
+}
+
+// Host bytes go through the lane's pinned staging in one copy; bytes the GPU reads itself (q and
+// the pool or its pages, in pinned host memory or a CUDA IPC region) are copied after it.
+enum { kQ, kPool, kIndptr, kIndices, kLens, kMask, kSrcPages, kPieces };
+struct Piece {
+  const void* host = nullptr;  // staged from here; null: filled on the device (or absent)
+  size_t bytes = 0;
+  size_t offset = 0;
+};
+
+// Where each input of one upload comes from, and where it lies in the device allocation.
+struct UploadPlan {
+  bool q_in_place = false, pool_in_place = false;
+  bool compact = false;  // a copied shared pool keeps only the pages the call names
+  // Sources the GPU reads itself, else null.
+  const void* q_src = nullptr;
+  const void* pool_src = nullptr;
+  bool gather_on_device = false, pool_direct = false, q_with_gather = false;
+  size_t page_bytes = 0, n_idx = 0, q_bytes = 0;
+  std::vector<int32_t> renumbered;  // a compacted pool's kv_indices
+  Piece pieces[kPieces];
+  size_t staged = 0, total = 0;  // bytes of the staged pieces, and of all of them
+};
+
+void PlanUpload(const BundleView& v, bool detach, UploadPlan* plan) {
+  const auto& s = v.shape;
+  UploadPlan& u = *plan;
+  u.page_bytes = size_t(s.page_size) * kernels::kHeadDimQK * 2;
+  u.n_idx = size_t(s.num_indices);
+  // In place: q and the pool are read where the client keeps them (a CUDA IPC region), for a
+  // call that is over before the client may change them. Work after the response (detach) reads
+  // a snapshot instead. A shared pool that is copied is compacted to the pages the call names.
+  u.q_in_place = v.q_device >= 0 && !detach;
+  u.pool_in_place = v.kv_pool_device >= 0 && !detach;
+  u.compact = v.kv_pool_shared && !u.pool_in_place;
+  // Sources the GPU reads itself: a CUDA IPC region, or host memory the engine pinned
+  // (CudaEngine::PinHostMemory: a shm region, a call channel's area). Their bytes skip the
+  // staging copy.
+  u.q_src = v.q_device >= 0 ? v.q : DeviceReadable(v.q);
+  u.pool_src = v.kv_pool_device >= 0 ? v.kv_pool : DeviceReadable(v.kv_pool);
+  u.gather_on_device = u.compact && u.pool_src != nullptr;
+  u.pool_direct = !u.compact && u.pool_src != nullptr;
+  // A snapshot's q rides along with the gather of its pages when the GPU reads it with 16-byte
+  // loads: one launch instead of two.
+  u.q_with_gather =
+      u.gather_on_device && u.q_src != nullptr && !u.q_in_place && kernels::CopyAligned(u.q_src);
+  if (u.compact) {
+    u.renumbered.resize(u.n_idx);
+    for (size_t i = 0; i < u.n_idx; ++i) u.renumbered[i] = static_cast<int32_t>(i);
+  }
+
+  auto& pieces = u.pieces;
+  u.q_bytes = size_t(v.q_elems()) * 2;
+  if (!u.q_in_place) pieces[kQ] = {u.q_src != nullptr ? nullptr : v.q, u.q_bytes};
+  if (!u.pool_in_place) {
+    pieces[kPool] = u.compact
+                        ? Piece{u.gather_on_device ? nullptr : v.kv_pool, u.n_idx * u.page_bytes}
+                        : Piece{u.pool_direct ? nullptr : v.kv_pool, size_t(v.kv_elems()) * 2};
+  }
+  pieces[kIndptr] = {v.kv_indptr, size_t(s.batch + 1) * 4};
+  pieces[kIndices] = {u.compact ? u.renumbered.data() : v.kv_indices, u.n_idx * 4};
+  pieces[kLens] = {v.kv_lens, size_t(s.batch) * 4};
+  pieces[kMask] = {v.tree_mask, size_t(v.mask_bytes())};
+  if (u.gather_on_device) pieces[kSrcPages] = {v.kv_indices, u.n_idx * 4};
+  // Staged pieces first, so that one copy moves them all.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (Piece& p : pieces) {
+      const bool host = p.host != nullptr;
+      if (p.bytes == 0 || host != (pass == 0)) continue;
+      p.offset = u.total;
+      u.total += AlignUp(p.bytes);
+    }
+    if (pass == 0) u.staged = u.total;
+  }
+}
+
+// The kernels' input pointers: into the device allocation `dev`, or where the client keeps them.
+void PointProblemAt(const UploadPlan& u, const BundleView& v, char* dev,
+                    kernels::VerifyProblem* problem) {
+  const auto& pieces = u.pieces;
+  problem->q = u.q_in_place ? v.q : reinterpret_cast<const uint16_t*>(dev + pieces[kQ].offset);
+  problem->kv_pool =
+      u.pool_in_place ? v.kv_pool : reinterpret_cast<const uint16_t*>(dev + pieces[kPool].offset);
+  problem->kv_indptr = reinterpret_cast<const int32_t*>(dev + pieces[kIndptr].offset);
+  problem->kv_indices = reinterpret_cast<const int32_t*>(dev + pieces[kIndices].offset);
+  problem->kv_lens = reinterpret_cast<const int32_t*>(dev + pieces[kLens].offset);
+  problem->tree_mask = reinterpret_cast<const uint8_t*>(dev + pieces[kMask].offset);
+  if (u.compact) problem->shape.num_pages = v.shape.num_indices;
+}
+
+// The host pieces into the staging buffer.
+void FillStaging(const UploadPlan& u, const BundleView& v, char* staging) {
+  for (int i = 0; i < kPieces; ++i) {
+    const Piece& p = u.pieces[i];
+    if (p.host == nullptr || p.bytes == 0) continue;
+    char* to = staging + p.offset;
+    if (i == kPool && u.compact) {  // the named pages of a host pool, in kv_indices order
+      for (size_t k = 0; k < u.n_idx; ++k) {
+        std::memcpy(
+            to + k * u.page_bytes,
+            reinterpret_cast<const char*>(v.kv_pool) + size_t(v.kv_indices[k]) * u.page_bytes,
+            u.page_bytes);
+      }
+    } else {
+      std::memcpy(to, p.host, p.bytes);
+    }
+  }
+}
+
+// On the served stream: the staged pieces in one copy (`copied` recorded after it), then q and the
+// pool or its pages from where the GPU reads them itself (`inputs_ready` recorded after all).
+absl::Status CopyToDevice(const UploadPlan& u, const BundleView& v, DeviceWorker& worker,
+                          Lane& lane, const char* staging, cudaEvent_t copied, char* dev,
+                          cudaEvent_t inputs_ready) {
+  const auto& pieces = u.pieces;
+  absl::Status st;
+  if (u.staged > 0) {
+    st = worker.Check(cudaMemcpyAsync(dev, staging, u.staged, cudaMemcpyHostToDevice, lane.served),
+                      kUploading);
+  }
+  if (st.ok()) st = worker.Check(cudaEventRecord(copied, lane.served), kUploading);
+  if (st.ok() && u.q_src != nullptr && !u.q_in_place && !u.q_with_gather) {
+    st = worker.Check(cudaMemcpyAsync(dev + pieces[kQ].offset, u.q_src, u.q_bytes,
+                                      cudaMemcpyDefault, lane.served),
+                      "copying q");
+  }
+  if (st.ok() && u.pool_direct && !u.pool_in_place) {
+    st = worker.Check(cudaMemcpyAsync(dev + pieces[kPool].offset, u.pool_src, pieces[kPool].bytes,
+                                      cudaMemcpyDefault, lane.served),
+                      "copying kv_pool");
+  }
+  if (st.ok() && u.gather_on_device) {
+    kernels::CopyRange q_range;
+    if (u.q_with_gather) {
+      q_range = {u.q_src, dev + pieces[kQ].offset, static_cast<int64_t>(u.q_bytes)};
+    }
+    st = worker.Check(
+        kernels::LaunchGatherPages(u.pool_src,
+                                   reinterpret_cast<const int32_t*>(dev + pieces[kSrcPages].offset),
+                                   v.shape.num_indices, static_cast<int64_t>(u.page_bytes),
+                                   dev + pieces[kPool].offset, lane.served, q_range),
+        "snapshotting the KV pages");
+  }
+  if (st.ok()) st = worker.Check(cudaEventRecord(inputs_ready, lane.served), kUploading);
+  return st;
 }
 
 }  // namespace
@@ -42,139 +189,40 @@ CudaPreparedBundle::CudaPreparedBundle(DeviceWorker& worker, Lane& lane, const B
 }
 
 absl::Status CudaPreparedBundle::Upload(const BundleView& v, bool detach) {
-  const auto& s = v.shape;
-  const size_t page_bytes = size_t(s.page_size) * kernels::kHeadDimQK * 2;
-  const size_t n_idx = size_t(s.num_indices);
-  // In place: q and the pool are read where the client keeps them (a CUDA IPC region), for a
-  // call that is over before the client may change them. Work after the response (detach) reads
-  // a snapshot instead. A shared pool that is copied is compacted to the pages the call names.
-  q_in_place_ = v.q_device >= 0 && !detach;
-  pool_in_place_ = v.kv_pool_device >= 0 && !detach;
-  const bool compact = v.kv_pool_shared && !pool_in_place_;
-  // Sources the GPU reads itself: a CUDA IPC region, or host memory the engine pinned
-  // (CudaEngine::PinHostMemory: a shm region, a call channel's area). Their bytes skip the
-  // staging copy.
-  const void* q_src = v.q_device >= 0 ? v.q : DeviceReadable(v.q);
-  const void* pool_src = v.kv_pool_device >= 0 ? v.kv_pool : DeviceReadable(v.kv_pool);
-  const bool gather_on_device = compact && pool_src != nullptr;
-  const bool pool_direct = !compact && pool_src != nullptr;
-  // A snapshot's q rides along with the gather of its pages when the GPU reads it with 16-byte
-  // loads: one launch instead of two.
-  const bool q_with_gather = gather_on_device && q_src != nullptr && !q_in_place_ &&
-                             kernels::CopyAligned(q_src);
-  std::vector<int32_t> renumbered;
-  if (compact) {
-    renumbered.resize(n_idx);
-    for (size_t i = 0; i < n_idx; ++i) renumbered[i] = static_cast<int32_t>(i);
-  }
+  UploadPlan plan;
+  PlanUpload(v, detach, &plan);
+  q_in_place_ = plan.q_in_place;
+  pool_in_place_ = plan.pool_in_place;
 
-  // Host bytes go through the lane's pinned staging in one copy; bytes the GPU reads itself (q and
-  // the pool or its pages, in pinned host memory or a CUDA IPC region) are copied after it.
-  enum { kQ, kPool, kIndptr, kIndices, kLens, kMask, kSrcPages, kPieces };
-  struct Piece {
-    const void* host = nullptr;  // staged from here; null: filled on the device (or absent)
-    size_t bytes = 0;
-    size_t offset = 0;
-  };
-  Piece pieces[kPieces];
-  const size_t q_bytes = size_t(v.q_elems()) * 2;
-  if (!q_in_place_) pieces[kQ] = {q_src != nullptr ? nullptr : v.q, q_bytes};
-  if (!pool_in_place_) {
-    pieces[kPool] = compact ? Piece{gather_on_device ? nullptr : v.kv_pool, n_idx * page_bytes}
-                            : Piece{pool_direct ? nullptr : v.kv_pool, size_t(v.kv_elems()) * 2};
-  }
-  pieces[kIndptr] = {v.kv_indptr, size_t(s.batch + 1) * 4};
-  pieces[kIndices] = {compact ? renumbered.data() : v.kv_indices, n_idx * 4};
-  pieces[kLens] = {v.kv_lens, size_t(s.batch) * 4};
-  pieces[kMask] = {v.tree_mask, size_t(v.mask_bytes())};
-  if (gather_on_device) pieces[kSrcPages] = {v.kv_indices, n_idx * 4};
-  // Staged pieces first, so that one copy moves them all.
-  size_t staged = 0, total = 0;
-  for (int pass = 0; pass < 2; ++pass) {
-    for (Piece& p : pieces) {
-      const bool host = p.host != nullptr;
-      if (p.bytes == 0 || host != (pass == 0)) continue;
-      p.offset = total;
-      total += AlignUp(p.bytes);
-    }
-    if (pass == 0) staged = total;
-  }
-
-  const std::string where = "copying the bundle to the device";
-  if (absl::Status st =
-          worker_.Check(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming), where);
+  if (absl::Status st = worker_.Check(
+          cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming), kUploading);
       !st.ok()) {
     return st;
   }
-  if (absl::Status st = worker_.Check(
-          cudaMallocFromPoolAsync(&inputs_, std::max<size_t>(total, kAlign), worker_.pool(),
-                                  lane_.served),
-          where);
+  if (absl::Status st =
+          worker_.Check(cudaMallocFromPoolAsync(&inputs_, std::max<size_t>(plan.total, kAlign),
+                                                worker_.pool(), lane_.served),
+                        kUploading);
       !st.ok()) {
     inputs_ = nullptr;
     return st;
   }
   char* dev = static_cast<char*>(inputs_);
-  problem_.q = q_in_place_ ? v.q : reinterpret_cast<const uint16_t*>(dev + pieces[kQ].offset);
-  problem_.kv_pool = pool_in_place_
-                         ? v.kv_pool
-                         : reinterpret_cast<const uint16_t*>(dev + pieces[kPool].offset);
-  problem_.kv_indptr = reinterpret_cast<const int32_t*>(dev + pieces[kIndptr].offset);
-  problem_.kv_indices = reinterpret_cast<const int32_t*>(dev + pieces[kIndices].offset);
-  problem_.kv_lens = reinterpret_cast<const int32_t*>(dev + pieces[kLens].offset);
-  problem_.tree_mask = reinterpret_cast<const uint8_t*>(dev + pieces[kMask].offset);
-  if (compact) problem_.shape.num_pages = s.num_indices;
+  PointProblemAt(plan, v, dev, &problem_);
 
   Staging& in = lane_.input;
   absl::MutexLock lock(&in.mu);
   // The previous upload through this buffer must have left it before it is overwritten.
-  if (absl::Status st = worker_.Check(cudaEventSynchronize(in.copied), where); !st.ok()) return st;
-  if (absl::Status st = worker_.Check(in.buffer.Reserve(std::max<size_t>(staged, 1)), where);
+  if (absl::Status st = worker_.Check(cudaEventSynchronize(in.copied), kUploading); !st.ok()) {
+    return st;
+  }
+  if (absl::Status st =
+          worker_.Check(in.buffer.Reserve(std::max<size_t>(plan.staged, 1)), kUploading);
       !st.ok()) {
     return st;
   }
-  for (int i = 0; i < kPieces; ++i) {
-    const Piece& p = pieces[i];
-    if (p.host == nullptr || p.bytes == 0) continue;
-    char* to = in.buffer.data() + p.offset;
-    if (i == kPool && compact) {  // the named pages of a host pool, in kv_indices order
-      for (size_t k = 0; k < n_idx; ++k) {
-        std::memcpy(to + k * page_bytes,
-                    reinterpret_cast<const char*>(v.kv_pool) + size_t(v.kv_indices[k]) * page_bytes,
-                    page_bytes);
-      }
-    } else {
-      std::memcpy(to, p.host, p.bytes);
-    }
-  }
-  absl::Status st;
-  if (staged > 0) {
-    st = worker_.Check(
-        cudaMemcpyAsync(inputs_, in.buffer.data(), staged, cudaMemcpyHostToDevice, lane_.served),
-        where);
-  }
-  if (st.ok()) st = worker_.Check(cudaEventRecord(in.copied, lane_.served), where);
-  if (st.ok() && q_src != nullptr && !q_in_place_ && !q_with_gather) {
-    st = worker_.Check(cudaMemcpyAsync(dev + pieces[kQ].offset, q_src, q_bytes, cudaMemcpyDefault,
-                                       lane_.served),
-                       "copying q");
-  }
-  if (st.ok() && pool_direct && !pool_in_place_) {
-    st = worker_.Check(cudaMemcpyAsync(dev + pieces[kPool].offset, pool_src,
-                                       pieces[kPool].bytes, cudaMemcpyDefault, lane_.served),
-                       "copying kv_pool");
-  }
-  if (st.ok() && gather_on_device) {
-    kernels::CopyRange q_range;
-    if (q_with_gather) q_range = {q_src, dev + pieces[kQ].offset, static_cast<int64_t>(q_bytes)};
-    st = worker_.Check(kernels::LaunchGatherPages(
-                           pool_src, reinterpret_cast<const int32_t*>(dev + pieces[kSrcPages].offset),
-                           s.num_indices, static_cast<int64_t>(page_bytes),
-                           dev + pieces[kPool].offset, lane_.served, q_range),
-                       "snapshotting the KV pages");
-  }
-  if (st.ok()) st = worker_.Check(cudaEventRecord(inputs_ready_, lane_.served), where);
-  return st;
+  FillStaging(plan, v, in.buffer.data());
+  return CopyToDevice(plan, v, worker_, lane_, in.buffer.data(), in.copied, dev, inputs_ready_);
 }
 
 absl::StatusOr<DevicePathOutput> CudaPreparedBundle::Outputs(Path p, cudaStream_t stream) {
