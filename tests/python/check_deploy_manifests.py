@@ -1,11 +1,18 @@
 #!/usr/bin/env python3
 """Checks deploy/'s systemd unit and Kubernetes manifests against the real verifyd binary.
 
-Every flag they pass must be one verifyd knows; the probes, ports and volumes must agree with
-the flags; the PodMonitor and the NetworkPolicy must select the DaemonSet's pods and name its
-ports; the alert rules' target label must be one the pods carry; and verifyd must start with
-each command line (paths moved into a temp dir, ports made 0, CPU engine), answer the HTTP
-probes' paths, and exit 0 on SIGTERM, since Restart=on-failure relies on that.
+Every flag they pass, and every --flag their comments name, must be one verifyd knows; both
+serve from the CUDA engine (--engine=cuda) on one set of sockets (data
+unix:/run/verifyd/verifyd.sock, admin unix:/run/verifyd/admin.sock); the unit keeps /metrics on
+loopback; the DaemonSet runs one image, the CUDA one (tag -cuda), reports why verifyd exited
+(terminationMessagePolicy), and if it wraps verifyd in a shell, runs the image's verifyd with
+the args; the probes, ports and volumes must agree with the flags; the PodMonitor and the
+NetworkPolicy must select the DaemonSet's pods and name its ports; the alert rules' target label
+must be one the pods carry. verifyd must start with each command line (paths moved into a temp
+dir, ports made 0, CPU engine; the DaemonSet's through its command, the unit's under its UMask),
+make the data socket 0770 and the admin socket 0600, answer the HTTP probes' paths, and exit 0
+on SIGTERM, since Restart=on-failure relies on that; and with the command line as written
+(--engine=cuda) and no GPU visible it must refuse to start, with the reason, instead of serving.
   check_deploy_manifests.py VERIFYD --unit FILE --daemonset FILE --podmonitor FILE
                             --networkpolicy FILE --alerts FILE
 Exits 77 (skipped) without python3-yaml.
@@ -18,6 +25,7 @@ import os
 import re
 import shlex
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -66,9 +74,17 @@ def http_status(url):
         return str(e)
 
 
-def runs_and_stops(where, verifyd, args, tmp, http_paths=()):
-    """Starts verifyd with `args` moved under `tmp`; checks that it serves, that each of
-    `http_paths` answers 200 on its metrics port, and that it stops cleanly."""
+DATA_SOCKET = "unix:/run/verifyd/verifyd.sock"
+ADMIN_SOCKET = "unix:/run/verifyd/admin.sock"
+IMAGE_VERIFYD = "/usr/bin/verifyd"
+# --flags the comments may name that are not verifyd's: verifyctl's admin address,
+# `cmake --install [--prefix]` and `systemctl enable --now`.
+OTHER_TOOLS_FLAGS = {"admin", "install", "now", "prefix"}
+
+
+def moved_args(args, tmp, engine="cpu"):
+    """`args` with paths moved under `tmp`, TCP ports made 0 and --engine made `engine`
+    (None: kept)."""
     moved = []
     for a in args:
         name, _, value = a.partition("=")
@@ -78,16 +94,33 @@ def runs_and_stops(where, verifyd, args, tmp, http_paths=()):
             value = tmp + value
         elif name in ("--listen", "--metrics_address") and tcp_port(value) is not None:
             value = "127.0.0.1:0"
-        elif name == "--engine":
-            value = "cpu"
+        elif name == "--engine" and engine is not None:
+            value = engine
         moved.append(f"{name}={value}")
     for a in moved:
         if a.startswith("--listen=unix:") or a.startswith("--admin_listen=unix:"):
             os.makedirs(os.path.dirname(a.split("unix:", 1)[1]), exist_ok=True)
+    return moved
+
+
+def socket_mode(path):
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return None
+
+
+def runs_and_stops(where, verifyd, args, tmp, http_paths=(), argv=None, umask=None):
+    """Starts verifyd with `args` moved under `tmp` (through `argv(verifyd, args)` when given,
+    under `umask` when given); checks that it serves, that each of `http_paths` answers 200 on
+    its metrics port, that the data socket is 0770 and the admin socket 0600, and that it stops
+    cleanly."""
+    moved = moved_args(args, tmp) + ["--cpu_threads=1"]
+    command = argv(verifyd, moved) if argv else [verifyd, *moved]
     log_path = os.path.join(tmp, "log")
     with open(log_path, "wb") as log:
-        p = subprocess.Popen([verifyd, *moved, "--cpu_threads=1"], stdout=log,
-                             stderr=subprocess.STDOUT)
+        p = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                             preexec_fn=(lambda: os.umask(umask)) if umask is not None else None)
         deadline = time.monotonic() + 120  # after the start-up probe (slow under ASan)
         ready = False
         while time.monotonic() < deadline and p.poll() is None:
@@ -101,6 +134,13 @@ def runs_and_stops(where, verifyd, args, tmp, http_paths=()):
             got = http_status(m.group(1) + path) if m else "no metrics address in the log"
             if got != 200:
                 fail(f"{where}: GET {path} on the metrics port answered {got}, not 200")
+        if ready:
+            for flag, want in (("listen", 0o770), ("admin_listen", 0o600)):
+                for a in flag_values(moved, flag):
+                    if a.startswith("unix:") and socket_mode(a[5:]) != want:
+                        mode = socket_mode(a[5:])
+                        fail(f"{where}: socket {a} has mode "
+                             f"{oct(mode) if mode is not None else '(none)'}, not {oct(want)}")
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
             try:
@@ -110,12 +150,58 @@ def runs_and_stops(where, verifyd, args, tmp, http_paths=()):
                 p.wait()
     text = open(log_path, encoding="utf-8", errors="replace").read()
     if not ready:
-        fail(f"{where}: verifyd did not start with {shlex.join(moved)}:\n{text}")
+        fail(f"{where}: verifyd did not start with {shlex.join(command)}:\n{text}")
     elif p.returncode != 0:
         fail(f"{where}: verifyd exited {p.returncode} on SIGTERM (Restart=on-failure would "
              f"restart a clean stop):\n{text}")
     else:
-        print(f"{where}: started and stopped cleanly with {shlex.join(moved)}")
+        print(f"{where}: started and stopped cleanly with {shlex.join(command)}")
+
+
+def refuses_without_gpu(where, verifyd, args, tmp, argv=None):
+    """With the command line as written (its --engine) and no GPU visible, verifyd must exit
+    non-zero with the engine's reason before it serves: a GPU node whose GPU does not come up
+    never turns ready, and says why."""
+    moved = moved_args(args, tmp, engine=None)
+    command = argv(verifyd, moved) if argv else [verifyd, *moved]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    try:
+        r = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120,
+                           check=False)
+    except subprocess.TimeoutExpired:
+        fail(f"{where}: with no GPU visible, verifyd {shlex.join(moved)} did not exit in 120 s")
+        return
+    out = r.stdout + r.stderr
+    if r.returncode == 0 or "data plane on" in out:
+        fail(f"{where}: with no GPU visible, verifyd served (exit {r.returncode}):\n{out}")
+    elif not re.search(r"engine: .*(no GPU is visible|no CUDA engine)", out):
+        fail(f"{where}: with no GPU visible, verifyd exited {r.returncode} without the "
+             f"engine's reason:\n{out}")
+    else:
+        reason = re.search(r"engine: .*", out).group(0)
+        print(f"{where}: with no GPU visible, verifyd exits {r.returncode}: {reason}")
+
+
+def check_comment_flags(path, flags):
+    """Every --flag a comment names is a verifyd flag (or another tool's, named above)."""
+    for n, line in enumerate(open(path, encoding="utf-8"), 1):
+        comment = line.partition("#")[2] if line.lstrip().startswith("#") else ""
+        for name in re.findall(r"(?<![\w-])--(\w+)", comment):
+            if name not in flags and name not in OTHER_TOOLS_FLAGS:
+                fail(f"{path}:{n}: a comment names --{name}, which is not a verifyd flag")
+
+
+def same_sockets(where, listens, admin):
+    if DATA_SOCKET not in listens:
+        fail(f"{where}: the data plane does not listen on {DATA_SOCKET}")
+    if admin != [ADMIN_SOCKET]:
+        fail(f"{where}: --admin_listen is {admin}, not {ADMIN_SOCKET}")
+
+
+def check_engine(where, args):
+    if flag_values(args, "engine") != ["cuda"]:
+        fail(f"{where}: --engine is {flag_values(args, 'engine')}, not cuda: a GPU node whose "
+             f"GPU does not come up would serve from the CPU engine")
 
 
 def unit_exec_start(path):
@@ -148,15 +234,22 @@ def check_unit(path, verifyd, flags, tmp):
     for k in ("MemoryMax", "CPUQuota"):
         if k not in keys:
             fail(f"{path}: no {k}: nothing keeps verifyd from starving the serving stack")
-    if flag_values(args, "admin_listen") != ["unix:%t/verifyd/admin.sock"]:
-        fail(f"{path}: --admin_listen is not the default unix:/run/verifyd/admin.sock")
     if flag_values(args, "state_dir") != ["%S/verifyd"]:
         fail(f"{path}: --state_dir is not the StateDirectory (%S/verifyd)")
     for a in flag_values(args, "listen") + flag_values(args, "admin_listen"):
         if a.startswith("unix:") and not a.startswith("unix:%t/verifyd/"):
             fail(f"{path}: socket {a} is outside the RuntimeDirectory (%t/verifyd)")
     expanded = [a.replace("%t", "/run").replace("%S", "/var/lib") for a in args]
-    runs_and_stops(path, verifyd, expanded, os.path.join(tmp, "unit"))
+    same_sockets(path, flag_values(expanded, "listen"), flag_values(expanded, "admin_listen"))
+    check_engine(path, expanded)
+    for m in flag_values(expanded, "metrics_address"):
+        host = m.rsplit(":", 1)[0].strip("[]")
+        if host not in ("127.0.0.1", "::1", "localhost"):
+            fail(f"{path}: --metrics_address={m} exposes /metrics beyond loopback by default")
+    check_comment_flags(path, flags)
+    umask = int(keys["UMask"], 8) if "UMask" in keys else None
+    runs_and_stops(path, verifyd, expanded, os.path.join(tmp, "unit"), umask=umask)
+    refuses_without_gpu(path, verifyd, expanded, os.path.join(tmp, "unit-nogpu"))
 
 
 def check_daemonset(path, verifyd, flags, tmp):
@@ -176,6 +269,26 @@ def check_daemonset(path, verifyd, flags, tmp):
     c = c[0]
     args = c.get("args", [])
     check_flags(path, args, flags)
+    check_comment_flags(path, flags)
+    check_engine(path, args)
+    same_sockets(path, flag_values(args, "listen"), flag_values(args, "admin_listen"))
+    images = {x.get("image") for x in spec.get("initContainers", []) + spec["containers"]}
+    if len(images) != 1 or not next(iter(images)).endswith("-cuda"):
+        fail(f"{path}: runs {sorted(map(str, images))}, not the one CUDA image (tag -cuda)")
+    if c.get("terminationMessagePolicy") != "FallbackToLogsOnError":
+        fail(f"{path}: no terminationMessagePolicy FallbackToLogsOnError: a pod whose verifyd "
+             f"refuses to start would not show why in `kubectl describe pod`")
+    argv = None
+    command = c.get("command")
+    if command:
+        # A shell around the image's verifyd: run it with the verifyd under test.
+        script = command[2] if len(command) == 4 and command[:2] == ["/bin/sh", "-c"] else ""
+        if f'exec {IMAGE_VERIFYD} "$@"' not in script:
+            fail(f"{path}: command {command} is not /bin/sh -c '... exec {IMAGE_VERIFYD} \"$@\"' "
+                 f"NAME (the image's verifyd with the args)")
+        else:
+            def argv(binary, moved, script=script, name=command[3]):
+                return ["/bin/sh", "-c", script.replace(IMAGE_VERIFYD, binary), name, *moved]
     listens = flag_values(args, "listen")
     tcp = {tcp_port(a) for a in listens} - {None}
     ports = {p["containerPort"] for p in c.get("ports", [])}
@@ -225,7 +338,8 @@ def check_daemonset(path, verifyd, flags, tmp):
     gpu = str(spec.get("tolerations", [])) + str(spec.get("affinity", {})) + str(c)
     if "nvidia.com/gpu" not in gpu:
         fail(f"{path}: nothing places the pods on GPU nodes (nvidia.com/gpu)")
-    runs_and_stops(path, verifyd, args, os.path.join(tmp, "k8s"), http_paths)
+    runs_and_stops(path, verifyd, args, os.path.join(tmp, "k8s"), http_paths, argv=argv)
+    refuses_without_gpu(path, verifyd, args, os.path.join(tmp, "k8s-nogpu"), argv=argv)
     return {"namespace": ds[0]["metadata"].get("namespace"), "labels": meta.get("labels", {}),
             "tcp": tcp, "metrics_port": metrics_port, "named_ports": named}
 
