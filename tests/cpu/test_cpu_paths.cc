@@ -1,6 +1,8 @@
 // The CPU reference and custom paths against the fp64 oracle on random bundles (fixed seeds).
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -11,8 +13,10 @@
 
 #include "gtest/gtest.h"
 #include "src/bundle/random_bundle.h"
+#include "src/bundle/validate.h"
 #include "src/common/bf16.h"
 #include "src/compare/compare.h"
+#include "src/engine/call_context.h"
 #include "src/engine/cpu/cpu_custom.h"
 #include "src/engine/cpu/cpu_engine.h"
 #include "src/engine/cpu/cpu_oracle.h"
@@ -291,6 +295,77 @@ TEST(CpuEngine, InputsAtOddAddressesGiveTheAlignedOutputs) {
     EXPECT_EQ(std::memcmp((*inputs)->view().q, v.q, q_bytes), 0);
     EXPECT_EQ(std::memcmp((*inputs)->view().kv_pool, v.kv_pool, kv_bytes), 0);
   }
+}
+
+// A call abandoned in the middle of a path stops within a fraction of a second, not at the end of
+// a head block or a KV tile: a call past its 2 s deadline once kept the daemon busy for 13 s more
+// (B=4, 128K prefix). On the engine's one thread, one draft token of the reference or the oracle
+// (128 heads x 64K keys in fp64) takes seconds here, and so does one KV tile of the custom path:
+// 16K keys per tile stand in for the T x heads rows (up to 128K) one tile can carry.
+TEST(CpuEngine, AnAbandonedCallStopsWithinASecond) {
+  using Clock = CallContext::Clock;
+  using Seconds = std::chrono::duration<double>;
+  constexpr auto kStopWithin = std::chrono::seconds(1);  // loose: a loaded 2-core machine
+  RandomBundleSpec s;
+  s.batch = 4;
+  s.draft = 4;
+  s.heads = 128;
+  s.page_size = 128;
+  s.prefix = 8 * 128 - s.draft;  // 8 whole pages per request: none of their slots is poisoned
+  s.seed = 81;
+  RandomBundle rb(s);
+  // A long sequence without generating one: each request's 8 pages, repeated.
+  constexpr int kPages = 512;  // 64K tokens
+  BundleView v = rb.view();
+  std::vector<int32_t> indptr(s.batch + 1), indices, lens(s.batch, kPages * s.page_size);
+  for (int b = 0; b < s.batch; ++b) {
+    for (int j = 0; j < kPages; ++j) indices.push_back(rb.kv_indices[b * 8 + j % 8]);
+    indptr[b + 1] = static_cast<int32_t>(indices.size());
+  }
+  v.kv_indptr = indptr.data();
+  v.kv_indices = indices.data();
+  v.kv_lens = lens.data();
+  v.shape.num_indices = static_cast<int64_t>(indices.size());
+  ASSERT_TRUE(ValidateBundle(v).ok());
+
+  auto engine = MakeCpuEngine(1, CpuCustomConfig{/*tile_tokens=*/16 * 1024,
+                                                 /*min_chunk_tokens=*/256, /*max_splits=*/1});
+  auto pb = engine->Prepare(v, /*detach=*/false);
+  ASSERT_TRUE(pb.ok()) << pb.status();
+
+  // Runs `path` for a call abandoned `after` from now, by its deadline or by the client's
+  // cancellation (the deadline then far away).
+  auto run_abandoned = [&](Path path, bool cancel, std::chrono::milliseconds after) {
+    SCOPED_TRACE(::testing::Message() << PathName(path) << (cancel ? " cancelled" : " deadline"));
+    std::atomic<bool> cancelled{false};
+    const Clock::time_point abandon = Clock::now() + after;
+    CallContext call([&] { return cancelled.load(); },
+                     cancel ? abandon + std::chrono::minutes(10) : abandon);
+    std::thread client;
+    if (cancel) {
+      client = std::thread([&] {
+        std::this_thread::sleep_until(abandon);
+        cancelled = true;
+      });
+    }
+    const absl::Status st = engine->RunForCall(path, **pb, call);
+    const Clock::time_point stopped = Clock::now();
+    if (client.joinable()) client.join();
+    EXPECT_EQ(st.code(),
+              cancel ? absl::StatusCode::kCancelled : absl::StatusCode::kDeadlineExceeded)
+        << st;
+    EXPECT_LT(stopped - abandon, kStopWithin);
+    PathOutput out;
+    EXPECT_EQ(engine->Fetch(path, **pb, &out).code(), absl::StatusCode::kFailedPrecondition)
+        << "an abandoned path stores nothing";
+    std::printf("%s, %s after %lld ms: %s %.3f s later\n", PathName(path),
+                cancel ? "cancelled" : "deadline", static_cast<long long>(after.count()),
+                absl::StatusCodeToString(st.code()).c_str(), Seconds(stopped - abandon).count());
+  };
+  for (Path p : {Path::kReference, Path::kCustom, Path::kOracle}) {
+    run_abandoned(p, /*cancel=*/false, std::chrono::milliseconds(500));
+  }
+  run_abandoned(Path::kReference, /*cancel=*/true, std::chrono::milliseconds(300));
 }
 
 TEST(CpuEngine, ConcurrentRequestsGiveTheSerialAnswer) {

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "src/common/bf16.h"
+#include "src/engine/cpu/call_poll.h"
 #include "src/engine/cpu/softmax_state.h"
 
 namespace verifyd {
@@ -34,7 +35,7 @@ struct RowBlock {
   const BundleView* v;
   int b, h0, nh, rows;
   int64_t kv_len, prefix;
-  std::vector<float> q;  // [rows, 576]
+  std::vector<float> q;     // [rows, 576]
   const CallContext* call;  // null: never abandoned
   bool pv_bf16 = false;     // CpuCustomConfig::pv_bf16
 };
@@ -51,8 +52,8 @@ Partial RunSplit(const RowBlock& rb, int64_t t_begin, int64_t t_end, int tile) {
 
   std::vector<float> k_tile(int64_t{tile} * kHeadDimQK);
   std::vector<float> s(tile), p_bf16(tile);
+  CallPoll poll(rb.call);
   for (int64_t t0 = t_begin; t0 < t_end; t0 += tile) {
-    if (Abandoned(rb)) return part;
     const int n = static_cast<int>(std::min<int64_t>(tile, t_end - t0));
     for (int k = 0; k < n; ++k) {
       const uint16_t* src = v.KvRow(rb.b, t0 + k);
@@ -61,6 +62,8 @@ Partial RunSplit(const RowBlock& rb, int64_t t_begin, int64_t t_end, int tile) {
     }
     const bool covers_tail = t0 + n > rb.prefix;
     for (int r = 0; r < M; ++r) {
+      // A tile carries T * heads rows (up to 128K): check between rows, not only between tiles.
+      if (poll.Abandoned(int64_t{n} * (kHeadDimQK + kHeadDimV))) return part;
       const int i = r / rb.nh;
       const float* qr = rb.q.data() + int64_t{r} * kHeadDimQK;
       SoftmaxState tile_state;
@@ -110,8 +113,8 @@ Partial RunSplit(const RowBlock& rb, int64_t t_begin, int64_t t_end, int tile) {
 void CustomRequestHeads(const BundleView& v, int b, int h0, int h1, const CpuCustomConfig& c,
                         uint16_t* o, float* lse, const CallContext* call) {
   const int T = v.shape.draft, H = v.shape.heads;
-  RowBlock rb{&v, b, h0, h1 - h0, T * (h1 - h0), v.kv_lens[b], v.kv_lens[b] - T, {}, call,
-              c.pv_bf16};
+  RowBlock rb{&v, b,    h0,       h1 - h0, T * (h1 - h0), v.kv_lens[b], v.kv_lens[b] - T,
+              {}, call, c.pv_bf16};
   rb.q.resize(int64_t{rb.rows} * kHeadDimQK);
   for (int i = 0; i < T; ++i) {
     for (int h = h0; h < h1; ++h) {

@@ -21,7 +21,8 @@ struct CpuCustomConfig {
 
 // Heads [h0, h1) of every draft token of request b, written into the full outputs
 // o: bf16 [B*T, H, 512], lse: fp32 [B*T, H] (may be null).
-// With `call`, stops between tiles once the call is abandoned (the outputs are then incomplete).
+// With `call`, stops between the rows of a tile once the call is abandoned (the outputs are then
+// incomplete).
 void CustomRequestHeads(const BundleView& v, int b, int h0, int h1, const CpuCustomConfig& c,
                         uint16_t* o, float* lse, const CallContext* call = nullptr);
 

@@ -105,7 +105,7 @@ class CpuEngine : public Engine {
       case Path::kOracle: {
         std::vector<double> o(v.o_elems()), lse(v.lse_elems());
         ForEachBlock(v, call, [&](int bi, int h0, int h1) {
-          OracleRequestHeads(v, bi, h0, h1, o.data(), lse.data());
+          OracleRequestHeads(v, bi, h0, h1, o.data(), lse.data(), call);
         });
         out.o_f32.assign(o.begin(), o.end());
         out.lse.assign(lse.begin(), lse.end());

@@ -14,6 +14,8 @@ using kernels::kHeadDimV;
 
 // Heads per pass: bounds the score buffer ([heads, kv_len] doubles) on long prefixes.
 constexpr int kOracleHeadGroup = 16;
+// Keys between two polls of the call: a poll on every key slowed the passes by a quarter.
+constexpr int64_t kKeysPerPoll = 64;
 
 void ToDouble(const uint16_t* src, int n, double* dst) {
   for (int k = 0; k < n; ++k) dst[k] = Bf16ToFloat(src[k]);
@@ -27,7 +29,9 @@ double Dot(const double* a, const double* b, int n) {
   return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
-void OracleHeadGroup(const BundleView& v, int b, int i, int h0, int h1, double* o, double* lse) {
+// False when `poll` saw the call abandoned (o and lse then incomplete).
+bool OracleHeadGroup(const BundleView& v, int b, int i, int h0, int h1, double* o, double* lse,
+                     CallPoll& poll) {
   const int T = v.shape.draft, H = v.shape.heads;
   const int nh = h1 - h0;
   const int64_t kv_len = v.kv_lens[b];
@@ -47,13 +51,14 @@ void OracleHeadGroup(const BundleView& v, int b, int i, int h0, int h1, double* 
   std::fill(o, o + int64_t{nh} * kHeadDimV, 0.0);
   if (n == 0) {
     std::fill(lse, lse + nh, -std::numeric_limits<double>::infinity());
-    return;
+    return true;
   }
 
   // Pass 1: scaled scores and their max per head.
   std::vector<double> s(nh * n), row(kHeadDimQK);
   std::vector<double> mx(nh, -std::numeric_limits<double>::infinity());
   for (int64_t k = 0; k < n; ++k) {
+    if (k % kKeysPerPoll == 0 && poll.Abandoned(kKeysPerPoll * nh * kHeadDimQK)) return false;
     ToDouble(v.KvRow(b, visible[k]), kHeadDimQK, row.data());
     for (int h = 0; h < nh; ++h) {
       const double x = scale * Dot(q.data() + int64_t{h} * kHeadDimQK, row.data(), kHeadDimQK);
@@ -64,6 +69,7 @@ void OracleHeadGroup(const BundleView& v, int b, int i, int h0, int h1, double* 
   // Pass 2: exp(s - max), their sum and the weighted sum of V.
   std::vector<double> den(nh, 0.0);
   for (int64_t k = 0; k < n; ++k) {
+    if (k % kKeysPerPoll == 0 && poll.Abandoned(kKeysPerPoll * nh * kHeadDimV)) return false;
     ToDouble(v.KvRow(b, visible[k]), kHeadDimV, row.data());
     for (int h = 0; h < nh; ++h) {
       const double p = std::exp(s[h * n + k] - mx[h]);
@@ -77,22 +83,31 @@ void OracleHeadGroup(const BundleView& v, int b, int i, int h0, int h1, double* 
     for (int d = 0; d < kHeadDimV; ++d) oh[d] /= den[h];
     lse[h] = mx[h] + std::log(den[h]);
   }
+  return true;
 }
 
 }  // namespace
 
-void OracleTokenHeads(const BundleView& v, int b, int i, int h0, int h1, double* o, double* lse) {
+bool OracleTokenHeads(const BundleView& v, int b, int i, int h0, int h1, double* o, double* lse,
+                      CallPoll* poll) {
+  CallPoll never(nullptr);
   for (int g = h0; g < h1; g += kOracleHeadGroup) {
     const int g1 = std::min(h1, g + kOracleHeadGroup);
-    OracleHeadGroup(v, b, i, g, g1, o + int64_t{g - h0} * kHeadDimV, lse + (g - h0));
+    if (!OracleHeadGroup(v, b, i, g, g1, o + int64_t{g - h0} * kHeadDimV, lse + (g - h0),
+                         poll != nullptr ? *poll : never)) {
+      return false;
+    }
   }
+  return true;
 }
 
-void OracleRequestHeads(const BundleView& v, int b, int h0, int h1, double* o, double* lse) {
+void OracleRequestHeads(const BundleView& v, int b, int h0, int h1, double* o, double* lse,
+                        const CallContext* call) {
   const int T = v.shape.draft, H = v.shape.heads;
+  CallPoll poll(call);
   for (int i = 0; i < T; ++i) {
     const int64_t row = (int64_t{b} * T + i) * H + h0;
-    OracleTokenHeads(v, b, i, h0, h1, o + row * kHeadDimV, lse + row);
+    if (!OracleTokenHeads(v, b, i, h0, h1, o + row * kHeadDimV, lse + row, &poll)) return;
   }
 }
 

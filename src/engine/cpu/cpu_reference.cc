@@ -11,9 +11,10 @@ void ReferenceRequestHeads(const BundleView& v, int b, int h0, int h1, uint16_t*
   const int T = v.shape.draft, H = v.shape.heads;
   const int nh = h1 - h0;
   std::vector<double> o_row(int64_t{nh} * kHeadDimV), lse_row(nh);
+  // One poll for the whole block: the work of short tokens adds up to a check too.
+  CallPoll poll(call);
   for (int i = 0; i < T; ++i) {
-    if (call != nullptr && call->Abandoned()) return;
-    OracleTokenHeads(v, b, i, h0, h1, o_row.data(), lse_row.data());
+    if (!OracleTokenHeads(v, b, i, h0, h1, o_row.data(), lse_row.data(), &poll)) return;
     const int64_t row = (int64_t{b} * T + i) * H + h0;
     uint16_t* dst = o + row * kHeadDimV;
     for (int64_t k = 0; k < int64_t{nh} * kHeadDimV; ++k) {

@@ -12,7 +12,7 @@ namespace verifyd {
 
 // Heads [h0, h1) of every draft token of request b, written into the full outputs
 // o: bf16 [B*T, H, 512], lse: fp32 [B*T, H] (may be null).
-// With `call`, stops between draft tokens once the call is abandoned (outputs then incomplete).
+// With `call`, stops between keys once the call is abandoned (the outputs are then incomplete).
 void ReferenceRequestHeads(const BundleView& v, int b, int h0, int h1, uint16_t* o, float* lse,
                            const CallContext* call = nullptr);
 
