@@ -12,11 +12,11 @@ import ctypes
 import itertools
 import platform
 import time
-from multiprocessing import shared_memory
 
 import grpc
 import numpy as np
 
+from . import _shm
 from ._proto import verify_pb2
 from .errors import VerifydError, status_code
 
@@ -56,7 +56,7 @@ class CallChannel:
     large tensors. spin_s: how long a call spins for its answer before it sleeps on the futex.
     """
 
-    def __init__(self, stub, transport, client_id, byte_size, spin_s, timeout):
+    def __init__(self, stub, transport, client_id, byte_size, spin_s, timeout, target):
         if platform.machine() not in ("x86_64", "AMD64"):
             raise NotImplementedError("call channels need x86-64 (its store order publishes "
                                       "the request before the sequence word)")
@@ -65,7 +65,7 @@ class CallChannel:
         self._stub, self._transport, self.timeout = stub, transport, timeout
         self._spin_s = spin_s
         self.name = f"{client_id}-ch{next(_names)}"
-        self._shm = shared_memory.SharedMemory(create=True, size=byte_size)
+        self._shm = _shm.create(byte_size, target)
         self._words = np.frombuffer(self._shm.buf, dtype=np.uint32, count=HEADER_BYTES // 4)
         self._base = self._words.__array_interface__["data"][0]
         self._open = False

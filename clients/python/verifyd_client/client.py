@@ -20,11 +20,11 @@ _CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1),
                     ("grpc.max_receive_message_length", -1)]
 
 
-def _transport(kind, calls, client, staging_slots):
+def _transport(kind, calls, client, staging_slots, target):
     if kind == "shm":
         from .shm_transport import ShmTransport  # noqa: PLC0415
 
-        return ShmTransport(calls, client, staging_slots)
+        return ShmTransport(calls, client, staging_slots, target)
     if kind == "cuda_ipc":
         from .cuda_ipc_transport import CudaIpcTransport  # noqa: PLC0415
 
@@ -61,7 +61,7 @@ class VerifyClient(ChannelClient):
         self.transport = transport
         try:
             self._transport = _transport(transport, self._regions, self.client_id,
-                                         staging_slots)
+                                         staging_slots, target)
         except BaseException:
             super().close()
             raise
@@ -148,7 +148,7 @@ class VerifyClient(ChannelClient):
         channel's areas: byte_size is split into two); one call at a time, one thread. Needs a
         Unix socket target and x86-64; closed with the client if not before."""
         c = CallChannel(self._stub, self._transport, self.client_id, byte_size, spin_s,
-                        self.timeout)
+                        self.timeout, self.target)
         self._call_channels.append(c)
         return c
 

@@ -1,19 +1,19 @@
 """transport="shm": tensors in the client's own POSIX shared memory, named by reference.
 
-The client creates its shared-memory objects (multiprocessing.shared_memory), registers each
-once as a region and unregisters and unlinks them on close(). Inputs that already live in one
-of them (a pool from ``register_kv_pool`` or ``shm_array``) are named in place; the others are
-copied into the call's staging slot, where verifyd also writes o (and lse).
+The client creates its shared-memory objects (multiprocessing.shared_memory, shared with the
+group of verifyd's socket: _shm.py), registers each once as a region and unregisters and unlinks
+them on close(). Inputs that already live in one of them (a pool from ``register_kv_pool`` or
+``shm_array``) are named in place; the others are copied into the call's staging slot, where
+verifyd also writes o (and lse).
 """
 
 import itertools
 import math
-from multiprocessing import shared_memory
 
 import grpc
 import numpy as np
 
-from . import tensors
+from . import _shm, tensors
 from ._proto import types_pb2
 from .bundle import HEAD_DIM_QK, check_call, compact_pool
 from .errors import InvalidBundleError, VerifydError
@@ -26,11 +26,11 @@ from .transport import SlotPending, Transport
 class ShmRegion:
     """One shared-memory object of the client's, registered with verifyd as region ``name``."""
 
-    def __init__(self, calls, name, size, client):
+    def __init__(self, calls, name, size, client, target):
         self._calls = calls
         self.name = name
         self.size = size
-        self._shm = shared_memory.SharedMemory(create=True, size=size)
+        self._shm = _shm.create(size, target)
         self.key = "/" + self._shm.name.lstrip("/")  # shm_open's name
         self._bytes = np.frombuffer(self._shm.buf, dtype=np.uint8)
         self.address = self._bytes.__array_interface__["data"][0]
@@ -118,16 +118,17 @@ class _ShmPending(SlotPending):
 class ShmTransport(Transport):
     kind = "shm"
 
-    def __init__(self, calls, client, staging_slots):
+    def __init__(self, calls, client, staging_slots, target):
         self._calls = calls
         self._client = client
+        self._target = target
         self._names = itertools.count()
         self._regions = []  # the client's arrays and pools, registered
         self._ring = SlotRing(lambda n: self._new_region("slot", n), staging_slots)
 
     def _new_region(self, what, size):
         return ShmRegion(self._calls, f"{self._client}/{what}{next(self._names)}", size,
-                         self._client)
+                         self._client, self._target)
 
     def shm_array(self, shape, dtype=np.uint16):
         """A zeroed numpy array in a new registered region of the client's; calls name it in
