@@ -37,12 +37,12 @@ std::string ToMarkdown(const BenchReport& r) {
        "splits | rel-L2 vs ref | target |\n";
   s += "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|\n";
   for (const BenchRow& x : r.rows) {
-    s += "| " + x.path + " | " + std::to_string(x.batch) + " | " + std::to_string(x.draft) +
-         " | " + std::to_string(x.heads) + " | " + std::to_string(x.prefix) + " | " +
+    s += "| " + x.path + " | " + std::to_string(x.batch) + " | " + std::to_string(x.draft) + " | " +
+         std::to_string(x.heads) + " | " + std::to_string(x.prefix) + " | " +
          std::to_string(x.page_size) + " | ";
     if (x.ms > 0) {
-      s += Fmt("%.4f", x.ms) + " | " + Fmt("%.1f", x.tflops) + " | " + Fmt("%.0f", x.gbps) +
-           " | " + Fmt("%.4f", x.floor_ms) + " | " + Fmt("%.2f", x.ms / x.floor_ms) + " | ";
+      s += Fmt("%.4f", x.ms) + " | " + Fmt("%.1f", x.tflops) + " | " + Fmt("%.0f", x.gbps) + " | " +
+           Fmt("%.4f", x.floor_ms) + " | " + Fmt("%.2f", x.ms / x.floor_ms) + " | ";
     } else {
       s += "failed: " + x.error + " | | | " + Fmt("%.4f", x.floor_ms) + " | | ";
     }
@@ -66,11 +66,16 @@ std::string ToJson(const BenchReport& r) {
                    {"copy_bytes", r.ceilings.copy_bytes}};
   j["rows"] = nlohmann::json::array();
   for (const BenchRow& x : r.rows) {
-    nlohmann::json row = {{"path", x.path},       {"B", x.batch},
-                          {"T", x.draft},         {"H", x.heads},
-                          {"prefix", x.prefix},   {"page_size", x.page_size},
-                          {"ms", x.ms},           {"tflops", x.tflops},
-                          {"gbps", x.gbps},       {"floor_ms", x.floor_ms},
+    nlohmann::json row = {{"path", x.path},
+                          {"B", x.batch},
+                          {"T", x.draft},
+                          {"H", x.heads},
+                          {"prefix", x.prefix},
+                          {"page_size", x.page_size},
+                          {"ms", x.ms},
+                          {"tflops", x.tflops},
+                          {"gbps", x.gbps},
+                          {"floor_ms", x.floor_ms},
                           {"ratio", x.ms > 0 ? x.ms / x.floor_ms : 0.0},
                           {"bound", x.compute_bound ? "compute" : "memory"},
                           {"target", TargetVerdict(x)}};

@@ -13,17 +13,17 @@ namespace verifyd::bench {
 
 struct BenchRow {
   // "custom" (as shipped), "custom-v3", "custom-v4", "custom-v4k", "custom-v4c", "custom-v5"
-  // (the wgmma schedules by name), "custom-qkwgmma" (wgmma Q·Kᵀ only), "custom-mma" (mma.sync only), "custom-sm120cfg" (sm_120
-  // tiles), "reference"
+  // (the wgmma schedules by name), "custom-qkwgmma" (wgmma Q·Kᵀ only), "custom-mma" (mma.sync
+  // only), "custom-sm120cfg" (sm_120 tiles), "reference"
   std::string path;
   int batch = 0, draft = 0, heads = 0, page_size = 0;
   int64_t prefix = 0;
-  double ms = 0;        // median; <= 0 when the path failed
-  double tflops = 0;    // sum_b 2*T*H*kv_len_b*(576+512) / time
-  double gbps = 0;      // (KV bytes read once + q + o) / time
-  double floor_ms = 0;  // max(flops / GEMM ceiling, bytes / copy ceiling)
-  bool compute_bound = false;  // the floor's larger term is the arithmetic one
-  int splits = 0;              // custom paths: KV split the planner chose
+  double ms = 0;                    // median; <= 0 when the path failed
+  double tflops = 0;                // sum_b 2*T*H*kv_len_b*(576+512) / time
+  double gbps = 0;                  // (KV bytes read once + q + o) / time
+  double floor_ms = 0;              // max(flops / GEMM ceiling, bytes / copy ceiling)
+  bool compute_bound = false;       // the floor's larger term is the arithmetic one
+  int splits = 0;                   // custom paths: KV split the planner chose
   double rel_l2_vs_reference = -1;  // custom paths when the reference ran; -1 otherwise
   std::string error;
 };

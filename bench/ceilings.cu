@@ -1,5 +1,3 @@
-#include "bench/ceilings.h"
-
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -7,6 +5,7 @@
 #include <vector>
 
 #include "bench/bench_timing.h"
+#include "bench/ceilings.h"
 
 namespace verifyd::bench {
 namespace {
@@ -48,8 +47,8 @@ Ceilings MeasureCeilings(cublasHandle_t handle, int mnk, int64_t copy_bytes, int
   const float alpha = 1.f, beta = 0.f;
   auto gemm = [&] {
     return cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, mnk, mnk, mnk, &alpha, a, CUDA_R_16BF,
-                        mnk, b, CUDA_R_16BF, mnk, &beta, d, CUDA_R_16BF, mnk,
-                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS
+                        mnk, b, CUDA_R_16BF, mnk, &beta, d, CUDA_R_16BF, mnk, CUBLAS_COMPUTE_32F,
+                        CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS
                ? cudaSuccess
                : cudaErrorUnknown;
   };

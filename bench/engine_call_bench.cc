@@ -32,7 +32,6 @@
 #include "src/region/region_registry.h"
 #include "src/server/shadow_runner.h"
 
-
 namespace verifyd::bench {
 namespace {
 
@@ -264,19 +263,29 @@ int main(int argc, char** argv) {
                   "| %s | %d,%d,%d,%lld | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f "
                   "| %d |\n",
                   r.mode.c_str(), r.shape.batch, r.shape.draft, r.shape.heads,
-                  static_cast<long long>(r.shape.prefix), r.calls, r.p50_ms, r.p99_ms,
-                  r.prepare_ms, r.served_ms, r.deliver_ms, r.release_ms, r.device_ms, r.errors);
+                  static_cast<long long>(r.shape.prefix), r.calls, r.p50_ms, r.p99_ms, r.prepare_ms,
+                  r.served_ms, r.deliver_ms, r.release_ms, r.device_ms, r.errors);
     md += line;
     errors += r.errors;
     if (!r.first_error.empty()) {
       std::fprintf(stderr, "%s %d,%d,%d: %s\n", r.mode.c_str(), r.shape.batch, r.shape.draft,
                    r.shape.heads, r.first_error.c_str());
     }
-    j.push_back({{"commit", commit}, {"device", device}, {"mode", r.mode}, {"B", r.shape.batch}, {"T", r.shape.draft},
-                 {"H", r.shape.heads}, {"prefix", r.shape.prefix}, {"calls", r.calls},
-                 {"p50_ms", r.p50_ms}, {"p99_ms", r.p99_ms}, {"prepare_ms", r.prepare_ms},
-                 {"served_ms", r.served_ms}, {"deliver_ms", r.deliver_ms},
-                 {"release_ms", r.release_ms}, {"device_ms", r.device_ms},
+    j.push_back({{"commit", commit},
+                 {"device", device},
+                 {"mode", r.mode},
+                 {"B", r.shape.batch},
+                 {"T", r.shape.draft},
+                 {"H", r.shape.heads},
+                 {"prefix", r.shape.prefix},
+                 {"calls", r.calls},
+                 {"p50_ms", r.p50_ms},
+                 {"p99_ms", r.p99_ms},
+                 {"prepare_ms", r.prepare_ms},
+                 {"served_ms", r.served_ms},
+                 {"deliver_ms", r.deliver_ms},
+                 {"release_ms", r.release_ms},
+                 {"device_ms", r.device_ms},
                  {"errors", r.errors}});
   }
   std::fputs(md.c_str(), stdout);

@@ -9,14 +9,13 @@
 //                                                      kernel)
 
 #define VERIFYD_KERNEL_TRACE 1
-#include "kernels/custom/custom_attention.cu"  // NOLINT: the kernels, with the trace stamps
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "kernels/custom/custom_attention.cu"  // NOLINT: the kernels, with the trace stamps
 #include "src/bundle/random_bundle.h"
 #include "tests/kernels/gpu_test_support.h"
 
@@ -29,9 +28,9 @@ const char* const kEvents[2][kTraceEvents] = {
     {"step start", "buf0 lower blocks landed", "buf0 upper blocks landed", "S0 done",
      "m0 published", "P0 V0_L issued", "m1 received", "P0 published", "P0 V0_L done, reload",
      "P1 received", "P1 V1_L done", "buf1 reload issued, step end"},
-    {"step start", "buf1 upper blocks landed", "buf1 lower blocks landed", "S1 done",
-     "m0 received", "m1 published", "P1 published", "P1 V1_R issued", "P0 received",
-     "P1 V1_R done, reload", "P0 V0_R done", "buf0 reload issued, step end"}};
+    {"step start", "buf1 upper blocks landed", "buf1 lower blocks landed", "S1 done", "m0 received",
+     "m1 published", "P1 published", "P1 V1_R issued", "P0 received", "P1 V1_R done, reload",
+     "P0 V0_R done", "buf0 reload issued, step end"}};
 
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -93,8 +92,8 @@ int main(int argc, char** argv) {
   const size_t n = size_t{2} * kTraceSteps * kTraceEvents;
   testing::DeviceBuffer trace(n * sizeof(uint64_t));
   uint64_t* trace_ptr = trace.get<uint64_t>();
-  if (cudaError_t e = cudaMemcpyToSymbol(kernels::custom::g_kernel_trace, &trace_ptr,
-                                         sizeof(trace_ptr));
+  if (cudaError_t e =
+          cudaMemcpyToSymbol(kernels::custom::g_kernel_trace, &trace_ptr, sizeof(trace_ptr));
       e != cudaSuccess) {
     return Fail("trace symbol", e);
   }
@@ -108,8 +107,8 @@ int main(int argc, char** argv) {
   const int steps = static_cast<int>(std::min<int64_t>((tiles + 1) / 2, kTraceSteps));
   for (int launch = 0; launch < 6; ++launch) {
     cudaMemset(trace.get<void>(), 0, n * sizeof(uint64_t));
-    if (cudaError_t e = kernels::LaunchCustomWith(dev.problem, config, mma, ws.get<void>(),
-                                                  ws_bytes, nullptr);
+    if (cudaError_t e =
+            kernels::LaunchCustomWith(dev.problem, config, mma, ws.get<void>(), ws_bytes, nullptr);
         e != cudaSuccess) {
       return Fail("launch", e);
     }
@@ -131,13 +130,13 @@ int main(int argc, char** argv) {
       }
     }
   }
-  std::printf("shape B=%d T=%d H=%d prefix=%lld page=%d: %d CTAs (%d KV splits), %lld tiles "
-              "per CTA, %d steps; CTA (0,0,0), %zu steady-state steps over 4 launches\n",
-              spec.batch, spec.draft, spec.heads, static_cast<long long>(spec.prefix),
-              spec.page_size, plan.row_blocks * spec.batch * plan.splits, plan.splits,
-              static_cast<long long>(tiles), steps, step_len.size());
-  std::printf("median step: %.0f cycles (%.0f per tile)\n", Median(step_len),
-              Median(step_len) / 2);
+  std::printf(
+      "shape B=%d T=%d H=%d prefix=%lld page=%d: %d CTAs (%d KV splits), %lld tiles "
+      "per CTA, %d steps; CTA (0,0,0), %zu steady-state steps over 4 launches\n",
+      spec.batch, spec.draft, spec.heads, static_cast<long long>(spec.prefix), spec.page_size,
+      plan.row_blocks * spec.batch * plan.splits, plan.splits, static_cast<long long>(tiles), steps,
+      step_len.size());
+  std::printf("median step: %.0f cycles (%.0f per tile)\n", Median(step_len), Median(step_len) / 2);
   std::printf("| warpgroup | event | cycles since the step began (median) |\n|---|---|---:|\n");
   for (int wg = 0; wg < 2; ++wg) {
     for (int ev = 0; ev < kTraceEvents; ++ev) {

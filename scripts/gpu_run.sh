@@ -78,7 +78,7 @@ if [[ $run_tests == 1 ]]; then
   export VERIFYD_TEST_ENGINE=cuda
   for t in test_custom_plan test_custom_kernel_golden test_custom_kernel test_reference_kernels \
            test_cuda_engine test_cuda_sticky_error test_end_to_end test_capture test_regions \
-           test_channels test_receive_buffers test_probe_service test_drift_service; do
+           test_channels test_receive_service test_probe_service test_drift_service; do
     [[ -x "$PACK/bin/$t" ]] || continue
     filter='*'
     [[ $t == test_custom_kernel ]] && filter=$kernel_filter

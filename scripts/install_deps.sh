@@ -10,7 +10,7 @@ packages=(
   libtbb-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libssl-dev libsystemd-dev openssl
   python3-numpy python3-grpcio python3-protobuf python3-yaml prometheus
   python3-pip python3-setuptools python3-wheel systemd
-  clang-14 libclang-rt-14-dev
+  clang-14 libclang-rt-14-dev clang-format
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,30 +1,77 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds everything (CUDA sources too when nvcc is there) and runs every
-# test. GPU suites skip with a message when no GPU is visible. SANITIZE=1 adds an ASan/UBSan build
-# of the CPU targets and runs the CPU and service suites under it. FUZZ=1 runs every fuzz target
-# for FUZZ_SECONDS (60) under ASan/UBSan; SOAK=1 runs the soak for SOAK_SECONDS (60).
-# CONTAINER_STEPS=1 runs the container recipe's build steps on the host (a Release build of the
-# daemon and the CLI, installed into a staging dir, then checked against the runtime stage).
+# Installs what is missing, builds everything (CUDA sources too when nvcc is there) and runs the
+# tests. GPU suites skip with a message when no GPU is visible. Prints each stage's time at the end.
+#
+# The quick lane (the default, and what CI runs; about 20 minutes on 2 cores):
+#   - the main build and every suite in it (the CPU mutation suite's quick lane included);
+#   - clang-format over the tree (scripts/check_format.sh);
+#   - an ASan/UBSan build of the CPU targets running every CPU suite but the mutation suite;
+#   - each fuzz target for FUZZ_SECONDS (20) on its seed corpus and kept inputs;
+#   - the soak for SOAK_SECONDS (30).
+# In the quick lane the CUDA sources compile for sm_90a only (CUDA_ARCHS overrides it).
+#
+# FULL=1 adds the full lanes; run them before a change that touches their area:
+#   - CUDA for every shipped architecture (90a and 120);
+#   - the ASan/UBSan build running every CPU suite, mutation included;
+#   - fuzz targets for 60 s each and a 60 s soak;
+#   - the container recipe's build steps on the host (deploy/container/check_build_steps.sh).
+# Each piece can be switched on or off alone: SANITIZE, FUZZ, SOAK, CONTAINER_STEPS, FORMAT (1/0).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-"$root/scripts/install_deps.sh"
+full=${FULL:-0}
+if [ "$full" = 1 ]; then
+  : "${FUZZ_SECONDS:=60}" "${SOAK_SECONDS:=60}" "${CONTAINER_STEPS:=1}" "${CUDA_ARCHS:=90a;120}"
+else
+  : "${FUZZ_SECONDS:=20}" "${SOAK_SECONDS:=30}" "${CONTAINER_STEPS:=0}" "${CUDA_ARCHS:=90a}"
+fi
+: "${SANITIZE:=1}" "${FUZZ:=1}" "${SOAK:=1}" "${FORMAT:=1}"
+
+stages=()
+stage() {  # stage NAME COMMAND...: runs it and records its time
+  local name=$1 t0=$SECONDS
+  shift
+  echo "== stage: $name"
+  "$@"
+  stages+=("$(printf '%-16s %5d s' "$name" $((SECONDS - t0)))")
+}
+report() {
+  local rc=$?
+  echo "== stage times (total $SECONDS s)"
+  for s in "${stages[@]}"; do echo "   $s"; done
+  [ "$rc" = 0 ] || echo "== FAILED (exit $rc) in the stage after the last one listed"
+}
+trap report EXIT
+
+stage deps "$root/scripts/install_deps.sh"
 build=${BUILD_DIR:-$root/build}
-BUILD_DIR=$build "$root/scripts/build.sh"
-(cd "$build" && ctest --output-on-failure -j"$(nproc)" --timeout 600)
-if [ "${SANITIZE:-0}" = 1 ]; then
+stage build env BUILD_DIR="$build" \
+  CMAKE_ARGS="-DVERIFYD_CUDA_ARCHS=$CUDA_ARCHS ${CMAKE_ARGS:-}" "$root/scripts/build.sh"
+stage tests bash -c "cd '$build' && ctest --output-on-failure -j$(nproc) --timeout 900"
+if [ "$FORMAT" = 1 ]; then
+  stage format "$root/scripts/check_format.sh"
+fi
+if [ "$SANITIZE" = 1 ]; then
   asan=$build-asan
-  BUILD_DIR=$asan CMAKE_ARGS="-DVERIFYD_SANITIZE=ON -DVERIFYD_ENABLE_CUDA=OFF" \
-    "$root/scripts/build.sh"
-  (cd "$asan" && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j"$(nproc)" --timeout 900)
+  stage asan-build env BUILD_DIR="$asan" \
+    CMAKE_ARGS="-DVERIFYD_SANITIZE=ON -DVERIFYD_ENABLE_CUDA=OFF" "$root/scripts/build.sh"
+  # The quick lane leaves out the mutation suite, which the main build's suites ran.
+  exclude=(-LE mutation)
+  [ "$full" = 1 ] && exclude=()
+  stage asan-tests bash -c "cd '$asan' && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure \
+    -j$(nproc) --timeout 900 ${exclude[*]}"
 fi
-if [ "${FUZZ:-0}" = 1 ]; then
-  FUZZ_BUILD_DIR=$build-fuzz FUZZ_SECONDS=${FUZZ_SECONDS:-60} "$root/tests/fuzz/run_fuzz.sh"
+if [ "$FUZZ" = 1 ]; then
+  stage fuzz env FUZZ_BUILD_DIR="$build-fuzz" FUZZ_SECONDS="$FUZZ_SECONDS" \
+    "$root/tests/fuzz/run_fuzz.sh"
 fi
-if [ "${SOAK:-0}" = 1 ]; then
-  SOAK_SECONDS=${SOAK_SECONDS:-60} "$root/scripts/soak.sh" "$build"
+if [ "$SOAK" = 1 ]; then
+  stage soak env SOAK_SECONDS="$SOAK_SECONDS" "$root/scripts/soak.sh" "$build"
 fi
-if [ "${CONTAINER_STEPS:-0}" = 1 ]; then
-  rc=0
-  "$root/deploy/container/check_build_steps.sh" || rc=$?
-  [ "$rc" = 0 ] || [ "$rc" = 77 ] || exit "$rc"  # 77: not a Debian 12 host, skipped
+if [ "$CONTAINER_STEPS" = 1 ]; then
+  container_steps() {
+    local rc=0
+    "$root/deploy/container/check_build_steps.sh" || rc=$?
+    [ "$rc" = 0 ] || [ "$rc" = 77 ] || return "$rc"  # 77: not a Debian 12 host, skipped
+  }
+  stage container container_steps
 fi

@@ -1,5 +1,5 @@
 #pragma once
-// The sampled fp32 oracle on the GPU: the simplest kernel that computes DESIGN §2 in fp32 from
+// The sampled fp32 oracle on the GPU: the simplest kernel that computes the contract (README.md, "The computation") in fp32 from
 // the bf16 inputs, one thread block per query row. Slow by design; it shares nothing with the
 // reference or custom paths.
 

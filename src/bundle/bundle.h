@@ -1,5 +1,6 @@
 #pragma once
-// A verify-attention bundle on the host: the tensors of DESIGN §2 as typed views.
+// A verify-attention bundle on the host: the tensors of the contract (README.md, "The computation")
+// as typed views.
 
 #include <cstdint>
 #include <memory>
@@ -12,12 +13,12 @@ namespace verifyd {
 // Non-owning, host memory. Only Validate() (bundle/validate.h) produces one that engines accept.
 struct BundleView {
   kernels::ProblemShape shape;
-  const uint16_t* q = nullptr;           // bf16 [B*T, H, 576]
-  const uint16_t* kv_pool = nullptr;     // bf16 [num_pages, page_size, 576]
-  const int32_t* kv_indptr = nullptr;    // [B+1]
-  const int32_t* kv_indices = nullptr;   // [kv_indptr[B]]
-  const int32_t* kv_lens = nullptr;      // [B]
-  const uint8_t* tree_mask = nullptr;    // [B, T, T] bytes or [B, T, ceil(T/8)] bits
+  const uint16_t* q = nullptr;          // bf16 [B*T, H, 576]
+  const uint16_t* kv_pool = nullptr;    // bf16 [num_pages, page_size, 576]
+  const int32_t* kv_indptr = nullptr;   // [B+1]
+  const int32_t* kv_indices = nullptr;  // [kv_indptr[B]]
+  const int32_t* kv_lens = nullptr;     // [B]
+  const uint8_t* tree_mask = nullptr;   // [B, T, T] bytes or [B, T, ceil(T/8)] bits
   float sm_scale = 0.f;
   int64_t max_kv_len = 0;    // filled by Validate()
   int64_t total_kv_len = 0;  // filled by Validate()
@@ -31,13 +32,11 @@ struct BundleView {
 
   bool on_host() const { return q_device < 0 && kv_pool_device < 0; }
 
-  int64_t rows() const { return int64_t{shape.batch} * shape.draft; }          // B*T
+  int64_t rows() const { return int64_t{shape.batch} * shape.draft; }  // B*T
   int64_t q_elems() const { return rows() * shape.heads * kernels::kHeadDimQK; }
   int64_t o_elems() const { return rows() * shape.heads * kernels::kHeadDimV; }
   int64_t lse_elems() const { return rows() * shape.heads; }
-  int64_t kv_elems() const {
-    return shape.num_pages * shape.page_size * kernels::kHeadDimQK;
-  }
+  int64_t kv_elems() const { return shape.num_pages * shape.page_size * kernels::kHeadDimQK; }
   int64_t mask_bytes() const {
     return rows() * kernels::MaskRowBytes(shape.mask_format, shape.draft);
   }

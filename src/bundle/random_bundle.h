@@ -27,18 +27,18 @@ const char* TrafficName(Traffic t);
 
 struct RandomBundleSpec {
   int batch = 1;
-  int draft = 1;          // T
+  int draft = 1;  // T
   int heads = 8;
   int page_size = 1;
-  int64_t prefix = 0;                 // prefix length of every request...
-  std::vector<int64_t> prefix_lens;   // ...unless this gives one per request
+  int64_t prefix = 0;                // prefix length of every request...
+  std::vector<int64_t> prefix_lens;  // ...unless this gives one per request
   TreeKind tree = TreeKind::kRandomTree;
   Traffic traffic = Traffic::kRandom;
   bool empty_row = false;  // request 0 gets prefix 0 and draft row T/2 sees nothing
   kernels::MaskFormat mask_format = kernels::MaskFormat::kBytes;
-  float q_scale = 1.f;     // scales q (large logits)
+  float q_scale = 1.f;                    // scales q (large logits)
   float sm_scale = 0.07216878364870322f;  // 1/sqrt(192)
-  int extra_pages = 3;     // unused pages in the pool, NaN-poisoned
+  int extra_pages = 3;                    // unused pages in the pool, NaN-poisoned
   uint64_t seed = 1;
 };
 

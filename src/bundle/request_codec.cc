@@ -18,11 +18,16 @@ using kernels::kHeadDimQK;
 
 int64_t ElemSize(v1::DType d) {
   switch (d) {
-    case v1::DTYPE_BF16: return 2;
-    case v1::DTYPE_F32: return 4;
-    case v1::DTYPE_I32: return 4;
-    case v1::DTYPE_U8: return 1;
-    default: return 0;
+    case v1::DTYPE_BF16:
+      return 2;
+    case v1::DTYPE_F32:
+      return 4;
+    case v1::DTYPE_I32:
+      return 4;
+    case v1::DTYPE_U8:
+      return 1;
+    default:
+      return 0;
   }
 }
 
@@ -46,7 +51,8 @@ int64_t ShapeBytes(const char* name, const v1::Tensor& t, v1::DType dtype, int r
   bool overflow = false;
   for (int64_t d : t.shape()) {
     if (d < 0 || d > (int64_t{1} << 40)) {
-      *st = absl::InvalidArgumentError(absl::StrCat(name, ": bad dimension in shape ", ShapeStr(t)));
+      *st =
+          absl::InvalidArgumentError(absl::StrCat(name, ": bad dimension in shape ", ShapeStr(t)));
       return 0;
     }
     overflow = overflow || __builtin_mul_overflow(n, d, &n);
@@ -85,9 +91,9 @@ class TensorLocator {
     if (!r.ok()) return r.status();
     named_.push_back({name, &region, *r});
     if (r->device() >= 0 && r->device() != req_.device()) {
-      return absl::InvalidArgumentError(absl::StrCat(name, ": region '", region,
-                                                     "' is on device ", r->device(),
-                                                     ", the request's device is ", req_.device()));
+      return absl::InvalidArgumentError(absl::StrCat(name, ": region '", region, "' is on device ",
+                                                     r->device(), ", the request's device is ",
+                                                     req_.device()));
     }
     return r;
   }
@@ -109,10 +115,10 @@ class TensorLocator {
     if (!st.ok()) return st;
     if (device != nullptr) *device = -1;
     if (t.contents_case() == v1::Tensor::kRawContents) {
-      const absl::string_view raw = elsewhere != nullptr && elsewhere->has_value() &&
-                                            t.raw_contents().empty()
-                                        ? **elsewhere
-                                        : absl::string_view(t.raw_contents());
+      const absl::string_view raw =
+          elsewhere != nullptr && elsewhere->has_value() && t.raw_contents().empty()
+              ? **elsewhere
+              : absl::string_view(t.raw_contents());
       if (static_cast<int64_t>(raw.size()) != n) {
         return absl::InvalidArgumentError(absl::StrCat(name, ": ", raw.size(), " bytes for shape ",
                                                        ShapeStr(t), ", expected ", n));
@@ -127,8 +133,8 @@ class TensorLocator {
     }
     std::vector<char>& copy = out_->host_copies.emplace_back(std::max<size_t>(n, 1));
     if (absl::Status rs = r->region->ReadToHost(r->offset, r->byte_size, copy.data()); !rs.ok()) {
-      return absl::Status(rs.code(), absl::StrCat(name, ": reading it from its region: ",
-                                                  rs.message()));
+      return absl::Status(rs.code(),
+                          absl::StrCat(name, ": reading it from its region: ", rs.message()));
     }
     return static_cast<const void*>(copy.data());
   }
@@ -156,11 +162,11 @@ class TensorLocator {
       if (other.range.region != r->region) continue;
       if (r->offset < other.range.offset + other.range.byte_size &&
           other.range.offset < r->offset + r->byte_size) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            name, ": bytes [", r->offset, ", ", r->offset + r->byte_size, ") of region '",
-            *other.region, "' overlap ", other.name, "'s [", other.range.offset, ", ",
-            other.range.offset + other.range.byte_size,
-            "); outputs must not overlap the inputs or each other"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, ": bytes [", r->offset, ", ", r->offset + r->byte_size,
+                         ") of region '", *other.region, "' overlap ", other.name, "'s [",
+                         other.range.offset, ", ", other.range.offset + other.range.byte_size,
+                         "); outputs must not overlap the inputs or each other"));
       }
     }
     return r;
@@ -183,8 +189,8 @@ absl::Status DimIs(const char* name, const v1::Tensor& t, int axis, int64_t want
                    const char* what) {
   if (t.shape(axis) != want) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": shape ", ShapeStr(t), " dim ", axis,
-                                                   " is ", t.shape(axis), ", expected ", want,
-                                                   " (", what, ")"));
+                                                   " is ", t.shape(axis), ", expected ", want, " (",
+                                                   what, ")"));
   }
   return absl::OkStatus();
 }
@@ -230,14 +236,14 @@ absl::Status DecodeRequest(const v1::VerifyRequest& req, const RegionRegistry* r
                                 mask_format == kernels::MaskFormat::kBytes ? "T" : "ceil(T/8)"));
 
   VERIFYD_ASSIGN_OR_RETURN(p, at.Locate("q", req.q(), v1::DTYPE_BF16, 3, &v.q_device,
-                                            in_place != nullptr ? &in_place->q : nullptr));
+                                        in_place != nullptr ? &in_place->q : nullptr));
   v.q = static_cast<const uint16_t*>(p);
   VERIFYD_RETURN_IF_ERROR(DimIs("q", req.q(), 0, batch * draft, "B*T"));
   VERIFYD_RETURN_IF_ERROR(DimIs("q", req.q(), 2, kHeadDimQK, "576 = 512 latent + 64 rope"));
   const int64_t heads = req.q().shape(1);
   if (heads < 1 || heads > kernels::kMaxHeads) {
-    return absl::InvalidArgumentError(absl::StrCat("q: heads H = ", heads, " is outside [1, ",
-                                                   kernels::kMaxHeads, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("q: heads H = ", heads, " is outside [1, ", kernels::kMaxHeads, "]"));
   }
   const v1::Tensor& pool = req.kv_pool();
   if (pool.shape_size() == 3 && pool.shape(1) > 0 &&
@@ -245,23 +251,23 @@ absl::Status DecodeRequest(const v1::VerifyRequest& req, const RegionRegistry* r
     // A registered pool is named whole: a whole number of pages of page_size x 576 bf16.
     const uint64_t page_bytes = static_cast<uint64_t>(pool.shape(1)) * kHeadDimQK * 2;
     const uint64_t bytes = pool.contents_case() == v1::Tensor::kShm ? pool.shm().byte_size()
-                                                                     : pool.cuda_ipc().byte_size();
+                                                                    : pool.cuda_ipc().byte_size();
     if (bytes % page_bytes != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "kv_pool: byte_size ", bytes, " is not a whole number of pages of ", page_bytes,
-          " bytes (page_size ", pool.shape(1), " x 576 bf16)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("kv_pool: byte_size ", bytes, " is not a whole number of pages of ",
+                       page_bytes, " bytes (page_size ", pool.shape(1), " x 576 bf16)"));
     }
     v.kv_pool_shared = true;
   }
-  VERIFYD_ASSIGN_OR_RETURN(
-      p, at.Locate("kv_pool", req.kv_pool(), v1::DTYPE_BF16, 3, &v.kv_pool_device,
-                   in_place != nullptr ? &in_place->kv_pool : nullptr));
+  VERIFYD_ASSIGN_OR_RETURN(p,
+                           at.Locate("kv_pool", req.kv_pool(), v1::DTYPE_BF16, 3, &v.kv_pool_device,
+                                     in_place != nullptr ? &in_place->kv_pool : nullptr));
   v.kv_pool = static_cast<const uint16_t*>(p);
   VERIFYD_RETURN_IF_ERROR(DimIs("kv_pool", req.kv_pool(), 2, kHeadDimQK, "576"));
   const int64_t page_size = req.kv_pool().shape(1);
   if (page_size < 1 || page_size > kernels::kMaxPageSize) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "kv_pool: page_size ", page_size, " is not a power of two in [1, 128]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_pool: page_size ", page_size, " is not a power of two in [1, 128]"));
   }
 
   v.shape.batch = static_cast<int>(batch);
@@ -275,17 +281,17 @@ absl::Status DecodeRequest(const v1::VerifyRequest& req, const RegionRegistry* r
   VERIFYD_RETURN_IF_ERROR(ValidateBundle(v));
 
   if (req.has_o_out()) {
-    VERIFYD_ASSIGN_OR_RETURN(
-        out->o_out, at.Output("o_out", req.o_out(), v1::DTYPE_BF16,
-                              {v.rows(), heads, kernels::kHeadDimV}));
+    VERIFYD_ASSIGN_OR_RETURN(out->o_out, at.Output("o_out", req.o_out(), v1::DTYPE_BF16,
+                                                   {v.rows(), heads, kernels::kHeadDimV}));
   }
   if (req.has_lse_out()) {
     if (!req.want_lse()) {
       return absl::InvalidArgumentError("lse_out: set, but want_lse is false");
     }
     if (!req.has_o_out()) {
-      return absl::InvalidArgumentError("lse_out: set without o_out (both go to regions or "
-                                        "neither)");
+      return absl::InvalidArgumentError(
+          "lse_out: set without o_out (both go to regions or "
+          "neither)");
     }
     VERIFYD_ASSIGN_OR_RETURN(out->lse_out,
                              at.Output("lse_out", req.lse_out(), v1::DTYPE_F32, {v.rows(), heads}));

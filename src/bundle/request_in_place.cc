@@ -105,11 +105,11 @@ bool Walk(absl::string_view wire, v1::VerifyRequest* req, InPlaceTensors* bulk) 
     uint32_t tag = 0;
     if (!ReadTag(in, &tag)) return false;
     const int field = WireFormatLite::GetTagFieldNumber(tag);
-    std::optional<absl::string_view>* into =
-        !IsLengthDelimited(tag)                           ? nullptr
-        : field == v1::VerifyRequest::kQFieldNumber      ? &bulk->q
-        : field == v1::VerifyRequest::kKvPoolFieldNumber ? &bulk->kv_pool
-                                                         : nullptr;
+    std::optional<absl::string_view>* into = !IsLengthDelimited(tag)                     ? nullptr
+                                             : field == v1::VerifyRequest::kQFieldNumber ? &bulk->q
+                                             : field == v1::VerifyRequest::kKvPoolFieldNumber
+                                                 ? &bulk->kv_pool
+                                                 : nullptr;
     if (into == nullptr) {
       if (!CopyField(in, tag, wire, at, &small)) return false;
       continue;
@@ -155,8 +155,8 @@ RequestPieces SerializeRequestAround(const v1::VerifyRequest& req, const InPlace
     if (!bytes) continue;
     // field { raw_contents: bytes }, its bytes not copied.
     const uint32_t n = static_cast<uint32_t>(bytes->size());
-    const size_t raw_header = CodedOutputStream::VarintSize32(raw_tag) +
-                              CodedOutputStream::VarintSize32(n);
+    const size_t raw_header =
+        CodedOutputStream::VarintSize32(raw_tag) + CodedOutputStream::VarintSize32(n);
     AppendVarint(WireFormatLite::MakeTag(field, WireFormatLite::WIRETYPE_LENGTH_DELIMITED),
                  &p.small);
     AppendVarint(static_cast<uint32_t>(raw_header + n), &p.small);

@@ -69,15 +69,15 @@ absl::Status ValidateBundle(BundleView& v) {
     if (s.mask_format == kernels::MaskFormat::kBytes) {
       for (int j = 0; j < s.draft; ++j) {
         if (row[j] > 1) {
-          return Bad(absl::StrCat("tree_mask[", b, ",", i, ",", j, "]: ", int{row[j]},
-                                  " is not 0 or 1"));
+          return Bad(
+              absl::StrCat("tree_mask[", b, ",", i, ",", j, "]: ", int{row[j]}, " is not 0 or 1"));
         }
       }
     } else if (s.draft % 8 != 0) {
       const uint8_t pad = static_cast<uint8_t>(0xffu << (s.draft % 8));
       if (row[row_bytes - 1] & pad) {
-        return Bad(absl::StrCat("tree_mask[", b, ",", i,
-                                "]: bits past T are set in the bit-packed row"));
+        return Bad(
+            absl::StrCat("tree_mask[", b, ",", i, "]: bits past T are set in the bit-packed row"));
       }
     }
   }

@@ -1,6 +1,7 @@
 #pragma once
-// Semantic validation of a bundle per DESIGN §2, after the tensors' dtypes and sizes are known
-// to match the shape: kv_indptr, kv_indices, kv_lens, tree mask values, sm_scale.
+// Semantic validation of a bundle per the contract (README.md, "The computation"), after the
+// tensors' dtypes and sizes are known to match the shape: kv_indptr, kv_indices, kv_lens, tree mask
+// values, sm_scale.
 
 #include "absl/status/status.h"
 #include "src/bundle/bundle.h"

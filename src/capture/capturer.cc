@@ -20,8 +20,7 @@ namespace {
 namespace fs = std::filesystem;
 
 double NowSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 // SaveBundleFile writes NAME.safetensors.tmp.XXXXXX and renames it when complete.
@@ -55,7 +54,8 @@ absl::StatusOr<std::unique_ptr<Capturer>> Capturer::Create(const CaptureOptions&
       continue;
     }
     if (e.path().extension() != ".safetensors") continue;
-    found.push_back({e.last_write_time(), {e.path().string(), static_cast<int64_t>(e.file_size())}});
+    found.push_back(
+        {e.last_write_time(), {e.path().string(), static_cast<int64_t>(e.file_size())}});
   }
   std::sort(found.begin(), found.end(), [](auto& a, auto& b) { return a.first < b.first; });
   absl::MutexLock l(&c->mu_);
@@ -127,8 +127,8 @@ absl::StatusOr<std::string> Capturer::Write(const ComparisonRecord& r, const std
   const std::vector<int64_t> lse_shape = {v.rows(), v.shape.heads};
   std::vector<TensorRef> extra;
   int64_t extra_bytes = 0;
-  auto add = [&](const char* name, DType dtype, const std::vector<int64_t>& shape,
-                 const void* data, int64_t bytes) {
+  auto add = [&](const char* name, DType dtype, const std::vector<int64_t>& shape, const void* data,
+                 int64_t bytes) {
     if (data && bytes > 0) {
       extra.push_back({name, dtype, shape, data});
       extra_bytes += bytes;
@@ -193,9 +193,9 @@ absl::StatusOr<std::string> Capturer::Write(const ComparisonRecord& r, const std
     }
   }
   if (need > opts_.max_bytes) {
-    return Dropped(trigger, absl::ResourceExhaustedError(absl::StrCat(
-                                "capture: bundle of ", need, " bytes exceeds the quota ",
-                                opts_.max_bytes)));
+    return Dropped(trigger,
+                   absl::ResourceExhaustedError(absl::StrCat(
+                       "capture: bundle of ", need, " bytes exceeds the quota ", opts_.max_bytes)));
   }
   std::string path;
   {

@@ -19,11 +19,11 @@
 namespace verifyd {
 
 struct CaptureOptions {
-  std::string dir;                               // empty: capture off
-  int64_t max_bytes = int64_t{4} << 30;          // all capture files together
+  std::string dir;                       // empty: capture off
+  int64_t max_bytes = int64_t{4} << 30;  // all capture files together
   int64_t max_files = 200;
-  int64_t min_free_bytes = int64_t{1} << 30;     // never fill the disk past this
-  double min_breach_interval_seconds = 10;       // rate limit of breach captures
+  int64_t min_free_bytes = int64_t{1} << 30;  // never fill the disk past this
+  double min_breach_interval_seconds = 10;    // rate limit of breach captures
 };
 
 // One comparison, as captured.

@@ -3,6 +3,7 @@
 #include <pwd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
@@ -10,6 +11,7 @@
 #include "absl/strings/ascii.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
+#include "src/cli/proto_json.h"
 #include "verifyd/v1/admin.grpc.pb.h"
 
 namespace verifyd::cli {
@@ -46,18 +48,25 @@ std::string Duration(double seconds) {
   return fmt::format("{}s", s);
 }
 
-nlohmann::json NumJson(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); }
+// At most `n` characters of `text` on one line: a reason can quote a whole probe report.
+std::string Clip(std::string text, size_t n = 160) {
+  for (char& ch : text) {
+    if (ch == '\n') ch = ' ';
+  }
+  if (text.size() > n) text = text.substr(0, n - 3) + "...";
+  return text;
+}
 
 // "drift       ok: custom/reference error vs oracle 1.08x over 64 samples (t -41 < 3 against
 // 1.35x); 0 breaches".
 void PrintDrift(const v1::DriftStatus& d) {
-  std::string verdict = d.samples() == 0 ? "no oracle samples yet"
-                        : !std::isfinite(d.t())
-                            ? fmt::format("{}x over {} samples, no verdict before {}",
-                                          Num(d.ratio()), d.samples(), d.min_samples())
-                            : fmt::format("{}x over {} samples (t {} {} {} against {}x)",
-                                          Num(d.ratio()), d.samples(), Num(d.t()),
-                                          d.breach() ? ">=" : "<", d.min_t(), d.max_ratio());
+  std::string verdict =
+      d.samples() == 0 ? "no oracle samples yet"
+      : !std::isfinite(d.t())
+          ? fmt::format("{}x over {} samples, no verdict before {}", Num(d.ratio()), d.samples(),
+                        d.min_samples())
+          : fmt::format("{}x over {} samples (t {} {} {} against {}x)", Num(d.ratio()), d.samples(),
+                        Num(d.t()), d.breach() ? ">=" : "<", d.min_t(), d.max_ratio());
   std::cout << fmt::format("drift       {}: custom/reference error vs oracle {}; {} breaches{}\n",
                            d.breach() ? "IN BREACH" : "ok", verdict, d.breaches(),
                            d.last_breach().empty() ? "" : ", last " + d.last_breach());
@@ -66,19 +75,89 @@ void PrintDrift(const v1::DriftStatus& d) {
 // "probe       passed: 23 of 23 probes passed in 0.81 s (start, 2026-...); 1 run, 0 failed;
 // every 600 s in canary/custom, prefixes up to 2048".
 void PrintProbe(const v1::ProbeStatus& p) {
-  const std::string schedule =
-      fmt::format("{}{}, prefixes up to {}", p.at_start() ? "at start-up and " : "",
-                  p.interval_seconds() > 0
-                      ? fmt::format("every {} s in canary/custom", p.interval_seconds())
-                      : std::string("on demand"),
-                  p.max_prefix());
+  const std::string schedule = fmt::format(
+      "{}{}, prefixes up to {}", p.at_start() ? "at start-up and " : "",
+      p.interval_seconds() > 0 ? fmt::format("every {} s in canary/custom", p.interval_seconds())
+                               : std::string("on demand"),
+      p.max_prefix());
   if (!p.has_run()) {
     std::cout << fmt::format("probe       not run yet; {}\n", schedule);
     return;
   }
   std::cout << fmt::format("probe       {}: {} ({}, {}); {} runs, {} failed; {}\n",
-                           p.last_passed() ? "passed" : "FAILED", p.last_summary(),
+                           p.last_passed() ? "passed" : "FAILED", Clip(p.last_summary()),
                            p.last_trigger(), p.last_time(), p.runs(), p.failed_runs(), schedule);
+}
+
+// What the operator would do next, from the mode and the gate.
+std::string NextStep(const v1::GetStatusResponse& s) {
+  const auto& gate = s.gate();
+  switch (s.mode()) {
+    case v1::MODE_REFERENCE:
+      return "verifyctl rollback --reason \"...\"   (back to shadow: compare again; the gate "
+             "starts over)";
+    case v1::MODE_SHADOW:
+      if (gate.ready())
+        return "verifyctl flip canary --reason \"...\"   (fraction 0.05 by default)";
+      return fmt::format(
+          "wait for {} more clean comparisons in a row (traffic, or verifyctl send); a flip "
+          "before that needs --force, which is audited",
+          std::max<int64_t>(0, gate.needed() - gate.clean()));
+    case v1::MODE_CANARY:
+      return "verifyctl flip custom --reason \"...\" once the canary looks right; verifyctl "
+             "rollback --reason \"...\" to go back";
+    case v1::MODE_CUSTOM:
+      return "watch the comparisons; verifyctl rollback --reason \"...\" to go back, verifyctl "
+             "flip reference --reason \"...\" to stop comparing (the kill switch)";
+    default:
+      return "";
+  }
+}
+
+// The page an operator reads during a rollout: the mode, what is compared, the gate, the last
+// breach once, and the next command.
+void PrintRollout(const v1::GetStatusResponse& s) {
+  std::string mode = ModeStr(s.mode());
+  if (s.mode() == v1::MODE_CANARY) {
+    mode += fmt::format(" ({:g}% of calls served by custom)", s.canary_fraction() * 100);
+  }
+  if (!s.mode_since().empty()) mode += "   since " + s.mode_since();
+  std::cout << fmt::format("mode        {}\n", mode);
+  std::string comparing;
+  switch (s.mode()) {
+    case v1::MODE_REFERENCE:
+      comparing = "nothing: reference mode serves the reference alone";
+      break;
+    case v1::MODE_SHADOW:
+      comparing = fmt::format("custom against the served reference on {:g}% of calls",
+                              s.shadow_sample_rate() * 100);
+      break;
+    case v1::MODE_CANARY:
+      comparing = "custom against the reference on every canary call";
+      break;
+    default:
+      comparing = fmt::format("the reference against the served custom on {:g}% of calls",
+                              s.custom_sample_rate() * 100);
+  }
+  std::cout << fmt::format("comparing   {}; {} comparisons since the mode {}\n", comparing,
+                           s.comparisons_since_mode_change(),
+                           s.mode_since().empty() ? "was loaded" : "changed");
+  if (s.mode() == v1::MODE_CUSTOM && s.custom_sample_rate() == 0) {
+    std::cout << "WARNING     custom sample rate 0: nothing is compared while custom is served, "
+                 "so no breach is seen and no rollback can fire\n";
+  }
+  const auto& gate = s.gate();
+  std::string causes;
+  if (s.drift().breach()) causes += "; oracle drift in breach";
+  if (s.probe().has_run() && !s.probe().last_passed()) causes += "; the probe suite failed";
+  if (s.probe().at_start() && !s.probe().has_run()) causes += "; the probe suite has not run";
+  std::cout << fmt::format("gate        {}: {} of {} clean in a row{}\n",
+                           gate.ready() ? "ready" : "NOT ready", gate.clean(), gate.needed(),
+                           causes);
+  if (!gate.last_breach().empty()) {
+    std::cout << fmt::format("last breach {}\n", Clip(gate.last_breach()));
+  }
+  std::cout << fmt::format("next        {}\n", NextStep(s));
 }
 
 }  // namespace
@@ -92,125 +171,28 @@ int RunStatus(const GlobalOptions& g) {
   const auto& r = s.recent();
   const auto& c = s.counters();
   if (g.json) {
-    nlohmann::json audit = nlohmann::json::array();
-    for (const auto& a : s.recent_audit()) {
-      audit.push_back({{"time", a.time()}, {"from", ModeStr(a.from())}, {"to", ModeStr(a.to())},
-                       {"canary_fraction", a.canary_fraction()}, {"reason", a.reason()},
-                       {"forced", a.forced()}, {"who", a.who()}, {"peer", a.peer()}});
-    }
-    nlohmann::json regions = nlohmann::json::array();
-    for (const auto& r : s.regions()) {
-      regions.push_back({{"name", r.name()}, {"kind", RegionKindStr(r)},
-                         {"shm_key", r.shm_key()}, {"shm_offset", r.shm_offset()},
-                         {"device", r.device()}, {"byte_size", r.byte_size()},
-                         {"client", r.client()}, {"in_use", r.in_use()}, {"calls", r.calls()},
-                         {"lost", r.lost()}});
-    }
-    nlohmann::json channels = nlohmann::json::array();
-    for (const auto& c : s.channels()) {
-      channels.push_back({{"name", c.name()}, {"key", c.key()}, {"byte_size", c.byte_size()},
-                          {"capacity", c.capacity()}, {"client", c.client()},
-                          {"calls", c.calls()}, {"stopped", c.stopped()},
-                          {"client_pid", c.client_pid()}});
-    }
-    const auto& rt = s.runtime();
-    const auto& tol = rt.tolerances();
-    PrintJson({{"mode", ModeStr(s.mode())},
-               {"canary_fraction", s.canary_fraction()},
-               {"sample_rate", s.sample_rate()},
-               {"gate", {{"ready", s.gate().ready()}, {"clean", s.gate().clean()},
-                         {"needed", s.gate().needed()}, {"reason", s.gate().reason()},
-                         {"last_breach", s.gate().last_breach()}}},
-               {"recent", {{"comparisons", r.comparisons()}, {"breaches", r.breaches()},
-                           {"rel_l2_mean", r.rel_l2_mean()}, {"rel_l2_max", r.rel_l2_max()},
-                           {"max_abs_max", r.max_abs_max()},
-                           {"oracle_samples", r.oracle_samples()},
-                           {"custom_vs_oracle_rel_l2", NumJson(r.custom_vs_oracle_rel_l2())},
-                           {"reference_vs_oracle_rel_l2",
-                            NumJson(r.reference_vs_oracle_rel_l2())}}},
-               {"counters", {{"requests", c.requests()}, {"request_errors", c.request_errors()},
-                             {"served_reference", c.served_reference()},
-                             {"served_custom", c.served_custom()},
-                             {"comparisons_match", c.comparisons_match()},
-                             {"comparisons_breach", c.comparisons_breach()},
-                             {"comparisons_error", c.comparisons_error()},
-                             {"comparisons_skipped", c.comparisons_skipped()},
-                             {"rollbacks", c.rollbacks()}}},
-               {"drift", {{"samples", s.drift().samples()}, {"ratio", NumJson(s.drift().ratio())},
-                          {"t", NumJson(s.drift().t())}, {"breach", s.drift().breach()},
-                          {"breaches", s.drift().breaches()},
-                          {"last_breach", s.drift().last_breach()},
-                          {"window", s.drift().window()},
-                          {"min_samples", s.drift().min_samples()},
-                          {"max_ratio", s.drift().max_ratio()},
-                          {"min_t", s.drift().min_t()}}},
-               {"probe", {{"runs", s.probe().runs()}, {"failed_runs", s.probe().failed_runs()},
-                          {"has_run", s.probe().has_run()},
-                          {"last_passed", s.probe().last_passed()},
-                          {"last_time", s.probe().last_time()},
-                          {"last_trigger", s.probe().last_trigger()},
-                          {"last_summary", s.probe().last_summary()},
-                          {"last_seconds", s.probe().last_seconds()},
-                          {"at_start", s.probe().at_start()},
-                          {"interval_seconds", s.probe().interval_seconds()},
-                          {"max_prefix", s.probe().max_prefix()}}},
-               {"last_rollback_reason", s.last_rollback_reason()},
-               {"shadow_sample_rate", s.shadow_sample_rate()},
-               {"custom_sample_rate", s.custom_sample_rate()},
-               {"capture", {{"dir", s.capture().dir()}, {"files", s.capture().files()},
-                            {"bytes", s.capture().bytes()}, {"pending", s.capture().pending()},
-                            {"written", s.capture().written()},
-                            {"dropped", s.capture().dropped()}}},
-               {"engine", {{"engine", s.engine().engine()}, {"device", s.engine().device()},
-                           {"sm_count", s.engine().sm_count()},
-                           {"compute_capability", s.engine().compute_capability()}}},
-               {"version", s.version()},
-               {"commit", s.commit()},
-               {"runtime",
-                {{"inject_custom_fault", rt.inject_custom_fault()},
-                 {"tolerances", {{"atol", tol.atol()}, {"rtol", tol.rtol()},
-                                 {"max_rel_l2", tol.max_rel_l2()}, {"max_abs", tol.max_abs()},
-                                 {"max_lse_abs", tol.max_lse_abs()},
-                                 {"max_beyond_tol", tol.max_beyond_tol()},
-                                 {"atol_rel", tol.atol_rel()},
-                                 {"max_row_rel_l2", tol.max_row_rel_l2()}}},
-                 {"gate_window", rt.gate_window()},
-                 {"rollback_breaches", rt.rollback_breaches()},
-                 {"rollback_window", rt.rollback_window()},
-                 {"oracle_sample_rate", rt.oracle_sample_rate()},
-                 {"custom_timeout_ms", rt.custom_timeout_ms()},
-                 {"uptime_seconds", rt.uptime_seconds()},
-                 {"started", rt.started()},
-                 {"listen", std::vector<std::string>(rt.listen().begin(), rt.listen().end())},
-                 {"admin_listen", rt.admin_listen()},
-                 {"metrics_address", rt.metrics_address()},
-                 {"state_dir", rt.state_dir()}}},
-               {"regions", regions},
-               {"channels", channels},
-               {"audit", audit}});
+    nlohmann::json j = ProtoToJson(s);
+    j["audit"] = std::move(j["recent_audit"]);
+    j.erase("recent_audit");
+    PrintJson(j);
     return 0;
   }
   const auto& rt = s.runtime();
+  if (!s.engine().cpu_fallback().empty()) {
+    std::cout << fmt::format("WARNING     engine: {}\n", s.engine().cpu_fallback());
+  }
   if (!rt.inject_custom_fault().empty()) {
     std::cout << fmt::format(
         "WARNING     TEST-ONLY FAULT INJECTION IS ON: the custom path is made to fail ({})\n",
         rt.inject_custom_fault());
   }
-  std::string mode = ModeStr(s.mode());
-  if (s.mode() == v1::MODE_CANARY) mode += fmt::format(" (fraction {})", s.canary_fraction());
-  std::cout << fmt::format("mode        {}   sample rate {}\n", mode, s.sample_rate());
+  PrintRollout(s);
   std::cout << fmt::format("engine      {} on {}{}   verifyd {} ({})\n", s.engine().engine(),
                            s.engine().device(),
                            s.engine().compute_capability().empty()
                                ? ""
                                : fmt::format(", sm_{}", s.engine().compute_capability()),
                            s.version(), s.commit());
-  std::cout << fmt::format("gate        {}: {} of {} clean in a row{}\n",
-                           s.gate().ready() ? "ready" : "NOT ready", s.gate().clean(),
-                           s.gate().needed(),
-                           s.gate().last_breach().empty()
-                               ? ""
-                               : "; last breach " + s.gate().last_breach());
   std::cout << fmt::format("requests    {} ({} errors), served reference {}, custom {}\n",
                            c.requests(), c.request_errors(), c.served_reference(),
                            c.served_custom());
@@ -229,15 +211,14 @@ int RunStatus(const GlobalOptions& g) {
   PrintDrift(s.drift());
   PrintProbe(s.probe());
   const auto& cap = s.capture();
-  std::cout << fmt::format("sampling    shadow {}  custom {}  oracle {}\n",
-                           s.shadow_sample_rate(), s.custom_sample_rate(),
-                           rt.oracle_sample_rate());
+  std::cout << fmt::format("sampling    shadow {}  custom {}  oracle {}\n", s.shadow_sample_rate(),
+                           s.custom_sample_rate(), rt.oracle_sample_rate());
   const auto& tol = rt.tolerances();
   std::cout << fmt::format(
       "tolerances  atol {}  atol_rel {}  rtol {}  max rel-L2 {}  max row rel-L2 {}  max-abs {}  "
       "max lse {}  beyond tol {}{}\n",
-      tol.atol(), tol.atol_rel(), tol.rtol(), tol.max_rel_l2(), tol.max_row_rel_l2(),
-      tol.max_abs(), tol.max_lse_abs(), tol.max_beyond_tol(),
+      tol.atol(), tol.atol_rel(), tol.rtol(), tol.max_rel_l2(), tol.max_row_rel_l2(), tol.max_abs(),
+      tol.max_lse_abs(), tol.max_beyond_tol(),
       rt.custom_timeout_ms() > 0 ? fmt::format("  custom timeout {} ms", rt.custom_timeout_ms())
                                  : "");
   std::cout << fmt::format("rollback    after {} breaches within {} sampled comparisons; gate {}\n",
@@ -247,13 +228,12 @@ int RunStatus(const GlobalOptions& g) {
                            rt.metrics_address().empty() ? "off" : rt.metrics_address());
   if (s.regions().empty()) std::cout << "regions     none\n";
   for (const auto& r : s.regions()) {
-    std::cout << fmt::format("region      {}  {} {:.1f} MB{}  client '{}'  calls {}  in use {}{}\n",
-                             r.name(), RegionKindStr(r), r.byte_size() / 1e6,
-                             r.kind() == v1::REGION_KIND_SHM
-                                 ? fmt::format(" of {} at {}", r.shm_key(), r.shm_offset())
-                                 : fmt::format(" on GPU {}", r.device()),
-                             r.client(), r.calls(), r.in_use(),
-                             r.lost() ? "  LOST (object shrank; unregister it)" : "");
+    std::cout << fmt::format(
+        "region      {}  {} {:.1f} MB{}  client '{}'  calls {}  in use {}{}\n", r.name(),
+        RegionKindStr(r), r.byte_size() / 1e6,
+        r.kind() == v1::REGION_KIND_SHM ? fmt::format(" of {} at {}", r.shm_key(), r.shm_offset())
+                                        : fmt::format(" on GPU {}", r.device()),
+        r.client(), r.calls(), r.in_use(), r.lost() ? "  LOST (object shrank; unregister it)" : "");
   }
   if (s.channels().empty()) std::cout << "channels    none\n";
   for (const auto& c : s.channels()) {
@@ -262,17 +242,17 @@ int RunStatus(const GlobalOptions& g) {
         c.key(), c.capacity() / 1e6, c.client(), c.client_pid(), c.calls(),
         c.stopped() ? "  STOPPED (object shrank; close it)" : "");
   }
-  std::cout << fmt::format("up          {} since {}, state in {}\n",
-                           Duration(rt.uptime_seconds()), rt.started(), rt.state_dir());
+  std::cout << fmt::format("up          {} since {}, state in {}\n", Duration(rt.uptime_seconds()),
+                           rt.started(), rt.state_dir());
   std::cout << (cap.dir().empty()
                     ? std::string("captures    off\n")
                     : fmt::format("captures    {} files, {:.1f} MB in {} (pending {}, written {}, "
                                   "dropped {})\n",
                                   cap.files(), cap.bytes() / 1e6, cap.dir(), cap.pending(),
                                   cap.written(), cap.dropped()));
-  std::cout << fmt::format("rollbacks   {}{}\n", c.rollbacks(),
-                           s.last_rollback_reason().empty() ? ""
-                                                            : "   last: " + s.last_rollback_reason());
+  std::cout << fmt::format(
+      "rollbacks   {}{}\n", c.rollbacks(),
+      s.last_rollback_reason().empty() ? "" : "   last: " + s.last_rollback_reason());
   if (s.recent_audit_size() > 0) std::cout << "audit (newest last)\n";
   for (const auto& a : s.recent_audit()) {
     std::cout << fmt::format("  {}  {} -> {}{}  by {}{}: {}\n", a.time(), ModeStr(a.from()),
@@ -288,7 +268,7 @@ int RunFlip(const GlobalOptions& g, const FlipOptions& f) {
     req.set_mode(v1::MODE_CUSTOM);
   } else if (f.mode == "canary") {
     req.set_mode(v1::MODE_CANARY);
-    if (!(f.fraction > 0 && f.fraction <= 1)) {
+    if (f.fraction_given && !(f.fraction > 0 && f.fraction <= 1)) {
       return Fail(g, "flip", "--fraction: canary needs a fraction in (0, 1]");
     }
   } else if (f.mode == "shadow") {
@@ -337,7 +317,8 @@ int RunRollback(const GlobalOptions& g, const std::string& reason) {
 
 namespace verifyd::cli {
 
-int RunSample(const GlobalOptions& g, const std::string& mode, double rate) {
+int RunSample(const GlobalOptions& g, const SampleOptions& o) {
+  const std::string& mode = o.mode;
   v1::SetSamplingRequest req;
   if (mode == "shadow") {
     req.set_mode(v1::MODE_SHADOW);
@@ -346,8 +327,10 @@ int RunSample(const GlobalOptions& g, const std::string& mode, double rate) {
   } else {
     return Fail(g, "sample", "mode '" + mode + "' is not shadow or custom");
   }
-  req.set_rate(rate);
+  req.set_rate(o.rate);
   req.set_who(Who());
+  req.set_reason(o.reason);
+  req.set_force(o.force);
   auto stub = v1::AdminService::NewStub(MakeChannel(g.admin));
   v1::SetSamplingResponse resp;
   auto ctx = MakeContext(g, true);
@@ -375,8 +358,8 @@ int RunCapture(const GlobalOptions& g, int64_t next) {
   }
   const auto& c = resp.capture();
   if (g.json) {
-    PrintJson({{"dir", c.dir()}, {"pending", c.pending()}, {"files", c.files()},
-               {"bytes", c.bytes()}});
+    PrintJson(
+        {{"dir", c.dir()}, {"pending", c.pending()}, {"files", c.files()}, {"bytes", c.bytes()}});
   } else {
     std::cout << fmt::format("capturing the next {} compared calls into {} ({} files there)\n",
                              c.pending(), c.dir(), c.files());
@@ -396,15 +379,7 @@ int RunProbe(const GlobalOptions& g) {
     return Fail(g, "probe", st);
   }
   if (g.json) {
-    nlohmann::json results = nlohmann::json::array();
-    for (const auto& r : resp.results()) {
-      results.push_back({{"name", r.name()}, {"feature", r.feature()}, {"passed", r.passed()},
-                         {"reason", r.reason()}, {"rel_l2", NumJson(r.rel_l2())},
-                         {"max_row_rel_l2", NumJson(r.max_row_rel_l2())},
-                         {"max_abs", NumJson(r.max_abs())}, {"seconds", r.seconds()}});
-    }
-    PrintJson({{"passed", resp.passed()}, {"seconds", resp.seconds()},
-               {"summary", resp.summary()}, {"results", results}});
+    PrintJson(ProtoToJson(resp));
   } else {
     for (const auto& r : resp.results()) {
       std::cout << fmt::format("{:<4}  {:<24} row rel-L2 {:<9} rel-L2 {:<9} {:.3f} s  {}{}\n",

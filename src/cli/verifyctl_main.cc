@@ -2,15 +2,15 @@
 
 #include "CLI/CLI.hpp"
 #include "src/cli/admin_commands.h"
-#include "src/cli/replay_command.h"
-#include "src/cli/send_command.h"
+#include "src/cli/replay_handoff.h"
 #include "src/common/admin_token.h"
 #include "src/common/build_version.h"
 #include "src/common/malloc_arenas.h"
+#include "src/loadgen/send_command.h"
 
 int main(int argc, char** argv) {
   using namespace verifyd::cli;
-  // send and replay move bundles of tens of MB per call: keep freed ones for the next.
+  // send moves bundles of tens of MB per call: keep freed ones for the next.
   verifyd::KeepFreedMemory(int64_t{1} << 30);
   CLI::App app{"verifyctl: operate verifyd and send it traffic"};
   app.require_subcommand(1);
@@ -31,10 +31,11 @@ int main(int argc, char** argv) {
   auto* status = app.add_subcommand("status", "mode, gate readiness, diffs, counters, audit");
 
   FlipOptions flip;
-  auto* f = app.add_subcommand("flip", "change what is served: custom | canary | shadow | reference");
+  auto* f =
+      app.add_subcommand("flip", "change what is served: custom | canary | shadow | reference");
   f->add_option("mode", flip.mode, "custom, canary, shadow or reference")->required();
-  auto* fraction = f->add_option("--fraction", flip.fraction,
-                                 "canary only: fraction of calls served by custom");
+  auto* fraction =
+      f->add_option("--fraction", flip.fraction, "canary only: fraction of calls served by custom");
   f->add_option("--reason", flip.reason, "why (recorded in the audit log)")->required();
   f->add_flag("--force", flip.force, "skip the flip gate (recorded)");
 
@@ -85,11 +86,14 @@ int main(int argc, char** argv) {
               "region transports: each worker writes its bundle into its slot once and calls "
               "with it every time (a stack whose KV pool stays resident): calls back to back");
 
-  std::string sample_mode;
-  double sample_rate = 0;
+  SampleOptions sample;
   auto* sm = app.add_subcommand("sample", "fraction of calls that also run the non-served path");
-  sm->add_option("mode", sample_mode, "shadow or custom")->required();
-  sm->add_option("rate", sample_rate, "fraction in [0, 1]")->required();
+  sm->add_option("mode", sample.mode, "shadow or custom")->required();
+  sm->add_option("rate", sample.rate, "fraction in [0, 1]")->required();
+  sm->add_option("--reason", sample.reason, "why (recorded in the audit log)")->required();
+  sm->add_flag("--force", sample.force,
+               "allow a custom rate of 0, which leaves the served custom path unchecked (no "
+               "rollback can fire; recorded)");
 
   int64_t capture_next = 0;
   auto* cap = app.add_subcommand("capture", "capture the next N compared calls to disk");
@@ -98,13 +102,10 @@ int main(int argc, char** argv) {
   auto* probe = app.add_subcommand(
       "probe", "run the daemon's probe suite now and print every probe (exit 1 when one fails)");
 
-  ReplayOptions replay;
-  auto* rp = app.add_subcommand("replay", "re-run the paths on captured or golden bundles");
-  rp->add_option("files", replay.files, ".safetensors bundles")->required();
-  rp->add_option("--engine", replay.engine, "auto, cpu or cuda")->capture_default_str();
-  rp->add_option("--golden_max_rel_l2", replay.golden_max_rel_l2,
-                 "bf16 paths vs a golden o_expected")
-      ->capture_default_str();
+  auto* rp = app.add_subcommand("replay",
+                                "re-run the paths on captured or golden bundles (runs "
+                                "verifyd-replay with the arguments that follow; see its --help)");
+  rp->prefix_command();
 
   CLI11_PARSE(app, argc, argv);
   flip.fraction_given = fraction->count() > 0;
@@ -113,10 +114,14 @@ int main(int argc, char** argv) {
     if (!token.ok()) return Fail(g, "token", std::string(token.status().message()));
     g.admin_token = *token;
   }
-  if (*sm) return RunSample(g, sample_mode, sample_rate);
+  if (*sm) return RunSample(g, sample);
   if (*cap) return RunCapture(g, capture_next);
   if (*probe) return RunProbe(g);
-  if (*rp) return RunReplay(g, replay);
+  if (*rp) {
+    std::vector<std::string> args = rp->remaining();
+    if (g.json) args.push_back("--json");
+    return HandOverToReplay(args);
+  }
   if (*status) return RunStatus(g);
   if (*f) return RunFlip(g, flip);
   if (*rb) return RunRollback(g, rollback_reason);

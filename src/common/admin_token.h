@@ -20,8 +20,7 @@ namespace verifyd {
 
 // `flag` names the flag in errors. `private_file`: refuse group/other permissions.
 inline absl::StatusOr<std::string> ReadAdminTokenFile(const std::string& flag,
-                                                      const std::string& path,
-                                                      bool private_file) {
+                                                      const std::string& path, bool private_file) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) {
     return absl::NotFoundError(

@@ -145,15 +145,15 @@ DiffStats CompareBf16(const uint16_t* test, const uint16_t* ref, int64_t n, cons
 DiffStats CompareBf16ToF32(const uint16_t* test, const float* ref, int64_t n, const float* test_lse,
                            const float* ref_lse, int64_t n_lse, const Tolerance& tol) {
   return CompareImpl([test](int64_t i) { return static_cast<double>(Bf16ToFloat(test[i])); },
-                     [ref](int64_t i) { return static_cast<double>(ref[i]); }, n, test_lse,
-                     ref_lse, n_lse, tol);
+                     [ref](int64_t i) { return static_cast<double>(ref[i]); }, n, test_lse, ref_lse,
+                     n_lse, tol);
 }
 
 DiffStats CompareF32(const float* test, const float* ref, int64_t n, const float* test_lse,
                      const float* ref_lse, int64_t n_lse, const Tolerance& tol) {
   return CompareImpl([test](int64_t i) { return static_cast<double>(test[i]); },
-                     [ref](int64_t i) { return static_cast<double>(ref[i]); }, n, test_lse,
-                     ref_lse, n_lse, tol);
+                     [ref](int64_t i) { return static_cast<double>(ref[i]); }, n, test_lse, ref_lse,
+                     n_lse, tol);
 }
 
 Verdict Judge(const DiffStats& d, const Tolerance& tol) {
@@ -169,8 +169,8 @@ Verdict Judge(const DiffStats& d, const Tolerance& tol) {
                                   tol.max_row_rel_l2, d.worst_row));
   }
   if (d.zero_row_breaches > 0) {
-    why.push_back(absl::StrFormat("nonzero output in %d all-zero reference rows",
-                                  d.zero_row_breaches));
+    why.push_back(
+        absl::StrFormat("nonzero output in %d all-zero reference rows", d.zero_row_breaches));
   }
   if (!(d.max_abs <= tol.max_abs)) {
     if (!std::isinf(d.max_abs)) {

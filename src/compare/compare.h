@@ -25,29 +25,29 @@ inline constexpr int64_t kCompareRowLen = kernels::kHeadDimV;
 
 // Defaults derived from measured clean distributions (README, "Tolerance defaults").
 struct Tolerance {
-  double atol = 0;             // element check: |test - ref| <= atol + atol_rel * rms(ref row)
-  double rtol = 2e-2;          //                                   + rtol * |ref|
-  double max_rel_l2 = 1e-2;    // breach when rel_l2 exceeds it
-  double max_abs = 0.25;       // breach when max_abs exceeds it
-  double max_lse_abs = 1e-2;   // breach when both have lse and they differ by more
-  int64_t max_beyond_tol = 0;  // breach when more elements than this fail the element check
-  double atol_rel = 2e-2;      // element check, part relative to the reference row's rms
+  double atol = 0;               // element check: |test - ref| <= atol + atol_rel * rms(ref row)
+  double rtol = 2e-2;            //                                   + rtol * |ref|
+  double max_rel_l2 = 1e-2;      // breach when rel_l2 exceeds it
+  double max_abs = 0.25;         // breach when max_abs exceeds it
+  double max_lse_abs = 1e-2;     // breach when both have lse and they differ by more
+  int64_t max_beyond_tol = 0;    // breach when more elements than this fail the element check
+  double atol_rel = 2e-2;        // element check, part relative to the reference row's rms
   double max_row_rel_l2 = 1e-2;  // breach when any row's rel-L2 exceeds it
 };
 
 struct DiffStats {
-  int64_t count = 0;           // elements compared
+  int64_t count = 0;  // elements compared
   double rel_l2 = 0;
   double max_abs = 0;
-  double nmse = 0;             // mse(test, ref) / mse(ref, 0)
+  double nmse = 0;  // mse(test, ref) / mse(ref, 0)
   int64_t beyond_tol = 0;
   int64_t nan_test = 0, inf_test = 0, nan_ref = 0, inf_ref = 0;
   double lse_max_abs = std::numeric_limits<double>::quiet_NaN();  // NaN: not compared
-  int64_t rows = 0;              // rows of kCompareRowLen (the last one may be shorter)
-  double max_row_rel_l2 = 0;     // largest ||test_row - ref_row|| / ||ref_row|| over rows whose
-                                 // reference is not all zero
-  int64_t worst_row = -1;        // the first row with that value; -1 when every row is exact
-  int64_t zero_row_breaches = 0; // rows whose reference is all zero but test is not
+  int64_t rows = 0;               // rows of kCompareRowLen (the last one may be shorter)
+  double max_row_rel_l2 = 0;      // largest ||test_row - ref_row|| / ||ref_row|| over rows whose
+                                  // reference is not all zero
+  int64_t worst_row = -1;         // the first row with that value; -1 when every row is exact
+  int64_t zero_row_breaches = 0;  // rows whose reference is all zero but test is not
 };
 
 struct Verdict {

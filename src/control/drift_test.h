@@ -34,7 +34,7 @@ struct DriftOptions {
 absl::Status ValidateDriftOptions(const DriftOptions& o);
 
 struct DriftReading {
-  int64_t samples = 0;  // in the window
+  int64_t samples = 0;                                      // in the window
   double ratio = std::numeric_limits<double>::quiet_NaN();  // geometric mean of c / r
   double t = std::numeric_limits<double>::quiet_NaN();      // NaN below min_samples
   bool breach = false;

@@ -1,5 +1,5 @@
 #pragma once
-// The serving modes of DESIGN §4 and their names.
+// The serving modes (docs/operations.md, "Modes and the flip") and their names.
 
 #include <optional>
 #include <string>
@@ -11,10 +11,14 @@ enum class Mode { kReference = 0, kShadow = 1, kCanary = 2, kCustom = 3 };
 
 inline const char* ModeName(Mode m) {
   switch (m) {
-    case Mode::kReference: return "reference";
-    case Mode::kShadow: return "shadow";
-    case Mode::kCanary: return "canary";
-    case Mode::kCustom: return "custom";
+    case Mode::kReference:
+      return "reference";
+    case Mode::kShadow:
+      return "shadow";
+    case Mode::kCanary:
+      return "canary";
+    case Mode::kCustom:
+      return "custom";
   }
   return "unknown";
 }

@@ -30,7 +30,8 @@ std::string Now() { return absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl
 std::string RollbackLabel(const Outcome& o) {
   if (o.kind == OutcomeKind::kError) return "error";
   if (o.kind == OutcomeKind::kTimeout) return "timeout";
-  if (o.stats && (o.stats->nan_test + o.stats->inf_test + o.stats->nan_ref + o.stats->inf_ref) > 0) {
+  if (o.stats &&
+      (o.stats->nan_test + o.stats->inf_test + o.stats->nan_ref + o.stats->inf_ref) > 0) {
     return "nan_inf";
   }
   return "tolerance";
@@ -40,11 +41,16 @@ std::string RollbackLabel(const Outcome& o) {
 
 const char* OutcomeName(OutcomeKind k) {
   switch (k) {
-    case OutcomeKind::kMatch: return "match";
-    case OutcomeKind::kBreach: return "breach";
-    case OutcomeKind::kError: return "error";
-    case OutcomeKind::kTimeout: return "timeout";
-    case OutcomeKind::kSkipped: return "skipped";
+    case OutcomeKind::kMatch:
+      return "match";
+    case OutcomeKind::kBreach:
+      return "breach";
+    case OutcomeKind::kError:
+      return "error";
+    case OutcomeKind::kTimeout:
+      return "timeout";
+    case OutcomeKind::kSkipped:
+      return "skipped";
   }
   return "unknown";
 }
@@ -60,6 +66,7 @@ absl::StatusOr<std::unique_ptr<ModeController>> ModeController::Create(StateStor
   {
     absl::MutexLock l(&c->mu_);
     if (absl::Status st = c->RestoreLocked(had_state); !st.ok()) return st;
+    c->NotifyLocked();
   }
   c->MalformedAuditLines();  // warns about a damaged audit log at start
   return c;
@@ -73,10 +80,10 @@ absl::Status ModeController::RestoreLocked(bool had_state) {
   }
   // The gate's evidence and a flip's approval hold for the build that recorded them only.
   const bool same_build = state_.build == opts_.build;
-  const std::string build_note = absl::StrCat(
-      "restart under build ", opts_.build.ToString(), "; the state was recorded under ",
-      state_.build.ToString(), ": the gate's evidence (", state_.gate.clean,
-      " clean) does not carry over");
+  const std::string build_note =
+      absl::StrCat("restart under build ", opts_.build.ToString(),
+                   "; the state was recorded under ", state_.build.ToString(),
+                   ": the gate's evidence (", state_.gate.clean, " clean) does not carry over");
   PersistedState next = state_;
   if (!same_build) {
     next.gate = {};
@@ -159,15 +166,15 @@ std::optional<std::string> ModeController::Record(const Outcome& o) {
   {
     absl::MutexLock l(&mu_);
     const bool breach = o.kind != OutcomeKind::kMatch;
+    ++compared_since_change_;
     const bool was_ready = GateLocked().ready;
     const bool was_clean = state_.gate.clean > 0;
     if (breach) {
-      state_.gate.clean = 0;
-      state_.gate.last_breach = absl::StrCat(Now(), " ", OutcomeName(o.kind), ": ", o.reason);
+      ResetGateLocked(absl::StrCat(Now(), " ", OutcomeName(o.kind), ": ", o.reason));
     } else {
       ++state_.gate.clean;
+      evidence_dirty_ = true;
     }
-    evidence_dirty_ = true;
     if (o.stats) {
       recent_.push_back({o.stats->rel_l2, o.stats->max_abs, breach});
     } else {
@@ -184,18 +191,15 @@ std::optional<std::string> ModeController::Record(const Outcome& o) {
         rollback_window_.pop_front();
       }
       if (window_breaches_ >= opts_.rollback_breaches) {
-        label = RollbackLabel(o);
-        PersistedState next = state_;
-        next.mode = Mode::kShadow;
-        DaemonChangeLocked(next, *label,
-                           absl::StrFormat("auto-rollback: %d breaches in the last %d sampled "
-                                           "comparisons; last: %s",
-                                           window_breaches_, rollback_window_.size(),
-                                           state_.gate.last_breach))
-            .IgnoreError();  // logged there; the in-memory rollback happened
+        label = RollBackLocked(
+            RollbackLabel(o),
+            absl::StrFormat("%d breaches in the last %d sampled comparisons; "
+                            "last: %s",
+                            window_breaches_, rollback_window_.size(), state_.gate.last_breach));
       }
     }
     to_save = TakeEvidenceLocked(breach && was_clean, was_ready);
+    NotifyLocked();
   }
   SaveTakenEvidence(to_save);
   return label;
@@ -260,7 +264,7 @@ absl::Status ModeController::Flush() {
 }
 
 std::optional<std::string> ModeController::RecordOracle(double custom_vs_oracle,
-                                                       double reference_vs_oracle) {
+                                                        double reference_vs_oracle) {
   std::optional<EvidenceSave> to_save;
   std::optional<std::string> label;
   {
@@ -281,19 +285,13 @@ std::optional<std::string> ModeController::RecordOracle(double custom_vs_oracle,
       // Every sample in breach counts against the gate, like a breaching comparison.
       const bool was_ready = GateLocked().ready;
       const bool was_clean = state_.gate.clean > 0;
-      state_.gate.clean = 0;
-      state_.gate.last_breach = absl::StrCat("drift: ", last_drift_breach_);
-      evidence_dirty_ = true;
+      ResetGateLocked(absl::StrCat("drift: ", last_drift_breach_));
       if (ServesCustom(state_.mode)) {
-        label = "drift";
-        PersistedState next = state_;
-        next.mode = Mode::kShadow;
-        DaemonChangeLocked(next, *label,
-                           "auto-rollback: oracle drift: " + DescribeDrift(r, drift_.options()))
-            .IgnoreError();  // logged there; the in-memory rollback happened
+        label = RollBackLocked("drift", "oracle drift: " + DescribeDrift(r, drift_.options()));
       }
       to_save = TakeEvidenceLocked(was_clean, was_ready);
     }
+    if (r.breach || was_breach) NotifyLocked();  // the drift holds the gate closed, or let go
     if (opts_.on_drift) opts_.on_drift(r, new_breach);
   }
   SaveTakenEvidence(to_save);
@@ -310,22 +308,34 @@ std::optional<std::string> ModeController::RecordProbe(bool passed, const std::s
     probe_summary_ = summary;
     if (!passed) {
       const bool was_clean = state_.gate.clean > 0;
-      state_.gate.clean = 0;
-      state_.gate.last_breach = absl::StrCat(Now(), " probe: ", summary);
-      evidence_dirty_ = true;
-      if (ServesCustom(state_.mode)) {
-        label = "probe";
-        PersistedState next = state_;
-        next.mode = Mode::kShadow;
-        DaemonChangeLocked(next, *label, "auto-rollback: probe suite: " + summary).IgnoreError();
-      }
+      ResetGateLocked(absl::StrCat(Now(), " probe: ", summary));
+      if (ServesCustom(state_.mode)) label = RollBackLocked("probe", "probe suite: " + summary);
       to_save = TakeEvidenceLocked(was_clean, was_ready);
     } else {
       to_save = TakeEvidenceLocked(false, was_ready);
     }
+    NotifyLocked();
   }
   SaveTakenEvidence(to_save);
   return label;
+}
+
+void ModeController::ResetGateLocked(std::string last_breach) {
+  state_.gate.clean = 0;
+  state_.gate.last_breach = std::move(last_breach);
+  evidence_dirty_ = true;
+}
+
+std::string ModeController::RollBackLocked(std::string label, const std::string& why) {
+  PersistedState next = state_;
+  next.mode = Mode::kShadow;
+  // Logged there; the in-memory rollback happened even when the state could not be saved.
+  DaemonChangeLocked(next, label, "auto-rollback: " + why).IgnoreError();
+  return label;
+}
+
+void ModeController::NotifyLocked() {
+  if (opts_.on_change) opts_.on_change(state_, GateLocked());
 }
 
 absl::Status ModeController::CommitLocked(PersistedState next, AuditEntry e, bool always) {
@@ -352,7 +362,11 @@ absl::Status ModeController::CommitLocked(PersistedState next, AuditEntry e, boo
     rollback_window_.clear();
     window_breaches_ = 0;
   }
-  if (opts_.on_change) opts_.on_change(state_, GateLocked());
+  if (e.action == AuditAction::kMode && e.from != e.to) {
+    compared_since_change_ = 0;
+    mode_since_ = e.time;
+  }
+  NotifyLocked();
   return saved;
 }
 
@@ -410,7 +424,8 @@ absl::StatusOr<PersistedState> ModeController::SetMode(const ModeChange& c) {
   PersistedState next = state_;
   next.mode = c.mode;
   if (c.mode == Mode::kCanary) {
-    next.canary_fraction = c.canary_fraction;
+    // No fraction given (0): the persisted one, 0.05 until an operator set another.
+    if (c.canary_fraction != 0) next.canary_fraction = c.canary_fraction;
     if (absl::Status st = ValidateState(next); !st.ok()) return st;
   }
   bool past_gate = false;
@@ -419,15 +434,20 @@ absl::StatusOr<PersistedState> ModeController::SetMode(const ModeChange& c) {
     past_gate = state_.custom_faulted || !g.ready;
     if (past_gate && !c.force) {
       if (state_.custom_faulted) {
-        return absl::FailedPreconditionError(
-            "gate: the custom path faulted (" + state_.custom_fault_reason +
-            "); --force to serve it anyway");
+        return absl::FailedPreconditionError("gate: the custom path faulted (" +
+                                             state_.custom_fault_reason +
+                                             "); --force to serve it anyway");
       }
-      return absl::FailedPreconditionError("gate: not ready: " + g.reason +
-                                           "; --force overrides");
+      return absl::FailedPreconditionError("gate: not ready: " + g.reason + "; --force overrides");
     }
   }
   next.forced = past_gate;
+  // The kill switch: whatever the gate had seen no longer vouches for custom, so the way back
+  // to canary/custom starts with a fresh clean window in shadow.
+  if (c.mode == Mode::kReference && state_.mode != Mode::kReference) {
+    next.gate.clean = 0;
+    next.gate.last_breach = absl::StrCat(Now(), " kill switch (flip reference): ", c.reason);
+  }
   AuditEntry e;
   e.action = AuditAction::kMode;
   e.origin = AuditOrigin::kClient;
@@ -450,6 +470,15 @@ absl::Status ModeController::SetSampleRateLocked(const SampleRateChange& c, Audi
   const double previous = rate;
   rate = c.rate;
   if (absl::Status st = ValidateState(next); !st.ok()) return st;
+  const bool unchecked = c.mode == Mode::kCustom && c.rate == 0;
+  if (unchecked && origin == AuditOrigin::kClient && !c.force) {
+    return absl::FailedPreconditionError(
+        "rate: a custom sample rate of 0 compares nothing while custom is served, so no breach is "
+        "seen and no rollback can fire; give --force (recorded in the audit log) to do it anyway");
+  }
+  if (unchecked && c.rate != previous) {
+    spdlog::warn("custom sample rate 0 (by {}): the served custom path goes unchecked", c.who);
+  }
   if (origin == AuditOrigin::kDaemon && previous == c.rate) return absl::OkStatus();
   AuditEntry e;
   e.action = AuditAction::kSampleRate;
@@ -460,6 +489,7 @@ absl::Status ModeController::SetSampleRateLocked(const SampleRateChange& c, Audi
   e.sample_mode = c.mode;
   e.sample_rate = c.rate;
   e.previous_sample_rate = previous;
+  e.forced = c.force;
   if (absl::Status st = CommitLocked(std::move(next), std::move(e), false); !st.ok()) return st;
   spdlog::info("{} sample rate set from {} to {} by {}", ModeName(c.mode), previous, c.rate, c.who);
   return absl::OkStatus();
@@ -504,6 +534,8 @@ ControllerSnapshot ModeController::Snapshot() const {
   s.gate = GateLocked();
   s.rollbacks = rollbacks_;
   s.last_rollback_reason = last_rollback_reason_;
+  s.compared_since_mode_change = compared_since_change_;
+  s.mode_since = mode_since_;
   s.audit_malformed_lines = audit_malformed_.load();
   s.drift.reading = drift_.Reading();
   s.drift.options = drift_.options();

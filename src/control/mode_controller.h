@@ -1,6 +1,7 @@
 #pragma once
-// The mode state machine of DESIGN §4: which path serves each call, which calls also run the
-// other path, the flip gate, auto-rollback, and durability through StateStore.
+// The mode state machine (docs/operations.md, "Modes and the flip"): which path serves each call,
+// which calls also run the other path, the flip gate, auto-rollback, and durability through
+// StateStore.
 
 #include <atomic>
 #include <cstdint>
@@ -52,11 +53,12 @@ struct ControllerOptions {
   absl::Duration evidence_save_interval = absl::Seconds(10);
   // Called once for every mode change the daemon makes by itself that leaves canary/custom, with
   // its reason label: "tolerance", "nan_inf", "error", "timeout" (auto-rollback),
-  // "drift", "probe", "custom_fault", "build_changed" (restart). Called with the controller's lock held: it must
-  // not call back into the controller.
+  // "drift", "probe", "custom_fault", "build_changed" (restart). Called with the controller's lock
+  // held: it must not call back into the controller.
   std::function<void(std::string_view reason)> on_rollback;
-  // Called after every change of mode or sampling, by a client or by the daemon, with the new
-  // state and gate. Same lock rule.
+  // Called at start and after every change of mode, sampling or gate (a comparison, a drift
+  // reading in breach, a probe), by a client or by the daemon, with the new state and gate.
+  // Same lock rule.
   std::function<void(const PersistedState&, const GateStatus&)> on_change;
   // The oracle drift test (drift_test.h). While it is in breach the gate stays closed, and a
   // daemon serving canary/custom rolls back to shadow with reason "drift".
@@ -101,9 +103,11 @@ struct SampleRateChange {
   double rate = 0;            // [0, 1]
   std::string who;            // as for ModeChange
   std::string peer;
-  std::string reason;         // optional
+  std::string reason;  // optional
+  // A custom rate of 0 turns every comparison off while custom is served (no rollback can fire
+  // then): a client must force it, and the audit log says so.
+  bool force = false;
 };
-
 
 struct RecentSummary {
   int64_t comparisons = 0, breaches = 0;
@@ -129,6 +133,10 @@ struct ControllerSnapshot {
   int64_t rollbacks = 0;  // mode changes by the daemon itself that left canary/custom
   std::string last_rollback_reason;
   int64_t audit_malformed_lines = 0;  // audit.jsonl lines skipped, as of the last read
+  // Comparisons recorded since the mode last changed (or since start), and when it changed
+  // (empty: not since start).
+  int64_t compared_since_mode_change = 0;
+  std::string mode_since;
 };
 
 class ModeController {
@@ -190,6 +198,13 @@ class ModeController {
   absl::Status DaemonChangeLocked(PersistedState next, std::string_view label,
                                   const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status SaveLocked(const PersistedState& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A breach of any kind (comparison, drift, probe): the gate's clean streak starts over.
+  void ResetGateLocked(std::string last_breach) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Canary/custom back to shadow, by the daemon: logged, audited and counted under `label`.
+  std::string RollBackLocked(std::string label, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells on_change the mode and the gate: the one place the gauges learn them from.
+  void NotifyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Saves a copy taken under mu_ with sequence number `seq`, unless a newer one was saved.
   absl::Status SaveEvidence(const PersistedState& s, uint64_t seq) ABSL_LOCKS_EXCLUDED(mu_);
   // The evidence to save now, if any: when a breach reset the streak (`reset`), the gate opened
@@ -234,6 +249,8 @@ class ModeController {
   std::string last_drift_breach_ ABSL_GUARDED_BY(mu_);
   int64_t rollbacks_ ABSL_GUARDED_BY(mu_) = 0;
   std::string last_rollback_reason_ ABSL_GUARDED_BY(mu_);
+  int64_t compared_since_change_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string mode_since_ ABSL_GUARDED_BY(mu_);
   mutable std::atomic<int64_t> audit_malformed_{0};
   mutable std::atomic<int64_t> audit_malformed_warned_{0};
 };

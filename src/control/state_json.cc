@@ -75,17 +75,18 @@ absl::Status Read(const json& j, const char* key, const std::string& field, Buil
   if (it == j.end()) return absl::OkStatus();
   if (!it->is_object()) return WrongType(field, "an object", *it);
   const std::string f(field);
-  for (absl::Status st : {Read(*it, "version", f + ".version", &out->version),
-                          Read(*it, "commit", f + ".commit", &out->commit),
-                          Read(*it, "custom_config_hash", f + ".custom_config_hash",
-                               &out->custom_config_hash)}) {
+  for (absl::Status st :
+       {Read(*it, "version", f + ".version", &out->version),
+        Read(*it, "commit", f + ".commit", &out->commit),
+        Read(*it, "custom_config_hash", f + ".custom_config_hash", &out->custom_config_hash)}) {
     if (!st.ok()) return st;
   }
   return absl::OkStatus();
 }
 
 json BuildJson(const BuildIdentity& b) {
-  return {{"version", b.version}, {"commit", b.commit}, {"custom_config_hash", b.custom_config_hash}};
+  return {
+      {"version", b.version}, {"commit", b.commit}, {"custom_config_hash", b.custom_config_hash}};
 }
 
 absl::StatusOr<json> ParseObject(std::string_view text) {
@@ -111,8 +112,10 @@ absl::Status ValidateState(const PersistedState& s) {
     return absl::InvalidArgumentError(
         absl::StrCat("canary_fraction: ", s.canary_fraction, " must be in (0, 1]"));
   }
-  if (absl::Status st = RateInRange("shadow_sample_rate", s.shadow_sample_rate); !st.ok()) return st;
-  if (absl::Status st = RateInRange("custom_sample_rate", s.custom_sample_rate); !st.ok()) return st;
+  if (absl::Status st = RateInRange("shadow_sample_rate", s.shadow_sample_rate); !st.ok())
+    return st;
+  if (absl::Status st = RateInRange("custom_sample_rate", s.custom_sample_rate); !st.ok())
+    return st;
   if (s.gate.clean < 0) {
     return absl::InvalidArgumentError(absl::StrCat("gate.clean: ", s.gate.clean, " must be >= 0"));
   }
@@ -159,17 +162,22 @@ std::string SerializeState(const PersistedState& s) {
 
 const char* AuditOriginName(AuditOrigin o) {
   switch (o) {
-    case AuditOrigin::kUnknown: return "unknown";
-    case AuditOrigin::kClient: return "client";
-    case AuditOrigin::kDaemon: return "daemon";
+    case AuditOrigin::kUnknown:
+      return "unknown";
+    case AuditOrigin::kClient:
+      return "client";
+    case AuditOrigin::kDaemon:
+      return "daemon";
   }
   return "unknown";
 }
 
 const char* AuditActionName(AuditAction a) {
   switch (a) {
-    case AuditAction::kMode: return "mode";
-    case AuditAction::kSampleRate: return "sample_rate";
+    case AuditAction::kMode:
+      return "mode";
+    case AuditAction::kSampleRate:
+      return "sample_rate";
   }
   return "unknown";
 }

@@ -71,7 +71,8 @@ absl::StatusOr<std::optional<PersistedState>> StateStore::Read() const {
   }
   absl::StatusOr<std::string> text = ReadSmallFile(fd, path);
   ::close(fd);
-  if (!text.ok()) return absl::Status(text.status().code(), absl::StrCat(text.status().message(), fix));
+  if (!text.ok())
+    return absl::Status(text.status().code(), absl::StrCat(text.status().message(), fix));
   absl::StatusOr<PersistedState> s = ParseState(*text);
   if (!s.ok()) {
     return absl::DataLossError(absl::StrCat(path, " is unreadable: ", s.status().message(), fix));

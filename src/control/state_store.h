@@ -30,7 +30,7 @@ struct PersistedState {
   double canary_fraction = 0.05;
   double shadow_sample_rate = 1.0;
   double custom_sample_rate = 0.01;
-  bool custom_faulted = false;      // a sticky custom-path fault happened; never restore custom
+  bool custom_faulted = false;  // a sticky custom-path fault happened; never restore custom
   std::string custom_fault_reason;
   // The build that recorded this state: the flip to `mode` was approved, and `gate` gathered,
   // under it. Empty in a state file written before builds were recorded.

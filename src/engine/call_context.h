@@ -37,9 +37,9 @@ class CallContext {
       if (now >= deadline_) {
         code = static_cast<int>(absl::StatusCode::kDeadlineExceeded);
       } else if (cancelled_ && cancelled_()) {
-        code = static_cast<int>(deadline_ - now <= kDeadlineSkew
-                                    ? absl::StatusCode::kDeadlineExceeded
-                                    : absl::StatusCode::kCancelled);
+        code =
+            static_cast<int>(deadline_ - now <= kDeadlineSkew ? absl::StatusCode::kDeadlineExceeded
+                                                              : absl::StatusCode::kCancelled);
       } else {
         return absl::OkStatus();
       }

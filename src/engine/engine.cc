@@ -16,15 +16,15 @@ absl::Status Engine::Deliver(Path path, PreparedBundle& b, const RegionRange& o,
   if (absl::Status st = Fetch(path, b, &out); !st.ok()) return st;
   const size_t o_bytes = out.o.size() * sizeof(uint16_t);
   if (o_bytes != o.byte_size) {
-    return absl::InternalError(absl::StrCat("o_out: ", o.byte_size, " bytes for an output of ",
-                                            o_bytes));
+    return absl::InternalError(
+        absl::StrCat("o_out: ", o.byte_size, " bytes for an output of ", o_bytes));
   }
   std::memcpy(o.data, out.o.data(), o_bytes);
   if (lse != nullptr) {
     const size_t lse_bytes = out.lse.size() * sizeof(float);
     if (lse_bytes != lse->byte_size) {
-      return absl::InternalError(absl::StrCat("lse_out: ", lse->byte_size,
-                                              " bytes for an output of ", lse_bytes));
+      return absl::InternalError(
+          absl::StrCat("lse_out: ", lse->byte_size, " bytes for an output of ", lse_bytes));
     }
     std::memcpy(lse->data, out.lse.data(), lse_bytes);
   }

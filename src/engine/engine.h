@@ -19,9 +19,12 @@ enum class Path { kReference = 0, kCustom = 1, kOracle = 2 };
 
 inline const char* PathName(Path p) {
   switch (p) {
-    case Path::kReference: return "reference";
-    case Path::kCustom: return "custom";
-    case Path::kOracle: return "oracle";
+    case Path::kReference:
+      return "reference";
+    case Path::kCustom:
+      return "custom";
+    case Path::kOracle:
+      return "oracle";
   }
   return "unknown";
 }
@@ -35,13 +38,16 @@ struct CustomFault {
   double amount = 0;  // kPerturb: added to every output element (after bf16 rounding)
 };
 
+// Called once by an engine whose device context is lost (a sticky CUDA fault): every later call
+// on that device fails, whichever caller (a call, the shadow runner, a probe) ran into it first.
+using DeviceLostHandler = std::function<void(const absl::Status&)>;
 
 // One path's output on the host. Reference and custom fill `o` (bf16); the oracle fills `o_f32`.
 struct PathOutput {
-  std::vector<uint16_t> o;      // bf16 [B*T, H, 512]
-  std::vector<float> o_f32;     // fp32 [B*T, H, 512], oracle only
-  std::vector<float> lse;       // fp32 [B*T, H]
-  double seconds = 0;           // time the path itself took
+  std::vector<uint16_t> o;   // bf16 [B*T, H, 512]
+  std::vector<float> o_f32;  // fp32 [B*T, H, 512], oracle only
+  std::vector<float> lse;    // fp32 [B*T, H]
+  double seconds = 0;        // time the path itself took
 };
 
 // A bundle's inputs where the engine runs them, plus the outputs of the paths run on it.
@@ -59,8 +65,8 @@ class PreparedBundle {
 };
 
 struct EngineInfo {
-  std::string engine;   // "cpu" or "cuda"
-  std::string device;   // "cpu (8 threads)" or "NVIDIA H200"
+  std::string engine;  // "cpu" or "cuda"
+  std::string device;  // "cpu (8 threads)" or "NVIDIA H200"
   int sm_count = 0;
   std::string compute_capability;  // "9.0"; empty on CPU
 };
@@ -133,6 +139,9 @@ class Engine {
     (void)b;
     return absl::UnimplementedError("this engine cannot return a bundle's inputs");
   }
+  // Where a lost device is reported; set before the engine serves. Engines whose device cannot be
+  // lost (the CPU engine) never call it.
+  virtual void SetDeviceLostHandler(DeviceLostHandler handler) { (void)handler; }
   // Test-only: makes later Run(kCustom) calls fail or go wrong as `fault` says.
   virtual void InjectCustomFault(const CustomFault& fault) = 0;
 };

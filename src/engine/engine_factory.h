@@ -19,7 +19,10 @@ struct EngineOptions {
   int64_t cuda_sync_spin_us = 100;
 };
 
-absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const EngineOptions& opts);
+// With `cpu_fallback`, says there why --engine=auto chose the CPU engine on a host that looks like
+// a GPU node (NVIDIA device files, or NVIDIA_VISIBLE_DEVICES naming devices); empty otherwise.
+absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const EngineOptions& opts,
+                                                   std::string* cpu_fallback = nullptr);
 
 // Whether this build has the CUDA engine.
 bool HaveCudaEngine();

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "fmt/format.h"
@@ -46,6 +47,7 @@ struct Tally {
   std::map<std::string, int64_t> errors;
   std::string first_error;
   int64_t checked = 0, unchecked = 0;  // --check: outputs compared with inline / not comparable
+  std::atomic<bool> channel_refused{false};  // the daemon refused a worker's call channel
 
   void Ok(double lat, const v1::VerifyResponse& r) {
     std::lock_guard<std::mutex> l(mu);
@@ -277,8 +279,13 @@ bool Workers::OpenTransport(int slot, WorkerTransport* t) {
     auto c = channel::ChannelClient::Open(
         stub_, [&g = g_] { return MakeContext(g, false); }, co);
     if (!c.ok()) {
+      tally_.channel_refused = true;
       GiveUp(static_cast<int>(c.status().code()),
-             "OpenChannel: " + std::string(c.status().message()), 0);
+             // The daemon's refusal names OpenChannel already.
+             absl::StartsWith(c.status().message(), "OpenChannel")
+                 ? std::string(c.status().message())
+                 : "OpenChannel: " + std::string(c.status().message()),
+             0);
       opened_.arrive_and_drop();
       return false;
     }
@@ -484,6 +491,9 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
   const auto t0 = Clock::now();
   Workers(g, s, w, channel, *stub, region.get(), inline_out, &tally).Run();
   const Summary m = Summarize(tally, std::chrono::duration<double>(Clock::now() - t0).count());
+  // No worker could open its call channel (a TCP target, a daemon without channels): the error,
+  // not a summary of zero latencies.
+  if (m.nok == 0 && tally.channel_refused) return Fail(g, "send", tally.first_error);
   if (g.json) {
     PrintSummaryJson(s, w, enc, tally, m);
   } else {

@@ -1,6 +1,7 @@
 #include "src/main/daemon_flags.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -14,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "spdlog/spdlog.h"
@@ -259,6 +261,15 @@ absl::Status ParseAddresses(int argc, char** argv, DaemonOptions* o) {
   o->listen = AllListen(argc, argv);
   if (o->listen.empty()) o->listen = absl::GetFlag(FLAGS_listen);
   o->admin_listen = absl::GetFlag(FLAGS_admin_listen);
+  const std::string mode = absl::GetFlag(FLAGS_data_socket_mode);
+  char* end = nullptr;
+  const unsigned long m = std::strtoul(mode.c_str(), &end, 8);
+  if (mode.empty() || *end != '\0' || m > 0777) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data_socket_mode: '", mode, "' is not an octal mode such as 0660"));
+  }
+  o->data_socket.mode = static_cast<unsigned>(m);
+  o->data_socket.group = absl::GetFlag(FLAGS_data_socket_group);
   if (const std::string f = absl::GetFlag(FLAGS_admin_token_file); !f.empty()) {
     VERIFYD_ASSIGN_OR_RETURN(o->admin_token, ReadAdminTokenFile("admin_token_file", f, true));
   }
@@ -295,6 +306,14 @@ absl::Status ParseGrpcLimits(DaemonOptions* o) {
   o->grpc_max_threads = absl::GetFlag(FLAGS_grpc_max_threads);
   o->grpc_max_concurrent_streams = absl::GetFlag(FLAGS_grpc_max_concurrent_streams);
   if (o->grpc_max_threads < 2) return absl::InvalidArgumentError("grpc_max_threads: must be >= 2");
+  o->streams.max_streams = absl::GetFlag(FLAGS_grpc_max_streams);
+  if (o->streams.max_streams < 0 || o->streams.max_streams >= o->grpc_max_threads) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "grpc_max_streams: must be in [0, --grpc_max_threads) = [0, ", o->grpc_max_threads, ")"));
+  }
+  const double idle_s = absl::GetFlag(FLAGS_stream_idle_timeout_s);
+  if (!(idle_s >= 0)) return absl::InvalidArgumentError("stream_idle_timeout_s: must be >= 0");
+  o->streams.idle_timeout = absl::Seconds(idle_s);
   if (o->grpc_max_concurrent_streams < 1) {
     return absl::InvalidArgumentError("grpc_max_concurrent_streams: must be >= 1");
   }

@@ -285,6 +285,14 @@ void DeclareBuildInfo(prometheus::Registry& r, const BuildInfo& info) {
             {"device", info.device},
             {"compute_capability", info.compute_capability}})
       .Set(1);
+  prometheus::BuildGauge()
+      .Name("verifyd_engine_cpu_fallback")
+      .Help(
+          "1 when --engine=auto serves from the CPU engine on a host that looks like a GPU node "
+          "(NVIDIA devices or NVIDIA_VISIBLE_DEVICES): a broken CUDA setup, about 2 s a call")
+      .Register(r)
+      .Add({})
+      .Set(info.cpu_fallback.empty() ? 0 : 1);
 }
 
 }  // namespace

@@ -24,6 +24,8 @@ namespace verifyd {
 
 struct BuildInfo {
   std::string version, commit, engine, device, compute_capability;
+  // Why --engine=auto serves from the CPU on a host that looks like a GPU node; empty otherwise.
+  std::string cpu_fallback;
 };
 
 class Metrics {

@@ -4,13 +4,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "src/common/seconds_since.h"
 
 namespace verifyd {
 namespace {
-
-double Since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
 
 ProbeResult RunOne(Engine& engine, const ProbeBundle& p, const Tolerance& tol) {
   ProbeResult r;
@@ -48,8 +45,8 @@ std::string ProbeReport::Summary() const {
     return absl::StrFormat("%d of %d probes passed in %.3g s", results.size(), results.size(),
                            seconds);
   }
-  std::string s = absl::StrFormat("%d of %d probes failed in %.3g s (", failures, results.size(),
-                                  seconds);
+  std::string s =
+      absl::StrFormat("%d of %d probes failed in %.3g s (", failures, results.size(), seconds);
   int shown = 0;
   for (const ProbeResult& r : results) {
     if (r.passed) continue;

@@ -48,10 +48,8 @@ ProbeReport ProbeScheduler::Run(std::string_view trigger) {
     status_.last_seconds = report.seconds;
   }
   metrics_->Probe(report.passed(), report.seconds);
-  // A rollback is logged, audited and counted by the controller.
+  // A rollback is logged, audited and counted by the controller, and the gauges follow it.
   controller_->RecordProbe(report.passed(), summary);
-  const ControllerSnapshot snap = controller_->Snapshot();
-  metrics_->SetGate(snap.gate);
   if (!report.passed()) Capture(report, mode);
   return report;
 }

@@ -29,8 +29,7 @@ void Dominate(RandomBundle& rb, int b, int i, int h, int64_t t) {
   for (int d = 0; d < kHeadDimQK; ++d) norm2 += double{Bf16ToFloat(k[d])} * Bf16ToFloat(k[d]);
   const double logit = std::log(static_cast<double>(v.kv_lens[b])) + 10;
   const double scale = logit / (v.sm_scale * std::max(norm2, 1e-6));
-  uint16_t* q = rb.q.data() +
-                ((int64_t{b} * v.shape.draft + i) * v.shape.heads + h) * kHeadDimQK;
+  uint16_t* q = rb.q.data() + ((int64_t{b} * v.shape.draft + i) * v.shape.heads + h) * kHeadDimQK;
   for (int d = 0; d < kHeadDimQK; ++d) {
     q[d] = FloatToBf16(static_cast<float>(Bf16ToFloat(k[d]) * scale));
   }
@@ -129,9 +128,8 @@ void AddSplitBoundaries(const ProbeSuiteOptions& o, std::vector<ProbeBundle>* ou
     if (x >= 0 && x < prefix) all.push_back(x);
   }
   const int draft = 4;
-  const int heads = static_cast<int>(
-      std::clamp<int64_t>((static_cast<int64_t>(all.size()) + draft - 1) / draft, 8,
-                          kernels::kMaxHeads));
+  const int heads = static_cast<int>(std::clamp<int64_t>(
+      (static_cast<int64_t>(all.size()) + draft - 1) / draft, 8, kernels::kMaxHeads));
   ProbeBundle p = Make("split_boundaries",
                        "both sides of every 64-token tile/split boundary and the last split",
                        Spec(draft, heads, prefix, 16, TreeKind::kRandomTree, o.seed + 3));
@@ -168,11 +166,10 @@ void AddUndominated(const ProbeSuiteOptions& o, std::vector<ProbeBundle>* out) {
   masked.batch = 2;
   masked.empty_row = true;  // request 0: prefix 0, draft row 4 sees nothing
   masked.traffic = Traffic::kRealistic;
-  out->push_back(Make("fully_masked_rows", "a draft row that sees no key: output 0, lse -inf",
-                      masked));
+  out->push_back(
+      Make("fully_masked_rows", "a draft row that sees no key: output 0, lse -inf", masked));
   for (TreeKind tree : {TreeKind::kChain, TreeKind::kRandomTree}) {
-    RandomBundleSpec s = Spec(16, 16, std::min<int64_t>(o.max_prefix, 4096), 64, tree,
-                              o.seed + 5);
+    RandomBundleSpec s = Spec(16, 16, std::min<int64_t>(o.max_prefix, 4096), 64, tree, o.seed + 5);
     s.traffic = Traffic::kRealistic;
     out->push_back(Make(absl::StrCat("sink_recency/", tree == TreeKind::kChain ? "chain" : "tree"),
                         "sink, recent and heavy-hitter tokens, like a served model", s));

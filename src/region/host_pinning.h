@@ -15,8 +15,7 @@ namespace verifyd {
 // Pins [base, base + bytes) (the engine's cudaHostRegister); returns what unpins it, or an empty
 // function where the engine has nothing to pin (the CPU engine). An error leaves the memory
 // usable, through staging copies.
-using HostPinner =
-    std::function<absl::StatusOr<std::function<void()>>(char* base, uint64_t bytes)>;
+using HostPinner = std::function<absl::StatusOr<std::function<void()>>(char* base, uint64_t bytes)>;
 
 struct PinnedHost {
   std::function<void()> unpin;  // empty: not pinned

@@ -44,9 +44,10 @@ class RegionUse {
 absl::Status RegionRegistry::Intact(const std::string& field, const Entry& e) {
   if (e.mapping->intact()) return absl::OkStatus();
   if (!e.loss_logged.exchange(true)) {
-    spdlog::warn("region '{}' (client '{}'): its shared-memory object shrank below the "
-                 "registered {} bytes; calls naming it are refused until it is unregistered",
-                 e.info.name, e.info.client, e.info.byte_size);
+    spdlog::warn(
+        "region '{}' (client '{}'): its shared-memory object shrank below the "
+        "registered {} bytes; calls naming it are refused until it is unregistered",
+        e.info.name, e.info.client, e.info.byte_size);
   }
   return absl::FailedPreconditionError(absl::StrCat(
       field, field.empty() ? "" : ": ", "region '", e.info.name,
@@ -61,12 +62,9 @@ absl::Status RegionsIntact(const std::vector<RegionPin>& pins) {
   return absl::OkStatus();
 }
 
-const char* RegionKindName(RegionKind k) {
-  return k == RegionKind::kShm ? "shm" : "cuda_ipc";
-}
+const char* RegionKindName(RegionKind k) { return k == RegionKind::kShm ? "shm" : "cuda_ipc"; }
 
-RegionRegistry::RegionRegistry(RegionLimits limits, CudaOpener cuda_opener,
-                               HostPinner host_pinner)
+RegionRegistry::RegionRegistry(RegionLimits limits, CudaOpener cuda_opener, HostPinner host_pinner)
     : limits_(limits), cuda_opener_(std::move(cuda_opener)), host_pinner_(std::move(host_pinner)) {}
 
 RegionRegistry::~RegionRegistry() {
@@ -108,9 +106,9 @@ absl::Status RegionRegistry::CheckNewName(const std::string& name, uint64_t byte
         "name: ", regions_.size(), " regions are registered, the most --max_regions allows"));
   }
   if (byte_size > limits_.max_total_bytes - std::min(total_bytes_, limits_.max_total_bytes)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "byte_size: ", byte_size, " more bytes would exceed --max_region_bytes (",
-        limits_.max_total_bytes, " bytes; ", total_bytes_, " registered)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("byte_size: ", byte_size, " more bytes would exceed --max_region_bytes (",
+                     limits_.max_total_bytes, " bytes; ", total_bytes_, " registered)"));
   }
   return absl::OkStatus();
 }
@@ -123,9 +121,11 @@ absl::StatusOr<RegionSummary> RegionRegistry::Add(std::shared_ptr<Entry> e) {
         absl::StrCat("name: region '", e->info.name, "' is already registered"));
   }
   if (static_cast<int64_t>(regions_.size()) >= limits_.max_regions ||
-      e->info.byte_size > limits_.max_total_bytes - std::min(total_bytes_, limits_.max_total_bytes)) {
-    return absl::ResourceExhaustedError("name: the region limits (--max_regions, "
-                                        "--max_region_bytes) were reached meanwhile");
+      e->info.byte_size >
+          limits_.max_total_bytes - std::min(total_bytes_, limits_.max_total_bytes)) {
+    return absl::ResourceExhaustedError(
+        "name: the region limits (--max_regions, "
+        "--max_region_bytes) were reached meanwhile");
   }
   e->owner = this;
   total_bytes_ += e->info.byte_size;
@@ -137,8 +137,8 @@ absl::StatusOr<RegionSummary> RegionRegistry::Add(std::shared_ptr<Entry> e) {
 }
 
 absl::StatusOr<RegionSummary> RegionRegistry::RegisterShm(const std::string& name,
-                                                          const std::string& key,
-                                                          uint64_t offset, uint64_t byte_size,
+                                                          const std::string& key, uint64_t offset,
+                                                          uint64_t byte_size,
                                                           const std::string& client,
                                                           std::optional<uint32_t> caller_uid) {
   if (absl::Status st = CheckNewName(name, byte_size); !st.ok()) return st;
@@ -189,7 +189,7 @@ absl::StatusOr<RegionSummary> RegionRegistry::RegisterCuda(const std::string& na
 }
 
 absl::StatusOr<std::vector<std::string>> RegionRegistry::Unregister(const std::string& name,
-                                                                     const std::string& client) {
+                                                                    const std::string& client) {
   std::unique_lock<std::mutex> l(mu_);
   std::vector<std::shared_ptr<Entry>> gone;
   if (!name.empty()) {
@@ -220,14 +220,15 @@ absl::StatusOr<std::vector<std::string>> RegionRegistry::Unregister(const std::s
     for (const auto& e : gone) n += e->in_use.load();
     return n;
   };
-  const bool idle = released_.wait_for(
-      l, absl::ToChronoNanoseconds(limits_.unregister_wait), [&] { return busy() == 0; });
+  const bool idle = released_.wait_for(l, absl::ToChronoNanoseconds(limits_.unregister_wait),
+                                       [&] { return busy() == 0; });
   l.unlock();
   for (const std::string& n : names) spdlog::info("region '{}' unregistered", n);
   if (!idle) {
-    return absl::UnavailableError(absl::StrCat(
-        "name: still used by ", busy(), " calls after ", absl::FormatDuration(limits_.unregister_wait),
-        "; unregistered all the same, unmapped when those calls end"));
+    return absl::UnavailableError(
+        absl::StrCat("name: still used by ", busy(), " calls after ",
+                     absl::FormatDuration(limits_.unregister_wait),
+                     "; unregistered all the same, unmapped when those calls end"));
   }
   return names;
 }
@@ -255,21 +256,20 @@ absl::StatusOr<RegionRange> RegionRegistry::Resolve(const std::string& field, Re
     if (it != regions_.end() && it->second->info.kind == kind) e = it->second;
   }
   if (!e) {
-    return absl::NotFoundError(absl::StrCat(field, ": no ", RegionKindName(kind), " region '",
-                                            name, "' is registered"));
+    return absl::NotFoundError(
+        absl::StrCat(field, ": no ", RegionKindName(kind), " region '", name, "' is registered"));
   }
   const uint64_t size = e->info.byte_size;
   if (offset > size || byte_size > size - offset) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": offset ", offset, " + byte_size ", byte_size, " is past the end of region '",
-        name, "' (", size, " bytes)"));
+    return absl::InvalidArgumentError(absl::StrCat(field, ": offset ", offset, " + byte_size ",
+                                                   byte_size, " is past the end of region '", name,
+                                                   "' (", size, " bytes)"));
   }
   if (absl::Status st = Intact(field, *e); !st.ok()) return st;
   if (offset % kRegionAlign != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": offset ", offset, " in region '",
-                                                   name, "' is not a multiple of ", kRegionAlign,
-                                                   " (tensors in regions start ", kRegionAlign,
-                                                   "-byte aligned)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": offset ", offset, " in region '", name, "' is not a multiple of ",
+                     kRegionAlign, " (tensors in regions start ", kRegionAlign, "-byte aligned)"));
   }
   RegionRange r;
   for (const RegionPin& p : *call_pins) {

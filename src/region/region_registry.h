@@ -31,8 +31,8 @@ inline constexpr uint64_t kRegionAlign = 16;
 const char* RegionKindName(RegionKind k);
 
 struct RegionLimits {
-  int64_t max_regions = 64;                 // --max_regions
-  uint64_t max_total_bytes = uint64_t{1} << 40;  // --max_region_bytes (sum of byte_size)
+  int64_t max_regions = 64;                            // --max_regions
+  uint64_t max_total_bytes = uint64_t{1} << 40;        // --max_region_mb (sum of byte_size)
   absl::Duration unregister_wait = absl::Seconds(30);  // how long an unregister waits for calls
 };
 
@@ -107,8 +107,7 @@ class RegionRegistry {
   // INVALID_ARGUMENT for a range past its end, FAILED_PRECONDITION for a region whose memory
   // was lost (RegionsIntact).
   absl::StatusOr<RegionRange> Resolve(const std::string& field, RegionKind kind,
-                                      const std::string& name, uint64_t offset,
-                                      uint64_t byte_size,
+                                      const std::string& name, uint64_t offset, uint64_t byte_size,
                                       std::vector<RegionPin>* call_pins) const;
 
  private:
@@ -126,9 +125,9 @@ class RegionRegistry {
   HostPinner host_pinner_;
   Observer observer_;
   mutable std::mutex mu_;
-  std::condition_variable released_;  // a pin went away
+  std::condition_variable released_;                       // a pin went away
   std::map<std::string, std::shared_ptr<Entry>> regions_;  // guarded by mu_
-  uint64_t total_bytes_ = 0;                                // guarded by mu_
+  uint64_t total_bytes_ = 0;                               // guarded by mu_
 };
 
 }  // namespace verifyd

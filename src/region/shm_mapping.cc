@@ -48,9 +48,10 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> MapShm(const std::string& key, uin
                                                      std::optional<uint32_t> caller_uid) {
   if (key.size() < 2 || key[0] != '/' || key.find('/', 1) != std::string::npos ||
       key.size() > 255) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "key: '", key, "' is not a POSIX shared-memory name ('/' then 1 to 254 characters, no "
-                       "other '/')"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("key: '", key,
+                     "' is not a POSIX shared-memory name ('/' then 1 to 254 characters, no "
+                     "other '/')"));
   }
   if (byte_size == 0) return absl::InvalidArgumentError("byte_size: must be > 0");
   const int fd = shm_open(key.c_str(), O_RDWR, 0);
@@ -78,9 +79,9 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> MapShm(const std::string& key, uin
   const uint64_t object_bytes = static_cast<uint64_t>(st.st_size);
   if (offset > object_bytes || byte_size > object_bytes - offset) {
     close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(
-        "byte_size: offset ", offset, " + byte_size ", byte_size, " is past the end of '", key,
-        "' (", object_bytes, " bytes)"));
+    return absl::InvalidArgumentError(absl::StrCat("byte_size: offset ", offset, " + byte_size ",
+                                                   byte_size, " is past the end of '", key, "' (",
+                                                   object_bytes, " bytes)"));
   }
   // mmap's offset must be page-aligned: map from the page that holds `offset`.
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));

@@ -1,7 +1,5 @@
 #include "src/server/admin_service.h"
 
-#include "src/server/region_rpcs.h"
-
 #include <openssl/sha.h>
 
 #include "absl/strings/escaping.h"
@@ -9,9 +7,10 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "spdlog/spdlog.h"
-#include "src/server/mode_proto.h"
-#include "src/server/unix_socket_acceptor.h"
+#include "src/server/proto_convert.h"
+#include "src/server/region_rpcs.h"
 #include "src/server/verify_service.h"
+#include "src/transport/unix_socket_acceptor.h"
 
 namespace verifyd {
 namespace {
@@ -24,80 +23,13 @@ bool SameSecret(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
-void FillRuntime(const RuntimeFacts& f, v1::RuntimeConfig* out) {
-  out->set_inject_custom_fault(f.inject_custom_fault);
-  auto* t = out->mutable_tolerances();
-  t->set_atol(f.tolerance.atol);
-  t->set_rtol(f.tolerance.rtol);
-  t->set_max_rel_l2(f.tolerance.max_rel_l2);
-  t->set_max_abs(f.tolerance.max_abs);
-  t->set_max_lse_abs(f.tolerance.max_lse_abs);
-  t->set_max_beyond_tol(f.tolerance.max_beyond_tol);
-  t->set_atol_rel(f.tolerance.atol_rel);
-  t->set_max_row_rel_l2(f.tolerance.max_row_rel_l2);
-  out->set_gate_window(f.gate_window);
-  out->set_rollback_breaches(f.rollback_breaches);
-  out->set_rollback_window(f.rollback_window);
-  out->set_oracle_sample_rate(f.oracle_sample_rate);
-  out->set_custom_timeout_ms(f.custom_timeout_seconds * 1000);
-  out->set_uptime_seconds(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - f.started_steady).count());
-  out->set_started(absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromChrono(f.started),
-                                    absl::UTCTimeZone()));
-  // Regions (registered shared-memory / CUDA IPC buffers) are listed here once they exist.
-  for (const std::string& l : f.listen) out->add_listen(l);
-  out->set_admin_listen(f.admin_listen);
-  out->set_metrics_address(f.metrics_address);
-  out->set_state_dir(f.state_dir);
-}
-
-void FillDrift(const DriftStatus& d, v1::DriftStatus* out) {
-  out->set_samples(d.reading.samples);
-  out->set_ratio(d.reading.ratio);
-  out->set_t(d.reading.t);
-  out->set_breach(d.reading.breach);
-  out->set_breaches(d.breaches);
-  out->set_last_breach(d.last_breach);
-  out->set_window(d.options.window);
-  out->set_min_samples(d.options.min_samples);
-  out->set_max_ratio(d.options.max_ratio);
-  out->set_min_t(d.options.min_t);
-}
-
-void FillProbe(const ProbeScheduler* p, v1::ProbeStatus* out) {
-  if (p == nullptr) return;
-  const ProbeRunStatus s = p->Status();
-  out->set_runs(s.runs);
-  out->set_failed_runs(s.failed_runs);
-  out->set_has_run(s.has_run);
-  out->set_last_passed(s.last_passed);
-  out->set_last_time(s.last_time);
-  out->set_last_trigger(s.last_trigger);
-  out->set_last_summary(s.last_summary);
-  out->set_last_seconds(s.last_seconds);
-  out->set_at_start(p->options().at_start);
-  out->set_interval_seconds(p->options().interval_seconds);
-  out->set_max_prefix(p->options().suite.max_prefix);
-}
-
-void FillCapture(const Capturer* c, v1::CaptureStatus* out) {
-  if (c == nullptr) return;
-  const CaptureStatus s = c->Status();
-  out->set_dir(s.dir);
-  out->set_files(s.files);
-  out->set_bytes(s.bytes);
-  out->set_pending(s.pending);
-  out->set_written(s.written);
-  out->set_dropped(s.dropped);
-}
-
 }  // namespace
 
 std::string TokenIdentity(const std::string& token) {
   unsigned char digest[SHA256_DIGEST_LENGTH];
   SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), digest);
-  return "token:" + absl::BytesToHexString(
-                        absl::string_view(reinterpret_cast<const char*>(digest), 4));
+  return "token:" +
+         absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), 4));
 }
 
 AdminServiceImpl::AdminServiceImpl(AdminContext ctx)
@@ -178,9 +110,12 @@ grpc::Status AdminServiceImpl::GetStatus(grpc::ServerContext* ctx, const v1::Get
   e->set_device(ctx_.engine.device);
   e->set_sm_count(ctx_.engine.sm_count);
   e->set_compute_capability(ctx_.engine.compute_capability);
+  e->set_cpu_fallback(ctx_.build.cpu_fallback);
   if (ctx_.counters) *resp->mutable_counters() = ctx_.counters();
   resp->mutable_counters()->set_rollbacks(s.rollbacks);
   resp->set_last_rollback_reason(s.last_rollback_reason);
+  resp->set_comparisons_since_mode_change(s.compared_since_mode_change);
+  resp->set_mode_since(s.mode_since);
   for (const AuditEntry& a : ctx_.controller->RecentAudit(10)) {
     auto* pa = resp->add_recent_audit();
     pa->set_time(a.time);
@@ -254,9 +189,14 @@ grpc::Status AdminServiceImpl::SetSampling(grpc::ServerContext* ctx,
   if (!mode) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "mode: shadow or custom");
   }
+  if (req->reason().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "reason: a reason is required");
+  }
   SampleRateChange c;
   c.mode = *mode;
   c.rate = req->rate();
+  c.reason = req->reason();
+  c.force = req->force();
   c.peer = Peer(*ctx);
   c.who = req->who().empty() ? c.peer : req->who();
   if (absl::Status st = ctx_.controller->SetSampleRate(c); !st.ok()) {

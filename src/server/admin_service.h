@@ -11,13 +11,13 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "src/capture/capturer.h"
-#include "src/region/region_registry.h"
-#include "src/server/channel_server.h"
 #include "src/control/mode_controller.h"
 #include "src/engine/engine.h"
 #include "src/metrics/metrics.h"
 #include "src/probe/probe_scheduler.h"
+#include "src/region/region_registry.h"
 #include "src/server/runtime_facts.h"
+#include "src/transport/channel_server.h"
 #include "verifyd/v1/admin.grpc.pb.h"
 
 namespace verifyd {
@@ -28,11 +28,11 @@ struct AdminContext {
   EngineInfo engine;
   BuildInfo build;
   RuntimeFacts runtime;
-  std::string token;  // empty: no token required
-  Capturer* capturer = nullptr;  // null: capture off
+  std::string token;                        // empty: no token required
+  Capturer* capturer = nullptr;             // null: capture off
   const RegionRegistry* regions = nullptr;  // null: no regions
   const ChannelServer* channels = nullptr;  // null: no call channels
-  ProbeScheduler* probes = nullptr;  // null: RunProbes is unavailable
+  ProbeScheduler* probes = nullptr;         // null: RunProbes is unavailable
   // Request counters, owned by the daemon.
   std::function<v1::Counters()> counters;
   // Failed authentications are logged at most once per this interval (the rest are counted).

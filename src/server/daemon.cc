@@ -13,13 +13,13 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "spdlog/spdlog.h"
+#include "src/common/build_version.h"
 #include "src/common/status_macros.h"
 #include "src/server/admin_service.h"
 #include "src/server/runtime_facts.h"
-#include "src/server/unix_socket_acceptor.h"
-#include "src/server/listen_address.h"
 #include "src/server/verify_service.h"
-#include "src/common/build_version.h"
+#include "src/transport/listen_address.h"
+#include "src/transport/unix_socket_acceptor.h"
 
 namespace verifyd {
 namespace {
@@ -37,7 +37,8 @@ ChannelLimits ChannelLimitsFor(const DaemonOptions& opts) {
 // stale socket), so that a second daemon fails fast and touches nothing of the first.
 absl::Status PrepareListeners(const DaemonOptions& opts) {
   auto prepare = [](const char* flag, const std::string& a) {
-    return IsUnixAddress(a) ? PrepareUnixSocketPath(flag, a.substr(5)) : CheckTcpAddressFree(flag, a);
+    return IsUnixAddress(a) ? PrepareUnixSocketPath(flag, a.substr(5))
+                            : CheckTcpAddressFree(flag, a);
   };
   for (const std::string& a : opts.listen) VERIFYD_RETURN_IF_ERROR(prepare("listen", a));
   if (!opts.admin_listen.empty()) {
@@ -97,10 +98,27 @@ std::string Bound(const std::string& addr, int port) {
 // out: it stands for a kernel that goes wrong under an approved configuration.
 std::string CustomConfigDescription(const EngineInfo& info, const DaemonOptions& o) {
   const Tolerance& t = o.handler.tolerance;
-  return absl::StrCat("engine=", info.engine, ";cc=", info.compute_capability, ";tol=", t.atol,
-                      ",", t.rtol, ",", t.max_rel_l2, ",", t.max_abs, ",", t.max_lse_abs, ",",
+  return absl::StrCat("engine=", info.engine, ";cc=", info.compute_capability, ";tol=", t.atol, ",",
+                      t.rtol, ",", t.max_rel_l2, ",", t.max_abs, ",", t.max_lse_abs, ",",
                       t.max_beyond_tol, ",", t.atol_rel, ",", t.max_row_rel_l2,
                       ";custom_timeout=", o.handler.custom_timeout_seconds);
+}
+
+absl::Status CheckAdminListener(const DaemonOptions& opts) {
+  if (!IsUnixAddress(opts.admin_listen) && !opts.admin_listen.empty()) {
+    if (opts.admin_token.empty()) {
+      return absl::InvalidArgumentError(
+          "admin_listen: a TCP admin listener needs --admin_token_file (or use unix:PATH)");
+    }
+    if (!opts.tls.enabled() && !opts.insecure_admin_tcp) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("admin_listen: ", opts.admin_listen,
+                       " is TCP without TLS and the admin token would travel in clear; give "
+                       "--tls_cert_file and --tls_key_file, use unix:PATH, or accept it with "
+                       "--insecure_admin_tcp"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -110,42 +128,46 @@ std::string DaemonVersion() {
 }
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
+  VERIFYD_RETURN_IF_ERROR(CheckAdminListener(opts));
   std::unique_ptr<Daemon> d(new Daemon);
-  d->opts_ = opts;
-  if (!IsUnixAddress(opts.admin_listen) && !opts.admin_listen.empty()) {
-    if (opts.admin_token.empty()) {
-      return absl::InvalidArgumentError(
-          "admin_listen: a TCP admin listener needs --admin_token_file (or use unix:PATH)");
-    }
-    if (!opts.tls.enabled() && !opts.insecure_admin_tcp) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "admin_listen: ", opts.admin_listen,
-          " is TCP without TLS and the admin token would travel in clear; give "
-          "--tls_cert_file and --tls_key_file, use unix:PATH, or accept it with "
-          "--insecure_admin_tcp"));
-    }
-  }
+  d->opts_ = std::move(opts);
+  VERIFYD_RETURN_IF_ERROR(d->StartEngineAndState());
+  VERIFYD_RETURN_IF_ERROR(d->StartCalls());
+  VERIFYD_RETURN_IF_ERROR(d->StartDataPlane());
+  VERIFYD_RETURN_IF_ERROR(d->StartAdmin());
+  d->LogStarted();
+  d->ready_ = true;
+  return d;
+}
 
+absl::Status Daemon::StartEngineAndState() {
+  const DaemonOptions& opts = opts_;
   // One daemon per state dir and per address: refuse before touching anything the other uses.
-  VERIFYD_ASSIGN_OR_RETURN(d->state_lock_, StateDirLock::Acquire(opts.state_dir));
+  VERIFYD_ASSIGN_OR_RETURN(state_lock_, StateDirLock::Acquire(opts.state_dir));
   VERIFYD_RETURN_IF_ERROR(PrepareListeners(opts));
 
-  absl::StatusOr<std::unique_ptr<Engine>> engine = MakeEngine(opts.engine);
+  std::string cpu_fallback;
+  absl::StatusOr<std::unique_ptr<Engine>> engine = MakeEngine(opts.engine, &cpu_fallback);
   if (!engine.ok()) return engine.status();
-  d->engine_ = std::move(*engine);
+  engine_ = std::move(*engine);
   if (opts.inject_custom_fault.kind != CustomFault::Kind::kNone) {
     spdlog::warn("test-only fault injection into the custom path is on");
-    d->engine_->InjectCustomFault(opts.inject_custom_fault);
+    engine_->InjectCustomFault(opts.inject_custom_fault);
   }
-  const EngineInfo info = d->engine_->Info();
+  const EngineInfo info = engine_->Info();
   if (opts.inject_custom_fault.kind == CustomFault::Kind::kBf16Pv && info.engine != "cpu") {
     return absl::InvalidArgumentError("inject_custom_fault: bf16_pv needs the CPU engine");
   }
 
-  BuildInfo build{VERIFYD_VERSION, VERIFYD_GIT_COMMIT, info.engine, info.device,
-                  info.compute_capability};
-  d->metrics_ = std::make_unique<Metrics>(build);
-  Metrics* metrics = d->metrics_.get();
+  BuildInfo build{VERIFYD_VERSION, VERIFYD_GIT_COMMIT,      info.engine,
+                  info.device,     info.compute_capability, cpu_fallback};
+  if (!cpu_fallback.empty()) {
+    spdlog::warn("engine: {} (verifyd_engine_cpu_fallback is 1)", cpu_fallback);
+  }
+  info_ = info;
+  build_ = build;
+  metrics_ = std::make_unique<Metrics>(build);
+  Metrics* metrics = metrics_.get();
 
   absl::StatusOr<StateStore> store = StateStore::Open(opts.state_dir);
   if (!store.ok()) return store.status();
@@ -161,77 +183,85 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
   };
   auto controller = ModeController::Create(std::move(*store), std::move(copts));
   if (!controller.ok()) return controller.status();
-  d->controller_ = std::move(*controller);
+  controller_ = std::move(*controller);
+  // A lost device, whoever meets it first (a call, the shadow runner, a probe), stops the daemon.
+  engine_->SetDeviceLostHandler([this](const absl::Status& st) { OnFatal(st); });
   for (auto [mode, rate] : {std::pair{Mode::kShadow, opts.shadow_sample_rate},
                             std::pair{Mode::kCustom, opts.custom_sample_rate}}) {
     if (rate < 0) continue;
-    if (absl::Status st = d->controller_->ApplySampleRateFlag(mode, rate); !st.ok()) return st;
+    if (absl::Status st = controller_->ApplySampleRateFlag(mode, rate); !st.ok()) return st;
   }
 
-  const ControllerSnapshot snap = d->controller_->Snapshot();
-  d->metrics_->SetMode(snap.state.mode, snap.state.canary_fraction);
-  d->metrics_->SetGate(snap.gate);
   if (!opts.metrics_address.empty()) {
-    auto ms = MetricsServer::Start(opts.metrics_address, d->metrics_->registry(),
-                                   [daemon = d.get()] { return daemon->ready_.load(); });
+    auto ms = MetricsServer::Start(opts.metrics_address, metrics_->registry(),
+                                   [this] { return ready_.load(); });
     if (absl::IsUnavailable(ms.status())) {
       return absl::UnavailableError(
           absl::StrCat("metrics_address: ", BindFailure({opts.metrics_address})));
     }
     if (!ms.ok()) return ms.status();
-    d->metrics_server_ = std::move(*ms);
+    metrics_server_ = std::move(*ms);
   }
 
   if (!opts.capture.dir.empty()) {
-    auto cap = Capturer::Create(opts.capture, absl::StrCat("verifyd ", build.version, " (",
-                                                           build.commit, ") ", info.engine, " ",
-                                                           info.device));
+    auto cap =
+        Capturer::Create(opts.capture, absl::StrCat("verifyd ", build.version, " (", build.commit,
+                                                    ") ", info.engine, " ", info.device));
     if (!cap.ok()) return cap.status();
-    d->capturer_ = std::move(*cap);
+    capturer_ = std::move(*cap);
   }
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::StartCalls() {
+  const DaemonOptions& opts = opts_;
+  const EngineInfo& info = info_;
   // The probe suite: at start-up before anything is served (the gate needs it to pass), then
   // every --probe_interval while canary/custom is served.
   ProbeOptions probe = opts.probe;
   if (probe.suite.max_prefix == 0) probe.suite.max_prefix = DefaultProbeMaxPrefix(info.engine);
-  d->probes_ = std::make_unique<ProbeScheduler>(d->engine_.get(), d->controller_.get(),
-                                                d->metrics_.get(), d->capturer_.get(), probe,
-                                                opts.handler.tolerance);
-  if (opts.probe.at_start) d->probes_->Run("start");
-  d->probes_->StartPeriodic();
-  d->shadow_ = std::make_unique<ShadowRunner>(opts.shadow_threads, opts.shadow_queue);
-  Daemon* self = d.get();
-  d->handler_ = std::make_unique<VerifyHandler>(
-      d->engine_.get(), d->controller_.get(), d->metrics_.get(), d->shadow_.get(), opts.handler,
-      [self](const absl::Status& st) { self->OnFatal(st); });
-  d->handler_->SetCapturer(d->capturer_.get());
-  Engine* const eng = d->engine_.get();
-  const RegionRegistry::HostPinner pin_host = [eng](char* base, uint64_t bytes) {
-    return eng->PinHostMemory(base, bytes);
-  };
+  probes_ = std::make_unique<ProbeScheduler>(engine_.get(), controller_.get(), metrics_.get(),
+                                             capturer_.get(), probe, opts.handler.tolerance);
+  if (opts.probe.at_start) probes_->Run("start");
+  probes_->StartPeriodic();
+  shadow_ = std::make_unique<ShadowRunner>(opts.shadow_threads, opts.shadow_queue);
+  handler_ = std::make_unique<VerifyHandler>(engine_.get(), controller_.get(), metrics_.get(),
+                                             shadow_.get(), opts.handler);
+  handler_->SetCapturer(capturer_.get());
+  Engine* const eng = engine_.get();
+  const RegionRegistry::HostPinner pin_host = HostPinner();
   if (opts.regions.max_regions > 0) {
-    d->regions_ = std::make_unique<RegionRegistry>(
+    regions_ = std::make_unique<RegionRegistry>(
         opts.regions,
         [eng](int device, const std::string& handle, uint64_t bytes) {
           return eng->OpenCudaIpc(device, handle, bytes);
         },
         pin_host);
-    d->regions_->SetObserver(
-        [m = d->metrics_.get()](int64_t n, uint64_t bytes) { m->SetRegions(n, bytes); });
-    d->handler_->SetRegions(d->regions_.get());
+    regions_->SetObserver(
+        [m = metrics_.get()](int64_t n, uint64_t bytes) { m->SetRegions(n, bytes); });
+    handler_->SetRegions(regions_.get());
   }
+  return absl::OkStatus();
+}
 
+RegionRegistry::HostPinner Daemon::HostPinner() const {
+  Engine* const eng = engine_.get();
+  return [eng](char* base, uint64_t bytes) { return eng->PinHostMemory(base, bytes); };
+}
+
+absl::Status Daemon::StartDataPlane() {
+  const DaemonOptions& opts = opts_;
   // Data plane.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  d->verify_service_ = std::make_unique<VerifyServiceImpl>(
-      d->handler_.get(), d->metrics_.get(),
-      VerifyServiceOptions{opts.max_message_bytes, opts.max_inflight_bytes, d->regions_.get(),
-                           pin_host, opts.allow_region_tcp, ChannelLimitsFor(opts),
-                           opts.pinned_receive_bytes});
-  d->verify_service_->channels().SetObserver(
-      [m = d->metrics_.get()](int64_t n) { m->SetChannels(n); });
-  d->verify_service_->receive_buffers().SetObserver(
-      [m = d->metrics_.get()](const ReceiveBuffers::Stats& s) {
+  verify_service_ = std::make_unique<VerifyServiceImpl>(
+      handler_.get(), metrics_.get(),
+      VerifyServiceOptions{opts.max_message_bytes, opts.max_inflight_bytes, regions_.get(),
+                           HostPinner(), opts.allow_region_tcp, ChannelLimitsFor(opts),
+                           opts.pinned_receive_bytes, opts.streams});
+  verify_service_->channels().SetObserver([m = metrics_.get()](int64_t n) { m->SetChannels(n); });
+  verify_service_->receive_buffers().SetObserver(
+      [m = metrics_.get()](const ReceiveBuffers::Stats& s) {
         m->SetReceiveBuffers(s.bytes, s.pinned_bytes);
       });
   {
@@ -240,52 +270,57 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
     ConfigureServer(b, "verifyd-data", opts.grpc_max_threads, opts.grpc_max_concurrent_streams);
     for (size_t i = 0; i < opts.listen.size(); ++i) {
       if (IsUnixAddress(opts.listen[i])) continue;  // accepted below
-      b.AddListeningPort(opts.listen[i], ListenerCredentials(opts.listen[i], opts.tls),
-                         &ports[i]);
+      b.AddListeningPort(opts.listen[i], ListenerCredentials(opts.listen[i], opts.tls), &ports[i]);
     }
     const int max_bytes = static_cast<int>(std::min<int64_t>(opts.max_message_bytes, INT32_MAX));
     b.SetMaxReceiveMessageSize(-1);  // the verify service refuses (and counts) larger ones
     b.SetMaxSendMessageSize(max_bytes);
-    b.RegisterService(d->verify_service_.get());
-    d->data_server_ = b.BuildAndStart();
+    b.RegisterService(verify_service_.get());
+    data_server_ = b.BuildAndStart();
     for (size_t i = 0; i < opts.listen.size(); ++i) {
-      if (!d->data_server_ || (!IsUnixAddress(opts.listen[i]) && ports[i] == 0)) {
+      if (!data_server_ || (!IsUnixAddress(opts.listen[i]) && ports[i] == 0)) {
         return absl::UnavailableError(
             absl::StrCat("listen: ", StartFailure(opts.listen, opts.tls)));
       }
-      d->listen_addresses_.push_back(Bound(opts.listen[i], ports[i]));
+      listen_addresses_.push_back(Bound(opts.listen[i], ports[i]));
     }
     // Unix sockets are accepted here so that each call's peer uid comes from the kernel
-    // (SO_PEERCRED): a shm region is registered only by its object's owner. The socket keeps
-    // the mode the umask gives it (the systemd unit's UMask makes it 0770 for the group).
+    // (SO_PEERCRED): a shm region is registered only by its object's owner. The socket has the
+    // mode and group of --data_socket_mode and --data_socket_group.
     for (const std::string& a : opts.listen) {
       if (!IsUnixAddress(a)) continue;
-      auto acceptor = UnixSocketAcceptor::Start("listen", a.substr(5), d->data_server_.get(),
-                                                std::nullopt);
+      auto acceptor =
+          UnixSocketAcceptor::Start("listen", a.substr(5), data_server_.get(), opts.data_socket);
       if (!acceptor.ok()) return acceptor.status();
-      d->data_acceptors_.push_back(std::move(*acceptor));
+      data_acceptors_.push_back(std::move(*acceptor));
     }
-    d->data_server_->GetHealthCheckService()->SetServingStatus(kServiceName, true);
-    d->data_server_->GetHealthCheckService()->SetServingStatus("", true);
+    data_server_->GetHealthCheckService()->SetServingStatus(kServiceName, true);
+    data_server_->GetHealthCheckService()->SetServingStatus("", true);
   }
+  return absl::OkStatus();
+}
 
+absl::Status Daemon::StartAdmin() {
+  const DaemonOptions& opts = opts_;
+  const EngineInfo& info = info_;
+  const BuildInfo& build = build_;
   // Admin.
   if (!opts.admin_listen.empty()) {
     AdminContext actx;
-    actx.controller = d->controller_.get();
-    actx.metrics = d->metrics_.get();
+    actx.controller = controller_.get();
+    actx.metrics = metrics_.get();
     actx.engine = info;
     actx.build = build;
-    actx.runtime = RuntimeFactsOf(
-        opts, d->listen_addresses_,
-        d->metrics_server_ ? Bound(opts.metrics_address, d->metrics_port()) : "");
-    actx.capturer = d->capturer_.get();
-    actx.regions = d->regions_.get();
-    actx.channels = &d->verify_service_->channels();
-    actx.probes = d->probes_.get();
-    actx.counters = [self] { return self->handler_->counters(); };
+    actx.runtime =
+        RuntimeFactsOf(opts, listen_addresses_,
+                       metrics_server_ ? Bound(opts.metrics_address, metrics_port()) : "");
+    actx.capturer = capturer_.get();
+    actx.regions = regions_.get();
+    actx.channels = &verify_service_->channels();
+    actx.probes = probes_.get();
+    actx.counters = [this] { return handler_->counters(); };
     actx.token = IsUnixAddress(opts.admin_listen) ? "" : opts.admin_token;
-    d->admin_service_ = std::make_unique<AdminServiceImpl>(std::move(actx));
+    admin_service_ = std::make_unique<AdminServiceImpl>(std::move(actx));
     grpc::ServerBuilder b;
     int port = 0;
     ConfigureServer(b, "verifyd-admin", kAdminMaxThreads, kAdminMaxStreams);
@@ -293,43 +328,47 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
       b.AddListeningPort(opts.admin_listen, ListenerCredentials(opts.admin_listen, opts.tls),
                          &port);
     }
-    b.RegisterService(d->admin_service_.get());
-    d->admin_server_ = b.BuildAndStart();
-    if (!d->admin_server_ || (!IsUnixAddress(opts.admin_listen) && port == 0)) {
+    b.RegisterService(admin_service_.get());
+    admin_server_ = b.BuildAndStart();
+    if (!admin_server_ || (!IsUnixAddress(opts.admin_listen) && port == 0)) {
       return absl::UnavailableError(
           absl::StrCat("admin_listen: ", StartFailure({opts.admin_listen}, opts.tls)));
     }
     if (IsUnixAddress(opts.admin_listen)) {
       // Accepted here so that each call's peer uid comes from the kernel (SO_PEERCRED).
       auto acceptor = UnixSocketAcceptor::Start("admin_listen", opts.admin_listen.substr(5),
-                                                d->admin_server_.get(), 0600);
+                                                admin_server_.get(), SocketAccess{0600, ""});
       if (!acceptor.ok()) return acceptor.status();
-      d->admin_acceptor_ = std::move(*acceptor);
+      admin_acceptor_ = std::move(*acceptor);
     }
-    d->admin_address_ = Bound(opts.admin_listen, port);
+    admin_address_ = Bound(opts.admin_listen, port);
   }
+  return absl::OkStatus();
+}
 
+void Daemon::LogStarted() const {
+  const DaemonOptions& opts = opts_;
+  const EngineInfo& info = info_;
+  const BuildInfo& build = build_;
   spdlog::info("verifyd {} ({}) engine {} on {}{}", build.version, build.commit, info.engine,
                info.device,
                info.compute_capability.empty()
                    ? ""
                    : absl::StrCat(", ", info.sm_count, " SMs, sm_", info.compute_capability));
-  spdlog::info("data plane on {}", absl::StrJoin(d->listen_addresses_, ", "));
-  if (!d->admin_address_.empty()) spdlog::info("admin on {}", d->admin_address_);
+  spdlog::info("data plane on {}", absl::StrJoin(listen_addresses_, ", "));
+  if (!admin_address_.empty()) spdlog::info("admin on {}", admin_address_);
   if (opts.tls.enabled()) {
     spdlog::info("TLS on the TCP listeners{}",
                  opts.tls.client_ca.empty() ? "" : ", client certificates required");
   } else if (!IsUnixAddress(opts.admin_listen) && !opts.admin_listen.empty()) {
-    spdlog::warn("the admin token travels in clear on {} (--insecure_admin_tcp)",
-                 d->admin_address_);
+    spdlog::warn("the admin token travels in clear on {} (--insecure_admin_tcp)", admin_address_);
   }
-  if (d->metrics_server_) {
-    spdlog::info("metrics on http://{}/metrics", Bound(opts.metrics_address, d->metrics_port()));
+  if (metrics_server_) {
+    spdlog::info("metrics on http://{}/metrics", Bound(opts.metrics_address, metrics_port()));
   }
-  spdlog::info("mode {}, state in {}, captures {}", ModeName(snap.state.mode), opts.state_dir,
-               opts.capture.dir.empty() ? "off" : opts.capture.dir);
-  d->ready_ = true;
-  return d;
+  // Read now: the start-up probe may have rolled the persisted mode back.
+  spdlog::info("mode {}, state in {}, captures {}", ModeName(controller_->Snapshot().state.mode),
+               opts.state_dir, opts.capture.dir.empty() ? "off" : opts.capture.dir);
 }
 
 int Daemon::metrics_port() const { return metrics_server_ ? metrics_server_->port() : 0; }

@@ -14,14 +14,16 @@
 #include "src/compare/compare.h"
 #include "src/control/mode_controller.h"
 #include "src/engine/engine.h"
+#include "src/engine/engine_factory.h"
 #include "src/metrics/metrics.h"
 #include "src/probe/probe_scheduler.h"
-#include "src/engine/engine_factory.h"
 #include "src/region/region_registry.h"
-#include "src/server/channel_server.h"
 #include "src/server/shadow_runner.h"
 #include "src/server/state_dir_lock.h"
 #include "src/server/verify_handler.h"
+#include "src/server/verify_service.h"
+#include "src/transport/channel_server.h"
+#include "src/transport/unix_socket_acceptor.h"
 
 namespace grpc {
 class Server;
@@ -32,7 +34,6 @@ namespace verifyd {
 
 class AdminServiceImpl;
 class UnixSocketAcceptor;
-class VerifyServiceImpl;
 
 // "verifyd VERSION (commit COMMIT)".
 std::string DaemonVersion();
@@ -47,25 +48,31 @@ struct TlsOptions {
 struct DaemonOptions {
   std::vector<std::string> listen = {"127.0.0.1:50051"};  // HOST:PORT or unix:PATH
   std::string admin_listen = kDefaultAdminAddress;
-  std::string admin_token;                                  // required for a TCP admin listener
+  std::string admin_token;          // required for a TCP admin listener
   bool insecure_admin_tcp = false;  // allow the token over a TCP admin listener without TLS
   TlsOptions tls;
-  std::string metrics_address = "127.0.0.1:9464";           // empty: no /metrics
+  // The data plane's Unix sockets: who may connect (0660: the daemon's user and group).
+  SocketAccess data_socket{0660, ""};
+  std::string metrics_address = "127.0.0.1:9464";  // empty: no /metrics
   std::string state_dir = "verifyd-state";
   EngineOptions engine;
-  int64_t max_message_bytes = int64_t{2} << 30;  // 1 GiB bundles with room to spare
+  // Transport limits: VerifyServiceOptions holds their defaults.
+  int64_t max_message_bytes = VerifyServiceOptions{}.max_message_bytes;
   // gRPC ceilings of the data plane: threads serving calls (a call or stream beyond them is
   // answered RESOURCE_EXHAUSTED) and concurrent streams per connection.
   int grpc_max_threads = 128;
   int grpc_max_concurrent_streams = 256;
-  int64_t max_inflight_bytes = int64_t{8} << 30;  // memory budget of calls in flight; 0 = none
-  uint64_t pinned_receive_bytes = uint64_t{1} << 30;  // gRPC receive buffers kept (and pinned)
+  // Streams open at once (below grpc_max_threads: the rest serve unary calls) and their idle
+  // timeout.
+  StreamLimits streams;
+  int64_t max_inflight_bytes = VerifyServiceOptions{}.max_inflight_bytes;  // 0 = no budget
+  uint64_t pinned_receive_bytes = VerifyServiceOptions{}.receive_keep_bytes;
   int64_t keep_freed_bytes = kDefaultKeepFreedMb << 20;  // KeepFreedMemory() (main applies it)
   ControllerOptions controller;
   HandlerOptions handler;
   int shadow_threads = 1;
   int shadow_queue = 64;
-  double shadow_sample_rate = -1;   // >= 0 sets (and persists) the rate at start
+  double shadow_sample_rate = -1;  // >= 0 sets (and persists) the rate at start
   double custom_sample_rate = -1;
   CaptureOptions capture;           // capture.dir empty: capture off
   RegionLimits regions;             // max_regions 0: no regions are served
@@ -101,9 +108,20 @@ class Daemon {
 
  private:
   Daemon() = default;
+  // Start's stages, in order.
+  absl::Status StartEngineAndState();  // state dir lock, listeners, engine, metrics, controller
+  absl::Status StartCalls();           // probes, shadow runner, handler, regions
+  absl::Status StartDataPlane();       // the data-plane gRPC server and its Unix sockets
+  absl::Status StartAdmin();           // the admin gRPC server
+  void LogStarted() const;
+  // Makes host memory readable by the engine's devices (regions, channels, receive buffers).
+  RegionRegistry::HostPinner HostPinner() const;
+
   DaemonOptions opts_;
+  EngineInfo info_;
+  BuildInfo build_;
   std::unique_ptr<StateDirLock> state_lock_;  // first member: released last
-  std::atomic<bool> ready_{false};  // /readyz: serving, engine up and mode loaded
+  std::atomic<bool> ready_{false};            // /readyz: serving, engine up and mode loaded
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<ModeController> controller_;
   std::unique_ptr<Metrics> metrics_;
@@ -116,8 +134,8 @@ class Daemon {
   std::unique_ptr<AdminServiceImpl> admin_service_;
   std::unique_ptr<grpc::Server> data_server_, admin_server_;
   std::vector<std::unique_ptr<UnixSocketAcceptor>> data_acceptors_;  // the unix: listeners
-  std::unique_ptr<UnixSocketAcceptor> admin_acceptor_;  // a unix: admin_listen
-  std::unique_ptr<ProbeScheduler> probes_;  // last member: stopped first
+  std::unique_ptr<UnixSocketAcceptor> admin_acceptor_;               // a unix: admin_listen
+  std::unique_ptr<ProbeScheduler> probes_;                           // last member: stopped first
   std::vector<std::string> listen_addresses_;
   std::string admin_address_;
   absl::Mutex mu_;

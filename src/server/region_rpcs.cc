@@ -2,7 +2,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "src/server/unix_socket_acceptor.h"
+#include "src/server/proto_convert.h"
+#include "src/transport/unix_socket_acceptor.h"
 
 namespace verifyd {
 namespace {
@@ -13,28 +14,18 @@ bool NamesRegion(const v1::Tensor& t) {
 
 }  // namespace
 
-void ToProto(const RegionSummary& s, v1::RegionInfo* out) {
-  out->set_name(s.name);
-  out->set_kind(s.kind == RegionKind::kShm ? v1::REGION_KIND_SHM : v1::REGION_KIND_CUDA_IPC);
-  out->set_shm_key(s.shm_key);
-  out->set_shm_offset(s.shm_offset);
-  out->set_device(s.device);
-  out->set_byte_size(s.byte_size);
-  out->set_client(s.client);
-  out->set_in_use(s.in_use);
-  out->set_calls(s.calls);
-  out->set_lost(s.lost);
-}
-
 absl::Status LocalTransportOnly(const grpc::ServerContext& ctx, bool allow_tcp, const char* what) {
   // Every Unix-socket connection is accepted by verifyd and handed to gRPC, which names its
   // peer "fd:N" (UnixSocketAcceptor); that is how the caller's uid is known (RegisterShm).
   const std::string peer = ctx.peer();
   if (allow_tcp || absl::StartsWith(peer, "fd:")) return absl::OkStatus();
   return absl::PermissionDeniedError(absl::StrCat(
-      what, ": shared-memory and CUDA IPC regions are served on Unix sockets only, and so are "
-            "call channels (this call came from ", peer, "; run verifyd with --allow_region_tcp "
-            "to allow TCP)"));
+      what,
+      ": shared-memory and CUDA IPC regions are served on Unix sockets only, and so are call "
+      "channels (this call came from ",
+      peer,
+      "): connect to verifyd's Unix socket (verifyd --listen=unix:PATH, client "
+      "--target=unix:PATH), where the kernel tells verifyd who the caller is"));
 }
 
 absl::Status RegionRpcs::CheckTransport(const grpc::ServerContext& ctx, const char* what) const {
@@ -62,9 +53,8 @@ absl::Status RegionRpcs::RegisterCuda(const grpc::ServerContext& ctx,
                                       const v1::RegisterCudaRegionRequest& req,
                                       v1::RegisterRegionResponse* resp) {
   if (absl::Status st = CheckTransport(ctx, "RegisterCudaRegion"); !st.ok()) return st;
-  absl::StatusOr<RegionSummary> s = regions_->RegisterCuda(req.name(), req.ipc_handle(),
-                                                           req.device(), req.byte_size(),
-                                                           req.client());
+  absl::StatusOr<RegionSummary> s = regions_->RegisterCuda(
+      req.name(), req.ipc_handle(), req.device(), req.byte_size(), req.client());
   if (!s.ok()) return s.status();
   ToProto(*s, resp->mutable_region());
   return absl::OkStatus();
@@ -92,9 +82,9 @@ absl::Status RegionRpcs::List(const grpc::ServerContext& ctx, v1::ListRegionsRes
 
 absl::Status RegionRpcs::CheckRequest(const grpc::ServerContext& ctx,
                                       const v1::VerifyRequest& req) const {
-  const v1::Tensor* fields[] = {&req.q(),        &req.kv_pool(),   &req.kv_indptr(),
+  const v1::Tensor* fields[] = {&req.q(),          &req.kv_pool(), &req.kv_indptr(),
                                 &req.kv_indices(), &req.kv_lens(), &req.tree_mask(),
-                                &req.o_out(),    &req.lse_out()};
+                                &req.o_out(),      &req.lse_out()};
   const char* names[] = {"q",       "kv_pool",   "kv_indptr", "kv_indices",
                          "kv_lens", "tree_mask", "o_out",     "lse_out"};
   for (size_t i = 0; i < std::size(fields); ++i) {

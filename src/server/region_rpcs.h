@@ -44,7 +44,4 @@ class RegionRpcs {
   bool allow_tcp_;
 };
 
-// A registry entry as the protocol shows it (ListRegions, the admin status).
-void ToProto(const RegionSummary& s, v1::RegionInfo* out);
-
 }  // namespace verifyd

@@ -9,11 +9,16 @@ namespace {
 // The --inject_custom_fault spelling of a fault; empty for none.
 std::string FaultName(const CustomFault& f) {
   switch (f.kind) {
-    case CustomFault::Kind::kNone: return "";
-    case CustomFault::Kind::kError: return "error";
-    case CustomFault::Kind::kNan: return "nan";
-    case CustomFault::Kind::kPerturb: return absl::StrCat("perturb:", f.amount);
-    case CustomFault::Kind::kBf16Pv: return "bf16_pv";
+    case CustomFault::Kind::kNone:
+      return "";
+    case CustomFault::Kind::kError:
+      return "error";
+    case CustomFault::Kind::kNan:
+      return "nan";
+    case CustomFault::Kind::kPerturb:
+      return absl::StrCat("perturb:", f.amount);
+    case CustomFault::Kind::kBf16Pv:
+      return "bf16_pv";
   }
   return "unknown";
 }

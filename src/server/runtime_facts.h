@@ -23,7 +23,7 @@ struct RuntimeFacts {
   double custom_timeout_seconds = 0;
   std::vector<std::string> listen;  // as bound
   std::string admin_listen;
-  std::string metrics_address;      // as bound; empty: no /metrics
+  std::string metrics_address;  // as bound; empty: no /metrics
   std::string state_dir;
   std::chrono::system_clock::time_point started = std::chrono::system_clock::now();
   std::chrono::steady_clock::time_point started_steady = std::chrono::steady_clock::now();

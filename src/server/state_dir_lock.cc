@@ -33,9 +33,9 @@ absl::StatusOr<std::unique_ptr<StateDirLock>> StateDirLock::Acquire(const std::s
           absl::StrCat("state_dir: cannot lock ", path, ": ", std::strerror(e)));
     }
     const std::string pid(absl::StripAsciiWhitespace(std::string(buf, n > 0 ? n : 0)));
-    return absl::AlreadyExistsError(absl::StrCat(
-        "state_dir ", dir, " is locked by ", pid.empty() ? "another process" : "pid " + pid,
-        " (another verifyd uses it)"));
+    return absl::AlreadyExistsError(absl::StrCat("state_dir ", dir, " is locked by ",
+                                                 pid.empty() ? "another process" : "pid " + pid,
+                                                 " (another verifyd uses it)"));
   }
   const std::string pid = absl::StrCat(::getpid(), "\n");
   if (::ftruncate(fd, 0) != 0 ||

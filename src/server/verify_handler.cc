@@ -5,79 +5,54 @@
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 #include "src/bundle/request_codec.h"
+#include "src/common/seconds_since.h"
 #include "src/common/status_macros.h"
-#include "src/server/mode_proto.h"
+#include "src/server/proto_convert.h"
 
 namespace verifyd {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+// A call as Metrics::Request counts it, reported once when the call returns: the path that served
+// it ("none" before one ran), its status and its time.
+class CallRecord {
+ public:
+  CallRecord(Metrics* metrics, std::chrono::steady_clock::time_point t0)
+      : metrics_(metrics), t0_(t0) {}
+  CallRecord(const CallRecord&) = delete;
+  CallRecord& operator=(const CallRecord&) = delete;
+  ~CallRecord() { metrics_->Request(path_, code_, Since(t0_)); }
 
-double Since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-v1::PathKind ToProto(Path p) {
-  switch (p) {
-    case Path::kReference: return v1::PATH_REFERENCE;
-    case Path::kCustom: return v1::PATH_CUSTOM;
-    case Path::kOracle: return v1::PATH_ORACLE;
+  void Served(Path p) { path_ = PathName(p); }
+  absl::Status Done(absl::Status st) {
+    code_ = st.code();
+    return st;
   }
-  return v1::PATH_UNSPECIFIED;
-}
 
+ private:
+  Metrics* const metrics_;
+  const std::chrono::steady_clock::time_point t0_;
+  const char* path_ = "none";
+  absl::StatusCode code_ = absl::StatusCode::kUnknown;
+};
 
-void FillComparison(const DiffStats& d, const Verdict& v, v1::Comparison* c) {
-  c->set_test(v1::PATH_CUSTOM);
-  c->set_ref(v1::PATH_REFERENCE);
-  c->set_count(d.count);
-  c->set_rel_l2(d.rel_l2);
-  c->set_max_abs(d.max_abs);
-  c->set_nmse(d.nmse);
-  c->set_beyond_tol(d.beyond_tol);
-  c->set_nan_test(d.nan_test);
-  c->set_inf_test(d.inf_test);
-  c->set_nan_ref(d.nan_ref);
-  c->set_inf_ref(d.inf_ref);
-  c->set_lse_max_abs(d.lse_max_abs);
-  c->set_match(v.match);
-  c->set_reason(v.reason);
-}
-
-// DataLoss is how engines report a fault that poisons the device context.
-bool IsFatal(const absl::Status& st) { return st.code() == absl::StatusCode::kDataLoss; }
+using Clock = std::chrono::steady_clock;
 
 }  // namespace
 
 VerifyHandler::VerifyHandler(Engine* engine, ModeController* controller, Metrics* metrics,
-                             ShadowRunner* shadow, HandlerOptions opts, FatalHandler on_fatal)
+                             ShadowRunner* shadow, HandlerOptions opts)
     : engine_(engine),
       controller_(controller),
       metrics_(metrics),
       shadow_(shadow),
       opts_(opts),
-      on_fatal_(std::move(on_fatal)),
-      tolerance_(opts.tolerance),
       rng_(opts.seed) {}
 
-void VerifyHandler::SetTolerance(const Tolerance& t) {
-  absl::MutexLock l(&mu_);
-  tolerance_ = t;
-}
-
-Tolerance VerifyHandler::tolerance() const {
-  absl::MutexLock l(&mu_);
-  return tolerance_;
-}
+Tolerance VerifyHandler::tolerance() const { return opts_.tolerance; }
 
 bool VerifyHandler::DrawOracle() {
   absl::MutexLock l(&mu_);
   return std::uniform_real_distribution<double>(0, 1)(rng_) < opts_.oracle_sample_rate;
-}
-
-void VerifyHandler::Fatal(const absl::Status& st) {
-  spdlog::critical("fatal engine error: {}", st.ToString());
-  if (on_fatal_) on_fatal_(st);
 }
 
 v1::Counters VerifyHandler::counters() const {
@@ -96,19 +71,25 @@ v1::Counters VerifyHandler::counters() const {
 void VerifyHandler::Record(const Outcome& o) {
   metrics_->Comparison(o.kind);
   switch (o.kind) {
-    case OutcomeKind::kMatch: ++match_; break;
-    case OutcomeKind::kBreach: ++breach_; break;
+    case OutcomeKind::kMatch:
+      ++match_;
+      break;
+    case OutcomeKind::kBreach:
+      ++breach_;
+      break;
     case OutcomeKind::kError:
-    case OutcomeKind::kTimeout: ++error_; break;
-    case OutcomeKind::kSkipped: ++skipped_; return;  // feeds neither the gate nor a rollback
+    case OutcomeKind::kTimeout:
+      ++error_;
+      break;
+    case OutcomeKind::kSkipped:
+      ++skipped_;
+      return;  // feeds neither the gate nor a rollback
   }
   if (o.kind != OutcomeKind::kMatch) {
     spdlog::warn("comparison {} in {} mode: {}", OutcomeName(o.kind), ModeName(o.mode), o.reason);
   }
-  controller_->Record(o);  // a rollback is logged, audited and counted by the controller
-  const ControllerSnapshot snap = controller_->Snapshot();
-  metrics_->SetGate(snap.gate);
-  metrics_->SetMode(snap.state.mode, snap.state.canary_fraction);
+  // A rollback is logged, audited and counted by the controller, and the gauges follow it.
+  controller_->Record(o);
 }
 
 absl::Status VerifyHandler::Handle(const v1::VerifyRequest& req, v1::VerifyResponse* resp,
@@ -124,15 +105,16 @@ absl::Status VerifyHandler::CheckWork(const BundleView& v) const {
   // total_kv_len <= 256 * 128K and draft * heads <= 1024 * 128: the product fits in int64.
   const int64_t work = v.total_kv_len * v.shape.draft * v.shape.heads;
   if (work <= opts_.max_call_work) return absl::OkStatus();
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "request: ", work, " query rows x KV tokens (draft ", v.shape.draft, " x heads ",
-      v.shape.heads, " x ", v.total_kv_len, " KV tokens) exceeds --max_call_work=",
-      opts_.max_call_work));
+  return absl::ResourceExhaustedError(
+      absl::StrCat("request: ", work, " query rows x KV tokens (draft ", v.shape.draft, " x heads ",
+                   v.shape.heads, " x ", v.total_kv_len,
+                   " KV tokens) exceeds --max_call_work=", opts_.max_call_work));
 }
 
 absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyResponse* resp,
                                   const CallContext& call, const InPlaceTensors* in_place) {
   const auto t0 = Clock::now();
+  CallRecord record(metrics_, t0);
   // Holds the regions the call names until it returns; work that outlives the call has its own
   // copy of the inputs (Prepare with detach).
   DecodedRequest decoded;
@@ -142,8 +124,7 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
   if (bad.ok()) bad = CheckWork(*view);
   if (bad.ok()) bad = call.Check();
   if (!bad.ok()) {
-    metrics_->Request("none", bad.code(), Since(t0));
-    return bad;
+    return record.Done(bad);
   }
   const double decode_s = Since(t0);
   Plan plan = controller_->Decide(req.request_id());
@@ -154,10 +135,10 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
   const bool async = plan.run_other && !sync;
 
   auto t1 = Clock::now();
-  absl::StatusOr<std::shared_ptr<PreparedBundle>> prepared = engine_->PrepareOn(req.device(), *view, async);
+  absl::StatusOr<std::shared_ptr<PreparedBundle>> prepared =
+      engine_->PrepareOn(req.device(), *view, async);
   if (!prepared.ok()) {
-    metrics_->Request("none", prepared.status().code(), Since(t0));
-    return prepared.status();
+    return record.Done(prepared.status());
   }
   PreparedBundle& b = **prepared;
   const double prepare_s = Since(t1);
@@ -165,11 +146,8 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
   Path served = plan.served;
   t1 = Clock::now();
   absl::Status st = RunServed(plan, b, call, &served);
-  if (!st.ok()) {
-    if (IsFatal(st)) Fatal(st);
-    metrics_->Request(PathName(served), st.code(), Since(t0));
-    return st;
-  }
+  record.Served(served);
+  if (!st.ok()) return record.Done(st);
   const double served_s = Since(t1);
   metrics_->PathDuration(served, served_s);
 
@@ -183,9 +161,7 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
   // A region whose memory went while the call read it gave zeros, not the client's bytes.
   if (st.ok()) st = RegionsIntact(decoded.pins);
   if (!st.ok()) {
-    if (IsFatal(st)) Fatal(st);
-    metrics_->Request(PathName(served), st.code(), Since(t0));
-    return st;
+    return record.Done(st);
   }
   const double fetch_s = Since(t1);
   // Fetch reports the path's own time with its output; Deliver does not.
@@ -197,7 +173,7 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
     if (req.want_lse()) EncodeF32({view->rows(), s.heads}, out.lse.data(), resp->mutable_lse());
   }
   resp->set_request_id(req.request_id());
-  resp->set_served_path(ToProto(served));
+  resp->set_served_path(PathToProto(served));
   resp->set_mode(ModeToProto(plan.mode));
 
   // The other path, when this call is sampled for a comparison. A served custom path slower
@@ -238,8 +214,7 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
   if (served_device_s.ok()) timing->set_served_device_seconds(*served_device_s);
   timing->set_total_seconds(Since(t0));
   ++(served == Path::kCustom ? served_custom_ : served_reference_);
-  metrics_->Request(PathName(served), absl::StatusCode::kOk, Since(t0));
-  return absl::OkStatus();
+  return record.Done(absl::OkStatus());
 }
 
 std::optional<ShadowRunner::Slot> VerifyHandler::ReserveComparison(Plan* plan) {
@@ -258,8 +233,8 @@ std::optional<ShadowRunner::Slot> VerifyHandler::ReserveComparison(Plan* plan) {
   return std::nullopt;
 }
 
-absl::Status VerifyHandler::RunServed(const Plan& plan, PreparedBundle& b,
-                                      const CallContext& call, Path* served) {
+absl::Status VerifyHandler::RunServed(const Plan& plan, PreparedBundle& b, const CallContext& call,
+                                      Path* served) {
   *served = plan.served;
   absl::Status st = engine_->RunForCall(*served, b, call);
   // An abandoned call stops here: not the custom path's fault, nothing to serve.
@@ -278,10 +253,9 @@ absl::Status VerifyHandler::RunServed(const Plan& plan, PreparedBundle& b,
     }
     st = finite.status();
   }
-  if (IsFatal(st)) Fatal(st);
   spdlog::warn("custom path failed while serving; serving the reference: {}", st.ToString());
-  Record({OutcomeKind::kError, plan.mode, absl::StrCat("custom path: ", st.ToString()),
-          std::nullopt});
+  Record(
+      {OutcomeKind::kError, plan.mode, absl::StrCat("custom path: ", st.ToString()), std::nullopt});
   *served = Path::kReference;
   return engine_->RunForCall(Path::kReference, b, call);
 }
@@ -322,7 +296,6 @@ Outcome VerifyHandler::CompareAndRecord(PreparedBundle& b, const Plan& plan,
   absl::Status st = engine_->Run(other, b);
   const double other_s = Since(t);
   if (!st.ok()) {
-    if (IsFatal(st)) Fatal(st);
     o.kind = OutcomeKind::kError;
     o.reason = absl::StrCat(PathName(other), " path: ", st.ToString());
   } else {

@@ -27,11 +27,11 @@ namespace verifyd {
 
 struct HandlerOptions {
   Tolerance tolerance;
-  double oracle_sample_rate = 0.001;   // fraction of comparisons that also run the oracle
+  double oracle_sample_rate = 0.001;  // fraction of comparisons that also run the oracle
   // A custom path slower than this is a timeout outcome (in every mode: in custom and canary the
   // served custom path's own time counts); 0 = none.
   double custom_timeout_seconds = 0;
-  uint64_t seed = 0x0c1e;              // oracle sampling draws
+  uint64_t seed = 0x0c1e;  // oracle sampling draws
   // Most work one call may ask for, in query rows x KV tokens (sum over requests of
   // draft * heads * kv_len; one unit is one query row of one head against one KV token, about
   // 2 * (576 + 512) FLOPs per path). Larger calls are refused with RESOURCE_EXHAUSTED. 0 = none.
@@ -40,11 +40,8 @@ struct HandlerOptions {
 
 class VerifyHandler {
  public:
-  // A fatal engine error (a sticky CUDA fault): the daemon stops serving and exits.
-  using FatalHandler = std::function<void(const absl::Status&)>;
-
-  VerifyHandler(Engine* engine, ModeController* controller, Metrics* metrics,
-                ShadowRunner* shadow, HandlerOptions opts, FatalHandler on_fatal);
+  VerifyHandler(Engine* engine, ModeController* controller, Metrics* metrics, ShadowRunner* shadow,
+                HandlerOptions opts);
 
   // The registered regions requests may name; null: none.
   void SetRegions(const RegionRegistry* r) { regions_ = r; }
@@ -60,7 +57,6 @@ class VerifyHandler {
   const HandlerOptions& options() const { return opts_; }
   // Totals since start, for the admin status.
   v1::Counters counters() const;
-  void SetTolerance(const Tolerance& t);
 
  private:
   absl::Status Serve(const v1::VerifyRequest& req, v1::VerifyResponse* resp,
@@ -90,14 +86,12 @@ class VerifyHandler {
                bool has_oracle, const std::string& request_id);
   bool DrawOracle();
   Tolerance tolerance() const;
-  void Fatal(const absl::Status& st);
 
   Engine* engine_;
   ModeController* controller_;
   Metrics* metrics_;
   ShadowRunner* shadow_;
   HandlerOptions opts_;
-  FatalHandler on_fatal_;
   Capturer* capturer_ = nullptr;
   const RegionRegistry* regions_ = nullptr;
   // Every outcome goes through here: the counters, the controller's gate and rollback window,
@@ -106,7 +100,6 @@ class VerifyHandler {
   std::atomic<int64_t> requests_{0}, request_errors_{0}, served_reference_{0}, served_custom_{0};
   std::atomic<int64_t> match_{0}, breach_{0}, error_{0}, skipped_{0};
   mutable absl::Mutex mu_;
-  Tolerance tolerance_ ABSL_GUARDED_BY(mu_);
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -4,9 +4,11 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "src/server/in_band_error.h"
-#include "src/server/unix_socket_acceptor.h"
 #include "grpcpp/support/method_handler.h"
+#include "src/common/seconds_since.h"
+#include "src/server/proto_convert.h"
+#include "src/transport/in_band_error.h"
+#include "src/transport/unix_socket_acceptor.h"
 #include "verifyd/v1/verify.grpc.pb.h"
 
 namespace verifyd {
@@ -27,16 +29,7 @@ grpc::Status Serialize(const v1::VerifyResponse& resp, Raw* out) {
 
 constexpr char kNotARequest[] = "message could not be parsed as a verifyd.v1.VerifyRequest";
 
-double Since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 }  // namespace
-
-grpc::Status ToGrpc(const absl::Status& st) {
-  if (st.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(st.code()), std::string(st.message()));
-}
 
 VerifyServiceImpl::VerifyServiceImpl(VerifyHandler* handler, Metrics* metrics,
                                      VerifyServiceOptions opts)
@@ -46,6 +39,7 @@ VerifyServiceImpl::VerifyServiceImpl(VerifyHandler* handler, Metrics* metrics,
       region_rpcs_(opts.regions, opts.allow_region_tcp),
       budget_(opts.max_inflight_bytes, "--max_inflight_mb"),
       receive_(opts.receive_keep_bytes, opts.pin_host),
+      streams_(opts.streams),
       verify_method_(MethodName("Verify")),
       stream_method_(MethodName("VerifyStream")),
       channels_(
@@ -66,38 +60,35 @@ VerifyServiceImpl::VerifyServiceImpl(VerifyHandler* handler, Metrics* metrics,
           },
           this)));
   AddUnary<v1::RegisterShmRegionRequest, v1::RegisterRegionResponse>(
-      "RegisterShmRegion", [](VerifyServiceImpl* s, grpc::ServerContext* ctx,
-                              const v1::RegisterShmRegionRequest& req,
-                              v1::RegisterRegionResponse* resp) {
+      "RegisterShmRegion",
+      [](VerifyServiceImpl* s, grpc::ServerContext* ctx, const v1::RegisterShmRegionRequest& req,
+         v1::RegisterRegionResponse* resp) {
         return s->region_rpcs_.RegisterShm(*ctx, req, resp);
       });
   AddUnary<v1::RegisterCudaRegionRequest, v1::RegisterRegionResponse>(
-      "RegisterCudaRegion", [](VerifyServiceImpl* s, grpc::ServerContext* ctx,
-                               const v1::RegisterCudaRegionRequest& req,
-                               v1::RegisterRegionResponse* resp) {
+      "RegisterCudaRegion",
+      [](VerifyServiceImpl* s, grpc::ServerContext* ctx, const v1::RegisterCudaRegionRequest& req,
+         v1::RegisterRegionResponse* resp) {
         return s->region_rpcs_.RegisterCuda(*ctx, req, resp);
       });
   AddUnary<v1::UnregisterRegionRequest, v1::UnregisterRegionResponse>(
-      "UnregisterRegion", [](VerifyServiceImpl* s, grpc::ServerContext* ctx,
-                             const v1::UnregisterRegionRequest& req,
-                             v1::UnregisterRegionResponse* resp) {
+      "UnregisterRegion",
+      [](VerifyServiceImpl* s, grpc::ServerContext* ctx, const v1::UnregisterRegionRequest& req,
+         v1::UnregisterRegionResponse* resp) {
         return s->region_rpcs_.Unregister(*ctx, req, resp);
       });
   AddUnary<v1::ListRegionsRequest, v1::ListRegionsResponse>(
-      "ListRegions", [](VerifyServiceImpl* s, grpc::ServerContext* ctx,
-                        const v1::ListRegionsRequest&, v1::ListRegionsResponse* resp) {
-        return s->region_rpcs_.List(*ctx, resp);
-      });
+      "ListRegions",
+      [](VerifyServiceImpl* s, grpc::ServerContext* ctx, const v1::ListRegionsRequest&,
+         v1::ListRegionsResponse* resp) { return s->region_rpcs_.List(*ctx, resp); });
   AddUnary<v1::OpenChannelRequest, v1::OpenChannelResponse>(
-      "OpenChannel", [](VerifyServiceImpl* s, grpc::ServerContext* ctx,
-                        const v1::OpenChannelRequest& req, v1::OpenChannelResponse* resp) {
-        return s->OpenChannel(*ctx, req, resp);
-      });
+      "OpenChannel",
+      [](VerifyServiceImpl* s, grpc::ServerContext* ctx, const v1::OpenChannelRequest& req,
+         v1::OpenChannelResponse* resp) { return s->OpenChannel(*ctx, req, resp); });
   AddUnary<v1::CloseChannelRequest, v1::CloseChannelResponse>(
-      "CloseChannel", [](VerifyServiceImpl* s, grpc::ServerContext* ctx,
-                         const v1::CloseChannelRequest& req, v1::CloseChannelResponse* resp) {
-        return s->CloseChannel(*ctx, req, resp);
-      });
+      "CloseChannel",
+      [](VerifyServiceImpl* s, grpc::ServerContext* ctx, const v1::CloseChannelRequest& req,
+         v1::CloseChannelResponse* resp) { return s->CloseChannel(*ctx, req, resp); });
 }
 
 template <typename Req, typename Resp>
@@ -182,13 +173,12 @@ void VerifyServiceImpl::ServeChannelCall(absl::string_view request, v1::VerifyRe
 absl::Status VerifyServiceImpl::OpenChannel(const grpc::ServerContext& ctx,
                                             const v1::OpenChannelRequest& req,
                                             v1::OpenChannelResponse* resp) {
-  if (absl::Status st = LocalTransportOnly(ctx, opts_.allow_region_tcp, "OpenChannel");
-      !st.ok()) {
+  if (absl::Status st = LocalTransportOnly(ctx, opts_.allow_region_tcp, "OpenChannel"); !st.ok()) {
     return st;
   }
   absl::StatusOr<ChannelSummary> s =
-      channels_.Open(req.name(), req.key(), req.byte_size(), req.client(),
-                     UnixPeerUid(ctx.peer()), UnixPeerPid(ctx.peer()));
+      channels_.Open(req.name(), req.key(), req.byte_size(), req.client(), UnixPeerUid(ctx.peer()),
+                     UnixPeerPid(ctx.peer()));
   if (!s.ok()) return s.status();
   resp->set_capacity(s->geometry.capacity);
   resp->set_request_offset(s->geometry.request_offset);
@@ -199,8 +189,7 @@ absl::Status VerifyServiceImpl::OpenChannel(const grpc::ServerContext& ctx,
 absl::Status VerifyServiceImpl::CloseChannel(const grpc::ServerContext& ctx,
                                              const v1::CloseChannelRequest& req,
                                              v1::CloseChannelResponse* resp) {
-  if (absl::Status st = LocalTransportOnly(ctx, opts_.allow_region_tcp, "CloseChannel");
-      !st.ok()) {
+  if (absl::Status st = LocalTransportOnly(ctx, opts_.allow_region_tcp, "CloseChannel"); !st.ok()) {
     return st;
   }
   absl::StatusOr<std::vector<std::string>> names = channels_.Close(req.name(), req.client());
@@ -223,8 +212,15 @@ grpc::Status VerifyServiceImpl::Verify(grpc::ServerContext* ctx, RawUnary* call)
 }
 
 grpc::Status VerifyServiceImpl::VerifyStream(grpc::ServerContext* ctx, RawStream* stream) {
+  if (absl::Status st = streams_.Open(ctx); !st.ok()) return ToGrpc(st);
+  struct Closer {
+    StreamLimiter& limiter;
+    grpc::ServerContext* ctx;
+    ~Closer() { limiter.Close(ctx); }
+  } closer{streams_, ctx};
   Raw in;
   while (stream->Read(&in)) {
+    streams_.Touch(ctx);
     MemoryBudget::Admission admitted;
     v1::VerifyRequest req;
     v1::VerifyResponse resp;
@@ -233,6 +229,7 @@ grpc::Status VerifyServiceImpl::VerifyStream(grpc::ServerContext* ctx, RawStream
     Raw out;
     if (!Serialize(resp, &out).ok() || !stream->Write(out)) break;
     if (ctx->IsCancelled()) break;
+    streams_.Touch(ctx);
   }
   return grpc::Status::OK;
 }

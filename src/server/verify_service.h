@@ -17,26 +17,28 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/sync_stream.h"
 #include "src/metrics/metrics.h"
-#include "src/server/channel_server.h"
-#include "src/server/memory_budget.h"
-#include "src/server/receive_buffers.h"
 #include "src/server/region_rpcs.h"
 #include "src/server/verify_handler.h"
+#include "src/transport/channel_server.h"
+#include "src/transport/memory_budget.h"
+#include "src/transport/receive_buffers.h"
+#include "src/transport/stream_limiter.h"
 #include "verifyd/v1/verify.pb.h"
 
 namespace verifyd {
 
 struct VerifyServiceOptions {
-  int64_t max_message_bytes = int64_t{2} << 30;  // larger requests: RESOURCE_EXHAUSTED
+  int64_t max_message_bytes = int64_t{2} << 30;  // 1 GiB bundles with room; larger: refused
   // Requests in flight hold at most this many message bytes together; <= 0: no ceiling.
   int64_t max_inflight_bytes = int64_t{8} << 30;
   RegionRegistry* regions = nullptr;  // null: no regions
   // Pins host memory for the engine (channels' areas); null: nothing is pinned.
   RegionRegistry::HostPinner pin_host;
-  bool allow_region_tcp = false;      // --allow_region_tcp (channels too)
+  bool allow_region_tcp = false;  // --allow_region_tcp (channels too)
   ChannelLimits channels;
   // Receive buffers kept (and pinned) between calls, bytes (--pinned_receive_mb).
   uint64_t receive_keep_bytes = uint64_t{1} << 30;
+  StreamLimits streams;  // --grpc_max_streams, --stream_idle_timeout_s
 };
 
 class VerifyServiceImpl final : public grpc::Service {
@@ -64,8 +66,8 @@ class VerifyServiceImpl final : public grpc::Service {
   void ServeChannelCall(absl::string_view request, v1::VerifyResponse* resp);
   // What every call does once its message is read: a message refused before the handler saw it
   // (`read`, not OK) is counted here (path "none"); otherwise the handler runs it.
-  absl::Status Handle(absl::Status read, std::chrono::steady_clock::time_point t0,
-                      double parse_s, const v1::VerifyRequest& req, v1::VerifyResponse* resp,
+  absl::Status Handle(absl::Status read, std::chrono::steady_clock::time_point t0, double parse_s,
+                      const v1::VerifyRequest& req, v1::VerifyResponse* resp,
                       const CallContext& call, const InPlaceTensors* in_place = nullptr);
   absl::Status Admit(int64_t bytes, MemoryBudget::Admission* admitted);
   // ParseRequestInPlace, with its refusal as the status.
@@ -88,10 +90,9 @@ class VerifyServiceImpl final : public grpc::Service {
   std::deque<std::string> method_names_;  // stable: the names gRPC's method table points at
   MemoryBudget budget_;
   ReceiveBuffers receive_;
+  StreamLimiter streams_;
   const std::string verify_method_, stream_method_;
   ChannelServer channels_;  // last: its threads call into the members above
 };
-
-grpc::Status ToGrpc(const absl::Status& st);
 
 }  // namespace verifyd

@@ -68,9 +68,9 @@ TEST(Compare, ElementCheckScalesWithTheRow) {
   Tolerance legacy = tol;  // a fixed absolute floor swamps the small row
   legacy.atol = 1e-2;
   legacy.atol_rel = 0;
-  EXPECT_EQ(CompareBf16ToF32(t.data(), ref.data(), ref.size(), nullptr, nullptr, 0, legacy)
-                .beyond_tol,
-            0);
+  EXPECT_EQ(
+      CompareBf16ToF32(t.data(), ref.data(), ref.size(), nullptr, nullptr, 0, legacy).beyond_tol,
+      0);
 }
 
 TEST(Compare, WorstRowRelL2) {
@@ -107,8 +107,8 @@ TEST(Compare, AllZeroReferenceRowMustStayZero) {
   // Row 1 is a fully masked query row: exact zero expected.
   const std::vector<float> ref = Rows({1.f, 0.f, 1.f});
   std::vector<float> test = ref;
-  DiffStats d = CompareBf16ToF32(Bf16(test).data(), ref.data(), ref.size(), nullptr, nullptr, 0,
-                                 Tolerance{});
+  DiffStats d =
+      CompareBf16ToF32(Bf16(test).data(), ref.data(), ref.size(), nullptr, nullptr, 0, Tolerance{});
   EXPECT_EQ(d.zero_row_breaches, 0);
   EXPECT_TRUE(Judge(d, Tolerance{}).match);
 
@@ -125,10 +125,10 @@ TEST(Compare, AllZeroReferenceRowMustStayZero) {
   const Verdict v = Judge(d, loose);
   EXPECT_FALSE(v.match);
   EXPECT_EQ(v.reason, "nonzero output in 1 all-zero reference rows");
-  EXPECT_EQ(CompareBf16ToF32(Bf16(test).data(), ref.data(), ref.size(), nullptr, nullptr, 0,
-                             Tolerance{})
-                .beyond_tol,
-            1);  // with the default atol 0 the element check flags it too
+  EXPECT_EQ(
+      CompareBf16ToF32(Bf16(test).data(), ref.data(), ref.size(), nullptr, nullptr, 0, Tolerance{})
+          .beyond_tol,
+      1);  // with the default atol 0 the element check flags it too
 }
 
 TEST(Compare, ShortLastRow) {
@@ -137,8 +137,8 @@ TEST(Compare, ShortLastRow) {
   ref.push_back(-2.f);
   std::vector<float> test = ref;
   test.back() = -1.f;  // the 2-element last row: rel-L2 1/sqrt(8)
-  const DiffStats d = CompareBf16ToF32(Bf16(test).data(), ref.data(), ref.size(), nullptr,
-                                       nullptr, 0, Tolerance{});
+  const DiffStats d =
+      CompareBf16ToF32(Bf16(test).data(), ref.data(), ref.size(), nullptr, nullptr, 0, Tolerance{});
   EXPECT_EQ(d.rows, 2);
   EXPECT_EQ(d.worst_row, 1);
   EXPECT_NEAR(d.max_row_rel_l2, 1 / std::sqrt(8.0), 1e-12);

@@ -86,10 +86,9 @@ TEST(RequestInPlace, RandomRequestsLeaveOnlyTheBulkInPlace) {
     ASSERT_TRUE(DecodeRequest(req, nullptr, &d, &bulk).ok());
     EXPECT_TRUE(Inside(wire, d.view.q));
     EXPECT_TRUE(Inside(wire, d.view.kv_pool));
-    for (const void* checked : {static_cast<const void*>(d.view.kv_indptr),
-                                static_cast<const void*>(d.view.kv_indices),
-                                static_cast<const void*>(d.view.kv_lens),
-                                static_cast<const void*>(d.view.tree_mask)}) {
+    for (const void* checked :
+         {static_cast<const void*>(d.view.kv_indptr), static_cast<const void*>(d.view.kv_indices),
+          static_cast<const void*>(d.view.kv_lens), static_cast<const void*>(d.view.tree_mask)}) {
       EXPECT_FALSE(Inside(wire, checked));
     }
     absl::StatusOr<BundleView> whole = DecodeRequest(sent);
@@ -127,7 +126,7 @@ TEST(RequestInPlace, FollowsProtobufOnMergedAndUnknownFields) {
 
   // Unknown fields, at the top and inside a tensor, and field 3 of a tensor as a varint (not
   // raw_contents to protobuf: an unknown field).
-  const std::string unknown_top = std::string("\xa8\x06\x05", 3);           // field 101, varint 5
+  const std::string unknown_top = std::string("\xa8\x06\x05", 3);         // field 101, varint 5
   const std::string tensor_varint3 = std::string("\x12\x02\x18\x07", 4);  // q { 3: 7 }
   const std::string tensor_unknown = std::string("\x1a\x04\xba\x06\x01z", 6);  // kv_pool{103:"z"}
   ExpectSameAsProtobuf(base + unknown_top + tensor_varint3 + tensor_unknown);
@@ -151,12 +150,12 @@ TEST(RequestInPlace, TruncatedAndCorruptedBytesParseAsProtobufSays) {
       return;
     }
   }
-  ExpectSameAsProtobuf("");                         // the empty message
-  ExpectSameAsProtobuf(std::string("\x00", 1));     // tag 0
+  ExpectSameAsProtobuf("");                      // the empty message
+  ExpectSameAsProtobuf(std::string("\x00", 1));  // tag 0
   // Tags: five bytes are read with the bits past 32 dropped, six bytes are refused.
   ExpectSameAsProtobuf(std::string("\xfa\xff\xff\xff\x12\x00", 6));
   ExpectSameAsProtobuf(std::string("\xfa\xff\xff\xff\x8f\x00\x00", 7));
-  ExpectSameAsProtobuf(std::string("\x12\x80", 2));  // a length that never ends
+  ExpectSameAsProtobuf(std::string("\x12\x80", 2));          // a length that never ends
   ExpectSameAsProtobuf(std::string("\x12\x05\x1a\x10", 4));  // raw_contents past its tensor
 }
 
@@ -178,9 +177,9 @@ TEST(RequestInPlace, OverlongEncodingsParseAsProtobufSays) {
     ExpectSameAsProtobuf(q_tag + size(static_cast<uint32_t>(raw.size()), n) + raw);
     ExpectSameAsProtobuf(pool_tag + size(static_cast<uint32_t>(raw.size()), 1) + raw);
     ExpectSameAsProtobuf(std::string("\x0a", 1) + size(1, n) + "x");  // request_id
-    const std::string shm = std::string("\x22", 1) + size(0, n);         // an empty shm
+    const std::string shm = std::string("\x22", 1) + size(0, n);      // an empty shm
     ExpectSameAsProtobuf(q_tag + size(static_cast<uint32_t>(shm.size()), 1) + shm);
-    ExpectSameAsProtobuf(std::string("\xa8\x06", 2) + size(5, n));    // field 101, varint
+    ExpectSameAsProtobuf(std::string("\xa8\x06", 2) + size(5, n));  // field 101, varint
   }
   // The fifth byte of a size above 7 is 2 GiB or more; a varint of eleven bytes never ends.
   ExpectSameAsProtobuf(q_tag + std::string("\x80\x80\x80\x80\x08", 5));

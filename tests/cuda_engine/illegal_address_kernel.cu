@@ -1,6 +1,6 @@
-#include "tests/cuda_engine/illegal_address_kernel.h"
-
 #include <cstdint>
+
+#include "tests/cuda_engine/illegal_address_kernel.h"
 
 namespace verifyd::testing_kernels {
 namespace {

@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdio>
 #include <string>
 
@@ -44,6 +45,12 @@ TEST(StickyError, LostContextIsDataLossOnEveryLaterCall) {
   options.devices = {0};
   auto engine = MakeCudaEngine(options, &made);
   ASSERT_NE(engine, nullptr) << made;
+  // The engine reports the lost device itself, once, to whoever serves with it.
+  std::atomic<int> lost_reports{0};
+  engine->SetDeviceLostHandler([&](const absl::Status& st) {
+    EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+    ++lost_reports;
+  });
   RandomBundleSpec s;
   s.batch = 2;
   s.draft = 4;
@@ -73,6 +80,7 @@ TEST(StickyError, LostContextIsDataLossOnEveryLaterCall) {
   EXPECT_EQ(engine->Fetch(Path::kReference, **pb, &ref).code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(engine->Run(Path::kReference, **pb).code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(engine->Prepare(rb.view(), false).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(lost_reports.load(), 1);
 }
 
 }  // namespace

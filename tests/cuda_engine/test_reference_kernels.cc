@@ -15,7 +15,6 @@
 #include "gtest/gtest.h"
 #include "kernels/reference/compare_kernels.h"
 #include "kernels/reference/finite_check_kernels.h"
-#include "src/engine/cuda/device_diff_stats.h"
 #include "kernels/reference/oracle_kernel.h"
 #include "kernels/reference/page_gather_kernels.h"
 #include "kernels/reference/reference_attention.h"
@@ -24,6 +23,7 @@
 #include "src/common/bf16.h"
 #include "src/compare/compare.h"
 #include "src/engine/cpu/cpu_oracle.h"
+#include "src/engine/cuda/device_diff_stats.h"
 #include "tests/cuda_engine/gpu_test_support.h"
 
 namespace verifyd {
@@ -266,8 +266,8 @@ TEST(GatherKernel, CopiesTheNamedPagesAndARangeInOneLaunch) {
       CUDA_OK(cudaMemset(d_out.get(), 0x5a, n * page_bytes + 64));
       CUDA_OK(cudaMemset(d_range_out.get(), 0x5a, range_bytes + 64));
       const kernels::CopyRange also{d_range.get(), d_range_out.get(), range_bytes};
-      CUDA_OK(kernels::LaunchGatherPages(d_pool.get(), reinterpret_cast<int32_t*>(d_pages.get()),
-                                         n, page_bytes, d_out.get(), nullptr, also));
+      CUDA_OK(kernels::LaunchGatherPages(d_pool.get(), reinterpret_cast<int32_t*>(d_pages.get()), n,
+                                         page_bytes, d_out.get(), nullptr, also));
       CUDA_OK(cudaDeviceSynchronize());
       const std::vector<char> out = Download<char>(d_out.get(), n * page_bytes + 64);
       for (int64_t i = 0; i < n; ++i) {

@@ -50,8 +50,10 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads)->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   const DriftOptions d;
-  std::printf("| fault | traffic | prefix | page | T | calls | c mean | r mean | ln ratio mean | sd "
-              "| min | max | drift samples to breach |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| fault | traffic | prefix | page | T | calls | c mean | r mean | ln ratio mean | sd "
+      "| min | max | drift samples to breach "
+      "|\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (bool faulty : {false, true}) {
     auto engine = MakeCpuEngine(threads);
     if (faulty) engine->InjectCustomFault({CustomFault::Kind::kBf16Pv, 0});
@@ -78,13 +80,13 @@ int main(int argc, char** argv) {
               }
             }
             const Summary m = Summarize(s, d.floor);
-            std::printf("| %s | %s | %lld | %d | %d | %d | %.3g | %.3g | %.3f | %.3f | %.3f | %.3f "
-                        "| %s |\n",
-                        faulty ? "bf16_pv" : "clean", TrafficName(traffic),
-                        static_cast<long long>(prefix), page, draft, calls, m.c_mean, m.r_mean,
-                        m.mean, m.sd, m.min, m.max,
-                        first < 0 ? "never" : fmt::format("{} ({} of {} in breach)", first,
-                                                          breaches, calls).c_str());
+            std::printf(
+                "| %s | %s | %lld | %d | %d | %d | %.3g | %.3g | %.3f | %.3f | %.3f | %.3f "
+                "| %s |\n",
+                faulty ? "bf16_pv" : "clean", TrafficName(traffic), static_cast<long long>(prefix),
+                page, draft, calls, m.c_mean, m.r_mean, m.mean, m.sd, m.min, m.max,
+                first < 0 ? "never"
+                          : fmt::format("{} ({} of {} in breach)", first, breaches, calls).c_str());
             std::fflush(stdout);
           }
         }

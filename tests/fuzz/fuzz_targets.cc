@@ -11,14 +11,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-
 #include "src/bundle/request_codec.h"
 #include "src/bundle/request_in_place.h"
-#include "src/channel/channel_layout.h"
 #include "src/bundle/validate.h"
 #include "src/control/state_store.h"
 #include "src/io/bundle_file.h"
 #include "src/io/safetensors.h"
+#include "src/transport/channel_layout.h"
 
 namespace verifyd::fuzz {
 namespace {
@@ -83,15 +82,15 @@ absl::Status Request(const uint8_t* data, size_t size) {
   InPlaceTensors bulk;
   const bool parsed = ParseRequestInPlace(wire, &req, &bulk);
   if (parsed != whole.ParseFromArray(data, static_cast<int>(size))) {
-    return absl::InternalError(absl::StrCat("ParseRequestInPlace says ", parsed,
-                                            ", protobuf's parse the opposite"));
+    return absl::InternalError(
+        absl::StrCat("ParseRequestInPlace says ", parsed, ", protobuf's parse the opposite"));
   }
   if (!parsed) return absl::InvalidArgumentError("message could not be parsed");
   v1::VerifyRequest restored = req;
   // mutable_*() would create the tensor: only where the bulk says there is one.
-  for (auto [t, b] : {std::pair{bulk.q ? restored.mutable_q() : nullptr, bulk.q},
-                      std::pair{bulk.kv_pool ? restored.mutable_kv_pool() : nullptr,
-                                bulk.kv_pool}}) {
+  for (auto [t, b] :
+       {std::pair{bulk.q ? restored.mutable_q() : nullptr, bulk.q},
+        std::pair{bulk.kv_pool ? restored.mutable_kv_pool() : nullptr, bulk.kv_pool}}) {
     if (!b) continue;
     const char* at = b->data();
     if (at < wire.data() || at + b->size() > wire.data() + wire.size()) {
@@ -186,8 +185,7 @@ absl::Status Channel(const uint8_t* data, size_t size) {
   if (!request.ok()) return request.status();
   const uint32_t claimed = channel::HeaderOf(base)->request_bytes.load();
   if (request->size() != claimed || request->size() > g->capacity ||
-      request->data() != base + g->request_offset ||
-      g->request_offset + request->size() > bytes) {
+      request->data() != base + g->request_offset || g->request_offset + request->size() > bytes) {
     return absl::InternalError("the request is not inside the request area");
   }
   return Request(reinterpret_cast<const uint8_t*>(request->data()), request->size());
@@ -195,11 +193,8 @@ absl::Status Channel(const uint8_t* data, size_t size) {
 
 const std::vector<Target>& Targets() {
   static const std::vector<Target> targets = {
-      {"request", &Request},
-      {"safetensors", &Safetensors},
-      {"state", &State},
-      {"audit", &Audit},
-      {"channel", &Channel},
+      {"request", &Request}, {"safetensors", &Safetensors}, {"state", &State},
+      {"audit", &Audit},     {"channel", &Channel},
   };
   return targets;
 }

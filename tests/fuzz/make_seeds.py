@@ -104,7 +104,7 @@ def safetensors(tensors, sm_scale=0.0417):
 
 
 def channel_frame(req, claimed=None):
-    # A call channel's shared memory as a client leaves it (src/channel/channel_layout.h): the
+    # A call channel's shared memory as a client leaves it (src/transport/channel_layout.h): the
     # header page (magic, version, capacity; request_seq at 64, request_bytes at 68) and the
     # request at 4096.
     header = bytearray(4096)

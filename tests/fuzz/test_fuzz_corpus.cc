@@ -48,7 +48,20 @@ TEST_P(FuzzCorpus, SeedsAreJudgedAsNamed) {
 }
 
 TEST_P(FuzzCorpus, KeptCrashingInputsRunThrough) {
-  Replay(GetParam(), kFuzzDir / "regressions" / GetParam().name, false);
+  const fs::path dir = kFuzzDir / "regressions" / GetParam().name;
+  if (!fs::exists(dir)) GTEST_SKIP() << "no kept inputs for " << GetParam().name;
+  EXPECT_GT(Replay(GetParam(), dir, false), 0) << dir << " holds no input";
+}
+
+// The kept inputs are found at all: a wrong path would make every target above skip.
+TEST(FuzzCorpusKept, TheRegressionsFolderHoldsInputs) {
+  int n = 0;
+  for (const Target& t : Targets()) {
+    const fs::path dir = kFuzzDir / "regressions" / t.name;
+    if (!fs::exists(dir)) continue;
+    for (const auto& e : fs::directory_iterator(dir)) n += e.is_regular_file();
+  }
+  EXPECT_GE(n, 8) << "kept crashing inputs under " << kFuzzDir / "regressions";
 }
 
 INSTANTIATE_TEST_SUITE_P(Targets, FuzzCorpus, ::testing::ValuesIn(Targets()),

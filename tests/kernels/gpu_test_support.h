@@ -28,8 +28,7 @@ inline std::string NoGpuReason() {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
-    return std::string("no usable CUDA device (cudaGetDeviceCount: ") + cudaGetErrorString(e) +
-           ")";
+    return std::string("no usable CUDA device (cudaGetDeviceCount: ") + cudaGetErrorString(e) + ")";
   }
   if (n == 0) return "no CUDA device present";
   return "";

@@ -75,8 +75,8 @@ std::vector<KernelCase> SmallCases() {
   std::vector<KernelCase> v;
   v.push_back(MakeCase(1, 3, 8, 16, 54, TreeKind::kRandomTree, MaskFormat::kBytes, 11));
   v.push_back(MakeCase(1, 17, 1, 1, 97, TreeKind::kChain, MaskFormat::kBits, 12));
-  KernelCase e = MakeCase(2, 8, 16, 64, 0, TreeKind::kRandomTree, MaskFormat::kBytes, 13,
-                          "_emptyrow");
+  KernelCase e =
+      MakeCase(2, 8, 16, 64, 0, TreeKind::kRandomTree, MaskFormat::kBytes, 13, "_emptyrow");
   e.spec.empty_row = true;
   v.push_back(e);
   KernelCase m = MakeCase(3, 2, 8, 1, 0, TreeKind::kRandomTree, MaskFormat::kBits, 14);
@@ -120,8 +120,8 @@ std::vector<KernelCase> GridCases() {
     v.push_back(MakeCase(2, 8, 8, page, 1000, TreeKind::kRandomTree, MaskFormat::kBytes, seed++));
   }
   for (auto [t, h] : {std::pair{1, 8}, std::pair{17, 8}, std::pair{64, 16}, std::pair{128, 1}}) {
-    KernelCase e = MakeCase(2, t, h, 16, 97, TreeKind::kRandomTree, MaskFormat::kBits, seed++,
-                            "_emptyrow");
+    KernelCase e =
+        MakeCase(2, t, h, 16, 97, TreeKind::kRandomTree, MaskFormat::kBits, seed++, "_emptyrow");
     e.spec.empty_row = true;
     v.push_back(e);
   }
@@ -191,8 +191,8 @@ struct CaseData {
   std::unique_ptr<RandomBundle> bundle;
   DeviceBundle dev;
   std::vector<std::pair<int, int>> tokens;  // (request, draft token) pairs checked
-  std::vector<float> ref_o;    // [tokens, H, 512] oracle rounded to bf16
-  std::vector<float> ref_lse;  // [tokens, H]
+  std::vector<float> ref_o;                 // [tokens, H, 512] oracle rounded to bf16
+  std::vector<float> ref_lse;               // [tokens, H]
 };
 
 std::vector<std::pair<int, int>> PickTokens(const BundleView& v, uint64_t seed) {
@@ -258,8 +258,7 @@ CaseData* LoadCase(const KernelCase& c) {
   return cached.get();
 }
 
-class CustomKernelTest
-    : public ::testing::TestWithParam<std::tuple<KernelCase, KernelConfig>> {
+class CustomKernelTest : public ::testing::TestWithParam<std::tuple<KernelCase, KernelConfig>> {
  protected:
   void SetUp() override {
     const std::string why = testing::NoGpuReason();
@@ -279,8 +278,8 @@ TEST_P(CustomKernelTest, MatchesOracle) {
   ASSERT_EQ(ws.Fill(0xFF), cudaSuccess);
   kernels::CustomPlan plan;
   ASSERT_EQ(kernels::ResolveCustomPlan(d->dev.problem, cfg.config, &plan, cfg.mma), cudaSuccess);
-  ASSERT_EQ(kernels::LaunchCustomWith(d->dev.problem, cfg.config, cfg.mma, ws.get<void>(),
-                                      ws_bytes, nullptr),
+  ASSERT_EQ(kernels::LaunchCustomWith(d->dev.problem, cfg.config, cfg.mma, ws.get<void>(), ws_bytes,
+                                      nullptr),
             cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
@@ -288,8 +287,7 @@ TEST_P(CustomKernelTest, MatchesOracle) {
   std::vector<float> lse(v.lse_elems());
   ASSERT_EQ(cudaMemcpy(o.data(), d->dev.o.get<void>(), o.size() * 2, cudaMemcpyDeviceToHost),
             cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(lse.data(), d->dev.lse.get<void>(), lse.size() * 4,
-                       cudaMemcpyDeviceToHost),
+  ASSERT_EQ(cudaMemcpy(lse.data(), d->dev.lse.get<void>(), lse.size() * 4, cudaMemcpyDeviceToHost),
             cudaSuccess);
   EXPECT_TRUE(d->dev.o.GuardIntact()) << "write past the end of o";
   EXPECT_TRUE(d->dev.lse.GuardIntact()) << "write past the end of lse";
@@ -312,15 +310,14 @@ TEST_P(CustomKernelTest, MatchesOracle) {
     std::copy_n(lse.begin() + r0, H, test_lse.begin() + k * H);
   }
   Tolerance tol;
-  const DiffStats ds = CompareBf16ToF32(test_o.data(), d->ref_o.data(),
-                                        static_cast<int64_t>(test_o.size()), test_lse.data(),
-                                        d->ref_lse.data(), static_cast<int64_t>(test_lse.size()),
-                                        tol);
-  std::printf("[ metrics  ] config=%s case=%s rows_checked=%zu rel_l2=%.3e max_abs=%.3e "
-              "lse_max_abs=%.3e splits=%d wgmma_qk=%d wgmma_pv=%d workspace=%zu\n",
-              cfg.name.c_str(), kc.name.c_str(), d->tokens.size() * H, ds.rel_l2, ds.max_abs,
-              ds.lse_max_abs, plan.splits, plan.wgmma_scores ? 1 : 0, plan.wgmma_pv ? 1 : 0,
-              ws_bytes);
+  const DiffStats ds = CompareBf16ToF32(
+      test_o.data(), d->ref_o.data(), static_cast<int64_t>(test_o.size()), test_lse.data(),
+      d->ref_lse.data(), static_cast<int64_t>(test_lse.size()), tol);
+  std::printf(
+      "[ metrics  ] config=%s case=%s rows_checked=%zu rel_l2=%.3e max_abs=%.3e "
+      "lse_max_abs=%.3e splits=%d wgmma_qk=%d wgmma_pv=%d workspace=%zu\n",
+      cfg.name.c_str(), kc.name.c_str(), d->tokens.size() * H, ds.rel_l2, ds.max_abs,
+      ds.lse_max_abs, plan.splits, plan.wgmma_scores ? 1 : 0, plan.wgmma_pv ? 1 : 0, ws_bytes);
   EXPECT_EQ(ds.nan_test, 0);
   EXPECT_LE(ds.rel_l2, testing::kKernelMaxRelL2);
   EXPECT_LE(ds.max_abs, testing::kKernelMaxAbs);
@@ -363,11 +360,9 @@ TEST(CustomKernelDeterminism, RepeatedLaunchIsBitIdentical) {
     std::vector<uint16_t> first(bundle.view().o_elems()), again(first.size());
     for (auto* out : {&first, &again}) {
       ASSERT_EQ(dev.Poison(), cudaSuccess);
-      ASSERT_EQ(kernels::LaunchCustomWith(dev.problem, c, k.mma, ws.get<void>(), ws_bytes,
-                                          nullptr),
+      ASSERT_EQ(kernels::LaunchCustomWith(dev.problem, c, k.mma, ws.get<void>(), ws_bytes, nullptr),
                 cudaSuccess);
-      ASSERT_EQ(cudaMemcpy(out->data(), dev.o.get<void>(), out->size() * 2,
-                           cudaMemcpyDeviceToHost),
+      ASSERT_EQ(cudaMemcpy(out->data(), dev.o.get<void>(), out->size() * 2, cudaMemcpyDeviceToHost),
                 cudaSuccess);
     }
     EXPECT_EQ(first, again) << k.name;

@@ -42,8 +42,7 @@ class CustomKernelGolden : public ::testing::TestWithParam<std::string> {};
 TEST_P(CustomKernelGolden, MatchesTheStoredOracle) {
   const std::string why = testing::NoGpuReason();
   if (!why.empty()) GTEST_SKIP() << "GPU kernel test skipped: " << why;
-  auto file = LoadBundleFile(
-      (TestData() / "golden" / (GetParam() + ".safetensors")).string());
+  auto file = LoadBundleFile((TestData() / "golden" / (GetParam() + ".safetensors")).string());
   ASSERT_TRUE(file.ok()) << file.status();
   BundleView v = file->view;
   ASSERT_TRUE(ValidateBundle(v).ok());
@@ -79,25 +78,21 @@ TEST_P(CustomKernelGolden, MatchesTheStoredOracle) {
     ASSERT_EQ(dev.Poison(), cudaSuccess);
     const size_t ws_bytes = kernels::CustomWorkspaceBytes(dev.problem, c);
     testing::DeviceBuffer ws(std::max<size_t>(ws_bytes, 16));
-    ASSERT_EQ(kernels::LaunchCustomWith(dev.problem, c, var.mma, ws.get<void>(), ws_bytes,
-                                        nullptr),
+    ASSERT_EQ(kernels::LaunchCustomWith(dev.problem, c, var.mma, ws.get<void>(), ws_bytes, nullptr),
               cudaSuccess);
     std::vector<uint16_t> o(v.o_elems());
     std::vector<float> lse(v.lse_elems());
     ASSERT_EQ(cudaMemcpy(o.data(), dev.o.get<void>(), o.size() * 2, cudaMemcpyDeviceToHost),
               cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(lse.data(), dev.lse.get<void>(), lse.size() * 4,
-                         cudaMemcpyDeviceToHost),
+    ASSERT_EQ(cudaMemcpy(lse.data(), dev.lse.get<void>(), lse.size() * 4, cudaMemcpyDeviceToHost),
               cudaSuccess);
     EXPECT_TRUE(dev.o.GuardIntact());
     EXPECT_TRUE(dev.lse.GuardIntact());
-    const DiffStats d =
-        CompareBf16ToF32(o.data(), ref.data(), static_cast<int64_t>(o.size()), lse.data(),
-                         file->lse_expected->as<float>(), static_cast<int64_t>(lse.size()),
-                         Tolerance{});
+    const DiffStats d = CompareBf16ToF32(o.data(), ref.data(), static_cast<int64_t>(o.size()),
+                                         lse.data(), file->lse_expected->as<float>(),
+                                         static_cast<int64_t>(lse.size()), Tolerance{});
     std::printf("[ metrics  ] golden=%s tiles=%s rel_l2=%.3e max_abs=%.3e lse_max_abs=%.3e\n",
-                GetParam().c_str(), var.name, d.rel_l2, d.max_abs,
-                d.lse_max_abs);
+                GetParam().c_str(), var.name, d.rel_l2, d.max_abs, d.lse_max_abs);
     EXPECT_EQ(d.nan_test, 0);
     EXPECT_LE(d.rel_l2, testing::kKernelMaxRelL2);
     EXPECT_LE(d.max_abs, testing::kKernelMaxAbs);

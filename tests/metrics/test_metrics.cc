@@ -113,10 +113,10 @@ TEST(MetricsExposition, DiffBucketsAreExactDecimalsWithTheTolerancesAsEdges) {
   const std::vector<std::string> rel =
       LeLabels(text, "verifyd_diff_rel_l2_bucket", "pair=\"custom_vs_reference\"");
   const std::vector<std::string> want = {
-      "0.0001", "0.000125", "0.00016", "0.0002", "0.00025", "0.00032", "0.0004", "0.0005",
-      "0.00063", "0.0008",  "0.001",   "0.00125", "0.0016", "0.002",   "0.0025", "0.0032",
-      "0.004",  "0.005",    "0.0063",  "0.008",   "0.01",   "0.0125",  "0.016",  "0.02",
-      "0.025",  "0.032",    "0.04",    "0.05",    "0.063",  "0.08",    "0.1"};
+      "0.0001",  "0.000125", "0.00016", "0.0002",  "0.00025", "0.00032", "0.0004", "0.0005",
+      "0.00063", "0.0008",   "0.001",   "0.00125", "0.0016",  "0.002",   "0.0025", "0.0032",
+      "0.004",   "0.005",    "0.0063",  "0.008",   "0.01",    "0.0125",  "0.016",  "0.02",
+      "0.025",   "0.032",    "0.04",    "0.05",    "0.063",   "0.08",    "0.1"};
   auto first = std::find(rel.begin(), rel.end(), "0.0001");
   ASSERT_NE(first, rel.end());
   ASSERT_GE(rel.end() - first, static_cast<long>(want.size()));
@@ -130,9 +130,9 @@ TEST(MetricsExposition, LatencyBucketsAreExactDecimals) {
   metrics.Request("reference", absl::StatusCode::kOk, 0.003);
   metrics.PathDuration(Path::kReference, 0.003);
   const std::string text = Scrape(metrics);
-  for (const char* family : {"verifyd_request_duration_seconds_bucket",
-                             "verifyd_path_duration_seconds_bucket",
-                             "verifyd_shadow_overhead_seconds_bucket"}) {
+  for (const char* family :
+       {"verifyd_request_duration_seconds_bucket", "verifyd_path_duration_seconds_bucket",
+        "verifyd_shadow_overhead_seconds_bucket"}) {
     SCOPED_TRACE(family);
     const std::vector<std::string> les = LeLabels(text, family, "");
     ASSERT_FALSE(les.empty()) << text;
@@ -154,11 +154,13 @@ TEST(MetricsExposition, CountersExistAtZeroFromTheStart) {
   Metrics metrics(TestBuild());
   const std::string text = Scrape(metrics);
   for (const char* series :
-       {"verifyd_captures_total{trigger=\"breach\"} 0", "verifyd_captures_total{trigger=\"requested\"} 0",
-        "verifyd_rollbacks_total{reason=\"error\"} 0", "verifyd_comparisons_total{outcome=\"breach\"} 0",
-        "verifyd_oracle_errors_total 0"}) {
+       {"verifyd_captures_total{trigger=\"breach\"} 0",
+        "verifyd_captures_total{trigger=\"requested\"} 0",
+        "verifyd_rollbacks_total{reason=\"error\"} 0",
+        "verifyd_comparisons_total{outcome=\"breach\"} 0", "verifyd_oracle_errors_total 0"}) {
     EXPECT_NE(text.find(std::string("\n") + series + "\n"), std::string::npos)
-        << series << " missing in\n" << text;
+        << series << " missing in\n"
+        << text;
   }
 }
 

@@ -33,10 +33,10 @@ TEST(ProbeSuite, NamesEveryFeature) {
     EXPECT_TRUE(names.insert(p.name).second) << "duplicate " << p.name;
     EXPECT_FALSE(p.feature.empty()) << p.name;
   }
-  for (const char* n : {"draft_positions/chain", "draft_positions/tree", "page_edges/page1",
-                        "page_edges/page64", "split_boundaries", "fully_masked_rows",
-                        "sink_recency/chain", "sink_recency/tree", "prefix/0", "prefix/1",
-                        "prefix/63", "prefix/65", "prefix/1023", "prefix/1024"}) {
+  for (const char* n :
+       {"draft_positions/chain", "draft_positions/tree", "page_edges/page1", "page_edges/page64",
+        "split_boundaries", "fully_masked_rows", "sink_recency/chain", "sink_recency/tree",
+        "prefix/0", "prefix/1", "prefix/63", "prefix/65", "prefix/1023", "prefix/1024"}) {
     EXPECT_TRUE(names.count(n)) << n;
   }
   EXPECT_FALSE(names.count("prefix/1025"));  // bounded by max_prefix

@@ -10,7 +10,7 @@ the args; the probes, ports and volumes must agree with the flags; the PodMonito
 NetworkPolicy must select the DaemonSet's pods and name its ports; the alert rules' target label
 must be one the pods carry. verifyd must start with each command line (paths moved into a temp
 dir, ports made 0, CPU engine; the DaemonSet's through its command, the unit's under its UMask),
-make the data socket 0770 and the admin socket 0600, answer the HTTP probes' paths, and exit 0
+make the data socket 0660 and the admin socket 0600, answer the HTTP probes' paths, and exit 0
 on SIGTERM, since Restart=on-failure relies on that; and with the command line as written
 (--engine=cuda) and no GPU visible it must refuse to start, with the reason, instead of serving.
   check_deploy_manifests.py VERIFYD --unit FILE --daemonset FILE --podmonitor FILE
@@ -113,7 +113,7 @@ def socket_mode(path):
 def runs_and_stops(where, verifyd, args, tmp, http_paths=(), argv=None, umask=None):
     """Starts verifyd with `args` moved under `tmp` (through `argv(verifyd, args)` when given,
     under `umask` when given); checks that it serves, that each of `http_paths` answers 200 on
-    its metrics port, that the data socket is 0770 and the admin socket 0600, and that it stops
+    its metrics port, that the data socket is 0660 and the admin socket 0600, and that it stops
     cleanly."""
     moved = moved_args(args, tmp) + ["--cpu_threads=1"]
     command = argv(verifyd, moved) if argv else [verifyd, *moved]
@@ -135,7 +135,7 @@ def runs_and_stops(where, verifyd, args, tmp, http_paths=(), argv=None, umask=No
             if got != 200:
                 fail(f"{where}: GET {path} on the metrics port answered {got}, not 200")
         if ready:
-            for flag, want in (("listen", 0o770), ("admin_listen", 0o600)):
+            for flag, want in (("listen", 0o660), ("admin_listen", 0o600)):
                 for a in flag_values(moved, flag):
                     if a.startswith("unix:") and socket_mode(a[5:]) != want:
                         mode = socket_mode(a[5:])

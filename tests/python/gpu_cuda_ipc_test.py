@@ -284,7 +284,7 @@ def check_hazard(args, device):
         status = admin.status()
         expect(status["mode"] == "shadow", f"the daemon is in {status['mode']} mode, not shadow")
         rate = status["shadow_sample_rate"]
-        admin.set_sampling("shadow", 1.0, who="gpu_cuda_ipc_test")
+        admin.set_sampling("shadow", 1.0, "gpu test: compare every call", who="gpu_cuda_ipc_test")
         try:
             before = breach_counters(admin)
             metrics_before = metric_breaches(args.metrics) if args.metrics else None
@@ -329,7 +329,7 @@ def check_hazard(args, device):
                 print(f"  /metrics breaches grew by {grown}")
                 expect(grown == 0, f"/metrics shows {grown} new breaches")
         finally:
-            admin.set_sampling("shadow", rate, who="gpu_cuda_ipc_test")
+            admin.set_sampling("shadow", rate, "gpu test: sampling sweep", who="gpu_cuda_ipc_test")
 
 
 @check("sglang")

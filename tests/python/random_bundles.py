@@ -1,4 +1,4 @@
-"""Seeded random verify bundles (paged pool, tree masks) and an fp64 numpy oracle of DESIGN §2."""
+"""Seeded random verify bundles (paged pool, tree masks) and an fp64 numpy oracle of the contract (README.md, "The computation")."""
 
 import numpy as np
 

@@ -243,10 +243,15 @@ class AdminTest(unittest.TestCase):
             self.admin.flip("custom", reason="no comparisons yet")
         self.assertEqual(cm.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
         with self.assertRaises(ValueError):
-            self.admin.flip("canary", reason="no fraction")
+            self.admin.flip("canary", reason="a fraction past 1", fraction=1.5)
         with self.assertRaises(ValueError):
             self.admin.flip("custom", reason="a fraction for custom", fraction=0.3, force=True)
         self.assertEqual(s["runtime"]["inject_custom_fault"], "")
+        # The sections verifyctl status shows are all here, named as in its --json.
+        for section in ("probe", "drift", "channels", "capture", "counters", "recent"):
+            self.assertIn(section, s)
+        self.assertEqual(s["channels"], [])
+        self.assertEqual(s["comparisons_since_mode_change"], 0)
         self.assertEqual(s["regions"], [])
         self.assertEqual(s["runtime"]["listen"], [self.daemon.data])
 
@@ -274,6 +279,17 @@ class AdminTest(unittest.TestCase):
         self.assertTrue(self.admin.status()["gate"]["ready"])
         r = self.admin.flip("canary", reason="gate is clean", fraction=0.5)
         self.assertEqual(r, {"mode": "canary", "canary_fraction": 0.5, "forced": False})
+        self.assertEqual(self.admin.status()["comparisons_since_mode_change"], 0)
+        self.admin.rollback(reason="again, at the persisted fraction")
+        r = self.admin.flip("canary", reason="no fraction given", force=True)
+        self.assertEqual(r["canary_fraction"], 0.5)
+
+    def test_run_probes(self):
+        r = self.admin.run_probes()
+        self.assertTrue(r["passed"], r["summary"])
+        self.assertGreater(len(r["results"]), 5)
+        self.assertTrue(all(p["passed"] for p in r["results"]))
+        self.assertEqual(self.admin.status()["probe"]["runs"], 1)
 
 
 if __name__ == "__main__":

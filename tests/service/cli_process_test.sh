@@ -12,7 +12,7 @@ trap '[ -z "$pid" ] || kill -9 "$pid" 2>/dev/null || true; rm -rf "$dir"' EXIT
 
 start() {  # extra verifyd flags
   rm -f "$dir/data.sock" "$dir/admin.sock"  # left behind by kill -9
-  "$verifyd" --listen="unix:$dir/data.sock" --admin_listen="unix:$dir/admin.sock" \
+  "$verifyd" --listen="unix:$dir/data.sock" --listen=127.0.0.1:0 --admin_listen="unix:$dir/admin.sock" \
     --metrics_address=127.0.0.1:0 --state_dir="$dir/state" --engine=cpu --gate_window=2 "$@" \
     >>"$dir/log" 2>&1 &
   pid=$!
@@ -55,8 +55,11 @@ ctl send --shape 1,4,2,40 --page_size 16 --count 2 --traffic realistic --json \
 grep -q '"traffic": "realistic"' "$dir/send_real.json" || fail "traffic model not reported"
 if ctl send --count 1 --traffic bogus >/dev/null 2>"$dir/err"; then fail "--traffic bogus passed"; fi
 grep -q -- "--traffic" "$dir/err" || fail "no field named for a bad --traffic: $(cat "$dir/err")"
-if ctl flip canary --reason x >/dev/null 2>"$dir/err"; then fail "canary without --fraction passed"; fi
-grep -q "fraction" "$dir/err" || fail "no reason given for the missing fraction"
+# canary without --fraction serves the persisted fraction (0.05 until one was set).
+ctl flip canary --reason "default fraction" --force --json >"$dir/c.json" || fail "canary"
+json "$dir/c.json" 'j["mode"] == "canary" and j["canary_fraction"] == 0.05' \
+  || fail "canary without --fraction: $(cat "$dir/c.json")"
+ctl flip shadow --reason "back" >/dev/null || fail "back to shadow"
 if ctl flip custom >/dev/null 2>&1; then fail "flip without --reason passed"; fi
 
 # --fraction belongs to canary only.
@@ -80,7 +83,7 @@ grep -Eq '^verifyctl [0-9]+\.[0-9]+\.[0-9]+ \(.+\)$' "$dir/v" || fail "--version
 # status shows what the daemon runs with.
 grep -q "^tolerances  atol 0  atol_rel 0.02  rtol 0.02  max rel-L2 0.01  max row rel-L2 0.01" "$dir/s.txt" || fail "tolerances: $(cat "$dir/s.txt")"
 grep -q "^rollback    after 3 breaches within 1000" "$dir/s.txt" || fail "rollback thresholds"
-grep -q "^listening   data unix:$dir/data.sock  admin unix:$dir/admin.sock  metrics 127.0.0.1:" \
+grep -q "^listening   data unix:$dir/data.sock, 127.0.0.1:[0-9]*  admin unix:$dir/admin.sock  metrics 127.0.0.1:" \
   "$dir/s.txt" || fail "listen addresses: $(cat "$dir/s.txt")"
 grep -q "^regions     none" "$dir/s.txt" || fail "regions"
 grep -q "^channels    none" "$dir/s.txt" || fail "channels"
@@ -109,6 +112,44 @@ if ctl rollback 2>"$dir/err"; then fail "rollback without --reason passed"; fi
 grep -q -- "--reason" "$dir/err" || fail "rollback refusal: $(cat "$dir/err")"
 ctl rollback --reason "ci done" | grep -q "mode is now shadow" || fail "rollback"
 ctl status | grep -q "^mode        shadow" || fail "human status"
+
+# A start-up probe that fails rolls canary back to shadow before serving, and the start-up log
+# says the mode it serves, not the one it read.
+ctl flip canary --fraction 0.5 --reason "before a bad build" --force >/dev/null || fail "flip"
+stop
+lines=$(wc -l <"$dir/log")
+start --inject_custom_fault=error
+tail -n +"$((lines + 1))" "$dir/log" >"$dir/restart.log"
+grep -q "mode shadow, state in" "$dir/restart.log" || fail "start-up log: $(cat "$dir/restart.log")"
+if grep -q "mode canary, state in" "$dir/restart.log"; then fail "start-up log says canary"; fi
+ctl status --json >"$dir/s.json" || fail "status"
+json "$dir/s.json" 'j["mode"] == "shadow" and j["last_rollback_reason"] == "probe"' \
+  || fail "after the failed start-up probe: $(cat "$dir/s.json")"
+stop
+start
+
+# A call channel over TCP stops with the daemon's reason, which names the Unix socket, once.
+tcp=$(ctl status --json | python3 -c 'import json,sys; print([a for a in json.load(sys.stdin)["runtime"]["listen"] if not a.startswith("unix:")][0])')
+rc=0; ctl --target="$tcp" send --shape 2,3,8,54 --page_size 16 --count 2 --channel \
+  >"$dir/out" 2>"$dir/err" || rc=$?
+[ "$rc" -eq 1 ] || fail "send --channel over TCP: exit $rc: $(cat "$dir/out" "$dir/err")"
+[ ! -s "$dir/out" ] || fail "send --channel over TCP printed a summary: $(cat "$dir/out")"
+grep -q "PERMISSION_DENIED\|OpenChannel: .*--listen=unix:PATH" "$dir/err" \
+  || fail "send --channel over TCP: $(cat "$dir/err")"
+if grep -q "OpenChannel: OpenChannel" "$dir/err"; then fail "doubled prefix: $(cat "$dir/err")"; fi
+
+# Sampling needs a reason; a custom rate of 0 (nothing compared while custom serves, so no
+# rollback) needs --force, and the audit log says it was forced.
+if ctl sample shadow 0.5 2>"$dir/err"; then fail "sample without --reason passed"; fi
+grep -q -- "--reason" "$dir/err" || fail "sample refusal: $(cat "$dir/err")"
+rc=0; ctl sample custom 0 --reason "too slow" 2>"$dir/err" || rc=$?
+[ "$rc" -eq 1 ] || fail "sample custom 0 without --force: exit $rc"
+grep -q "FAILED_PRECONDITION: rate: .*--force" "$dir/err" || fail "sample custom 0: $(cat "$dir/err")"
+ctl sample custom 0 --reason "ci: off on purpose" --force >/dev/null || fail "sample custom 0 --force"
+ctl status --json >"$dir/s.json" || fail "status"
+json "$dir/s.json" 'j["custom_sample_rate"] == 0 and j["audit"][-1]["forced"] is True' \
+  || fail "forced sampling not audited: $(cat "$dir/s.json")"
+ctl sample custom 0.01 --reason "ci: back on" >/dev/null || fail "sample custom 0.01"
 
 # The token file: a trailing newline is fine, an inner one is refused with the reason.
 printf 'tok\n' >"$dir/token-ok"

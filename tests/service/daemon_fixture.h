@@ -167,7 +167,8 @@ class DaemonTest : public ::testing::Test {
     for (int i = 0; i < 600; ++i) {
       c = Status().counters();
       if (c.comparisons_match() + c.comparisons_breach() + c.comparisons_error() +
-              c.comparisons_skipped() >= n) {
+              c.comparisons_skipped() >=
+          n) {
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));

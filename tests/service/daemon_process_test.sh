@@ -71,6 +71,30 @@ refused "admin_listen: unix:$dir/admin.sock is in use by pid $pid" --listen=127.
 kill -0 "$pid" || fail "the first daemon died"
 [ -S "$dir/admin.sock" ] || fail "the first daemon's socket was removed"
 
+# --engine=auto on a host that looks like a GPU node (what the NVIDIA container runtime sets) but
+# has no usable GPU: it serves from the CPU, and says so at warn level, in a metric and in status.
+NVIDIA_VISIBLE_DEVICES=all "$verifyd" --listen=127.0.0.1:0 --admin_listen="unix:$dir/fb.sock" \
+  --metrics_address=127.0.0.1:0 --state_dir="$dir/fb" --engine=auto --probe=false \
+  >"$dir/fb.log" 2>&1 &
+fb=$!
+for _ in $(seq 600); do grep -q "metrics on http" "$dir/fb.log" && break; sleep 0.05; done
+grep -q "\[warning\] engine: NVIDIA_VISIBLE_DEVICES=all, but .*serving from the CPU engine" \
+  "$dir/fb.log" || { kill $fb; fail "no warning for the CPU fallback: $(cat "$dir/fb.log")"; }
+maddr=$(sed -n 's|.*metrics on http://\([^/]*\)/metrics.*|\1|p' "$dir/fb.log" | head -1)
+curl -s "http://$maddr/metrics" | grep -q "^verifyd_engine_cpu_fallback 1" \
+  || { kill $fb; fail "verifyd_engine_cpu_fallback is not 1 at $maddr"; }
+kill -TERM $fb; wait $fb || true
+# Without the sign, no fallback is reported.
+env -u NVIDIA_VISIBLE_DEVICES "$verifyd" --listen=127.0.0.1:0 --admin_listen="unix:$dir/fb2.sock" \
+  --metrics_address=127.0.0.1:0 --state_dir="$dir/fb2" --engine=cpu --probe=false \
+  >"$dir/fb2.log" 2>&1 &
+fb=$!
+for _ in $(seq 600); do grep -q "metrics on http" "$dir/fb2.log" && break; sleep 0.05; done
+maddr=$(sed -n 's|.*metrics on http://\([^/]*\)/metrics.*|\1|p' "$dir/fb2.log" | head -1)
+curl -s "http://$maddr/metrics" | grep -q "^verifyd_engine_cpu_fallback 0" \
+  || { kill $fb; fail "verifyd_engine_cpu_fallback is not 0 with --engine=cpu"; }
+kill -TERM $fb; wait $fb || true
+
 kill -TERM "$pid"
 wait "$pid" || fail "verifyd exited $? on SIGTERM"
 pid=""

@@ -46,8 +46,7 @@ class ShmObject {
 
 // The bundles the region and channel suites send: 3 requests of 5 heads, odd sizes from the
 // arguments, and 7 NaN-poisoned pages no request names (a whole-pool reader trips over them).
-inline RandomBundleSpec RegionBundleSpec(uint64_t seed, int page_size, int draft,
-                                         int64_t prefix) {
+inline RandomBundleSpec RegionBundleSpec(uint64_t seed, int page_size, int draft, int64_t prefix) {
   RandomBundleSpec spec;
   spec.batch = 3;
   spec.draft = draft;

@@ -127,7 +127,7 @@ TEST_F(AdminTest, StatusShowsWhatTheDaemonRunsWith) {
   EXPECT_GE(r.uptime_seconds(), 1.0);
   EXPECT_LT(r.uptime_seconds(), 60.0);
   EXPECT_EQ(r.started().size(), 20u) << r.started();  // 2026-01-02T03:04:05Z
-  EXPECT_EQ(Status().regions_size(), 0);  // none registered
+  EXPECT_EQ(Status().regions_size(), 0);              // none registered
   ASSERT_EQ(r.listen_size(), 2);
   EXPECT_EQ(r.listen(0), tcp_);  // as bound, port resolved
   EXPECT_EQ(r.admin_listen(), daemon_->admin_address());
@@ -144,9 +144,9 @@ TEST_F(AdminTest, FailedAuthenticationsAreCountedFromZero) {
   o.admin_token = "s3cret";
   o.insecure_admin_tcp = true;  // plaintext loopback; TLS is covered by test_tls
   StartDaemon(o);
-  EXPECT_EQ(MetricValue(testing::Scrape(daemon_->metrics_port()),
-                        "verifyd_admin_auth_failures_total"),
-            0);
+  EXPECT_EQ(
+      MetricValue(testing::Scrape(daemon_->metrics_port()), "verifyd_admin_auth_failures_total"),
+      0);
   for (const char* token : {"", "wrong", "s3cret!"}) {
     grpc::ClientContext ctx;
     if (*token) ctx.AddMetadata("authorization", std::string("Bearer ") + token);
@@ -157,9 +157,9 @@ TEST_F(AdminTest, FailedAuthenticationsAreCountedFromZero) {
   EXPECT_EQ(SetModeAs(admin_.get(), "nope", "x", v1::MODE_REFERENCE).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
   ASSERT_TRUE(SetModeAs(admin_.get(), "s3cret", "x", v1::MODE_REFERENCE).ok());
-  EXPECT_EQ(MetricValue(testing::Scrape(daemon_->metrics_port()),
-                        "verifyd_admin_auth_failures_total"),
-            4);
+  EXPECT_EQ(
+      MetricValue(testing::Scrape(daemon_->metrics_port()), "verifyd_admin_auth_failures_total"),
+      4);
 }
 
 // The service on its own TCP listener, with a short log interval.

@@ -61,10 +61,9 @@ TEST_F(CaptureTest, ABreachIsCapturedAndReplayReproducesTheRecordedComparisonExa
   // The recorded outputs give the recorded comparison, to the last bit.
   const int64_t n = f->view.o_elems(), nl = f->view.lse_elems();
   Tolerance tol = o.handler.tolerance;
-  DiffStats rec = CompareBf16(f->Find("o_custom")->as<uint16_t>(),
-                              f->Find("o_reference")->as<uint16_t>(), n,
-                              f->Find("lse_custom")->as<float>(),
-                              f->Find("lse_reference")->as<float>(), nl, tol);
+  DiffStats rec = CompareBf16(
+      f->Find("o_custom")->as<uint16_t>(), f->Find("o_reference")->as<uint16_t>(), n,
+      f->Find("lse_custom")->as<float>(), f->Find("lse_reference")->as<float>(), nl, tol);
   if (testing::TestEngine() == "cpu") {
     EXPECT_EQ(rec.rel_l2, resp.comparison().rel_l2());
   } else {
@@ -78,8 +77,8 @@ TEST_F(CaptureTest, ABreachIsCapturedAndReplayReproducesTheRecordedComparisonExa
   auto engine = testing::LocalEngine();
   auto p = engine->Prepare(f->view, false);
   ASSERT_TRUE(p.ok());
-  for (auto [path, name] : {std::pair{Path::kReference, "o_reference"},
-                            std::pair{Path::kCustom, "o_custom"}}) {
+  for (auto [path, name] :
+       {std::pair{Path::kReference, "o_reference"}, std::pair{Path::kCustom, "o_custom"}}) {
     ASSERT_TRUE(engine->Run(path, **p).ok());
     PathOutput out;
     ASSERT_TRUE(engine->Fetch(path, **p, &out).ok());
@@ -204,8 +203,8 @@ TEST_F(CaptureTest, TheOracleShowsWhichPathIsWrong) {
   daemon_->shadow().WaitIdle();
   const auto r = Status().recent();
   EXPECT_EQ(r.oracle_samples(), 3);
-  EXPECT_LT(r.reference_vs_oracle_rel_l2(), 4e-3);   // bf16 rounding only
-  EXPECT_GT(r.custom_vs_oracle_rel_l2(), 2e-2);      // the injected error
+  EXPECT_LT(r.reference_vs_oracle_rel_l2(), 4e-3);  // bf16 rounding only
+  EXPECT_GT(r.custom_vs_oracle_rel_l2(), 2e-2);     // the injected error
   EXPECT_GT(r.custom_vs_oracle_rel_l2(), 10 * r.reference_vs_oracle_rel_l2());
   const std::string m = testing::Scrape(daemon_->metrics_port());
   EXPECT_NE(m.find("verifyd_diff_rel_l2_count{pair=\"custom_vs_oracle\"} 3"), std::string::npos);
@@ -216,6 +215,7 @@ TEST_F(CaptureTest, SamplingIsSetAtRunTimeAndPersisted) {
   v1::SetSamplingRequest sreq;
   sreq.set_mode(v1::MODE_SHADOW);
   sreq.set_rate(0.0);
+  sreq.set_reason("test");
   v1::SetSamplingResponse sresp;
   {
     grpc::ClientContext ctx;

@@ -14,9 +14,9 @@
 #include <filesystem>
 #include <thread>
 
-#include "src/channel/channel_client.h"
-#include "src/channel/channel_layout.h"
-#include "src/channel/futex_word.h"
+#include "src/transport/channel_client.h"
+#include "src/transport/channel_layout.h"
+#include "src/transport/futex_word.h"
 #include "tests/service/daemon_fixture.h"
 #include "tests/service/shm_region_fixture.h"
 
@@ -37,15 +37,14 @@ class ChannelTest : public DaemonTest {
     StartDaemon(std::move(o));
     unix_ = v1::VerifyService::NewStub(Channel(daemon_->listen_addresses()[1]));
   }
-  absl::StatusOr<std::unique_ptr<ChannelClient>> OpenClient(const std::string& name,
-                                                            uint64_t bytes = 8 << 20,
-                                                            v1::VerifyService::Stub* via = nullptr) {
+  absl::StatusOr<std::unique_ptr<ChannelClient>> OpenClient(
+      const std::string& name, uint64_t bytes = 8 << 20, v1::VerifyService::Stub* via = nullptr) {
     ChannelClientOptions o;
     o.name = name;
     o.byte_size = bytes;
     o.client = "test";
-    return ChannelClient::Open(*(via ? via : unix_.get()),
-                               [] { return std::make_unique<grpc::ClientContext>(); }, o);
+    return ChannelClient::Open(
+        *(via ? via : unix_.get()), [] { return std::make_unique<grpc::ClientContext>(); }, o);
   }
   grpc::Status OpenRaw(const std::string& name, const std::string& key, uint64_t bytes,
                        v1::OpenChannelResponse* resp) {
@@ -87,13 +86,14 @@ class ChannelTest : public DaemonTest {
 v1::VerifyResponse RawCall(char* base, const v1::OpenChannelResponse& g, const std::string& bytes,
                            uint32_t request_bytes, uint32_t seq) {
   channel::Header* h = channel::HeaderOf(base);
-  std::memcpy(base + g.request_offset(), bytes.data(), std::min<size_t>(bytes.size(), g.capacity()));
+  std::memcpy(base + g.request_offset(), bytes.data(),
+              std::min<size_t>(bytes.size(), g.capacity()));
   h->request_bytes.store(request_bytes);
   h->request_seq.store(seq, std::memory_order_release);
   channel::FutexWake(&h->request_seq);
-  const uint32_t got = channel::AwaitChange(&h->response_seq, seq - 1, absl::Milliseconds(1),
-                                            absl::Milliseconds(50), nullptr,
-                                            absl::Now() + absl::Seconds(30));
+  const uint32_t got =
+      channel::AwaitChange(&h->response_seq, seq - 1, absl::Milliseconds(1), absl::Milliseconds(50),
+                           nullptr, absl::Now() + absl::Seconds(30));
   v1::VerifyResponse resp;
   EXPECT_EQ(got, seq) << "no answer";
   if (got == seq) {
@@ -115,8 +115,8 @@ TEST_F(ChannelTest, CallsMatchTheUnaryRpcBitForBit) {
     if (mode == v1::MODE_CUSTOM) {
       ASSERT_TRUE(SetMode(mode, /*force=*/true).ok());
     }
-    for (auto [seed, page, draft, prefix] : {std::tuple{21u, 1, 5, 37}, std::tuple{22u, 16, 7, 131},
-                                             std::tuple{23u, 16, 1, 0}}) {
+    for (auto [seed, page, draft, prefix] :
+         {std::tuple{21u, 1, 5, 37}, std::tuple{22u, 16, 7, 131}, std::tuple{23u, 16, 1, 0}}) {
       RandomBundle b(RegionBundleSpec(seed, page, draft, prefix));
       v1::VerifyRequest req;
       EncodeRequest(b.view(), &req);
@@ -143,7 +143,9 @@ TEST_F(ChannelTest, CallsMatchTheUnaryRpcBitForBit) {
       ASSERT_EQ(in_place.error_code(), 0) << in_place.error_message();
       EXPECT_FALSE(in_place.has_o());
       EXPECT_EQ(std::memcmp(shm.data() + l.o, want.o().raw_contents().data(),
-                            want.o().raw_contents().size()), 0) << "seed " << seed;
+                            want.o().raw_contents().size()),
+                0)
+          << "seed " << seed;
     }
   }
 }
@@ -351,9 +353,9 @@ TEST_F(ChannelTest, AShrunkObjectStopsItsChannelNotTheDaemon) {
   h->request_bytes.store(bytes.size());
   h->request_seq.store(1, std::memory_order_release);
   channel::FutexWake(&h->request_seq);
-  const uint32_t got = channel::AwaitChange(&h->response_seq, 0, absl::ZeroDuration(),
-                                            absl::Milliseconds(50), nullptr,
-                                            absl::Now() + absl::Milliseconds(500));
+  const uint32_t got =
+      channel::AwaitChange(&h->response_seq, 0, absl::ZeroDuration(), absl::Milliseconds(50),
+                           nullptr, absl::Now() + absl::Milliseconds(500));
   EXPECT_EQ(got, 0u) << "verifyd answered a call it could not read";
   v1::VerifyResponse resp;
   EXPECT_TRUE(VerifyUnix(SmallRequest(3), &resp).ok());
@@ -409,7 +411,8 @@ TEST(ChannelChild, OpensAChannelAndExits) {
   ChannelClientOptions o;
   o.name = "orphan";
   o.byte_size = channel::kMinBytes;
-  auto c = ChannelClient::Open(*stub, [] { return std::make_unique<grpc::ClientContext>(); }, o);
+  auto c = ChannelClient::Open(
+      *stub, [] { return std::make_unique<grpc::ClientContext>(); }, o);
   ASSERT_TRUE(c.ok()) << c.status();
   std::printf("opened and exiting\n");
   std::fflush(stdout);

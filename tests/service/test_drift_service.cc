@@ -93,6 +93,7 @@ TEST_F(DriftServiceTest, Bf16AccumulatorDriftsClosesTheGateAndRollsBackFromCusto
     v1::SetSamplingRequest req;
     req.set_mode(v1::MODE_CUSTOM);
     req.set_rate(1);
+    req.set_reason("test: compare every custom call");
     v1::SetSamplingResponse resp;
     grpc::ClientContext ctx;
     ASSERT_TRUE(admin_->SetSampling(&ctx, req, &resp).ok());
@@ -104,8 +105,7 @@ TEST_F(DriftServiceTest, Bf16AccumulatorDriftsClosesTheGateAndRollsBackFromCusto
   s = Status();
   EXPECT_EQ(s.mode(), v1::MODE_SHADOW);
   EXPECT_EQ(s.counters().rollbacks(), 1);
-  EXPECT_NE(s.last_rollback_reason().find("drift: auto-rollback: oracle drift"),
-            std::string::npos)
+  EXPECT_NE(s.last_rollback_reason().find("drift: auto-rollback: oracle drift"), std::string::npos)
       << s.last_rollback_reason();
   EXPECT_EQ(s.counters().comparisons_breach(), 0);  // no single call breached
   m = Metrics();

@@ -2,12 +2,11 @@
 // responses equal the served path's output bit for bit, /metrics counts comparisons, flips change
 // what is served, a failing custom path is isolated, health and admin auth.
 
-#include <fstream>
-
 #include <sys/stat.h>
 
 #include <atomic>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "tests/service/daemon_fixture.h"
@@ -285,7 +284,7 @@ TEST_F(EndToEndTest, AFatalEngineFaultStopsServingAndRestartsInShadow) {
   StartDaemon(testing::TestOptions(dir));
   ASSERT_TRUE(SetMode(v1::MODE_CUSTOM, true).ok());
   daemon_->OnFatal(absl::DataLossError("sticky CUDA error cudaErrorIllegalAddress in custom path"));
-  EXPECT_EQ(daemon_->Wait(), 3);  // the supervisor restarts it
+  EXPECT_EQ(daemon_->Wait(), 3);                        // the supervisor restarts it
   EXPECT_EQ(Health(tcp_), std::string("\x08\x02", 2));  // NOT_SERVING
   daemon_.reset();
   StartDaemon(testing::TestOptions(dir));
@@ -460,8 +459,7 @@ TEST_F(EndToEndTest, ACallOverTheWorkCeilingIsRefusedUpFront) {
   EXPECT_NE(st.error_message().find("--max_call_work=1000"), std::string::npos)
       << st.error_message();
   const std::string m = testing::Scrape(daemon_->metrics_port());
-  EXPECT_EQ(MetricValue(m, "verifyd_requests_total{code=\"RESOURCE_EXHAUSTED\",path=\"none\"}"),
-            1)
+  EXPECT_EQ(MetricValue(m, "verifyd_requests_total{code=\"RESOURCE_EXHAUSTED\",path=\"none\"}"), 1)
       << m;
 }
 

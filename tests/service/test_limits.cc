@@ -1,5 +1,6 @@
-// Ceilings on what clients can take: idle connections cannot hold back a /metrics scrape, and
-// idle streams do not get a daemon thread each.
+// Ceilings on what clients can take: idle connections cannot hold back a /metrics scrape, idle
+// streams cannot take the threads that unary calls need, and a stream that sends nothing is
+// cancelled after the idle timeout.
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -41,36 +42,98 @@ class LimitsTest : public DaemonTest {
   virtual DaemonOptions Options() { return testing::TestOptions(testing::TestDir("limits")); }
 };
 
+using Stream = grpc::ClientReaderWriter<v1::VerifyRequest, v1::VerifyResponse>;
+struct OpenStream {
+  grpc::ClientContext ctx;
+  std::unique_ptr<Stream> stream;
+};
+
+// Whether the daemon refuses one more stream (its ceiling is reached): the stream's first call
+// ends with RESOURCE_EXHAUSTED naming --grpc_max_streams, instead of an answer.
+bool StreamRefused(v1::VerifyService::Stub* stub) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto s = stub->VerifyStream(&ctx);
+  s->Write(testing::SmallRequest(1));
+  s->WritesDone();
+  v1::VerifyResponse resp;
+  while (s->Read(&resp)) {
+  }
+  const grpc::Status st = s->Finish();
+  return st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+         st.error_message().find("--grpc_max_streams") != std::string::npos;
+}
+
+// Waits (up to 20 s) until the daemon refuses a further stream: every stream opened before is
+// then held open by the daemon.
+bool WaitUntilStreamsAreFull(v1::VerifyService::Stub* stub) {
+  for (int i = 0; i < 200; ++i) {
+    if (StreamRefused(stub)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
 class SmallThreadCeilingTest : public LimitsTest {
  protected:
   DaemonOptions Options() override {
     DaemonOptions o = LimitsTest::Options();
     o.grpc_max_threads = 4;
+    o.streams.max_streams = 2;
     return o;
   }
 };
 
-TEST_F(SmallThreadCeilingTest, ACallBeyondTheCeilingIsRefusedAtOnce) {
-  struct Open {
-    grpc::ClientContext ctx;
-    std::unique_ptr<grpc::ClientReaderWriter<v1::VerifyRequest, v1::VerifyResponse>> stream;
-  };
-  std::vector<std::unique_ptr<Open>> open;
+TEST_F(SmallThreadCeilingTest, StreamsBeyondTheirCeilingAreRefusedAndUnaryCallsAreServed) {
+  std::vector<std::unique_ptr<OpenStream>> open;
   for (int i = 0; i < 8; ++i) {
-    auto o = std::make_unique<Open>();
+    auto o = std::make_unique<OpenStream>();
     o->stream = verify_->VerifyStream(&o->ctx);
     open.push_back(std::move(o));
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  v1::VerifyResponse resp;
-  const auto t0 = Clock::now();
-  const grpc::Status st = verify_->Verify(&ctx, testing::SmallRequest(2), &resp);
-  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
-  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 1.0);
+  ASSERT_TRUE(WaitUntilStreamsAreFull(verify_.get()));
+  // Two threads hold idle streams; the other two serve unary calls.
+  for (int i = 0; i < 5; ++i) {
+    v1::VerifyResponse resp;
+    const grpc::Status st = Verify(testing::SmallRequest(2), &resp);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+  }
   for (auto& o : open) o->ctx.TryCancel();
   for (auto& o : open) (void)o->stream->Finish();
+}
+
+class IdleTimeoutTest : public LimitsTest {
+ protected:
+  DaemonOptions Options() override {
+    DaemonOptions o = LimitsTest::Options();
+    o.streams.idle_timeout = absl::Milliseconds(300);
+    return o;
+  }
+};
+
+TEST_F(IdleTimeoutTest, AStreamThatSendsNothingIsCancelledAndOneThatSendsIsNot) {
+  OpenStream idle;
+  idle.ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  idle.stream = verify_->VerifyStream(&idle.ctx);
+  OpenStream busy;
+  busy.ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  busy.stream = verify_->VerifyStream(&busy.ctx);
+  const auto t0 = Clock::now();
+  // The busy stream sends every 100 ms for a second: each call is answered.
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_TRUE(busy.stream->Write(testing::SmallRequest(1)));
+    v1::VerifyResponse resp;
+    ASSERT_TRUE(busy.stream->Read(&resp));
+    EXPECT_EQ(resp.error_code(), 0) << resp.error_message();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  v1::VerifyResponse resp;
+  EXPECT_FALSE(idle.stream->Read(&resp));  // ends when the daemon cancels it
+  const grpc::Status st = idle.stream->Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::CANCELLED) << st.error_message();
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 15.0);
+  busy.stream->WritesDone();
+  EXPECT_TRUE(busy.stream->Finish().ok());
 }
 
 TEST_F(LimitsTest, IdleConnectionsDoNotHoldBackAScrape) {
@@ -88,7 +151,7 @@ TEST_F(LimitsTest, IdleConnectionsDoNotHoldBackAScrape) {
   for (int s : idle) ::close(s);
 }
 
-TEST_F(LimitsTest, IdleStreamsDoNotGetAThreadEach) {
+TEST_F(LimitsTest, AThousandIdleStreamsFromOnePeerDoNotLockOtherClientsOut) {
   const int before = Threads();
   constexpr int kStreams = 1000;
   // Several connections: one carries at most --grpc_max_concurrent_streams.
@@ -99,36 +162,32 @@ TEST_F(LimitsTest, IdleStreamsDoNotGetAThreadEach) {
     stubs.push_back(v1::VerifyService::NewStub(
         grpc::CreateCustomChannel(tcp_, grpc::InsecureChannelCredentials(), args)));
   }
-  struct Open {
-    grpc::ClientContext ctx;
-    std::unique_ptr<grpc::ClientReaderWriter<v1::VerifyRequest, v1::VerifyResponse>> stream;
-  };
-  std::vector<std::unique_ptr<Open>> open;
+  std::vector<std::unique_ptr<OpenStream>> open;
   for (int i = 0; i < kStreams; ++i) {
-    auto o = std::make_unique<Open>();
+    auto o = std::make_unique<OpenStream>();
     o->stream = stubs[i % stubs.size()]->VerifyStream(&o->ctx);
     open.push_back(std::move(o));
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ASSERT_TRUE(WaitUntilStreamsAreFull(verify_.get()));
   const int during = Threads();
   std::printf("threads: %d before, %d with %d idle streams\n", before, during, kStreams);
-  EXPECT_LT(during - before, 300) << before << " threads before, " << during << " with "
-                                  << kStreams << " idle streams";
-  // The admin API and /metrics still answer while the data plane is full.
+  EXPECT_LT(during - before, 300) << before << " threads before, " << during << " with " << kStreams
+                                  << " idle streams";
+  // A new client's calls are served while the streams stay open, and so are the admin API and
+  // /metrics.
+  auto fresh =
+      v1::VerifyService::NewStub(grpc::CreateChannel(tcp_, grpc::InsecureChannelCredentials()));
+  for (int i = 0; i < 5; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::VerifyResponse resp;
+    const grpc::Status st = fresh->Verify(&ctx, testing::SmallRequest(1), &resp);
+    EXPECT_TRUE(st.ok()) << "call " << i << ": " << st.error_message();
+  }
   EXPECT_EQ(Status().mode(), v1::MODE_SHADOW);
-  EXPECT_NE(testing::Scrape(daemon_->metrics_port()).find("verifyd_build_info"),
-            std::string::npos);
+  EXPECT_NE(testing::Scrape(daemon_->metrics_port()).find("verifyd_build_info"), std::string::npos);
   for (auto& o : open) o->ctx.TryCancel();
   for (auto& o : open) (void)o->stream->Finish();
-  open.clear();
-  // Served again once the streams are gone.
-  bool served = false;
-  for (int i = 0; i < 50 && !served; ++i) {
-    v1::VerifyResponse resp;
-    served = Verify(testing::SmallRequest(1), &resp).ok();
-    if (!served) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  EXPECT_TRUE(served);
 }
 
 }  // namespace

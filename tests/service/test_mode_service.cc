@@ -136,7 +136,8 @@ TEST_F(ModeServiceTest, AMalformedAuditLineDoesNotBreakStatus) {
   const std::string dir = testing::TestDir("mode");
   StartDaemon(testing::TestOptions(dir));
   ASSERT_TRUE(SetMode(v1::MODE_REFERENCE, false).ok());
-  std::ofstream(dir + "/state/audit.jsonl", std::ios::app) << R"({"to":5})" << "\n";
+  std::ofstream(dir + "/state/audit.jsonl", std::ios::app) << R"({"to":5})"
+                                                           << "\n";
   ASSERT_TRUE(SetMode(v1::MODE_SHADOW, false).ok());
   v1::GetStatusResponse s;
   grpc::ClientContext ctx;
@@ -153,6 +154,7 @@ TEST_F(ModeServiceTest, SamplingChangesAreAuditedAsTheClientsWhateverNameItClaim
   v1::SetSamplingRequest req;
   req.set_mode(v1::MODE_SHADOW);
   req.set_rate(0);
+  req.set_reason("test");
   req.set_who("verifyd");
   v1::SetSamplingResponse resp;
   grpc::ClientContext ctx;
@@ -162,6 +164,32 @@ TEST_F(ModeServiceTest, SamplingChangesAreAuditedAsTheClientsWhateverNameItClaim
   EXPECT_NE(line.find("\"origin\":\"client\""), std::string::npos) << line;
   EXPECT_NE(line.find("\"who\":\"verifyd\""), std::string::npos) << line;
   EXPECT_NE(line.find("\"sample_rate\":0"), std::string::npos) << line;
+}
+
+TEST_F(ModeServiceTest, SamplingNeedsAReasonAndCustomZeroNeedsForce) {
+  StartDaemon(testing::TestOptions(testing::TestDir("mode")));
+  v1::SetSamplingRequest req;
+  req.set_mode(v1::MODE_CUSTOM);
+  req.set_rate(0);
+  v1::SetSamplingResponse resp;
+  {
+    grpc::ClientContext ctx;
+    const grpc::Status st = admin_->SetSampling(&ctx, req, &resp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(st.error_message().find("reason"), std::string::npos) << st.error_message();
+  }
+  req.set_reason("too slow");
+  {
+    grpc::ClientContext ctx;
+    const grpc::Status st = admin_->SetSampling(&ctx, req, &resp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_NE(st.error_message().find("--force"), std::string::npos) << st.error_message();
+  }
+  EXPECT_NE(Status().custom_sample_rate(), 0);
+  req.set_force(true);
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(admin_->SetSampling(&ctx, req, &resp).ok());
+  EXPECT_EQ(Status().custom_sample_rate(), 0);
 }
 
 }  // namespace

@@ -34,6 +34,8 @@ class ProbeServiceTest : public testing::DaemonTest {
     v1::SetSamplingRequest req;
     req.set_mode(v1::MODE_CUSTOM);
     req.set_rate(rate);
+    req.set_reason("test");
+    req.set_force(true);
     v1::SetSamplingResponse resp;
     grpc::ClientContext ctx;
     ASSERT_TRUE(admin_->SetSampling(&ctx, req, &resp).ok());

@@ -100,15 +100,15 @@ TEST_F(SingleInstanceTest, SameTcpAdminListenIsRefused) {
   o.admin_listen = daemon_->admin_address();
   o.admin_token = "t0ken";
   o.insecure_admin_tcp = true;
-  ExpectRefused(o, absl::StrCat("admin_listen: ", daemon_->admin_address(),
-                                " is in use by another process"));
+  ExpectRefused(
+      o, absl::StrCat("admin_listen: ", daemon_->admin_address(), " is in use by another process"));
 }
 
 TEST_F(SingleInstanceTest, SameAdminSocketIsRefusedAndKept) {
   DaemonOptions o = Other();
   o.admin_listen = daemon_->admin_address();
-  ExpectRefused(o, absl::StrCat("admin_listen: ", daemon_->admin_address(), " is in use by pid ",
-                                getpid()));
+  ExpectRefused(
+      o, absl::StrCat("admin_listen: ", daemon_->admin_address(), " is in use by pid ", getpid()));
   ExpectFirstServes();
   EXPECT_TRUE(fs::is_socket(dir_ + "/admin.sock"));
 }
@@ -133,9 +133,9 @@ TEST_F(UnixSocketPathTest, ARegularFileAtTheAdminPathIsRefusedAndKept) {
   std::ofstream(path) << "precious";
   auto d = Daemon::Start(o);
   ASSERT_FALSE(d.ok());
-  EXPECT_EQ(d.status().message(),
-            absl::StrCat("admin_listen: unix:", path, " exists and is not a socket; refusing to "
-                                                      "remove it"));
+  EXPECT_EQ(d.status().message(), absl::StrCat("admin_listen: unix:", path,
+                                               " exists and is not a socket; refusing to "
+                                               "remove it"));
   std::ifstream in(path);
   std::string content;
   in >> content;
@@ -147,7 +147,8 @@ TEST_F(UnixSocketPathTest, ADirectoryAtTheDataPathIsRefusedAndKept) {
   fs::create_directories(dir_ + "/data.sock/inside");
   auto d = Daemon::Start(o);
   ASSERT_FALSE(d.ok());
-  EXPECT_NE(d.status().message().find("listen: unix:" + dir_ + "/data.sock exists and is not a "
+  EXPECT_NE(d.status().message().find("listen: unix:" + dir_ +
+                                      "/data.sock exists and is not a "
                                       "socket"),
             std::string::npos)
       << d.status();
@@ -173,8 +174,7 @@ TEST_F(UnixSocketPathTest, AMissingParentDirectoryIsCreated) {
   o.admin_listen = "unix:" + dir_ + "/run/verifyd/admin.sock";
   StartDaemon(o);
   EXPECT_EQ(Status().mode(), v1::MODE_SHADOW);
-  EXPECT_EQ(fs::status(dir_ + "/run/verifyd").permissions() & fs::perms::all,
-            fs::perms(0755));
+  EXPECT_EQ(fs::status(dir_ + "/run/verifyd").permissions() & fs::perms::all, fs::perms(0755));
 }
 
 TEST_F(UnixSocketPathTest, AnUncreatableParentDirectoryIsAClearError) {

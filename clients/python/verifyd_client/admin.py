@@ -9,7 +9,6 @@ import grpc
 from ._channel import ChannelClient
 from ._proto import admin_pb2, admin_pb2_grpc, types_pb2
 from .errors import VerifydError
-from .regions import region_dict
 
 _MODES = {"reference": types_pb2.MODE_REFERENCE, "shadow": types_pb2.MODE_SHADOW,
           "canary": types_pb2.MODE_CANARY, "custom": types_pb2.MODE_CUSTOM}
@@ -23,19 +22,39 @@ def _num(v):
     return v if math.isfinite(v) else None
 
 
-def _runtime(rt):
-    """What the daemon runs with (GetStatusResponse.runtime) as a dict."""
-    t = rt.tolerances
-    return {"inject_custom_fault": rt.inject_custom_fault,
-            "tolerances": {"atol": t.atol, "rtol": t.rtol, "max_rel_l2": t.max_rel_l2,
-                           "max_abs": t.max_abs, "max_lse_abs": t.max_lse_abs,
-                           "max_beyond_tol": t.max_beyond_tol},
-            "gate_window": rt.gate_window, "rollback_breaches": rt.rollback_breaches,
-            "rollback_window": rt.rollback_window, "oracle_sample_rate": rt.oracle_sample_rate,
-            "custom_timeout_ms": rt.custom_timeout_ms, "uptime_seconds": rt.uptime_seconds,
-            "started": rt.started, "listen": list(rt.listen),
-            "admin_listen": rt.admin_listen, "metrics_address": rt.metrics_address,
-            "state_dir": rt.state_dir}
+def _enum_name(field, number):
+    """An enum value by name, without the prefix all of its values share: MODE_SHADOW -> shadow."""
+    values = field.enum_type.values
+    names = [v.name for v in values]
+    prefix = names[0]
+    for n in names[1:]:
+        while not n.startswith(prefix):
+            prefix = prefix[:-1]
+    prefix = prefix[:prefix.rfind("_") + 1]
+    return field.enum_type.values_by_number[number].name[len(prefix):].lower()
+
+
+def _value(field, v):
+    if field.type == field.TYPE_MESSAGE:
+        return _to_dict(v)
+    if field.type == field.TYPE_ENUM:
+        return _enum_name(field, v)
+    if isinstance(v, float):
+        return _num(v)
+    return v
+
+
+def _to_dict(msg):
+    """A message as verifyctl's --json prints it (src/cli/proto_json.h): every field, defaults
+    too, under its .proto name."""
+    out = {}
+    for field in msg.DESCRIPTOR.fields:
+        v = getattr(msg, field.name)
+        if field.label == field.LABEL_REPEATED:
+            out[field.name] = [_value(field, x) for x in v]
+        else:
+            out[field.name] = _value(field, v)
+    return out
 
 
 def _who():
@@ -65,56 +84,28 @@ class AdminClient(ChannelClient):
             raise VerifydError.from_rpc_error(e) from None
 
     def status(self):
-        """The daemon's state as a dict (the same fields as `verifyctl status --json`)."""
-        s = self._call(self._stub.GetStatus, admin_pb2.GetStatusRequest())
-        g, r, c, cap, e = s.gate, s.recent, s.counters, s.capture, s.engine
-        return {
-            "mode": _mode_name(s.mode),
-            "canary_fraction": s.canary_fraction,
-            "sample_rate": s.sample_rate,
-            "shadow_sample_rate": s.shadow_sample_rate,
-            "custom_sample_rate": s.custom_sample_rate,
-            "gate": {"ready": g.ready, "clean": g.clean, "needed": g.needed, "reason": g.reason,
-                     "last_breach": g.last_breach},
-            "recent": {"comparisons": r.comparisons, "breaches": r.breaches,
-                       "rel_l2_mean": _num(r.rel_l2_mean), "rel_l2_max": _num(r.rel_l2_max),
-                       "max_abs_max": _num(r.max_abs_max), "oracle_samples": r.oracle_samples,
-                       "custom_vs_oracle_rel_l2": _num(r.custom_vs_oracle_rel_l2),
-                       "reference_vs_oracle_rel_l2": _num(r.reference_vs_oracle_rel_l2)},
-            "counters": {"requests": c.requests, "request_errors": c.request_errors,
-                         "served_reference": c.served_reference,
-                         "served_custom": c.served_custom,
-                         "comparisons_match": c.comparisons_match,
-                         "comparisons_breach": c.comparisons_breach,
-                         "comparisons_error": c.comparisons_error,
-                         "comparisons_skipped": c.comparisons_skipped,
-                         "rollbacks": c.rollbacks},
-            "last_rollback_reason": s.last_rollback_reason,
-            "capture": {"dir": cap.dir, "files": cap.files, "bytes": cap.bytes,
-                        "pending": cap.pending, "written": cap.written, "dropped": cap.dropped},
-            "engine": {"engine": e.engine, "device": e.device, "sm_count": e.sm_count,
-                       "compute_capability": e.compute_capability},
-            "version": s.version,
-            "commit": s.commit,
-            "audit": [{"time": a.time, "from": _mode_name(getattr(a, "from")),
-                       "to": _mode_name(a.to), "canary_fraction": a.canary_fraction,
-                       "reason": a.reason, "forced": a.forced, "who": a.who,
-                       "peer": a.peer}
-                      for a in s.recent_audit],
-            "runtime": _runtime(s.runtime),
-            "regions": [region_dict(x) for x in s.regions],
-        }
+        """The daemon's state as a dict, with the same fields and names as `verifyctl status
+        --json`: every field of GetStatusResponse, enums by name ("shadow"), NaN as None, the
+        audit entries under "audit"."""
+        d = _to_dict(self._call(self._stub.GetStatus, admin_pb2.GetStatusRequest()))
+        d["audit"] = d.pop("recent_audit")
+        return d
+
+    def run_probes(self):
+        """Runs the daemon's probe suite now; a dict as `verifyctl probe --json` prints it
+        ("passed", "results", "seconds", "summary")."""
+        return _to_dict(self._call(self._stub.RunProbes, admin_pb2.RunProbesRequest()))
 
     def flip(self, mode, reason, fraction=None, force=False, who=None):
-        """Sets the served mode: "custom", "canary" (with ``fraction`` in (0, 1]), "shadow" or
-        "reference". The daemon's flip gate refuses canary/custom (FAILED_PRECONDITION) until
+        """Sets the served mode: "custom", "canary" (``fraction`` in (0, 1]; without one, the
+        persisted fraction, 0.05 until one was set), "shadow" or "reference". The daemon's flip gate refuses canary/custom (FAILED_PRECONDITION) until
         enough clean comparisons, unless ``force``, which the audit log records.
         """
         if mode not in _MODES:
             raise ValueError(f"mode: '{mode}' is not one of {', '.join(_MODES)}")
         if not reason:
             raise ValueError("reason: say why (it goes to the audit log)")
-        if mode == "canary" and not (fraction is not None and 0 < fraction <= 1):
+        if mode == "canary" and fraction is not None and not 0 < fraction <= 1:
             raise ValueError("fraction: canary needs a fraction in (0, 1]")
         if mode != "canary" and fraction is not None:
             raise ValueError(f"fraction: only canary takes a fraction, not {mode}")
@@ -128,13 +119,18 @@ class AdminClient(ChannelClient):
         """Back to shadow: the reference is served again. ``reason`` goes to the audit log."""
         return self.flip("shadow", reason, who=who)
 
-    def set_sampling(self, mode, rate, who=None):
-        """Fraction of calls in ``mode`` ("shadow" or "custom") that also run the other path."""
+    def set_sampling(self, mode, rate, reason, who=None, force=False):
+        """Fraction of calls in ``mode`` ("shadow" or "custom") that also run the other path.
+        ``reason`` goes to the audit log. A custom rate of 0 leaves the served custom path
+        unchecked (no rollback can fire) and needs ``force=True``, which is audited."""
         if mode not in ("shadow", "custom"):
             raise ValueError(f"mode: '{mode}' is not shadow or custom")
+        if not reason:
+            raise ValueError("reason: a reason is required")
         r = self._call(self._stub.SetSampling,
                        admin_pb2.SetSamplingRequest(mode=_MODES[mode], rate=rate,
-                                                    who=who or _who()))
+                                                    who=who or _who(), reason=reason,
+                                                    force=force))
         return {"shadow_sample_rate": r.shadow_sample_rate,
                 "custom_sample_rate": r.custom_sample_rate}
 

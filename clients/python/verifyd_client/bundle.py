@@ -1,6 +1,6 @@
 """A verify-attention call's tensors: checked, compacted and encoded as a VerifyRequest.
 
-Shapes (DESIGN §2):
+Shapes (README.md, "The computation"):
   q [B*T, H, 576] bf16, kv_pool [num_pages, page_size, 576] bf16, kv_indptr [B+1] i32,
   kv_indices [kv_indptr[B]] i32, kv_lens [B] i32 (prefix + T),
   tree_mask u8 [B, T, T] (0/1) or [B, T, ceil(T/8)] (bit-packed), sm_scale > 0.

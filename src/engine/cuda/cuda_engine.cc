@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/reference/compare_kernels.h"
 #include "kernels/reference/finite_check_kernels.h"
-#include "src/engine/cuda/device_diff_stats.h"
 #include "kernels/reference/oracle_kernel.h"
 #include "kernels/reference/output_fault_kernels.h"
 #include "kernels/reference/page_gather_kernels.h"
@@ -16,6 +15,7 @@
 #include "src/engine/cuda/cuda_ipc_mapping.h"
 #include "src/engine/cuda/cuda_prepared_bundle.h"
 #include "src/engine/cuda/cuda_status.h"
+#include "src/engine/cuda/device_diff_stats.h"
 #include "src/engine/cuda/device_worker.h"
 
 namespace verifyd {
@@ -243,11 +243,11 @@ absl::StatusOr<std::shared_ptr<const OwnedBundle>> CudaEngine::FetchInputs(Prepa
   ScopedWorkspace gathered(s);
   if (b.pool_in_place()) {
     VERIFYD_RETURN_IF_ERROR(gathered.Allocate(w, o.kv_elems() * 2, where));
-    VERIFYD_RETURN_IF_ERROR(w.Check(
-        kernels::LaunchGatherPages(p.kv_pool, p.kv_indices, p.shape.num_indices,
-                                   int64_t{p.shape.page_size} * kernels::kHeadDimQK * 2,
-                                   gathered.get(), s),
-        where));
+    VERIFYD_RETURN_IF_ERROR(
+        w.Check(kernels::LaunchGatherPages(p.kv_pool, p.kv_indices, p.shape.num_indices,
+                                           int64_t{p.shape.page_size} * kernels::kHeadDimQK * 2,
+                                           gathered.get(), s),
+                where));
     pool = gathered.get();
   }
   auto d2h = [&](void* dst, const void* src, size_t bytes) {
@@ -257,8 +257,7 @@ absl::StatusOr<std::shared_ptr<const OwnedBundle>> CudaEngine::FetchInputs(Prepa
   VERIFYD_RETURN_IF_ERROR(d2h(owned->mutable_q(), p.q, o.q_elems() * 2));
   VERIFYD_RETURN_IF_ERROR(d2h(owned->mutable_kv_pool(), pool, o.kv_elems() * 2));
   VERIFYD_RETURN_IF_ERROR(d2h(owned->mutable_kv_indptr(), p.kv_indptr, (o.shape.batch + 1) * 4));
-  VERIFYD_RETURN_IF_ERROR(
-      d2h(owned->mutable_kv_indices(), p.kv_indices, o.shape.num_indices * 4));
+  VERIFYD_RETURN_IF_ERROR(d2h(owned->mutable_kv_indices(), p.kv_indices, o.shape.num_indices * 4));
   VERIFYD_RETURN_IF_ERROR(d2h(owned->mutable_kv_lens(), p.kv_lens, o.shape.batch * 4));
   VERIFYD_RETURN_IF_ERROR(d2h(owned->mutable_tree_mask(), p.tree_mask, o.mask_bytes()));
   VERIFYD_RETURN_IF_ERROR(b.RecordShadowUse());
@@ -314,11 +313,10 @@ absl::Status CudaEngine::Deliver(Path path, PreparedBundle& pb, const RegionRang
   const cudaStream_t s = served ? b.lane().served : b.lane().shadow;
   const std::string where = absl::StrCat(PathName(path), " path (writing its output in place)");
   auto copy = [&](const RegionRange& to, const void* from, size_t bytes) {
-    return w.Check(cudaMemcpyAsync(to.data, from, bytes,
-                                   to.device() >= 0 ? cudaMemcpyDeviceToDevice
-                                                    : cudaMemcpyDeviceToHost,
-                                   s),
-                   where);
+    return w.Check(
+        cudaMemcpyAsync(to.data, from, bytes,
+                        to.device() >= 0 ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost, s),
+        where);
   };
   absl::Status done = copy(o, st.o, o_bytes);
   if (done.ok() && lse != nullptr) done = copy(*lse, st.lse, lse_bytes);
@@ -473,6 +471,10 @@ absl::StatusOr<DiffStats> CudaEngine::Compare(PreparedBundle& pb, Path test, Pat
   VERIFYD_RETURN_IF_ERROR(st);
   VERIFYD_RETURN_IF_ERROR(w.Check(cudaEventSynchronize(lane.compare_done), where));
   return ToDiffStats(*lane.compare_host);
+}
+
+void CudaEngine::SetDeviceLostHandler(DeviceLostHandler handler) {
+  for (auto& w : workers_) w->SetLostHandler(handler);
 }
 
 void CudaEngine::InjectCustomFault(const CustomFault& fault) {

@@ -26,7 +26,7 @@ struct CudaEngineOptions {
   // Waits block (the driver wakes the thread: tens of µs after the GPU is done), except that a
   // wait for the served output, on the call's critical path, polls for this long first.
   absl::Duration sync_spin = absl::Microseconds(100);
-  kernels::CustomConfig custom;                // tiles and KV-split planning of the custom path
+  kernels::CustomConfig custom;  // tiles and KV-split planning of the custom path
 };
 
 // GPUs the CUDA runtime sees; 0 when there are none or the driver cannot be loaded.
@@ -66,6 +66,7 @@ class CudaEngine : public Engine {
                                     const Tolerance& tol) override;
   absl::StatusOr<std::shared_ptr<const OwnedBundle>> FetchInputs(PreparedBundle& b) override;
   void InjectCustomFault(const CustomFault& fault) override;
+  void SetDeviceLostHandler(DeviceLostHandler handler) override;
 
   int num_devices() const { return static_cast<int>(workers_.size()); }
 

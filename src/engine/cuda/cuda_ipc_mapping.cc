@@ -69,8 +69,8 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> OpenCudaIpcMapping(DeviceWorker& w
   if (e != cudaSuccess) {
     cudaGetLastError();  // not sticky: the handle was bad, the context is fine
     return absl::InvalidArgumentError(absl::StrCat(
-        "ipc_handle: cudaIpcOpenMemHandle on device ", device_index, " failed: ",
-        cudaGetErrorString(e),
+        "ipc_handle: cudaIpcOpenMemHandle on device ", device_index,
+        " failed: ", cudaGetErrorString(e),
         " (a handle from cudaIpcGetMemHandle in another live process on the same GPU)"));
   }
   const uint64_t available = AllocationBytesFrom(base);
@@ -79,8 +79,10 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> OpenCudaIpcMapping(DeviceWorker& w
     return absl::InvalidArgumentError(
         available == 0
             ? std::string("byte_size: the size of the allocation behind ipc_handle is unknown")
-            : absl::StrCat("byte_size: ", byte_size, " bytes is past the end of the allocation "
-                           "behind ipc_handle (", available, " bytes)"));
+            : absl::StrCat("byte_size: ", byte_size,
+                           " bytes is past the end of the allocation "
+                           "behind ipc_handle (",
+                           available, " bytes)"));
   }
   return std::unique_ptr<MappedRegion>(new CudaIpcMapping(worker, device_index, base, byte_size));
 }

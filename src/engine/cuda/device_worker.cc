@@ -72,9 +72,8 @@ absl::Status DeviceWorker::Init(size_t pool_bytes, int lanes) {
     if (st.ok()) {
       st = Check(cudaStreamCreateWithPriority(&l.shadow, cudaStreamNonBlocking, least), where);
     }
-    for (cudaEvent_t* e :
-         {&l.input.copied, &l.output_served.copied, &l.output_shadow.copied, &l.compare_done,
-          &l.finite_done}) {
+    for (cudaEvent_t* e : {&l.input.copied, &l.output_served.copied, &l.output_shadow.copied,
+                           &l.compare_done, &l.finite_done}) {
       if (st.ok()) st = Check(cudaEventCreateWithFlags(e, cudaEventDisableTiming), where);
     }
     absl::MutexLock blas_lock(&l.blas_mu);
@@ -152,16 +151,25 @@ absl::Status DeviceWorker::Activate() {
   return Check(cudaSetDevice(device_), "selecting the device");
 }
 
+void DeviceWorker::SetLostHandler(DeviceLostHandler handler) {
+  absl::MutexLock lock(&lost_mu_);
+  on_lost_ = std::move(handler);
+}
+
 absl::Status DeviceWorker::Check(cudaError_t e, absl::string_view where) {
   bool sticky = false;
   absl::Status st = CudaStatus(e, where, device_, &sticky);
-  if (sticky) {
+  if (!sticky) return st;
+  DeviceLostHandler report;
+  {
     absl::MutexLock lock(&lost_mu_);
     if (!lost_.load(std::memory_order_relaxed)) {
       lost_reason_ = std::string(st.message());
       lost_.store(true, std::memory_order_release);
+      report = on_lost_;
     }
   }
+  if (report) report(st);
   return st;
 }
 
@@ -181,17 +189,17 @@ cudaError_t PollThenBlock(absl::Duration spin, Query query, Block block) {
 }  // namespace
 
 absl::Status DeviceWorker::AwaitCritical(cudaStream_t s, absl::string_view where) {
-  return Check(PollThenBlock(
-                   sync_spin_, [s] { return cudaStreamQuery(s); },
-                   [s] { return cudaStreamSynchronize(s); }),
-               where);
+  return Check(
+      PollThenBlock(
+          sync_spin_, [s] { return cudaStreamQuery(s); }, [s] { return cudaStreamSynchronize(s); }),
+      where);
 }
 
 absl::Status DeviceWorker::AwaitCritical(cudaEvent_t e, absl::string_view where) {
-  return Check(PollThenBlock(
-                   sync_spin_, [e] { return cudaEventQuery(e); },
-                   [e] { return cudaEventSynchronize(e); }),
-               where);
+  return Check(
+      PollThenBlock(
+          sync_spin_, [e] { return cudaEventQuery(e); }, [e] { return cudaEventSynchronize(e); }),
+      where);
 }
 
 }  // namespace verifyd

@@ -16,10 +16,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/time/time.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "kernels/reference/compare_kernels.h"
 #include "src/engine/cuda/pinned_buffer.h"
+#include "src/engine/engine.h"
 
 namespace verifyd {
 
@@ -70,6 +71,8 @@ class DeviceWorker {
 
   // Makes this device current on the calling thread; DATA_LOSS once the context is lost.
   absl::Status Activate();
+  // Called once, from the call that finds the context lost (outside the worker's locks).
+  void SetLostHandler(DeviceLostHandler handler);
   // CudaStatus(e, where) that also remembers a lost context, failing every later call.
   absl::Status Check(cudaError_t e, absl::string_view where);
   // Waits for `s`'s work (or `e`) on the call's critical path: polls for the worker's sync spin,
@@ -90,6 +93,7 @@ class DeviceWorker {
   std::atomic<bool> lost_{false};
   mutable absl::Mutex lost_mu_;
   std::string lost_reason_ ABSL_GUARDED_BY(lost_mu_);
+  DeviceLostHandler on_lost_ ABSL_GUARDED_BY(lost_mu_);
 };
 
 }  // namespace verifyd

@@ -1,0 +1,297 @@
+#include "src/transport/channel_server.h"
+
+#include <poll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+#include "src/region/host_pinning.h"
+#include "src/region/shm_mapping.h"
+#include "src/transport/futex_word.h"
+#include "src/transport/in_band_error.h"
+
+namespace verifyd {
+
+using channel::HeaderOf;
+
+namespace {
+
+// A descriptor that becomes readable when process `pid` exits; -1 when the kernel has no pidfds
+// (before Linux 5.3) or the process is gone already.
+int WatchProcess(int pid) {
+#ifdef SYS_pidfd_open
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+#else
+  (void)pid;
+  return -1;
+#endif
+}
+
+bool Exited(int pidfd) {
+  pollfd p{pidfd, POLLIN, 0};
+  return pidfd >= 0 && ::poll(&p, 1, 0) > 0;
+}
+
+}  // namespace
+
+// One open channel: its mapping and the thread that serves it.
+class ChannelServer::Channel {
+ public:
+  Channel(ChannelSummary summary, std::unique_ptr<MappedRegion> map, const ChannelLimits& limits,
+          const Serve& serve)
+      : summary_(std::move(summary)),
+        map_(std::move(map)),
+        spin_(limits.spin),
+        serve_(serve),
+        pidfd_(summary_.client_pid > 0 ? WatchProcess(summary_.client_pid) : -1) {
+    channel::InitHeader(map_->base(), summary_.geometry);
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~Channel() {
+    stop_.store(true);
+    channel::FutexWake(&HeaderOf(map_->base())->request_seq);  // a sleeping Loop looks again
+    thread_.join();
+    if (pidfd_ >= 0) ::close(pidfd_);
+    channel::Header* h = HeaderOf(map_->base());
+    h->state.store(channel::kStateClosed, std::memory_order_release);
+    channel::FutexWake(&h->response_seq);  // a client waiting for an answer sees the close
+  }
+
+  // The client that opened it exited, and the channel serves no more.
+  bool orphaned() const { return orphaned_.load(); }
+
+  ChannelSummary summary() const {
+    ChannelSummary s = summary_;
+    s.calls = calls_.load();
+    s.stopped = stopped_.load();
+    return s;
+  }
+
+ private:
+  void Loop() {
+    char* base = map_->base();
+    channel::Header* h = HeaderOf(base);
+    const channel::Geometry& g = summary_.geometry;
+    // InitHeader set it to 0 before this thread started; the client may ring as soon as
+    // OpenChannel answers, before this line runs, so the count starts from there, not from a load.
+    uint32_t served = 0;
+    v1::VerifyResponse resp;
+    // From the last answer to the call after it: how long the next spin is.
+    absl::Duration last_gap = absl::InfiniteDuration();
+    absl::Time answered = absl::InfinitePast();
+    while (!stop_.load()) {
+      const uint32_t seq = channel::AwaitChange(
+          &h->request_seq, served,
+          channel::AdaptiveSpin(last_gap, ChannelLimits::kSpinFloor, spin_),
+          absl::Milliseconds(100), [this] { return stop_.load() || Exited(pidfd_); });
+      if (seq == served) {  // asked to stop, or the client is gone
+        if (!stop_.load() && Exited(pidfd_)) {
+          spdlog::info("channel '{}': its client (pid {}) exited without closing it; closing it",
+                       summary_.name, summary_.client_pid);
+          orphaned_.store(true);
+          return;
+        }
+        continue;
+      }
+      served = seq;
+      last_gap = absl::Now() - answered;
+      resp.Clear();
+      absl::StatusOr<absl::string_view> request = channel::RequestIn(base, g);
+      if (request.ok()) {
+        serve_(*request, &resp);
+      } else {
+        ErrorInResponse(request.status(), "", &resp);  // no request was parsed: no request id
+      }
+      if (!map_->intact()) {  // what the call read of the area was zeros
+        spdlog::warn(
+            "channel '{}': its shared-memory object shrank under the mapping; the "
+            "channel stops serving (close it and open a new one)",
+            summary_.name);
+        stopped_.store(true);
+        return;
+      }
+      size_t bytes = resp.ByteSizeLong();
+      if (bytes > g.capacity) {
+        ErrorInResponse(
+            absl::ResourceExhaustedError(absl::StrCat(
+                "o: the response of ", bytes, " bytes does not fit the channel's ", g.capacity,
+                "-byte response area; name o_out (and lse_out) to have "
+                "the output written in place, or open a larger channel")),
+            std::string(resp.request_id()), &resp);
+        bytes = resp.ByteSizeLong();
+      }
+      resp.SerializeWithCachedSizesToArray(
+          reinterpret_cast<uint8_t*>(channel::ResponseArea(base, g)));
+      channel::PublishResponse(base, static_cast<uint32_t>(bytes), seq);
+      channel::FutexWake(&h->response_seq);
+      answered = absl::Now();
+      calls_.fetch_add(1);
+    }
+  }
+
+  const ChannelSummary summary_;
+  const std::unique_ptr<MappedRegion> map_;
+  const absl::Duration spin_;
+  const Serve& serve_;
+  const int pidfd_;  // readable once the client exited; -1: not watched
+  std::atomic<bool> stop_{false}, stopped_{false}, orphaned_{false};
+  std::atomic<int64_t> calls_{0};
+  std::thread thread_;
+};
+
+ChannelServer::ChannelServer(ChannelLimits limits, Serve serve, RegionRegistry::HostPinner pin_host)
+    : limits_(limits), serve_(std::move(serve)), pin_host_(std::move(pin_host)) {
+  if (limits_.max_channels > 0) reaper_ = std::thread([this] { ReapLoop(); });
+}
+
+ChannelServer::~ChannelServer() {
+  std::map<std::string, std::unique_ptr<Channel>> all;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stopping_ = true;
+    all.swap(channels_);
+  }
+  reap_cv_.notify_all();
+  if (reaper_.joinable()) reaper_.join();
+  all.clear();
+}
+
+void ChannelServer::ReapLoop() {
+  std::unique_lock<std::mutex> l(mu_);
+  while (!reap_cv_.wait_for(l, std::chrono::milliseconds(250), [this] { return stopping_; })) {
+    std::vector<std::unique_ptr<Channel>> gone;
+    for (auto it = channels_.begin(); it != channels_.end();) {
+      if (!it->second->orphaned()) {
+        ++it;
+        continue;
+      }
+      gone.push_back(std::move(it->second));
+      it = channels_.erase(it);
+    }
+    if (gone.empty()) continue;
+    l.unlock();
+    gone.clear();  // their threads have returned already
+    Notify();
+    l.lock();
+  }
+}
+
+void ChannelServer::SetObserver(Observer o) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    observer_ = std::move(o);
+  }
+  Notify();
+}
+
+void ChannelServer::Notify() {
+  Observer o;
+  int64_t n;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    o = observer_;
+    n = static_cast<int64_t>(channels_.size());
+  }
+  if (o) o(n);
+}
+
+absl::StatusOr<ChannelSummary> ChannelServer::Open(const std::string& name, const std::string& key,
+                                                   uint64_t byte_size, const std::string& client,
+                                                   std::optional<uint32_t> caller_uid,
+                                                   std::optional<int> caller_pid) {
+  if (limits_.max_channels == 0) {
+    return absl::FailedPreconditionError(
+        "OpenChannel: this verifyd serves no call channels (--max_channels=0)");
+  }
+  if (name.empty() || name.size() > 128) {
+    return absl::InvalidArgumentError("name: must have 1 to 128 characters");
+  }
+  absl::StatusOr<channel::Geometry> g = channel::GeometryFor(byte_size, limits_.max_capacity);
+  if (!g.ok()) return g.status();
+  auto check_room = [&]() -> absl::Status {
+    if (channels_.count(name) != 0) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("name: channel '", name, "' is already open (close it first)"));
+    }
+    if (static_cast<int64_t>(channels_.size()) >= limits_.max_channels) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "name: ", channels_.size(), " channels are open, the most --max_channels allows"));
+    }
+    return absl::OkStatus();
+  };
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (absl::Status st = check_room(); !st.ok()) return st;
+  }
+  absl::StatusOr<std::unique_ptr<MappedRegion>> m = MapShm(key, 0, byte_size, caller_uid);
+  if (!m.ok()) return m.status();
+  // The areas only: the header's futex words stay ordinary pages.
+  PinnedHost pinned =
+      PinHost(pin_host_, (*m)->base() + channel::kHeaderBytes, byte_size - channel::kHeaderBytes,
+              absl::StrCat("channel '", name, "'"));
+  if (pinned.unpin) (*m)->SetBeforeUnmap(std::move(pinned.unpin));
+  ChannelSummary s;
+  s.name = name;
+  s.key = key;
+  s.client = client;
+  s.byte_size = byte_size;
+  s.geometry = *g;
+  s.client_pid = caller_pid.value_or(0);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (absl::Status st = check_room(); !st.ok()) return st;  // raced with another Open
+    channels_[name] = std::make_unique<Channel>(s, std::move(*m), limits_, serve_);
+  }
+  spdlog::info(
+      "channel '{}' open on '{}' ({} bytes, areas of {} bytes, client '{}'; pinned in "
+      "{:.1f} ms)",
+      name, key, byte_size, g->capacity, client, absl::ToDoubleMilliseconds(pinned.took));
+  Notify();
+  return s;
+}
+
+absl::StatusOr<std::vector<std::string>> ChannelServer::Close(const std::string& name,
+                                                              const std::string& client) {
+  std::vector<std::unique_ptr<Channel>> closing;
+  std::vector<std::string> names;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!name.empty()) {
+      auto it = channels_.find(name);
+      if (it == channels_.end()) {
+        return absl::NotFoundError(absl::StrCat("name: no open channel '", name, "'"));
+      }
+      names.push_back(name);
+      closing.push_back(std::move(it->second));
+      channels_.erase(it);
+    } else {
+      for (auto it = channels_.begin(); it != channels_.end();) {
+        if (it->second->summary().client != client) {
+          ++it;
+          continue;
+        }
+        names.push_back(it->first);
+        closing.push_back(std::move(it->second));
+        it = channels_.erase(it);
+      }
+    }
+  }
+  closing.clear();  // each waits for its call in progress
+  for (const std::string& n : names) spdlog::info("channel '{}' closed", n);
+  Notify();
+  return names;
+}
+
+std::vector<ChannelSummary> ChannelServer::List() const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<ChannelSummary> out;
+  for (const auto& [n, c] : channels_) out.push_back(c->summary());
+  return out;
+}
+
+}  // namespace verifyd

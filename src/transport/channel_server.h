@@ -1,0 +1,96 @@
+#pragma once
+// The open call channels (verify.proto, OpenChannel; layout in src/transport/channel_layout.h).
+// Each channel is a client's shared-memory object, mapped read-write as shm regions are (only
+// the caller's own, guarded against a client that shrinks it), and one thread that waits on its
+// request word and serves each call through `serve`: the same path as a Verify RPC's message.
+// A channel opened over a Unix socket watches the process that opened it (a pidfd): when that
+// process exits without closing the channel, the channel is closed within about a second.
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "src/region/region_registry.h"
+#include "src/transport/channel_layout.h"
+#include "verifyd/v1/verify.pb.h"
+
+namespace verifyd {
+
+struct ChannelLimits {
+  int max_channels = 16;                      // --max_channels; 0: no channels
+  uint64_t max_capacity = uint64_t{1} << 30;  // an area's bytes at most (--max_message_mb)
+  // After a call, the most the channel's thread spins for the next one before it sleeps
+  // (--channel_spin_us): twice the last gap between calls when that gap was within this,
+  // otherwise kSpinFloor (channel::AdaptiveSpin). A call within the spin pays no wake-up.
+  absl::Duration spin = absl::Microseconds(50);
+  static constexpr absl::Duration kSpinFloor = absl::Microseconds(50);
+};
+
+struct ChannelSummary {
+  std::string name, key, client;
+  uint64_t byte_size = 0;
+  channel::Geometry geometry;
+  int64_t calls = 0;
+  bool stopped = false;  // the object shrank under the mapping: no more calls
+  int client_pid = 0;    // the watched process; 0: none
+};
+
+class ChannelServer {
+ public:
+  // Serves one call from its serialized VerifyRequest, which is in the channel's request area
+  // where the client can write it (ParseRequestInPlace copies out what is checked); fills `resp`
+  // (errors in its error_code and error_message).
+  using Serve = std::function<void(absl::string_view request, v1::VerifyResponse* resp)>;
+  // Sees the channel count after every change (metrics).
+  using Observer = std::function<void(int64_t channels)>;
+
+  // `pin_host`: pins each channel's memory for the engine's copy engines, so that bytes read in
+  // place go to the GPU without a staging copy (null, or an error: they are staged).
+  ChannelServer(ChannelLimits limits, Serve serve, RegionRegistry::HostPinner pin_host = nullptr);
+  ~ChannelServer();  // closes every channel
+  ChannelServer(const ChannelServer&) = delete;
+  ChannelServer& operator=(const ChannelServer&) = delete;
+  void SetObserver(Observer o);
+
+  // Maps `key` (the caller's own object when `caller_uid` is known; MapShm), writes the header
+  // and starts serving. ALREADY_EXISTS for a name in use, RESOURCE_EXHAUSTED past
+  // --max_channels, INVALID_ARGUMENT naming the field for a bad name or size.
+  // `caller_pid`: the process whose exit closes the channel (nullopt: none is watched).
+  absl::StatusOr<ChannelSummary> Open(const std::string& name, const std::string& key,
+                                      uint64_t byte_size, const std::string& client,
+                                      std::optional<uint32_t> caller_uid,
+                                      std::optional<int> caller_pid = std::nullopt);
+  // Closes `name`, or with an empty name every channel of `client`; a call in progress finishes
+  // first. The client sees state closed. NOT_FOUND for an unknown name.
+  absl::StatusOr<std::vector<std::string>> Close(const std::string& name,
+                                                 const std::string& client);
+  std::vector<ChannelSummary> List() const;
+
+ private:
+  class Channel;
+  void Notify();
+  // Closes the channels whose client exited, every so often, until the server goes.
+  void ReapLoop();
+
+  ChannelLimits limits_;
+  Serve serve_;
+  RegionRegistry::HostPinner pin_host_;
+  Observer observer_;
+  mutable std::mutex mu_;
+  std::map<std::string, std::unique_ptr<Channel>> channels_;  // guarded by mu_
+  std::condition_variable reap_cv_;
+  bool stopping_ = false;  // guarded by mu_
+  std::thread reaper_;
+};
+
+}  // namespace verifyd
