@@ -255,9 +255,15 @@ int RunStatus(const GlobalOptions& g) {
       s.last_rollback_reason().empty() ? "" : "   last: " + s.last_rollback_reason());
   if (s.recent_audit_size() > 0) std::cout << "audit (newest last)\n";
   for (const auto& a : s.recent_audit()) {
-    std::cout << fmt::format("  {}  {} -> {}{}  by {}{}: {}\n", a.time(), ModeStr(a.from()),
-                             ModeStr(a.to()), a.forced() ? " (forced)" : "", a.who(),
-                             a.peer().empty() ? "" : " [" + a.peer() + "]", a.reason());
+    // The verified peer (uid from the kernel, or the token's hash) first; the name the client
+    // gave is only what it claims.
+    const std::string by = a.peer().empty()
+                               ? a.who()
+                               : (a.who().empty() || a.who() == a.peer()
+                                      ? a.peer()
+                                      : fmt::format("{} (claims {})", a.peer(), a.who()));
+    std::cout << fmt::format("  {}  {} -> {}{}  by {}: {}\n", a.time(), ModeStr(a.from()),
+                             ModeStr(a.to()), a.forced() ? " (forced)" : "", by, Clip(a.reason()));
   }
   return 0;
 }

@@ -1,5 +1,7 @@
 // verifyctl: operate verifyd (status, flip, rollback) and send it traffic.
 
+#include <algorithm>
+
 #include "CLI/CLI.hpp"
 #include "src/cli/admin_commands.h"
 #include "src/cli/replay_handoff.h"
@@ -105,7 +107,8 @@ int main(int argc, char** argv) {
   auto* rp = app.add_subcommand("replay",
                                 "re-run the paths on captured or golden bundles (runs "
                                 "verifyd-replay with the arguments that follow; see its --help)");
-  rp->prefix_command();
+  rp->fallthrough(false);  // every argument after `replay` is verifyd-replay's
+  rp->allow_extras();
 
   CLI11_PARSE(app, argc, argv);
   flip.fraction_given = fraction->count() > 0;
@@ -119,7 +122,9 @@ int main(int argc, char** argv) {
   if (*probe) return RunProbe(g);
   if (*rp) {
     std::vector<std::string> args = rp->remaining();
-    if (g.json) args.push_back("--json");
+    if (g.json && std::find(args.begin(), args.end(), "--json") == args.end()) {
+      args.push_back("--json");
+    }
     return HandOverToReplay(args);
   }
   if (*status) return RunStatus(g);

@@ -91,7 +91,7 @@ grep -q "^up          " "$dir/s.txt" || fail "uptime"
 if grep -q WARNING "$dir/s.txt"; then fail "fault warning without a fault"; fi
 json "$dir/s.json" 'j["runtime"]["inject_custom_fault"] == "" and j["runtime"]["rollback_breaches"] == 3
   and j["runtime"]["tolerances"]["max_rel_l2"] == 0.01 and j["regions"] == []
-  and j["runtime"]["listen"] == ["unix:'"$dir"'/data.sock"] and j["runtime"]["uptime_seconds"] >= 0' \
+  and j["runtime"]["listen"][0] == "unix:'"$dir"'/data.sock" and j["runtime"]["uptime_seconds"] >= 0' \
   || fail "status --json runtime: $(cat "$dir/s.json")"
 
 # The audit keeps the claimed name and the kernel's uid apart.
@@ -102,6 +102,9 @@ grep -q '"mode": "canary"' "$dir/status.json" || fail "status after flip"
 json "$dir/status.json" 'j["audit"][-1]["who"].startswith("alice@")
   and j["audit"][-1]["peer"].startswith("uid:'"$(id -u)"'")' \
   || fail "audit who/peer: $(cat "$dir/status.json")"
+ctl status >"$dir/s.txt" || fail "status"
+grep -q "by uid:$(id -u)([^)]*) (claims alice@[^)]*): ci canary" "$dir/s.txt" \
+  || fail "the audit line leads with the verified peer: $(grep -A3 '^audit' "$dir/s.txt")"
 
 stop
 start
@@ -123,14 +126,14 @@ tail -n +"$((lines + 1))" "$dir/log" >"$dir/restart.log"
 grep -q "mode shadow, state in" "$dir/restart.log" || fail "start-up log: $(cat "$dir/restart.log")"
 if grep -q "mode canary, state in" "$dir/restart.log"; then fail "start-up log says canary"; fi
 ctl status --json >"$dir/s.json" || fail "status"
-json "$dir/s.json" 'j["mode"] == "shadow" and j["last_rollback_reason"] == "probe"' \
+json "$dir/s.json" 'j["mode"] == "shadow" and j["last_rollback_reason"].startswith("probe:")' \
   || fail "after the failed start-up probe: $(cat "$dir/s.json")"
 stop
 start
 
 # A call channel over TCP stops with the daemon's reason, which names the Unix socket, once.
 tcp=$(ctl status --json | python3 -c 'import json,sys; print([a for a in json.load(sys.stdin)["runtime"]["listen"] if not a.startswith("unix:")][0])')
-rc=0; ctl --target="$tcp" send --shape 2,3,8,54 --page_size 16 --count 2 --channel \
+rc=0; "$verifyctl" --target="$tcp" send --shape 2,3,8,54 --page_size 16 --count 2 --channel \
   >"$dir/out" 2>"$dir/err" || rc=$?
 [ "$rc" -eq 1 ] || fail "send --channel over TCP: exit $rc: $(cat "$dir/out" "$dir/err")"
 [ ! -s "$dir/out" ] || fail "send --channel over TCP printed a summary: $(cat "$dir/out")"
