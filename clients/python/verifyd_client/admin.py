@@ -44,13 +44,20 @@ def _value(field, v):
     return v
 
 
+def _repeated(value):
+    # A repeated field's container, told apart by shape: its descriptor attributes differ across
+    # protobuf versions (label, is_repeated).
+    return (hasattr(value, "__len__") and not isinstance(value, (str, bytes))
+            and not hasattr(value, "DESCRIPTOR"))
+
+
 def _to_dict(msg):
     """A message as verifyctl's --json prints it (src/cli/proto_json.h): every field, defaults
     too, under its .proto name."""
     out = {}
     for field in msg.DESCRIPTOR.fields:
         v = getattr(msg, field.name)
-        if field.label == field.LABEL_REPEATED:
+        if _repeated(v):
             out[field.name] = [_value(field, x) for x in v]
         else:
             out[field.name] = _value(field, v)
