@@ -19,9 +19,7 @@ BINS=(tests/kernels/test_custom_kernel tests/kernels/test_custom_kernel_golden
       bench/verifyd-kernel-trace
       tests/cuda_engine/test_reference_kernels tests/cuda_engine/test_cuda_engine
       tests/cuda_engine/test_cuda_sticky_error
-      tests/service/test_end_to_end tests/service/test_capture tests/service/test_regions
-      tests/service/test_channels tests/service/test_receive_service
-      tests/service/test_probe_service tests/service/test_drift_service
+      tests/service/test_service
       src/main/verifyd src/cli/verifyctl src/cli/verifyd-replay)
 # shellcheck disable=SC2206
 BINS+=(${VERIFYD_PACK_BINS:-})

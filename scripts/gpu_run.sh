@@ -77,11 +77,13 @@ if [[ $run_tests == 1 ]]; then
   # The service suites start verifyd in-process on the CUDA engine.
   export VERIFYD_TEST_ENGINE=cuda
   for t in test_custom_plan test_custom_kernel_golden test_custom_kernel test_reference_kernels \
-           test_cuda_engine test_cuda_sticky_error test_end_to_end test_capture test_regions \
-           test_channels test_receive_service test_probe_service test_drift_service; do
+           test_cuda_engine test_cuda_sticky_error test_service; do
     [[ -x "$PACK/bin/$t" ]] || continue
     filter='*'
     [[ $t == test_custom_kernel ]] && filter=$kernel_filter
+    # The service suites that reach the engine, its regions and its channels (the others are
+    # the CPU machine's).
+    [[ $t == test_service ]] && filter='EndToEndTest.*:CaptureTest.*:RegionTest.*:RegionChild.*:ShmMapping.*:ChannelTest.*:ChannelChild.*:ChannelLayout.*:ChannelSpin.*:ReceiveService.*:ProbeServiceTest.*:DriftServiceTest.*'
     start=$(date +%s)
     timeout "${VERIFYD_TEST_TIMEOUT:-300}" "$PACK/bin/$t" --gtest_filter="$filter" \
       --gtest_output="json:$OUT/$t.json" >> "$OUT/tests.log" 2>&1
