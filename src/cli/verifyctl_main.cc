@@ -47,46 +47,7 @@ int main(int argc, char** argv) {
 
   SendOptions send;
   auto* s = app.add_subcommand("send", "send random bundles and print a latency summary");
-  s->add_option("--shape", send.shape, "B,T,H,PREFIX")->capture_default_str();
-  s->add_option("--page_size", send.page_size, "tokens per KV page")->capture_default_str();
-  s->add_option("--count", send.count, "calls to send")->capture_default_str();
-  s->add_option("--concurrency", send.concurrency, "calls in flight")->capture_default_str();
-  s->add_option("--tree", send.tree, "tree (random draft tree) or chain")->capture_default_str();
-  s->add_option("--traffic", send.traffic,
-                "random (q independent of K: diffuse attention) or realistic (sinks, recency, "
-                "heavy hitters, draft tokens that matter)")
-      ->capture_default_str();
-  s->add_option("--seed", send.seed, "seed of the first bundle")->capture_default_str();
-  s->add_option("--distinct", send.distinct,
-                "distinct bundles, encoded once and reused round-robin. NOTE: the default 4 is "
-                "for load tests; a fault that shows only on some inputs is sampled on those 4 "
-                "only, so use --distinct equal to --count for detection work")
-      ->capture_default_str();
-  s->add_option("--request_id_prefix", send.request_id_prefix, "request ids PREFIX-N");
-  s->add_flag("--stream", send.stream, "use the bidirectional stream");
-  s->add_flag("--channel", send.channel,
-              "send through call channels (one per worker: a shared-memory request slot with a "
-              "futex doorbell, no gRPC call per verify); needs a unix: target");
-  s->add_flag("--want_lse", send.want_lse, "ask for lse too");
-  s->add_flag("--compare_sync", send.compare_sync, "compare before responding");
-  s->add_option("--transport", send.transport,
-                "inline, shm (a POSIX shm region verifyctl creates) or cuda_ipc (GPU memory "
-                "verifyctl allocates, shared by CUDA IPC); regions need a unix: target")
-      ->capture_default_str();
-  s->add_option("--inline_encode", send.inline_encode,
-                "inline unary calls: pieces (q and the pool sent from where they are) or message "
-                "(copied into the request message, then serialized)")
-      ->capture_default_str();
-  s->add_option("--device", send.device, "the request's GPU (and the cuda_ipc region's)")
-      ->capture_default_str();
-  s->add_flag("--check", send.check,
-              "region transports: each output must equal the inline transport's bit for bit");
-  s->add_flag("--scribble", send.scribble,
-              "region transports: overwrite q and the pool right after each response, as a "
-              "client reusing its buffers");
-  s->add_flag("--resident", send.resident,
-              "region transports: each worker writes its bundle into its slot once and calls "
-              "with it every time (a stack whose KV pool stays resident): calls back to back");
+  AddSendOptions(s, &send);
 
   SampleOptions sample;
   auto* sm = app.add_subcommand("sample", "fraction of calls that also run the non-served path");

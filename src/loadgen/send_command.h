@@ -6,6 +6,10 @@
 
 #include "src/cli/cli_common.h"
 
+namespace CLI {
+class App;
+}  // namespace CLI
+
 namespace verifyd::cli {
 
 struct SendOptions {
@@ -36,5 +40,8 @@ struct SendOptions {
 };
 
 int RunSend(const GlobalOptions& g, const SendOptions& s);
+
+// The send options, on verifyctl's send subcommand.
+void AddSendOptions(CLI::App* app, SendOptions* send);
 
 }  // namespace verifyd::cli

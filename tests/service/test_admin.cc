@@ -113,8 +113,13 @@ TEST_F(AdminTest, StatusShowsWhatTheDaemonRunsWith) {
   o.controller.rollback_breaches = 7;
   o.controller.rollback_window = 70;
   StartDaemon(o);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
-  const auto r = Status().runtime();
+  // Uptime counts: wait until it passes one second (observed, not slept for).
+  auto r = Status().runtime();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (r.uptime_seconds() < 1.0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    r = Status().runtime();
+  }
   EXPECT_EQ(r.inject_custom_fault(), "perturb:0.5");
   EXPECT_DOUBLE_EQ(r.tolerances().atol(), 0.03);
   EXPECT_DOUBLE_EQ(r.tolerances().rtol(), Tolerance().rtol);
