@@ -252,7 +252,7 @@ int RunStatus(const GlobalOptions& g) {
                                   cap.written(), cap.dropped()));
   std::cout << fmt::format(
       "rollbacks   {}{}\n", c.rollbacks(),
-      s.last_rollback_reason().empty() ? "" : "   last: " + s.last_rollback_reason());
+      s.last_rollback_reason().empty() ? "" : "   last: " + Clip(s.last_rollback_reason()));
   if (s.recent_audit_size() > 0) std::cout << "audit (newest last)\n";
   for (const auto& a : s.recent_audit()) {
     // The verified peer (uid from the kernel, or the token's hash) first; the name the client

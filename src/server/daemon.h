@@ -54,7 +54,9 @@ struct DaemonOptions {
   // The data plane's Unix sockets: who may connect (0660: the daemon's user and group).
   SocketAccess data_socket{0660, ""};
   std::string metrics_address = "127.0.0.1:9464";  // empty: no /metrics
-  std::string state_dir = "verifyd-state";
+  // The systemd unit's StateDirectory: an absolute default, never a folder in whatever directory
+  // verifyd happens to start in.
+  std::string state_dir = "/var/lib/verifyd";
   EngineOptions engine;
   // Transport limits: VerifyServiceOptions holds their defaults.
   int64_t max_message_bytes = VerifyServiceOptions{}.max_message_bytes;

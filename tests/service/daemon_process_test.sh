@@ -44,6 +44,23 @@ chmod 600 "$dir/token"
 refused "is TCP without TLS" --listen="unix:$dir/d2.sock" --admin_listen=127.0.0.1:0 \
   --state_dir="$dir/s2" --admin_token_file="$dir/token"
 
+# Under umask 0 the sockets still get their modes (data 0660, admin 0600), never looser.
+(umask 0 && exec "$verifyd" --listen="unix:$dir/um.sock" --admin_listen="unix:$dir/uma.sock" \
+  --metrics_address= --state_dir="$dir/um" --engine=cpu --probe=false >"$dir/um.log" 2>&1) &
+um=$!
+for _ in $(seq 600); do [ -S "$dir/uma.sock" ] && [ -S "$dir/um.sock" ] && break; sleep 0.05; done
+data_mode=$(stat -c %a "$dir/um.sock") admin_mode=$(stat -c %a "$dir/uma.sock")
+kill -TERM $um; wait $um || true
+[ "$data_mode" = 660 ] || fail "data socket under umask 0: mode $data_mode, not 660"
+[ "$admin_mode" = 600 ] || fail "admin socket under umask 0: mode $admin_mode, not 600"
+
+# Without --state_dir nothing is created in the working directory, even when the start fails.
+mkdir -p "$dir/cwd"
+(cd "$dir/cwd" && "$verifyd" --engine=cpu --listen=not-an-address --metrics_address= \
+  --admin_listen="unix:$dir/cwd.sock" >/dev/null 2>&1) || true
+[ -z "$(ls -A "$dir/cwd")" ] || fail "verifyd left $(ls -A "$dir/cwd") in its working directory"
+"$verifyd" --help 2>&1 | grep -q -- "--state_dir=/var/lib/verifyd" || fail "--state_dir default"
+
 # The first instance, with systemd's notify socket.
 python3 - "$dir/notify" >"$dir/notified" <<'PY' &
 import socket, sys

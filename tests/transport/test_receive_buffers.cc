@@ -12,25 +12,14 @@
 #include "grpcpp/support/slice.h"
 #include "gtest/gtest.h"
 #include "src/transport/receive_buffers.h"
+#include "tests/transport/sliced_message.h"
 
 namespace verifyd {
 namespace {
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 
-// The bytes of `text` as a gRPC message of `pieces` slices of uneven sizes.
-grpc::ByteBuffer Sliced(const std::string& text, int pieces, std::mt19937& rng) {
-  std::vector<size_t> cuts;
-  for (int i = 0; i + 1 < pieces; ++i) cuts.push_back(rng() % (text.size() + 1));
-  cuts.push_back(0);
-  cuts.push_back(text.size());
-  std::sort(cuts.begin(), cuts.end());
-  std::vector<grpc::Slice> slices;
-  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
-    slices.emplace_back(text.data() + cuts[i], cuts[i + 1] - cuts[i]);
-  }
-  return grpc::ByteBuffer(slices.data(), slices.size());
-}
+using testing::Sliced;
 
 std::string RandomBytes(size_t n, std::mt19937& rng) {
   std::string s(n, '\0');
