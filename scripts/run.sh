@@ -20,8 +20,8 @@ verifyd is starting (Ctrl-C stops it), with a development gate of $gate clean co
 In another shell:
   export VERIFYD_TARGET=unix:$run/verifyd.sock VERIFYD_ADMIN=unix:$run/admin.sock
   $build/src/cli/verifyctl status
-  $build/src/cli/verifyctl send --shape 4,16,8,4096 --count $gate --concurrency 2
-  curl -s 127.0.0.1:9464/metrics | grep ^verifyd_
+  $build/src/cli/verifyctl send --shape 2,8,8,1024 --count $gate --concurrency 2
+  curl -s 127.0.0.1:9464/metrics | grep ^verifyd_requests
   $build/src/cli/verifyctl flip custom --reason "looks good"
 
 EOT

@@ -84,9 +84,9 @@ class AdminClient(ChannelClient):
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self._stub = admin_pb2_grpc.AdminServiceStub(self._channel)
 
-    def _call(self, method, req):
+    def _call(self, method, req, timeout=None):
         try:
-            return method(req, timeout=self.timeout, metadata=self._metadata)
+            return method(req, timeout=timeout or self.timeout, metadata=self._metadata)
         except grpc.RpcError as e:
             raise VerifydError.from_rpc_error(e) from None
 
@@ -98,10 +98,10 @@ class AdminClient(ChannelClient):
         d["audit"] = d.pop("recent_audit")
         return d
 
-    def run_probes(self):
-        """Runs the daemon's probe suite now; a dict as `verifyctl probe --json` prints it
-        ("passed", "results", "seconds", "summary")."""
-        return _to_dict(self._call(self._stub.RunProbes, admin_pb2.RunProbesRequest()))
+    def run_probes(self, timeout=300):
+        """Runs the daemon's probe suite now (seconds on the CPU engine); a dict as `verifyctl
+        probe --json` prints it ("passed", "results", "seconds", "summary")."""
+        return _to_dict(self._call(self._stub.RunProbes, admin_pb2.RunProbesRequest(), timeout))
 
     def flip(self, mode, reason, fraction=None, force=False, who=None):
         """Sets the served mode: "custom", "canary" (``fraction`` in (0, 1]; without one, the
