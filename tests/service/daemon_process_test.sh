@@ -48,7 +48,7 @@ refused "is TCP without TLS" --listen="unix:$dir/d2.sock" --admin_listen=127.0.0
 (umask 0 && exec "$verifyd" --listen="unix:$dir/um.sock" --admin_listen="unix:$dir/uma.sock" \
   --metrics_address= --state_dir="$dir/um" --engine=cpu --probe=false >"$dir/um.log" 2>&1) &
 um=$!
-for _ in $(seq 600); do [ -S "$dir/uma.sock" ] && [ -S "$dir/um.sock" ] && break; sleep 0.05; done
+for _ in $(seq 2400); do [ -S "$dir/uma.sock" ] && [ -S "$dir/um.sock" ] && break; sleep 0.05; done
 data_mode=$(stat -c %a "$dir/um.sock") admin_mode=$(stat -c %a "$dir/uma.sock")
 kill -TERM $um; wait $um || true
 [ "$data_mode" = 660 ] || fail "data socket under umask 0: mode $data_mode, not 660"
@@ -94,7 +94,7 @@ NVIDIA_VISIBLE_DEVICES=all "$verifyd" --listen=127.0.0.1:0 --admin_listen="unix:
   --metrics_address=127.0.0.1:0 --state_dir="$dir/fb" --engine=auto --probe=false \
   >"$dir/fb.log" 2>&1 &
 fb=$!
-for _ in $(seq 600); do grep -q "metrics on http" "$dir/fb.log" && break; sleep 0.05; done
+for _ in $(seq 2400); do grep -q "metrics on http" "$dir/fb.log" && break; sleep 0.05; done
 grep -q "\[warning\] engine: NVIDIA_VISIBLE_DEVICES=all, but .*serving from the CPU engine" \
   "$dir/fb.log" || { kill $fb; fail "no warning for the CPU fallback: $(cat "$dir/fb.log")"; }
 maddr=$(sed -n 's|.*metrics on http://\([^/]*\)/metrics.*|\1|p' "$dir/fb.log" | head -1)
@@ -106,7 +106,7 @@ env -u NVIDIA_VISIBLE_DEVICES "$verifyd" --listen=127.0.0.1:0 --admin_listen="un
   --metrics_address=127.0.0.1:0 --state_dir="$dir/fb2" --engine=cpu --probe=false \
   >"$dir/fb2.log" 2>&1 &
 fb=$!
-for _ in $(seq 600); do grep -q "metrics on http" "$dir/fb2.log" && break; sleep 0.05; done
+for _ in $(seq 2400); do grep -q "metrics on http" "$dir/fb2.log" && break; sleep 0.05; done
 maddr=$(sed -n 's|.*metrics on http://\([^/]*\)/metrics.*|\1|p' "$dir/fb2.log" | head -1)
 curl -s "http://$maddr/metrics" | grep -q "^verifyd_engine_cpu_fallback 0" \
   || { kill $fb; fail "verifyd_engine_cpu_fallback is not 0 with --engine=cpu"; }
