@@ -2,7 +2,9 @@
 # Installs what is missing, builds everything (CUDA sources too when nvcc is there) and runs the
 # tests. GPU suites skip with a message when no GPU is visible. Prints each stage's time at the end.
 #
-# The quick lane (the default, and what CI runs; about 20 minutes on 2 cores):
+# The quick lane (the default, and what CI runs; its stage times on 2 cores, measured while
+# other builds ran: ASan build 626 s, ASan suites 546 s, fuzz 274 s, soak 42 s, the mutation
+# suite 193 s, the other suites 320 s, plus the main build):
 #   - the main build and every suite in it (the CPU mutation suite's quick lane included);
 #   - clang-format over the tree (scripts/check_format.sh);
 #   - an ASan/UBSan build of the CPU targets running every CPU suite but the mutation suite;
