@@ -20,7 +20,7 @@ verifyd is starting (Ctrl-C stops it), with a development gate of $gate clean co
 In another shell:
   export VERIFYD_TARGET=unix:$run/verifyd.sock VERIFYD_ADMIN=unix:$run/admin.sock
   $build/src/cli/verifyctl status
-  $build/src/cli/verifyctl send --shape 2,8,8,1024 --count $gate --concurrency 2
+  $build/src/cli/verifyctl send --shape 2,8,8,1024 --count $gate --compare_sync
   curl -s 127.0.0.1:9464/metrics | grep ^verifyd_requests
   $build/src/cli/verifyctl flip custom --reason "looks good"
 
