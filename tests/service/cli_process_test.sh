@@ -76,7 +76,7 @@ VERIFYD_ADMIN="unix:$dir/admin.sock" VERIFYD_TARGET="unix:$dir/data.sock" "$veri
   >"$dir/s.txt" || fail "status with VERIFYD_ADMIN"
 VERIFYD_ADMIN="unix:$dir/admin.sock" VERIFYD_TARGET="unix:$dir/data.sock" "$verifyctl" send \
   --shape 2,3,8,54 --page_size 16 --count 2 >/dev/null || fail "send with VERIFYD_TARGET"
-"$verifyctl" --help | grep -q "unix:/run/verifyd/admin.sock" || fail "default admin address"
+grep -q "unix:/run/verifyd/admin.sock" <("$verifyctl" --help) || fail "default admin address"
 "$verifyctl" --version >"$dir/v" || fail "--version exit code"
 grep -Eq '^verifyctl [0-9]+\.[0-9]+\.[0-9]+ \(.+\)$' "$dir/v" || fail "--version: $(cat "$dir/v")"
 

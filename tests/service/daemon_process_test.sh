@@ -6,7 +6,8 @@ set -euo pipefail
 verifyd=$1
 dir=$(mktemp -d)
 pid=""
-trap '[ -n "$pid" ] && kill -9 $pid 2>/dev/null; rm -rf "$dir"' EXIT
+# Every background job dies with the test: one left holding stdout keeps ctest waiting.
+trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$dir"' EXIT
 fail() { echo "FAIL: $*"; cat "$dir/log" 2>/dev/null || true; exit 1; }
 
 # --help lists the daemon's own flags and exits 0; --version prints version and commit.
@@ -59,7 +60,7 @@ mkdir -p "$dir/cwd"
 (cd "$dir/cwd" && "$verifyd" --engine=cpu --listen=not-an-address --metrics_address= \
   --admin_listen="unix:$dir/cwd.sock" >/dev/null 2>&1) || true
 [ -z "$(ls -A "$dir/cwd")" ] || fail "verifyd left $(ls -A "$dir/cwd") in its working directory"
-"$verifyd" --help 2>&1 | grep -q -- "--state_dir=/var/lib/verifyd" || fail "--state_dir default"
+grep -q -- "--state_dir=/var/lib/verifyd" <("$verifyd" --help 2>&1) || fail "--state_dir default"
 
 # The first instance, with systemd's notify socket.
 python3 - "$dir/notify" >"$dir/notified" <<'PY' &
@@ -98,7 +99,7 @@ for _ in $(seq 2400); do grep -q "metrics on http" "$dir/fb.log" && break; sleep
 grep -q "\[warning\] engine: NVIDIA_VISIBLE_DEVICES=all, but .*serving from the CPU engine" \
   "$dir/fb.log" || { kill $fb; fail "no warning for the CPU fallback: $(cat "$dir/fb.log")"; }
 maddr=$(sed -n 's|.*metrics on http://\([^/]*\)/metrics.*|\1|p' "$dir/fb.log" | head -1)
-curl -s "http://$maddr/metrics" | grep -q "^verifyd_engine_cpu_fallback 1" \
+grep -q "^verifyd_engine_cpu_fallback 1" <(curl -s "http://$maddr/metrics") \
   || { kill $fb; fail "verifyd_engine_cpu_fallback is not 1 at $maddr"; }
 kill -TERM $fb; wait $fb || true
 # Without the sign, no fallback is reported.
@@ -108,7 +109,7 @@ env -u NVIDIA_VISIBLE_DEVICES "$verifyd" --listen=127.0.0.1:0 --admin_listen="un
 fb=$!
 for _ in $(seq 2400); do grep -q "metrics on http" "$dir/fb2.log" && break; sleep 0.05; done
 maddr=$(sed -n 's|.*metrics on http://\([^/]*\)/metrics.*|\1|p' "$dir/fb2.log" | head -1)
-curl -s "http://$maddr/metrics" | grep -q "^verifyd_engine_cpu_fallback 0" \
+grep -q "^verifyd_engine_cpu_fallback 0" <(curl -s "http://$maddr/metrics") \
   || { kill $fb; fail "verifyd_engine_cpu_fallback is not 0 with --engine=cpu"; }
 kill -TERM $fb; wait $fb || true
 

@@ -12,7 +12,7 @@ fi
 if engine=$(nm -C --defined-only "$verifyctl" | grep -E "verifyd::(CpuEngine|CudaEngine|MakeEngine|MakeCpuEngine)" | head -3); [ -n "$engine" ]; then
   fail "verifyctl links an engine: $engine"
 fi
-env -i "$verifyctl" --version | grep -q "^verifyctl " || fail "--version without an environment"
+grep -q "^verifyctl " <(env -i "$verifyctl" --version) || fail "--version without an environment"
 rc=0
 env -i "$verifyctl" --admin=unix:/nonexistent/admin.sock --timeout 2 status >/dev/null 2>"${TMPDIR:-/tmp}/vctl.$$" || rc=$?
 err=$(cat "${TMPDIR:-/tmp}/vctl.$$"); rm -f "${TMPDIR:-/tmp}/vctl.$$"
