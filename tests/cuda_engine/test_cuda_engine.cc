@@ -20,7 +20,7 @@
 #include "src/engine/cpu/cpu_engine.h"
 #include "src/engine/cuda/cuda_engine.h"
 #include "src/io/bundle_file.h"
-#include "tests/cuda_engine/gpu_test_support.h"
+#include "tests/common/gpu_test_support.h"
 
 namespace verifyd {
 namespace {
@@ -80,7 +80,7 @@ struct Truth {
 // Runs the three GPU paths on `v` and checks each against `truth` (the fp64 oracle), the rows
 // that see nothing, and the on-device comparisons against the host ones.
 void CheckGpuPaths(const BundleView& v, const Truth& truth, const std::string& label,
-                   double oracle_max_rel = kOracleMaxRelL2) {
+                   double oracle_max_rel = testing::kOracleMaxRelL2) {
   SCOPED_TRACE(label);
   Engine& gpu = *Gpu();
   auto pb = gpu.Prepare(v, /*detach=*/false);
@@ -112,19 +112,19 @@ void CheckGpuPaths(const BundleView& v, const Truth& truth, const std::string& l
   int64_t orc_bad = 0;
   for (float x : orc.o_f32) orc_bad += !std::isfinite(x);
   EXPECT_EQ(orc_bad, 0) << "gpu oracle";
-  EXPECT_LT(r.rel_l2, kReferenceMaxRelL2) << "reference";
-  EXPECT_LE(r.lse_max_abs, kLseMaxAbs) << "reference lse";
-  const double orc_rel = RelL2(orc.o_f32, truth.o, n);
-  const double orc_lse = LseMaxAbs(orc.lse, truth.lse, n_lse);
+  EXPECT_LT(r.rel_l2, testing::kReferenceMaxRelL2) << "reference";
+  EXPECT_LE(r.lse_max_abs, testing::kLseMaxAbs) << "reference lse";
+  const double orc_rel = testing::RelL2(orc.o_f32, truth.o, n);
+  const double orc_lse = testing::LseMaxAbs(orc.lse, truth.lse, n_lse);
   EXPECT_LT(orc_rel, oracle_max_rel) << "gpu oracle";
-  EXPECT_LE(orc_lse, kOracleLseMaxAbs) << "gpu oracle lse";
+  EXPECT_LE(orc_lse, testing::kOracleLseMaxAbs) << "gpu oracle lse";
 
   DiffStats c;
   if (have_custom) {
     c = CompareBf16ToF32(cus.o.data(), truth.o, n, cus.lse.data(), truth.lse, n_lse, tol);
     EXPECT_EQ(c.nan_test + c.inf_test, 0) << "custom";
-    EXPECT_LT(c.rel_l2, kCustomMaxRelL2) << "custom";
-    EXPECT_LE(c.lse_max_abs, kLseMaxAbs) << "custom lse";
+    EXPECT_LT(c.rel_l2, testing::kCustomMaxRelL2) << "custom";
+    EXPECT_LE(c.lse_max_abs, testing::kLseMaxAbs) << "custom lse";
   }
 
   // Rows that see nothing: lse -inf and zero output on every path.
@@ -150,17 +150,19 @@ void CheckGpuPaths(const BundleView& v, const Truth& truth, const std::string& l
   // The on-device reduction equals the host comparison of the same outputs.
   auto dev_ref_orc = gpu.Compare(b, Path::kReference, Path::kOracle, tol);
   ASSERT_TRUE(dev_ref_orc.ok()) << dev_ref_orc.status();
-  ExpectSameStats(*dev_ref_orc, CompareBf16ToF32(ref.o.data(), orc.o_f32.data(), n, ref.lse.data(),
-                                                 orc.lse.data(), n_lse, tol));
+  testing::ExpectSameStats(*dev_ref_orc,
+                           CompareBf16ToF32(ref.o.data(), orc.o_f32.data(), n, ref.lse.data(),
+                                            orc.lse.data(), n_lse, tol));
   if (have_custom) {
     auto dev_cus_ref = gpu.Compare(b, Path::kCustom, Path::kReference, tol);
     ASSERT_TRUE(dev_cus_ref.ok()) << dev_cus_ref.status();
-    ExpectSameStats(*dev_cus_ref, CompareBf16(cus.o.data(), ref.o.data(), n, cus.lse.data(),
-                                              ref.lse.data(), n_lse, tol));
+    testing::ExpectSameStats(*dev_cus_ref, CompareBf16(cus.o.data(), ref.o.data(), n,
+                                                       cus.lse.data(), ref.lse.data(), n_lse, tol));
     auto dev_cus_orc = gpu.Compare(b, Path::kCustom, Path::kOracle, tol);
     ASSERT_TRUE(dev_cus_orc.ok()) << dev_cus_orc.status();
-    ExpectSameStats(*dev_cus_orc, CompareBf16ToF32(cus.o.data(), orc.o_f32.data(), n,
-                                                   cus.lse.data(), orc.lse.data(), n_lse, tol));
+    testing::ExpectSameStats(*dev_cus_orc,
+                             CompareBf16ToF32(cus.o.data(), orc.o_f32.data(), n, cus.lse.data(),
+                                              orc.lse.data(), n_lse, tol));
   }
 
   ++g_worst.cases;
@@ -281,7 +283,7 @@ TEST(LargeShapes, ReferenceAndCustomMatchTheGpuOracle) {
 std::vector<std::string> GoldenCases() {
   std::vector<std::string> names;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(fs::path(TestDataDir()) / "golden", ec)) {
+  for (const auto& e : fs::directory_iterator(fs::path(testing::TestDataDir()) / "golden", ec)) {
     if (e.path().extension() == ".safetensors") names.push_back(e.path().stem().string());
   }
   std::sort(names.begin(), names.end());
@@ -293,7 +295,7 @@ class Golden : public ::testing::TestWithParam<std::string> {};
 TEST_P(Golden, AllPathsMatchTheStoredOracle) {
   REQUIRE_GPU_ENGINE();
   const std::string path =
-      (fs::path(TestDataDir()) / "golden" / (GetParam() + ".safetensors")).string();
+      (fs::path(testing::TestDataDir()) / "golden" / (GetParam() + ".safetensors")).string();
   auto file = LoadBundleFile(path);
   ASSERT_TRUE(file.ok()) << file.status();
   BundleView v = file->view;
@@ -309,7 +311,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, Golden, ::testing::ValuesIn(GoldenCases()),
                          [](const auto& info) { return info.param; });
 
 TEST(GoldenFiles, Present) {
-  EXPECT_GE(GoldenCases().size(), 6u) << "golden cases missing under " << TestDataDir();
+  EXPECT_GE(GoldenCases().size(), 6u) << "golden cases missing under " << testing::TestDataDir();
 }
 
 TEST(CudaEngine, InfoNamesTheDevice) {
@@ -353,7 +355,7 @@ TEST(CudaEngine, RefusesUnvalidatedBundlesAndPathsThatHaveNotRun) {
 // Restores the engine's fault setting at the end of a test.
 struct FaultGuard {
   ~FaultGuard() {
-    if (VisibleGpus() > 0 && Gpu() != nullptr) Gpu()->InjectCustomFault(CustomFault{});
+    if (testing::NoGpuReason().empty() && Gpu() != nullptr) Gpu()->InjectCustomFault(CustomFault{});
   }
 };
 
@@ -411,9 +413,10 @@ TEST_F(FaultInjection, PerturbShowsInTheDeviceComparison) {
   PathOutput cus, ref;
   ASSERT_TRUE(Gpu()->Fetch(Path::kCustom, *pb_, &cus).ok());
   ASSERT_TRUE(Gpu()->Fetch(Path::kReference, *pb_, &ref).ok());
-  ExpectSameStats(*d, CompareBf16(cus.o.data(), ref.o.data(), static_cast<int64_t>(ref.o.size()),
-                                  cus.lse.data(), ref.lse.data(),
-                                  static_cast<int64_t>(ref.lse.size()), Tolerance{}));
+  testing::ExpectSameStats(
+      *d,
+      CompareBf16(cus.o.data(), ref.o.data(), static_cast<int64_t>(ref.o.size()), cus.lse.data(),
+                  ref.lse.data(), static_cast<int64_t>(ref.lse.size()), Tolerance{}));
 }
 
 TEST_F(FaultInjection, NanIsCountedAndBreaches) {
@@ -491,7 +494,7 @@ TEST(CudaEngine, WarmPathTimes) {
     auto d = Gpu()->Compare(**pb, Path::kCustom, Path::kReference, Tolerance{});
     ASSERT_TRUE(d.ok()) << d.status();
     EXPECT_EQ(d->nan_test + d->nan_ref + d->inf_test + d->inf_ref, 0);
-    EXPECT_LT(d->rel_l2, kCustomMaxRelL2);
+    EXPECT_LT(d->rel_l2, testing::kCustomVsReferenceMaxRelL2);
     std::sort(ref_ms.begin(), ref_ms.end());
     std::sort(cus_ms.begin(), cus_ms.end());
     const double ref_med = ref_ms[ref_ms.size() / 2], cus_med = cus_ms[cus_ms.size() / 2];
@@ -512,7 +515,7 @@ TEST(CudaEngine, WarmPathTimes) {
 TEST(CudaEngine, ADetachedBundleOfDeviceInputsIsASnapshot) {
   REQUIRE_GPU_ENGINE();
   for (int page : {1, 16, 64}) {
-    SCOPED_TRACE(testing::Message() << "page " << page);
+    SCOPED_TRACE(::testing::Message() << "page " << page);
     RandomBundleSpec s;
     s.batch = 3;
     s.draft = 5;

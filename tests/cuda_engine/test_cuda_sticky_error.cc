@@ -11,7 +11,7 @@
 #include "src/bundle/random_bundle.h"
 #include "src/engine/cuda/cuda_engine.h"
 #include "src/engine/cuda/cuda_status.h"
-#include "tests/cuda_engine/gpu_test_support.h"
+#include "tests/common/gpu_test_support.h"
 #include "tests/cuda_engine/illegal_address_kernel.h"
 
 namespace verifyd {

@@ -24,7 +24,7 @@
 #include "src/compare/compare.h"
 #include "src/engine/cpu/cpu_oracle.h"
 #include "src/engine/cuda/device_diff_stats.h"
-#include "tests/cuda_engine/gpu_test_support.h"
+#include "tests/common/gpu_test_support.h"
 
 namespace verifyd {
 namespace {
@@ -212,8 +212,8 @@ TEST(ReferenceKernel, ChunkingDoesNotChangeTheResult) {
     const DiffStats vs_oracle = CompareBf16ToF32(b.o.data(), truth.data(), n, b.lse.data(),
                                                  truth_lse.data(), n_lse, Tolerance{});
     EXPECT_EQ(vs_oracle.nan_test + vs_oracle.inf_test, 0);  // every output written
-    EXPECT_LT(vs_oracle.rel_l2, kReferenceMaxRelL2);
-    EXPECT_LE(vs_oracle.lse_max_abs, kLseMaxAbs);
+    EXPECT_LT(vs_oracle.rel_l2, testing::kReferenceMaxRelL2);
+    EXPECT_LE(vs_oracle.lse_max_abs, testing::kLseMaxAbs);
     const DiffStats vs_whole =
         CompareBf16(b.o.data(), a.o.data(), n, b.lse.data(), a.lse.data(), n_lse, Tolerance{});
     EXPECT_LT(vs_whole.rel_l2, 1e-3);
@@ -225,7 +225,7 @@ TEST(ReferenceKernel, ChunkingDoesNotChangeTheResult) {
   const DiffStats a_vs = CompareBf16ToF32(a.o.data(), truth.data(), n, a.lse.data(),
                                           truth_lse.data(), n_lse, Tolerance{});
   EXPECT_EQ(a_vs.nan_test + a_vs.inf_test, 0);
-  EXPECT_LT(a_vs.rel_l2, kReferenceMaxRelL2);
+  EXPECT_LT(a_vs.rel_l2, testing::kReferenceMaxRelL2);
 }
 
 TEST(ReferenceKernel, UnalignedKvPoolGivesTheSameOutput) {
@@ -251,7 +251,7 @@ TEST(GatherKernel, CopiesTheNamedPagesAndARangeInOneLaunch) {
   std::mt19937 rng(61);
   for (int64_t page_bytes : {int64_t{1152}, int64_t{16 * 1152}, int64_t{64 * 1152}}) {
     for (int64_t range_bytes : {int64_t{0}, int64_t{16}, int64_t{1152 * 37}, int64_t{1 << 20}}) {
-      SCOPED_TRACE(testing::Message() << "page " << page_bytes << " range " << range_bytes);
+      SCOPED_TRACE(::testing::Message() << "page " << page_bytes << " range " << range_bytes);
       const int64_t pool_pages = 29, n = 17;
       std::vector<char> pool(pool_pages * page_bytes), range(range_bytes);
       for (char& c : pool) c = static_cast<char>(rng());
@@ -310,8 +310,8 @@ TEST(OracleKernel, MatchesTheCpuOracle) {
   int64_t bad = 0;
   for (float x : go) bad += !std::isfinite(x);
   EXPECT_EQ(bad, 0);
-  EXPECT_LT(RelL2(go, truth.data(), v.o_elems()), kOracleMaxRelL2);
-  EXPECT_LE(LseMaxAbs(gl, truth_lse.data(), v.lse_elems()), kOracleLseMaxAbs);
+  EXPECT_LT(testing::RelL2(go, truth.data(), v.o_elems()), testing::kOracleMaxRelL2);
+  EXPECT_LE(testing::LseMaxAbs(gl, truth_lse.data(), v.lse_elems()), testing::kOracleLseMaxAbs);
   int empty = 0;
   for (int64_t r = 0; r < v.lse_elems(); ++r) empty += truth_lse[r] == -INFINITY;
   EXPECT_GT(empty, 0);
@@ -375,7 +375,7 @@ TEST(CompareKernel, MatchesTheHostComparison) {
     const DiffStats host =
         CompareBf16(test.data(), ref.data(), n, test_lse.data(), ref_lse.data(), n_lse, tol);
     const DiffStats dev = device_stats({d_ref.get(), kernels::ElemType::kBf16}, true, n);
-    ExpectSameStats(dev, host);
+    testing::ExpectSameStats(dev, host);
     EXPECT_EQ(host.nan_test, 2);
     EXPECT_TRUE(std::isinf(host.lse_max_abs));
   }
@@ -383,14 +383,14 @@ TEST(CompareKernel, MatchesTheHostComparison) {
     SCOPED_TRACE("bf16 vs fp32 without lse");
     const DiffStats host = CompareBf16ToF32(test.data(), ref_f.data(), n, nullptr, nullptr, 0, tol);
     const DiffStats dev = device_stats({d_ref_f.get(), kernels::ElemType::kF32}, false, n);
-    ExpectSameStats(dev, host);
+    testing::ExpectSameStats(dev, host);
     EXPECT_TRUE(std::isnan(dev.lse_max_abs));
   }
   {
     SCOPED_TRACE("finite prefix only");
     const DiffStats host = CompareBf16(test.data(), ref.data(), 3, nullptr, nullptr, 0, tol);
     const DiffStats dev = device_stats({d_ref.get(), kernels::ElemType::kBf16}, false, 3);
-    ExpectSameStats(dev, host);
+    testing::ExpectSameStats(dev, host);
     EXPECT_GT(dev.rel_l2, 0);
   }
   {

@@ -21,7 +21,7 @@
 #include "src/common/bf16.h"
 #include "src/compare/compare.h"
 #include "src/engine/cpu/cpu_oracle.h"
-#include "tests/kernels/gpu_test_support.h"
+#include "tests/common/gpu_test_support.h"
 
 namespace verifyd {
 namespace {
@@ -319,9 +319,9 @@ TEST_P(CustomKernelTest, MatchesOracle) {
       cfg.name.c_str(), kc.name.c_str(), d->tokens.size() * H, ds.rel_l2, ds.max_abs,
       ds.lse_max_abs, plan.splits, plan.wgmma_scores ? 1 : 0, plan.wgmma_pv ? 1 : 0, ws_bytes);
   EXPECT_EQ(ds.nan_test, 0);
-  EXPECT_LE(ds.rel_l2, testing::kKernelMaxRelL2);
-  EXPECT_LE(ds.max_abs, testing::kKernelMaxAbs);
-  EXPECT_LE(ds.lse_max_abs, testing::kKernelMaxLseAbs);
+  EXPECT_LE(ds.rel_l2, testing::kCustomMaxRelL2);
+  EXPECT_LE(ds.max_abs, testing::kMaxAbs);
+  EXPECT_LE(ds.lse_max_abs, testing::kLseMaxAbs);
 }
 
 std::string ParamName(const ::testing::TestParamInfo<std::tuple<KernelCase, KernelConfig>>& i) {

@@ -14,7 +14,7 @@
 #include "src/common/bf16.h"
 #include "src/compare/compare.h"
 #include "src/io/bundle_file.h"
-#include "tests/kernels/gpu_test_support.h"
+#include "tests/common/gpu_test_support.h"
 
 namespace verifyd {
 namespace {
@@ -94,9 +94,9 @@ TEST_P(CustomKernelGolden, MatchesTheStoredOracle) {
     std::printf("[ metrics  ] golden=%s tiles=%s rel_l2=%.3e max_abs=%.3e lse_max_abs=%.3e\n",
                 GetParam().c_str(), var.name, d.rel_l2, d.max_abs, d.lse_max_abs);
     EXPECT_EQ(d.nan_test, 0);
-    EXPECT_LE(d.rel_l2, testing::kKernelMaxRelL2);
-    EXPECT_LE(d.max_abs, testing::kKernelMaxAbs);
-    EXPECT_LE(d.lse_max_abs, testing::kKernelMaxLseAbs);
+    EXPECT_LE(d.rel_l2, testing::kCustomMaxRelL2);
+    EXPECT_LE(d.max_abs, testing::kMaxAbs);
+    EXPECT_LE(d.lse_max_abs, testing::kLseMaxAbs);
   }
 }
 
