@@ -2,19 +2,20 @@
 # Installs what is missing, builds everything (CUDA sources too when nvcc is there) and runs the
 # tests. GPU suites skip with a message when no GPU is visible. Prints each stage's time at the end.
 #
-# The quick lane (the default, and what CI runs; its stage times on 2 cores, measured while
-# other builds ran: ASan build 626 s, ASan suites 546 s, fuzz 274 s, soak 42 s, the mutation
-# suite 193 s, the other suites 320 s, plus the main build):
-#   - the main build and every suite in it (the CPU mutation suite's quick lane included);
+# The quick lane (the default, and what CI runs):
+#   - the main build (no debug information, DEBUG_INFO=OFF; CUDA for sm_90a only, CUDA_ARCHS
+#     overrides it) and every suite in it, the CPU mutation suite's quick lane included; each GPU
+#     suite is one CTest test that skips without a GPU;
 #   - clang-format over the tree (scripts/check_format.sh);
-#   - an ASan/UBSan build of the CPU targets running every CPU suite but the mutation suite;
+#   - one clang build with ASan/UBSan (build-san) of the parsers', the transport's and the
+#     service's suites and the shipped binaries (CMake target sanitize_suite, CTest label
+#     sanitize), and of the libFuzzer targets;
 #   - each fuzz target for FUZZ_SECONDS (20) on its seed corpus and kept inputs;
 #   - the soak for SOAK_SECONDS (30).
-# In the quick lane the CUDA sources compile for sm_90a only (CUDA_ARCHS overrides it).
 #
 # FULL=1 adds the full lanes; run them before a change that touches their area:
-#   - CUDA for every shipped architecture (90a and 120);
-#   - the ASan/UBSan build running every CPU suite, mutation included;
+#   - CUDA for every shipped architecture (90a and 120), with debug information;
+#   - every CPU suite under ASan/UBSan, mutation included;
 #   - fuzz targets for 60 s each and a 60 s soak;
 #   - both container recipes' build steps on the host (deploy/container/check_build_steps.sh;
 #     the CUDA one needs nvcc 13.0, about half an hour on 2 cores).
@@ -24,8 +25,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 full=${FULL:-0}
 if [ "$full" = 1 ]; then
   : "${FUZZ_SECONDS:=60}" "${SOAK_SECONDS:=60}" "${CONTAINER_STEPS:=1}" "${CUDA_ARCHS:=90a;120}"
+  : "${DEBUG_INFO:=ON}"
 else
   : "${FUZZ_SECONDS:=20}" "${SOAK_SECONDS:=30}" "${CONTAINER_STEPS:=0}" "${CUDA_ARCHS:=90a}"
+  : "${DEBUG_INFO:=OFF}"
 fi
 : "${SANITIZE:=1}" "${FUZZ:=1}" "${SOAK:=1}" "${FORMAT:=1}"
 
@@ -48,24 +51,30 @@ trap report EXIT
 stage deps "$root/scripts/install_deps.sh"
 build=${BUILD_DIR:-$root/build}
 stage build env BUILD_DIR="$build" \
-  CMAKE_ARGS="-DVERIFYD_CUDA_ARCHS=$CUDA_ARCHS ${CMAKE_ARGS:-}" "$root/scripts/build.sh"
+  CMAKE_ARGS="-DVERIFYD_CUDA_ARCHS=$CUDA_ARCHS -DVERIFYD_DEBUG_INFO=$DEBUG_INFO ${CMAKE_ARGS:-}" \
+  "$root/scripts/build.sh"
 stage tests bash -c "cd '$build' && ctest --output-on-failure -j$(nproc) --timeout 900"
 if [ "$FORMAT" = 1 ]; then
   stage format "$root/scripts/check_format.sh"
 fi
+# One clang build for the sanitizer suites and the fuzz targets: ASan/UBSan everywhere, libFuzzer's
+# coverage on the parsers only (tests/fuzz/CMakeLists.txt).
+san=$build-san
+if [ "$SANITIZE" = 1 ] || [ "$FUZZ" = 1 ]; then
+  san_targets=(--target sanitize_suite)  # the quick lane: parsers, transport, service, fuzzers
+  [ "$full" = 1 ] && san_targets=()      # FULL: every CPU target
+  stage san-build env CC=clang-14 CXX=clang++-14 BUILD_DIR="$san" \
+    CMAKE_ARGS="-DVERIFYD_SANITIZE=ON -DVERIFYD_FUZZ=ON -DVERIFYD_ENABLE_CUDA=OFF" \
+    "$root/scripts/build.sh" "${san_targets[@]}"
+fi
 if [ "$SANITIZE" = 1 ]; then
-  asan=$build-asan
-  stage asan-build env BUILD_DIR="$asan" \
-    CMAKE_ARGS="-DVERIFYD_SANITIZE=ON -DVERIFYD_ENABLE_CUDA=OFF" "$root/scripts/build.sh"
-  # The quick lane leaves out the mutation suite, which the main build's suites ran.
-  exclude=(-LE mutation)
-  [ "$full" = 1 ] && exclude=()
-  stage asan-tests bash -c "cd '$asan' && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure \
-    -j$(nproc) --timeout 900 ${exclude[*]}"
+  labels=(-L sanitize)
+  [ "$full" = 1 ] && labels=()
+  stage san-tests bash -c "cd '$san' && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure \
+    -j$(nproc) --timeout 900 ${labels[*]}"
 fi
 if [ "$FUZZ" = 1 ]; then
-  stage fuzz env FUZZ_BUILD_DIR="$build-fuzz" FUZZ_SECONDS="$FUZZ_SECONDS" \
-    "$root/tests/fuzz/run_fuzz.sh"
+  stage fuzz env FUZZ_BUILD_DIR="$san" FUZZ_SECONDS="$FUZZ_SECONDS" "$root/tests/fuzz/run_fuzz.sh"
 fi
 if [ "$SOAK" = 1 ]; then
   stage soak env SOAK_SECONDS="$SOAK_SECONDS" "$root/scripts/soak.sh" "$build"

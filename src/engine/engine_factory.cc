@@ -5,9 +5,9 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "src/engine/cpu/cpu_engine.h"
+#include "src/cpu_engine/cpu_engine.h"
 #ifdef VERIFYD_HAVE_CUDA
-#include "src/engine/cuda/cuda_engine.h"
+#include "src/cuda_engine/cuda_engine.h"
 #endif
 
 namespace verifyd {

@@ -16,11 +16,11 @@
 #include "src/bundle/validate.h"
 #include "src/common/bf16.h"
 #include "src/compare/compare.h"
+#include "src/cpu_engine/cpu_custom.h"
+#include "src/cpu_engine/cpu_engine.h"
+#include "src/cpu_engine/cpu_oracle.h"
+#include "src/cpu_engine/cpu_reference.h"
 #include "src/engine/call_context.h"
-#include "src/engine/cpu/cpu_custom.h"
-#include "src/engine/cpu/cpu_engine.h"
-#include "src/engine/cpu/cpu_oracle.h"
-#include "src/engine/cpu/cpu_reference.h"
 
 namespace verifyd {
 namespace {

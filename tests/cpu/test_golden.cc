@@ -12,7 +12,7 @@
 #include "src/bundle/validate.h"
 #include "src/common/bf16.h"
 #include "src/compare/compare.h"
-#include "src/engine/cpu/cpu_engine.h"
+#include "src/cpu_engine/cpu_engine.h"
 #include "src/io/bundle_file.h"
 
 namespace verifyd {

@@ -17,8 +17,8 @@
 #include "src/bundle/validate.h"
 #include "src/common/bf16.h"
 #include "src/compare/compare.h"
-#include "src/engine/cpu/cpu_engine.h"
-#include "src/engine/cuda/cuda_engine.h"
+#include "src/cpu_engine/cpu_engine.h"
+#include "src/cuda_engine/cuda_engine.h"
 #include "src/io/bundle_file.h"
 #include "tests/common/gpu_test_support.h"
 

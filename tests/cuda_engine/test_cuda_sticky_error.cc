@@ -9,8 +9,8 @@
 
 #include "gtest/gtest.h"
 #include "src/bundle/random_bundle.h"
-#include "src/engine/cuda/cuda_engine.h"
-#include "src/engine/cuda/cuda_status.h"
+#include "src/cuda_engine/cuda_engine.h"
+#include "src/cuda_engine/cuda_status.h"
 #include "tests/common/gpu_test_support.h"
 #include "tests/cuda_engine/illegal_address_kernel.h"
 

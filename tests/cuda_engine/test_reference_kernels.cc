@@ -22,8 +22,8 @@
 #include "src/bundle/random_bundle.h"
 #include "src/common/bf16.h"
 #include "src/compare/compare.h"
-#include "src/engine/cpu/cpu_oracle.h"
-#include "src/engine/cuda/device_diff_stats.h"
+#include "src/cpu_engine/cpu_oracle.h"
+#include "src/cuda_engine/device_diff_stats.h"
 #include "tests/common/gpu_test_support.h"
 
 namespace verifyd {

@@ -9,7 +9,7 @@
 
 #include "src/bundle/random_bundle.h"
 #include "src/compare/compare.h"
-#include "src/engine/cpu/cpu_engine.h"
+#include "src/cpu_engine/cpu_engine.h"
 
 namespace verifyd::testing {
 

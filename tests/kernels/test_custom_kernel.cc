@@ -20,7 +20,7 @@
 #include "src/bundle/random_bundle.h"
 #include "src/common/bf16.h"
 #include "src/compare/compare.h"
-#include "src/engine/cpu/cpu_oracle.h"
+#include "src/cpu_engine/cpu_oracle.h"
 #include "tests/common/gpu_test_support.h"
 
 namespace verifyd {

@@ -36,7 +36,7 @@ mkdir -p "$tree" "$work/obj" "$work/json"
 cp -r "$root/src" "$root/kernels" "$tree/"
 mkdir -p "$tree/tests/mutation"
 cp "$here/mutant_driver.cc" "$tree/tests/mutation/"
-custom=src/engine/cpu/cpu_custom.cc
+custom=src/cpu_engine/cpu_custom.cc
 cp "$tree/$custom" "$work/cpu_custom.clean.cc"
 
 commit=$("$root/scripts/commit_stamp.sh" "$root" src kernels tests/mutation)
@@ -50,8 +50,8 @@ read -r -a libs <<<"$(pkg-config --libs absl_strings absl_str_format absl_status
 
 # Everything but the custom path is compiled once.
 sources=(src/compare/compare.cc src/bundle/bundle.cc src/bundle/validate.cc
-         src/bundle/random_bundle.cc kernels/verify_problem.cc src/engine/cpu/cpu_oracle.cc
-         src/engine/cpu/cpu_reference.cc src/engine/cpu/cpu_engine.cc src/engine/engine.cc
+         src/bundle/random_bundle.cc kernels/verify_problem.cc src/cpu_engine/cpu_oracle.cc
+         src/cpu_engine/cpu_reference.cc src/cpu_engine/cpu_engine.cc src/engine/engine.cc
          src/engine/engine_factory.cc
          src/control/drift_test.cc src/probe/probe_suite.cc src/probe/probe_runner.cc
          tests/mutation/mutant_driver.cc)

@@ -6,7 +6,7 @@
 
 #include "gtest/gtest.h"
 #include "src/common/bf16.h"
-#include "src/engine/cpu/cpu_engine.h"
+#include "src/cpu_engine/cpu_engine.h"
 #include "src/probe/probe_runner.h"
 #include "src/probe/probe_suite.h"
 

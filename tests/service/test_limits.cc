@@ -10,6 +10,8 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "tests/service/daemon_fixture.h"
 
@@ -26,6 +28,25 @@ int Threads() {
 }
 
 // A TCP connection to 127.0.0.1:port that never sends anything.
+// Connections to `port` on loopback that the server has accepted: established, on the server's
+// side (local port `port`), and with a socket inode (one still in the listen backlog has none).
+int AcceptedConnections(int port) {
+  std::ifstream tcp("/proc/self/net/tcp");
+  std::string line;
+  std::getline(tcp, line);  // header
+  int n = 0;
+  while (std::getline(tcp, line)) {
+    std::istringstream f(line);
+    std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+    f >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >> timeout >>
+        inode;
+    const size_t colon = local.rfind(':');
+    if (colon == std::string::npos || state != "01" || inode == "0") continue;
+    if (std::stoi(local.substr(colon + 1), nullptr, 16) == port) ++n;
+  }
+  return n;
+}
+
 int IdleConnection(int port) {
   const int s = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
@@ -138,8 +159,14 @@ TEST_F(IdleTimeoutTest, AStreamThatSendsNothingIsCancelledAndOneThatSendsIsNot) 
 
 TEST_F(LimitsTest, IdleConnectionsDoNotHoldBackAScrape) {
   std::vector<int> idle;
-  for (int i = 0; i < 64; ++i) idle.push_back(IdleConnection(daemon_->metrics_port()));
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // all accepted and waiting
+  const int port = daemon_->metrics_port();
+  for (int i = 0; i < 64; ++i) idle.push_back(IdleConnection(port));
+  // The scrapes below count only once the server has accepted the idle connections.
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (AcceptedConnections(port) < 64 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_GE(AcceptedConnections(port), 64) << "the metrics server did not accept the connections";
   for (int round = 0; round < 3; ++round) {
     const auto t0 = Clock::now();
     const std::string body = testing::Scrape(daemon_->metrics_port());

@@ -1,10 +1,10 @@
-#include "src/engine/cuda/device_worker.h"
+#include "src/cuda_engine/device_worker.h"
 
 #include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
-#include "src/engine/cuda/cuda_status.h"
+#include "src/cuda_engine/cuda_status.h"
 
 namespace verifyd {
 namespace {

@@ -1,4 +1,4 @@
-#include "src/engine/cuda/cuda_status.h"
+#include "src/cuda_engine/cuda_status.h"
 
 #include "absl/strings/str_cat.h"
 

@@ -1,4 +1,4 @@
-#include "src/engine/cuda/cuda_prepared_bundle.h"
+#include "src/cuda_engine/cuda_prepared_bundle.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "src/engine/cuda/cuda_engine.h"
+#include "src/cuda_engine/cuda_engine.h"
 
 #include <cstring>
 #include <string>
@@ -12,11 +12,11 @@
 #include "kernels/reference/page_gather_kernels.h"
 #include "kernels/reference/reference_attention.h"
 #include "src/common/status_macros.h"
-#include "src/engine/cuda/cuda_ipc_mapping.h"
-#include "src/engine/cuda/cuda_prepared_bundle.h"
-#include "src/engine/cuda/cuda_status.h"
-#include "src/engine/cuda/device_diff_stats.h"
-#include "src/engine/cuda/device_worker.h"
+#include "src/cuda_engine/cuda_ipc_mapping.h"
+#include "src/cuda_engine/cuda_prepared_bundle.h"
+#include "src/cuda_engine/cuda_status.h"
+#include "src/cuda_engine/device_diff_stats.h"
+#include "src/cuda_engine/device_worker.h"
 
 namespace verifyd {
 namespace {

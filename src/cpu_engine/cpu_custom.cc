@@ -1,12 +1,12 @@
-#include "src/engine/cpu/cpu_custom.h"
+#include "src/cpu_engine/cpu_custom.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "src/common/bf16.h"
-#include "src/engine/cpu/call_poll.h"
-#include "src/engine/cpu/softmax_state.h"
+#include "src/cpu_engine/call_poll.h"
+#include "src/cpu_engine/softmax_state.h"
 
 namespace verifyd {
 namespace {

@@ -1,4 +1,4 @@
-#include "src/engine/cpu/cpu_engine.h"
+#include "src/cpu_engine/cpu_engine.h"
 
 #include <oneapi/tbb/parallel_for.h>
 #include <oneapi/tbb/task_arena.h>
@@ -17,8 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "src/common/bf16.h"
-#include "src/engine/cpu/cpu_oracle.h"
-#include "src/engine/cpu/cpu_reference.h"
+#include "src/cpu_engine/cpu_oracle.h"
+#include "src/cpu_engine/cpu_reference.h"
 
 namespace verifyd {
 namespace {

@@ -19,7 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kernels/reference/compare_kernels.h"
-#include "src/engine/cuda/pinned_buffer.h"
+#include "src/cuda_engine/pinned_buffer.h"
 #include "src/engine/engine.h"
 
 namespace verifyd {

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "src/engine/cuda/device_worker.h"
+#include "src/cuda_engine/device_worker.h"
 #include "src/region/mapped_region.h"
 
 namespace verifyd {

@@ -1,7 +1,7 @@
-#include "src/engine/cpu/cpu_reference.h"
+#include "src/cpu_engine/cpu_reference.h"
 
 #include "src/common/bf16.h"
-#include "src/engine/cpu/cpu_oracle.h"
+#include "src/cpu_engine/cpu_oracle.h"
 
 namespace verifyd {
 

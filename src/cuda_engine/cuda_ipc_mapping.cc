@@ -1,4 +1,4 @@
-#include "src/engine/cuda/cuda_ipc_mapping.h"
+#include "src/cuda_engine/cuda_ipc_mapping.h"
 
 #include <cuda.h>
 #include <cuda_runtime.h>

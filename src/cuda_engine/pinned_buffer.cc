@@ -1,4 +1,4 @@
-#include "src/engine/cuda/pinned_buffer.h"
+#include "src/cuda_engine/pinned_buffer.h"
 
 namespace verifyd {
 namespace {

@@ -1,4 +1,4 @@
-#include "src/engine/cpu/cpu_oracle.h"
+#include "src/cpu_engine/cpu_oracle.h"
 
 #include <algorithm>
 #include <cmath>

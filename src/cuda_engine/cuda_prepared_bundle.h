@@ -11,7 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/verify_problem.h"
-#include "src/engine/cuda/device_worker.h"
+#include "src/cuda_engine/device_worker.h"
 #include "src/engine/engine.h"
 
 namespace verifyd {

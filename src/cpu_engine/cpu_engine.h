@@ -4,7 +4,7 @@
 
 #include <memory>
 
-#include "src/engine/cpu/cpu_custom.h"
+#include "src/cpu_engine/cpu_custom.h"
 #include "src/engine/engine.h"
 
 namespace verifyd {

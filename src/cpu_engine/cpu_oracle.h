@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "src/bundle/bundle.h"
+#include "src/cpu_engine/call_poll.h"
 #include "src/engine/call_context.h"
-#include "src/engine/cpu/call_poll.h"
 
 namespace verifyd {
 
