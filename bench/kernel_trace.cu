@@ -17,7 +17,7 @@
 
 #include "kernels/custom/custom_attention.cu"  // NOLINT: the kernels, with the trace stamps
 #include "src/bundle/random_bundle.h"
-#include "tests/kernels/gpu_test_support.h"
+#include "tests/common/device_bundle.h"
 
 namespace {
 
