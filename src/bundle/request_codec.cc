@@ -75,7 +75,13 @@ class TensorLocator {
   // when it is a GPU's.
   absl::StatusOr<RegionRange> Region(const char* name, const v1::Tensor& t, int64_t want) {
     const bool shm = t.contents_case() == v1::Tensor::kShm;
-    const std::string& region = shm ? t.shm().region() : t.cuda_ipc().region();
+    RegionName which;
+    which.name = shm ? t.shm().region() : t.cuda_ipc().region();
+    if (shm) {
+      which.set = t.shm().set();
+      which.index = t.shm().index();
+    }
+    const std::string& region = which.set.empty() ? which.name : which.set;
     const uint64_t offset = shm ? t.shm().offset() : t.cuda_ipc().offset();
     const uint64_t size = shm ? t.shm().byte_size() : t.cuda_ipc().byte_size();
     if (size != static_cast<uint64_t>(want)) {
@@ -87,13 +93,13 @@ class TensorLocator {
                                               "' is not registered (no regions are served here)"));
     }
     absl::StatusOr<RegionRange> r = regions_->Resolve(
-        name, shm ? RegionKind::kShm : RegionKind::kCudaIpc, region, offset, size, &out_->pins);
+        name, shm ? RegionKind::kShm : RegionKind::kCudaIpc, which, offset, size, &out_->pins);
     if (!r.ok()) return r.status();
-    named_.push_back({name, &region, *r});
+    named_.push_back({name, r->label, *r});
     if (r->device() >= 0 && r->device() != req_.device()) {
-      return absl::InvalidArgumentError(absl::StrCat(name, ": region '", region, "' is on device ",
-                                                     r->device(), ", the request's device is ",
-                                                     req_.device()));
+      return absl::InvalidArgumentError(absl::StrCat(name, ": region '", *r->label,
+                                                     "' is on device ", r->device(),
+                                                     ", the request's device is ", req_.device()));
     }
     return r;
   }

@@ -226,14 +226,32 @@ int RunStatus(const GlobalOptions& g) {
   std::cout << fmt::format("listening   data {}  admin {}  metrics {}\n",
                            fmt::join(rt.listen(), ", "), rt.admin_listen(),
                            rt.metrics_address().empty() ? "off" : rt.metrics_address());
-  if (s.regions().empty()) std::cout << "regions     none\n";
+  if (s.regions().empty() && s.region_sets().empty()) {
+    std::cout << "regions     none\n";
+  } else {
+    std::cout << fmt::format(
+        "regions     {} of --max_regions {} (set members included), at most {} "
+        "per client\n",
+        s.region_count(), s.max_regions(), s.max_regions_per_client());
+  }
   for (const auto& r : s.regions()) {
     std::cout << fmt::format(
-        "region      {}  {} {:.1f} MB{}  client '{}'  calls {}  in use {}{}\n", r.name(),
+        "region      {}  {} {:.1f} MB{}  client '{}' ({})  calls {}  in use {}{}\n", r.name(),
         RegionKindStr(r), r.byte_size() / 1e6,
         r.kind() == v1::REGION_KIND_SHM ? fmt::format(" of {} at {}", r.shm_key(), r.shm_offset())
                                         : fmt::format(" on GPU {}", r.device()),
-        r.client(), r.calls(), r.in_use(), r.lost() ? "  LOST (object shrank; unregister it)" : "");
+        r.client(), r.owner(), r.calls(), r.in_use(),
+        r.lost() ? "  LOST (object shrank; unregister it)" : "");
+  }
+  // One line per set, whatever its members: a rank's 61 layer pools are one line.
+  for (const auto& r : s.region_sets()) {
+    std::cout << fmt::format(
+        "region set  {}  {} {} members, {:.1f} MB  client '{}' ({})  calls {}  in use {}{}\n",
+        r.name(), r.kind() == v1::REGION_KIND_SHM ? "shm" : "cuda_ipc", r.members(),
+        r.byte_size() / 1e6, r.client(), r.owner(), r.calls(), r.in_use(),
+        r.lost().empty() ? ""
+                         : fmt::format("  LOST members {} (objects shrank; unregister it)",
+                                       fmt::join(r.lost(), ",")));
   }
   if (s.channels().empty()) std::cout << "channels    none\n";
   for (const auto& c : s.channels()) {

@@ -87,7 +87,11 @@ ABSL_FLAG(int64_t, keep_freed_mb, Mb(Defaults().keep_freed_bytes),
           "Freed memory kept for reuse by later calls instead of being returned to the OS, MiB "
           "(bundles are then not faulted in afresh on every call); 0 = glibc's default");
 ABSL_FLAG(int64_t, max_regions, Defaults().regions.max_regions,
-          "Shared-memory and CUDA IPC regions clients may register; 0 = none are served");
+          "Shared-memory and CUDA IPC regions all clients may register together, each member of "
+          "a region set counting as one (each is a mapping of its own); 0 = none are served");
+ABSL_FLAG(int64_t, max_regions_per_client, Defaults().regions.max_regions_per_client,
+          "Regions one client may register, set members included; a client is the process the "
+          "kernel names on the Unix socket (uid and pid), over TCP the request's client name");
 ABSL_FLAG(int64_t, max_region_mb, Mb(Defaults().regions.max_total_bytes),
           "Sum of the registered regions' sizes, MiB (regions are the clients' memory, mapped)");
 ABSL_FLAG(bool, allow_region_tcp, false,
@@ -335,7 +339,15 @@ absl::Status ParseGrpcLimits(DaemonOptions* o) {
 // The transports besides gRPC messages: shared-memory and CUDA IPC regions, and call channels.
 absl::Status ParseRegionsAndChannels(DaemonOptions* o) {
   o->regions.max_regions = absl::GetFlag(FLAGS_max_regions);
-  if (o->regions.max_regions < 0) return absl::InvalidArgumentError("max_regions: must be >= 0");
+  // Each shm region and call channel takes one of the SIGBUS guard's 4096 slots
+  // (src/region/sigbus_guard.cc), and channels may take up to 1024 of them.
+  if (o->regions.max_regions < 0 || o->regions.max_regions > 3072) {
+    return absl::InvalidArgumentError("max_regions: must be in [0, 3072]");
+  }
+  o->regions.max_regions_per_client = absl::GetFlag(FLAGS_max_regions_per_client);
+  if (o->regions.max_regions_per_client < 1 || o->regions.max_regions_per_client > 3072) {
+    return absl::InvalidArgumentError("max_regions_per_client: must be in [1, 3072]");
+  }
   const int64_t region_mb = absl::GetFlag(FLAGS_max_region_mb);
   if (region_mb < 1 || region_mb > (int64_t{1} << 40)) {
     return absl::InvalidArgumentError("max_region_mb: must be in [1, 2^40]");

@@ -10,6 +10,11 @@
 
 namespace verifyd {
 
+struct RegionRegistry::Set {
+  RegionSetSummary info;  // in_use, calls and lost are the members'
+  std::vector<std::shared_ptr<Entry>> members;
+};
+
 struct RegionRegistry::Entry {
   RegionSummary info;  // in_use and calls are kept below
   std::unique_ptr<MappedRegion> mapping;
@@ -17,8 +22,9 @@ struct RegionRegistry::Entry {
   std::atomic<int64_t> calls{0};
   mutable std::atomic<bool> loss_logged{false};
   RegionRegistry* owner = nullptr;
+  bool member = false;  // of a set: logged as the set, not one line per member
   ~Entry() {
-    if (mapping) spdlog::info("region '{}' unmapped", info.name);
+    if (mapping && !member) spdlog::info("region '{}' unmapped", info.name);
   }
 };
 
@@ -75,7 +81,7 @@ RegionRegistry::~RegionRegistry() {
 void RegionRegistry::SetObserver(Observer o) {
   std::lock_guard<std::mutex> l(mu_);
   observer_ = std::move(o);
-  if (observer_) observer_(static_cast<int64_t>(regions_.size()), total_bytes_);
+  if (observer_) observer_(count_, total_bytes_);
 }
 
 void RegionRegistry::Notify() {
@@ -91,67 +97,119 @@ RegionSummary RegionRegistry::Summarize(const Entry& e) {
   return s;
 }
 
-absl::Status RegionRegistry::CheckNewName(const std::string& name, uint64_t byte_size) const {
-  if (name.empty() || name.size() > 128) {
-    return absl::InvalidArgumentError("name: must have 1 to 128 characters");
+RegionSetSummary RegionRegistry::Summarize(const Set& set) {
+  RegionSetSummary s = set.info;
+  s.in_use = 0;
+  s.calls = 0;
+  s.lost.clear();
+  for (size_t i = 0; i < set.members.size(); ++i) {
+    const Entry& e = *set.members[i];
+    s.in_use += e.in_use.load();
+    s.calls += e.calls.load();
+    if (!e.mapping->intact()) s.lost.push_back(static_cast<uint32_t>(i));
   }
-  if (byte_size == 0) return absl::InvalidArgumentError("byte_size: must be > 0");
-  std::lock_guard<std::mutex> l(mu_);
-  if (regions_.count(name) != 0) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("name: region '", name, "' is already registered (unregister it first)"));
+  return s;
+}
+
+absl::Status RegionRegistry::CheckLimitsLocked(uint64_t byte_size, int64_t n,
+                                               const std::string& owner) const {
+  if (count_ + n > limits_.max_regions) {
+    return absl::ResourceExhaustedError(
+        n == 1 ? absl::StrCat("name: ", count_,
+                              " regions are registered (set members included), the most "
+                              "--max_regions allows")
+               : absl::StrCat("name: ", count_,
+                              " regions are registered (set members included) and this set adds ",
+                              n, ", more than --max_regions (", limits_.max_regions, ") allows"));
   }
-  if (static_cast<int64_t>(regions_.size()) >= limits_.max_regions) {
+  const auto it = owner_counts_.find(owner);
+  const int64_t mine = it == owner_counts_.end() ? 0 : it->second;
+  if (mine + n > limits_.max_regions_per_client) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "name: ", regions_.size(), " regions are registered, the most --max_regions allows"));
+        "name: client ", owner.empty() ? "(unknown)" : owner, " has ", mine,
+        " regions registered (set members included)",
+        n == 1 ? "" : absl::StrCat(" and this set adds ", n),
+        ", the most --max_regions_per_client (", limits_.max_regions_per_client, ") allows"));
   }
   if (byte_size > limits_.max_total_bytes - std::min(total_bytes_, limits_.max_total_bytes)) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("byte_size: ", byte_size, " more bytes would exceed --max_region_bytes (",
+        absl::StrCat("byte_size: ", byte_size, " more bytes would exceed --max_region_mb (",
                      limits_.max_total_bytes, " bytes; ", total_bytes_, " registered)"));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<RegionSummary> RegionRegistry::Add(std::shared_ptr<Entry> e) {
+absl::Status RegionRegistry::CheckNew(const std::string& name, uint64_t byte_size, int64_t n,
+                                      const std::string& owner) const {
+  if (name.empty() || name.size() > 128) {
+    return absl::InvalidArgumentError("name: must have 1 to 128 characters");
+  }
   std::lock_guard<std::mutex> l(mu_);
-  // Checked again under the lock: another registration may have come in while this one mapped.
-  if (regions_.count(e->info.name) != 0) {
+  if (regions_.count(name) != 0 || sets_.count(name) != 0) {
     return absl::AlreadyExistsError(
-        absl::StrCat("name: region '", e->info.name, "' is already registered"));
+        absl::StrCat("name: ", regions_.count(name) != 0 ? "region '" : "region set '", name,
+                     "' is already registered (unregister it first)"));
   }
-  if (static_cast<int64_t>(regions_.size()) >= limits_.max_regions ||
-      e->info.byte_size >
-          limits_.max_total_bytes - std::min(total_bytes_, limits_.max_total_bytes)) {
-    return absl::ResourceExhaustedError(
-        "name: the region limits (--max_regions, "
-        "--max_region_bytes) were reached meanwhile");
-  }
-  e->owner = this;
-  total_bytes_ += e->info.byte_size;
-  regions_[e->info.name] = e;
-  spdlog::info("region '{}' registered: {} {} bytes (client '{}')", e->info.name,
-               RegionKindName(e->info.kind), e->info.byte_size, e->info.client);
-  if (observer_) observer_(static_cast<int64_t>(regions_.size()), total_bytes_);
-  return Summarize(*e);
+  return CheckLimitsLocked(byte_size, n, owner);
 }
 
-absl::StatusOr<RegionSummary> RegionRegistry::RegisterShm(const std::string& name,
-                                                          const std::string& key, uint64_t offset,
-                                                          uint64_t byte_size,
-                                                          const std::string& client,
-                                                          std::optional<uint32_t> caller_uid) {
-  if (absl::Status st = CheckNewName(name, byte_size); !st.ok()) return st;
+absl::Status RegionRegistry::Add(const std::string& name, std::shared_ptr<Entry> single,
+                                 std::shared_ptr<Set> set) {
+  std::lock_guard<std::mutex> l(mu_);
+  // Checked again under the lock: another registration may have come in while this one mapped.
+  if (regions_.count(name) != 0 || sets_.count(name) != 0) {
+    return absl::AlreadyExistsError(absl::StrCat("name: '", name, "' is already registered"));
+  }
+  const int64_t n = set ? static_cast<int64_t>(set->members.size()) : 1;
+  const uint64_t bytes = set ? set->info.byte_size : single->info.byte_size;
+  const std::string& owner = set ? set->info.owner : single->info.owner;
+  if (absl::Status st = CheckLimitsLocked(bytes, n, owner); !st.ok()) {
+    return absl::Status(st.code(), absl::StrCat(st.message(), " (reached meanwhile)"));
+  }
+  if (set) {
+    for (const auto& m : set->members) m->owner = this;
+    sets_[name] = set;
+    spdlog::info("region set '{}' registered: {} members, {} {} bytes (client '{}', {})", name, n,
+                 RegionKindName(set->info.kind), bytes, set->info.client, owner);
+  } else {
+    single->owner = this;
+    regions_[name] = single;
+    spdlog::info("region '{}' registered: {} {} bytes (client '{}', {})", name,
+                 RegionKindName(single->info.kind), bytes, single->info.client, owner);
+  }
+  count_ += n;
+  owner_counts_[owner] += n;
+  total_bytes_ += bytes;
+  if (observer_) observer_(count_, total_bytes_);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<MappedRegion>> RegionRegistry::MapShmChecked(
+    const std::string& field, const std::string& label, const std::string& key, uint64_t offset,
+    uint64_t byte_size, std::optional<uint32_t> caller_uid) {
+  auto prefixed = [&field](const absl::Status& st) {
+    return field.empty() ? st : absl::Status(st.code(), absl::StrCat(field, st.message()));
+  };
+  if (byte_size == 0) return prefixed(absl::InvalidArgumentError("byte_size: must be > 0"));
   if (offset % kRegionAlign != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("offset: ", offset, " is not a multiple of ",
-                                                   kRegionAlign, " (regions start ", kRegionAlign,
-                                                   "-byte aligned)"));
+    return prefixed(absl::InvalidArgumentError(
+        absl::StrCat("offset: ", offset, " is not a multiple of ", kRegionAlign, " (regions start ",
+                     kRegionAlign, "-byte aligned)")));
   }
   absl::StatusOr<std::unique_ptr<MappedRegion>> m = MapShm(key, offset, byte_size, caller_uid);
-  if (!m.ok()) return m.status();
-  PinnedHost pinned =
-      PinHost(host_pinner_, (*m)->base(), byte_size, absl::StrCat("region '", name, "'"));
+  if (!m.ok()) return prefixed(m.status());
+  PinnedHost pinned = PinHost(host_pinner_, (*m)->base(), byte_size, label);
   if (pinned.unpin) (*m)->SetBeforeUnmap(std::move(pinned.unpin));
+  return m;
+}
+
+absl::StatusOr<RegionSummary> RegionRegistry::RegisterShm(
+    const std::string& name, const std::string& key, uint64_t offset, uint64_t byte_size,
+    const std::string& client, std::optional<uint32_t> caller_uid, const std::string& owner) {
+  if (absl::Status st = CheckNew(name, byte_size, 1, owner); !st.ok()) return st;
+  absl::StatusOr<std::unique_ptr<MappedRegion>> m =
+      MapShmChecked("", absl::StrCat("region '", name, "'"), key, offset, byte_size, caller_uid);
+  if (!m.ok()) return m.status();
   auto e = std::make_shared<Entry>();
   e->info.name = name;
   e->info.kind = RegionKind::kShm;
@@ -159,15 +217,64 @@ absl::StatusOr<RegionSummary> RegionRegistry::RegisterShm(const std::string& nam
   e->info.shm_offset = offset;
   e->info.byte_size = byte_size;
   e->info.client = client;
+  e->info.owner = owner;
   e->mapping = std::move(*m);
-  return Add(std::move(e));
+  if (absl::Status st = Add(name, e, nullptr); !st.ok()) return st;
+  return Summarize(*e);
+}
+
+absl::StatusOr<RegionSetSummary> RegionRegistry::RegisterShmSet(
+    const std::string& name, const std::vector<ShmSetMember>& members, const std::string& client,
+    std::optional<uint32_t> caller_uid, const std::string& owner) {
+  if (members.empty()) {
+    return absl::InvalidArgumentError("members: a region set needs at least one member");
+  }
+  uint64_t bytes = 0;
+  for (const ShmSetMember& m : members) {
+    if (__builtin_add_overflow(bytes, m.byte_size, &bytes)) bytes = UINT64_MAX;
+  }
+  if (absl::Status st = CheckNew(name, bytes, static_cast<int64_t>(members.size()), owner);
+      !st.ok()) {
+    return st;
+  }
+  auto set = std::make_shared<Set>();
+  set->info.name = name;
+  set->info.kind = RegionKind::kShm;
+  set->info.members = static_cast<uint32_t>(members.size());
+  set->info.byte_size = bytes;
+  set->info.client = client;
+  set->info.owner = owner;
+  for (size_t i = 0; i < members.size(); ++i) {
+    const ShmSetMember& m = members[i];
+    const std::string member = absl::StrCat(name, "[", i, "]");
+    // A member that fails unmaps the ones mapped before it (set goes out of scope).
+    absl::StatusOr<std::unique_ptr<MappedRegion>> mapped =
+        MapShmChecked(absl::StrCat("members[", i, "]."), absl::StrCat("region '", member, "'"),
+                      m.key, m.offset, m.byte_size, caller_uid);
+    if (!mapped.ok()) return mapped.status();
+    auto e = std::make_shared<Entry>();
+    e->info.name = member;
+    e->member = true;
+    e->info.kind = RegionKind::kShm;
+    e->info.shm_key = m.key;
+    e->info.shm_offset = m.offset;
+    e->info.byte_size = m.byte_size;
+    e->info.client = client;
+    e->info.owner = owner;
+    e->mapping = std::move(*mapped);
+    set->members.push_back(std::move(e));
+  }
+  if (absl::Status st = Add(name, nullptr, set); !st.ok()) return st;
+  return Summarize(*set);
 }
 
 absl::StatusOr<RegionSummary> RegionRegistry::RegisterCuda(const std::string& name,
                                                            const std::string& handle, int device,
                                                            uint64_t byte_size,
-                                                           const std::string& client) {
-  if (absl::Status st = CheckNewName(name, byte_size); !st.ok()) return st;
+                                                           const std::string& client,
+                                                           const std::string& owner) {
+  if (byte_size == 0) return absl::InvalidArgumentError("byte_size: must be > 0");
+  if (absl::Status st = CheckNew(name, byte_size, 1, owner); !st.ok()) return st;
   if (handle.size() != 64) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ipc_handle: ", handle.size(), " bytes, expected the 64 bytes of a cudaIpcMemHandle_t"));
@@ -184,37 +291,61 @@ absl::StatusOr<RegionSummary> RegionRegistry::RegisterCuda(const std::string& na
   e->info.device = device;
   e->info.byte_size = byte_size;
   e->info.client = client;
+  e->info.owner = owner;
   e->mapping = std::move(*m);
-  return Add(std::move(e));
+  if (absl::Status st = Add(name, e, nullptr); !st.ok()) return st;
+  return Summarize(*e);
 }
 
 absl::StatusOr<std::vector<std::string>> RegionRegistry::Unregister(const std::string& name,
                                                                     const std::string& client) {
   std::unique_lock<std::mutex> l(mu_);
   std::vector<std::shared_ptr<Entry>> gone;
+  std::vector<std::string> names;
+  auto drop_set = [&](const std::shared_ptr<Set>& s) {
+    names.push_back(s->info.name);
+    for (const auto& m : s->members) gone.push_back(m);
+  };
   if (!name.empty()) {
     auto it = regions_.find(name);
-    if (it == regions_.end()) {
-      return absl::NotFoundError(absl::StrCat("name: no region '", name, "' is registered"));
+    auto sit = sets_.find(name);
+    if (it != regions_.end()) {
+      gone.push_back(it->second);
+      names.push_back(name);
+      regions_.erase(it);
+    } else if (sit != sets_.end()) {
+      drop_set(sit->second);
+      sets_.erase(sit);
+    } else {
+      return absl::NotFoundError(
+          absl::StrCat("name: no region or region set '", name, "' is registered"));
     }
-    gone.push_back(it->second);
-    regions_.erase(it);
   } else {
     for (auto it = regions_.begin(); it != regions_.end();) {
       if (it->second->info.client == client) {
         gone.push_back(it->second);
+        names.push_back(it->first);
         it = regions_.erase(it);
       } else {
         ++it;
       }
     }
+    for (auto it = sets_.begin(); it != sets_.end();) {
+      if (it->second->info.client == client) {
+        drop_set(it->second);
+        it = sets_.erase(it);
+      } else {
+        ++it;
+      }
+    }
   }
-  std::vector<std::string> names;
   for (const auto& e : gone) {
     total_bytes_ -= e->info.byte_size;
-    names.push_back(e->info.name);
+    --count_;
+    auto oc = owner_counts_.find(e->info.owner);
+    if (oc != owner_counts_.end() && --oc->second <= 0) owner_counts_.erase(oc);
   }
-  if (observer_) observer_(static_cast<int64_t>(regions_.size()), total_bytes_);
+  if (observer_) observer_(count_, total_bytes_);
   auto busy = [&gone] {
     int64_t n = 0;
     for (const auto& e : gone) n += e->in_use.load();
@@ -240,35 +371,70 @@ std::vector<RegionSummary> RegionRegistry::List() const {
   return out;
 }
 
+std::vector<RegionSetSummary> RegionRegistry::ListSets() const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<RegionSetSummary> out;
+  for (const auto& [n, s] : sets_) out.push_back(Summarize(*s));
+  return out;
+}
+
+int64_t RegionRegistry::count() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return count_;
+}
+
 uint64_t RegionRegistry::total_bytes() const {
   std::lock_guard<std::mutex> l(mu_);
   return total_bytes_;
 }
 
 absl::StatusOr<RegionRange> RegionRegistry::Resolve(const std::string& field, RegionKind kind,
-                                                    const std::string& name, uint64_t offset,
+                                                    const RegionName& which, uint64_t offset,
                                                     uint64_t byte_size,
                                                     std::vector<RegionPin>* call_pins) const {
   std::shared_ptr<Entry> e;
-  {
+  const std::string& name = which.set.empty() ? which.name : which.set;
+  if (which.set.empty()) {
     std::lock_guard<std::mutex> l(mu_);
-    auto it = regions_.find(name);
+    auto it = regions_.find(which.name);
     if (it != regions_.end() && it->second->info.kind == kind) e = it->second;
+  } else {
+    if (!which.name.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": names both region '", which.name, "' and region set '", which.set,
+                       "'; name one (a set's member by set and index, with region empty)"));
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = sets_.find(which.set);
+    if (it != sets_.end() && it->second->info.kind == kind) {
+      const std::vector<std::shared_ptr<Entry>>& members = it->second->members;
+      if (which.index >= members.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ": index ", which.index, " is out of range for region set '", which.set, "' (",
+            members.size(), " members, 0 to ", members.size() - 1, ")"));
+      }
+      e = members[which.index];
+    }
   }
   if (!e) {
-    return absl::NotFoundError(
-        absl::StrCat(field, ": no ", RegionKindName(kind), " region '", name, "' is registered"));
+    return absl::NotFoundError(absl::StrCat(field, ": no ", RegionKindName(kind),
+                                            which.set.empty() ? " region '" : " region set '", name,
+                                            "' is registered"));
   }
+  // "region 'pool'", or "member 3 of region set 'layers'".
+  const std::string what =
+      which.set.empty() ? absl::StrCat("region '", name, "'")
+                        : absl::StrCat("member ", which.index, " of region set '", name, "'");
   const uint64_t size = e->info.byte_size;
   if (offset > size || byte_size > size - offset) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": offset ", offset, " + byte_size ",
-                                                   byte_size, " is past the end of region '", name,
-                                                   "' (", size, " bytes)"));
+                                                   byte_size, " is past the end of ", what, " (",
+                                                   size, " bytes)"));
   }
   if (absl::Status st = Intact(field, *e); !st.ok()) return st;
   if (offset % kRegionAlign != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ": offset ", offset, " in region '", name, "' is not a multiple of ",
+        absl::StrCat(field, ": offset ", offset, " in ", what, " is not a multiple of ",
                      kRegionAlign, " (tensors in regions start ", kRegionAlign, "-byte aligned)"));
   }
   RegionRange r;
@@ -281,6 +447,7 @@ absl::StatusOr<RegionRange> RegionRegistry::Resolve(const std::string& field, Re
   }
   r.region = e->mapping.get();
   r.data = e->mapping->base() + offset;
+  r.label = &e->info.name;
   r.offset = offset;
   r.byte_size = byte_size;
   return r;

@@ -4,6 +4,15 @@
 // stops. Each call that names it holds a RegionPin while it runs; unregistering removes the name
 // at once (later calls get NOT_FOUND) and waits for the pinned calls to finish. The mapping goes
 // when the last pin does.
+//
+// A region set is one registration of several allocations (e.g. a KV pool per layer) that calls
+// name by (set, index). Each member is mapped and checked as a region of its own, and counts as
+// one region against the limits; the set is listed as one entry and unregistered as one.
+//
+// The limits count regions daemon-wide (--max_regions) and per owner (--max_regions_per_client).
+// The owner is what the transport verified about the caller ("uid 1000 pid 4242" from
+// SO_PEERCRED on a Unix socket), not the client name the request carries, which anyone can
+// choose.
 
 #include <condition_variable>
 #include <cstdint>
@@ -31,7 +40,9 @@ inline constexpr uint64_t kRegionAlign = 16;
 const char* RegionKindName(RegionKind k);
 
 struct RegionLimits {
-  int64_t max_regions = 64;                            // --max_regions
+  // Eight ranks of a DeepSeek-V3 / Kimi K2 server register a KV pool per layer: 8 x 61 = 488.
+  int64_t max_regions = 1024;                          // --max_regions
+  int64_t max_regions_per_client = 128;                // --max_regions_per_client (per owner)
   uint64_t max_total_bytes = uint64_t{1} << 40;        // --max_region_mb (sum of byte_size)
   absl::Duration unregister_wait = absl::Seconds(30);  // how long an unregister waits for calls
 };
@@ -44,9 +55,36 @@ struct RegionSummary {
   int device = -1;
   uint64_t byte_size = 0;
   std::string client;
+  std::string owner;  // the verified caller, as RegionRegistry::RegisterShm got it
   int64_t in_use = 0;
   int64_t calls = 0;
   bool lost = false;  // MappedRegion::intact() went false
+};
+
+// One member of a region set to register.
+struct ShmSetMember {
+  std::string key;
+  uint64_t offset = 0;
+  uint64_t byte_size = 0;
+};
+
+struct RegionSetSummary {
+  std::string name;
+  RegionKind kind = RegionKind::kShm;
+  uint32_t members = 0;
+  uint64_t byte_size = 0;  // the members' sizes added up
+  std::string client;
+  std::string owner;
+  int64_t in_use = 0;
+  int64_t calls = 0;
+  std::vector<uint32_t> lost;  // the members whose memory was lost
+};
+
+// Which region a tensor names: `name`, or member `index` of set `set` when `set` is not empty.
+struct RegionName {
+  std::string name;
+  std::string set;
+  uint32_t index = 0;
 };
 
 // Keeps one call's use of a region: while it lives, the region stays mapped and an unregister
@@ -58,7 +96,8 @@ using RegionPin = std::shared_ptr<RegionUse>;
 struct RegionRange {
   RegionPin pin;
   const MappedRegion* region = nullptr;
-  char* data = nullptr;  // region->base() + offset
+  char* data = nullptr;                // region->base() + offset
+  const std::string* label = nullptr;  // "pool", or "layers[3]" for a set's member (for errors)
   uint64_t offset = 0;
   uint64_t byte_size = 0;
   int device() const { return region->device(); }
@@ -85,37 +124,71 @@ class RegionRegistry {
   const RegionLimits& limits() const { return limits_; }
 
   // `caller_uid`: the registering client's kernel-verified uid, which must own the object
-  // (MapShm); nullopt where verifyd cannot know it (TCP with --allow_region_tcp).
+  // (MapShm); nullopt where verifyd cannot know it (TCP with --allow_region_tcp). `owner`: who
+  // the transport says the caller is (RegionOwner), counted against max_regions_per_client.
   absl::StatusOr<RegionSummary> RegisterShm(const std::string& name, const std::string& key,
                                             uint64_t offset, uint64_t byte_size,
                                             const std::string& client,
-                                            std::optional<uint32_t> caller_uid);
+                                            std::optional<uint32_t> caller_uid,
+                                            const std::string& owner = "");
   absl::StatusOr<RegionSummary> RegisterCuda(const std::string& name, const std::string& handle,
                                              int device, uint64_t byte_size,
-                                             const std::string& client);
-  // Unregisters `name`, or with an empty name every region of `client`. Returns the names.
+                                             const std::string& client,
+                                             const std::string& owner = "");
+  // Registers every member as RegisterShm would, or none: errors name the member
+  // (`members[3].key: ...`). Counts members.size() regions against the limits.
+  absl::StatusOr<RegionSetSummary> RegisterShmSet(const std::string& name,
+                                                  const std::vector<ShmSetMember>& members,
+                                                  const std::string& client,
+                                                  std::optional<uint32_t> caller_uid,
+                                                  const std::string& owner = "");
+  // Unregisters region or set `name`, or with an empty name every region and set of `client`.
+  // Returns the names (a set's once).
   // Waits up to limits().unregister_wait for the calls that use them; past that, UNAVAILABLE
   // (the regions are unregistered all the same and unmapped when those calls end).
   absl::StatusOr<std::vector<std::string>> Unregister(const std::string& name,
                                                       const std::string& client);
+  // The regions registered alone; sets are in ListSets().
   std::vector<RegionSummary> List() const;
+  std::vector<RegionSetSummary> ListSets() const;
   uint64_t total_bytes() const;
+  // Regions counted against max_regions: set members included.
+  int64_t count() const;
 
   // The range [offset, offset + byte_size) of region `name` of kind `kind`, pinned for one
   // call: `call_pins` holds the call's pins, one per region (a new one is added). `field` names
   // the request field in errors: NOT_FOUND for an unknown region (or one of the other kind),
   // INVALID_ARGUMENT for a range past its end, FAILED_PRECONDITION for a region whose memory
   // was lost (RegionsIntact).
+  // With `which.set`: member `which.index` of that set (INVALID_ARGUMENT naming `field` when the
+  // set has no such member).
+  absl::StatusOr<RegionRange> Resolve(const std::string& field, RegionKind kind,
+                                      const RegionName& which, uint64_t offset, uint64_t byte_size,
+                                      std::vector<RegionPin>* call_pins) const;
   absl::StatusOr<RegionRange> Resolve(const std::string& field, RegionKind kind,
                                       const std::string& name, uint64_t offset, uint64_t byte_size,
-                                      std::vector<RegionPin>* call_pins) const;
+                                      std::vector<RegionPin>* call_pins) const {
+    return Resolve(field, kind, RegionName{name, "", 0}, offset, byte_size, call_pins);
+  }
 
  private:
   struct Entry;
+  struct Set;
   friend class RegionUse;
-  absl::StatusOr<RegionSummary> Add(std::shared_ptr<Entry> e);
-  absl::Status CheckNewName(const std::string& name, uint64_t byte_size) const;
+  // Adds a region alone (`set` null) or a set's members, after checking the limits again.
+  absl::Status Add(const std::string& name, std::shared_ptr<Entry> single,
+                   std::shared_ptr<Set> set);
+  // `n`: how many regions the registration adds; `owner`: whose count they go to.
+  absl::Status CheckNew(const std::string& name, uint64_t byte_size, int64_t n,
+                        const std::string& owner) const;
+  absl::Status CheckLimitsLocked(uint64_t byte_size, int64_t n, const std::string& owner) const;
+  absl::StatusOr<std::unique_ptr<MappedRegion>> MapShmChecked(const std::string& field,
+                                                              const std::string& label,
+                                                              const std::string& key,
+                                                              uint64_t offset, uint64_t byte_size,
+                                                              std::optional<uint32_t> caller_uid);
   static RegionSummary Summarize(const Entry& e);
+  static RegionSetSummary Summarize(const Set& s);
   // OK, or FAILED_PRECONDITION naming `field` (when not empty) and the region: its memory was lost.
   static absl::Status Intact(const std::string& field, const Entry& e);
   void Notify();
@@ -126,7 +199,10 @@ class RegionRegistry {
   Observer observer_;
   mutable std::mutex mu_;
   std::condition_variable released_;                       // a pin went away
-  std::map<std::string, std::shared_ptr<Entry>> regions_;  // guarded by mu_
+  std::map<std::string, std::shared_ptr<Entry>> regions_;  // guarded by mu_; alone
+  std::map<std::string, std::shared_ptr<Set>> sets_;       // guarded by mu_
+  int64_t count_ = 0;                                      // guarded by mu_; members included
+  std::map<std::string, int64_t> owner_counts_;            // guarded by mu_
   uint64_t total_bytes_ = 0;                               // guarded by mu_
 };
 

@@ -135,6 +135,12 @@ grpc::Status AdminServiceImpl::GetStatus(grpc::ServerContext* ctx, const v1::Get
   FillRuntime(ctx_.runtime, resp->mutable_runtime());
   if (ctx_.regions != nullptr) {
     for (const RegionSummary& r : ctx_.regions->List()) ToProto(r, resp->add_regions());
+    for (const RegionSetSummary& r : ctx_.regions->ListSets()) {
+      ToProto(r, resp->add_region_sets());
+    }
+    resp->set_region_count(ctx_.regions->count());
+    resp->set_max_regions(ctx_.regions->limits().max_regions);
+    resp->set_max_regions_per_client(ctx_.regions->limits().max_regions_per_client);
   }
   if (ctx_.channels != nullptr) {
     for (const ChannelSummary& c : ctx_.channels->List()) {

@@ -52,6 +52,19 @@ void ToProto(const RegionSummary& s, v1::RegionInfo* out) {
   out->set_in_use(s.in_use);
   out->set_calls(s.calls);
   out->set_lost(s.lost);
+  out->set_owner(s.owner);
+}
+
+void ToProto(const RegionSetSummary& s, v1::RegionSetInfo* out) {
+  out->set_name(s.name);
+  out->set_kind(s.kind == RegionKind::kShm ? v1::REGION_KIND_SHM : v1::REGION_KIND_CUDA_IPC);
+  out->set_members(s.members);
+  out->set_byte_size(s.byte_size);
+  out->set_client(s.client);
+  out->set_owner(s.owner);
+  out->set_in_use(s.in_use);
+  out->set_calls(s.calls);
+  for (uint32_t i : s.lost) out->add_lost(i);
 }
 
 void FillRuntime(const RuntimeFacts& f, v1::RuntimeConfig* out) {

@@ -35,6 +35,7 @@ v1::PathKind PathToProto(Path p);
 void FillComparison(const DiffStats& d, const Verdict& v, v1::Comparison* c);
 // A registry entry as the protocol shows it (ListRegions, the admin status).
 void ToProto(const RegionSummary& s, v1::RegionInfo* out);
+void ToProto(const RegionSetSummary& s, v1::RegionSetInfo* out);
 // The admin status's sections.
 void FillRuntime(const RuntimeFacts& f, v1::RuntimeConfig* out);
 void FillDrift(const DriftStatus& d, v1::DriftStatus* out);

@@ -1,5 +1,8 @@
 #include "src/server/region_rpcs.h"
 
+#include <optional>
+#include <vector>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "src/server/proto_convert.h"
@@ -28,6 +31,15 @@ absl::Status LocalTransportOnly(const grpc::ServerContext& ctx, bool allow_tcp, 
       "--target=unix:PATH), where the kernel tells verifyd who the caller is"));
 }
 
+std::string RegionOwner(const grpc::ServerContext& ctx, const std::string& client) {
+  const std::string peer = ctx.peer();
+  const std::optional<uint32_t> uid = UnixPeerUid(peer);
+  const std::optional<int> pid = UnixPeerPid(peer);
+  if (uid && pid) return absl::StrCat("uid ", *uid, " pid ", *pid);
+  if (uid) return absl::StrCat("uid ", *uid);
+  return absl::StrCat("tcp client '", client, "'");
+}
+
 absl::Status RegionRpcs::CheckTransport(const grpc::ServerContext& ctx, const char* what) const {
   if (regions_ == nullptr) {
     return absl::FailedPreconditionError(
@@ -42,10 +54,27 @@ absl::Status RegionRpcs::RegisterShm(const grpc::ServerContext& ctx,
   if (absl::Status st = CheckTransport(ctx, "RegisterShmRegion"); !st.ok()) return st;
   // On a Unix socket the kernel says who is asking, and only that uid's objects are mapped;
   // over TCP (--allow_region_tcp) nobody is known and the operator has vouched for the callers.
-  absl::StatusOr<RegionSummary> s = regions_->RegisterShm(
-      req.name(), req.key(), req.offset(), req.byte_size(), req.client(), UnixPeerUid(ctx.peer()));
+  absl::StatusOr<RegionSummary> s =
+      regions_->RegisterShm(req.name(), req.key(), req.offset(), req.byte_size(), req.client(),
+                            UnixPeerUid(ctx.peer()), RegionOwner(ctx, req.client()));
   if (!s.ok()) return s.status();
   ToProto(*s, resp->mutable_region());
+  return absl::OkStatus();
+}
+
+absl::Status RegionRpcs::RegisterShmSet(const grpc::ServerContext& ctx,
+                                        const v1::RegisterShmRegionSetRequest& req,
+                                        v1::RegisterRegionSetResponse* resp) {
+  if (absl::Status st = CheckTransport(ctx, "RegisterShmRegionSet"); !st.ok()) return st;
+  std::vector<ShmSetMember> members;
+  members.reserve(req.members_size());
+  for (const v1::ShmRegionSetMember& m : req.members()) {
+    members.push_back({m.key(), m.offset(), m.byte_size()});
+  }
+  absl::StatusOr<RegionSetSummary> s = regions_->RegisterShmSet(
+      req.name(), members, req.client(), UnixPeerUid(ctx.peer()), RegionOwner(ctx, req.client()));
+  if (!s.ok()) return s.status();
+  ToProto(*s, resp->mutable_set());
   return absl::OkStatus();
 }
 
@@ -53,8 +82,9 @@ absl::Status RegionRpcs::RegisterCuda(const grpc::ServerContext& ctx,
                                       const v1::RegisterCudaRegionRequest& req,
                                       v1::RegisterRegionResponse* resp) {
   if (absl::Status st = CheckTransport(ctx, "RegisterCudaRegion"); !st.ok()) return st;
-  absl::StatusOr<RegionSummary> s = regions_->RegisterCuda(
-      req.name(), req.ipc_handle(), req.device(), req.byte_size(), req.client());
+  absl::StatusOr<RegionSummary> s =
+      regions_->RegisterCuda(req.name(), req.ipc_handle(), req.device(), req.byte_size(),
+                             req.client(), RegionOwner(ctx, req.client()));
   if (!s.ok()) return s.status();
   ToProto(*s, resp->mutable_region());
   return absl::OkStatus();
@@ -74,8 +104,11 @@ absl::Status RegionRpcs::List(const grpc::ServerContext& ctx, v1::ListRegionsRes
   (void)ctx;  // listing shows no memory: served on every transport
   if (regions_ == nullptr) return absl::OkStatus();
   for (const RegionSummary& s : regions_->List()) ToProto(s, resp->add_regions());
+  for (const RegionSetSummary& s : regions_->ListSets()) ToProto(s, resp->add_sets());
   resp->set_total_bytes(regions_->total_bytes());
+  resp->set_region_count(regions_->count());
   resp->set_max_regions(regions_->limits().max_regions);
+  resp->set_max_regions_per_client(regions_->limits().max_regions_per_client);
   resp->set_max_total_bytes(regions_->limits().max_total_bytes);
   return absl::OkStatus();
 }

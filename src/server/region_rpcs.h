@@ -1,9 +1,10 @@
 #pragma once
-// The region RPCs of verifyd.v1.VerifyService (RegisterShmRegion, RegisterCudaRegion,
-// UnregisterRegion, ListRegions) over the region registry, and the rule for where regions are
-// served: on Unix sockets, and over TCP only with --allow_region_tcp. A region is memory on the
-// daemon's host; a peer on another host could not have registered it, and one that names it over
-// TCP reads and writes the daemon's memory through a transport that does not say who it is.
+// The region RPCs of verifyd.v1.VerifyService (RegisterShmRegion, RegisterShmRegionSet,
+// RegisterCudaRegion, UnregisterRegion, ListRegions) over the region registry, and the rule for
+// where regions are served: on Unix sockets, and over TCP only with --allow_region_tcp. A region is
+// memory on the daemon's host; a peer on another host could not have registered it, and one that
+// names it over TCP reads and writes the daemon's memory through a transport that does not say who
+// it is.
 
 #include <string>
 
@@ -20,6 +21,12 @@ namespace verifyd {
 // channels are served only there.
 absl::Status LocalTransportOnly(const grpc::ServerContext& ctx, bool allow_tcp, const char* what);
 
+// Who registers a region, as --max_regions_per_client counts them: on a Unix socket the peer
+// credentials the kernel gave verifyd ("uid 1000 pid 4242": a process cannot claim another's);
+// over TCP (--allow_region_tcp, which vouches for every TCP caller) the client name the request
+// carries ("tcp client 'NAME'").
+std::string RegionOwner(const grpc::ServerContext& ctx, const std::string& client);
+
 class RegionRpcs {
  public:
   // `regions` null: every region RPC and region tensor is refused (FAILED_PRECONDITION).
@@ -30,6 +37,9 @@ class RegionRpcs {
   absl::Status RegisterCuda(const grpc::ServerContext& ctx,
                             const v1::RegisterCudaRegionRequest& req,
                             v1::RegisterRegionResponse* resp);
+  absl::Status RegisterShmSet(const grpc::ServerContext& ctx,
+                              const v1::RegisterShmRegionSetRequest& req,
+                              v1::RegisterRegionSetResponse* resp);
   absl::Status Unregister(const grpc::ServerContext& ctx, const v1::UnregisterRegionRequest& req,
                           v1::UnregisterRegionResponse* resp);
   absl::Status List(const grpc::ServerContext& ctx, v1::ListRegionsResponse* resp);

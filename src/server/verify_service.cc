@@ -71,6 +71,12 @@ VerifyServiceImpl::VerifyServiceImpl(VerifyHandler* handler, Metrics* metrics,
          v1::RegisterRegionResponse* resp) {
         return s->region_rpcs_.RegisterCuda(*ctx, req, resp);
       });
+  AddUnary<v1::RegisterShmRegionSetRequest, v1::RegisterRegionSetResponse>(
+      "RegisterShmRegionSet",
+      [](VerifyServiceImpl* s, grpc::ServerContext* ctx, const v1::RegisterShmRegionSetRequest& req,
+         v1::RegisterRegionSetResponse* resp) {
+        return s->region_rpcs_.RegisterShmSet(*ctx, req, resp);
+      });
   AddUnary<v1::UnregisterRegionRequest, v1::UnregisterRegionResponse>(
       "UnregisterRegion",
       [](VerifyServiceImpl* s, grpc::ServerContext* ctx, const v1::UnregisterRegionRequest& req,

@@ -348,6 +348,59 @@ class ShmTest(unittest.TestCase):
         # The daemon keeps serving.
         self.assertSame(self.shm.verify(**b), self.inline.verify(**b))
 
+    def test_region_set_of_layer_pools(self):
+        """A process's per-layer KV pools registered as one region set; a call names its layer
+        by index and gets the inline call's output."""
+        from multiprocessing import shared_memory
+
+        from verifyd_client import regions
+        from verifyd_client._proto import types_pb2
+
+        rng = rng_for(self, 49)
+        layers = [random_bundle(rng, batch=2, draft=3, heads=2, page_size=4, prefixes=[9, 21],
+                                unused_pages=3 + i) for i in range(5)]
+        objs = []
+        try:
+            for b in layers:
+                shm = shared_memory.SharedMemory(create=True, size=b["kv_pool"].nbytes)
+                objs.append(shm)
+                np.ndarray(b["kv_pool"].shape, b["kv_pool"].dtype, buffer=shm.buf)[...] = \
+                    b["kv_pool"]
+            with VerifyClient(self.daemon.data, timeout=60) as c:
+                name = c.client_id + "/layers"
+                info = c.register_shm_set(name, objs)
+                self.assertEqual(info["members"], 5)
+                self.assertEqual(info["byte_size"], sum(b["kv_pool"].nbytes for b in layers))
+                self.assertEqual(info["owner"], f"uid {os.getuid()} pid {os.getpid()}")
+                self.assertIn(name, [s["name"] for s in c.list_region_sets()])
+                self.assertFalse([r for r in c.list_regions() if r["client"] == c.client_id])
+
+                def call(i, index):
+                    b = layers[i]
+                    req, pending = c._transport.encode(  # noqa: SLF001 - kv_pool swapped below
+                        b["q"], b["kv_pool"], b["kv_indptr"], b["kv_indices"], b["kv_lens"],
+                        b["tree_mask"], b["sm_scale"], False, "", False, None, False, None)
+                    req.kv_pool.CopyFrom(regions.set_ref(name, index, 0, types_pb2.DTYPE_BF16,
+                                                         b["kv_pool"].shape))
+                    return pending.decode(send(c, req))
+
+                for i in (0, 3, 4):
+                    got = call(i, i)
+                    self.assertSame(got, self.inline.verify(**layers[i]))
+                    self.assertLess(rel_l2(from_bf16(got.o).astype(np.float64),
+                                           oracle(layers[i])[0]), 1e-2)
+                with self.assertRaises(VerifydError) as cm:
+                    call(0, 5)
+                self.assertField(cm.exception, grpc.StatusCode.INVALID_ARGUMENT, "kv_pool")
+                self.assertIn("index 5 is out of range", cm.exception.message)
+                self.assertSame(call(1, 1), self.inline.verify(**layers[1]))  # still serving
+            # close() unregistered the set.
+            self.assertNotIn(name, [s["name"] for s in self.inline.list_region_sets()])
+        finally:
+            for shm in objs:
+                shm.close()
+                shm.unlink()
+
     def test_region_calls_raise_the_daemons_errors(self):
         calls = self.shm._regions  # noqa: SLF001
         with self.assertRaises(VerifydError) as cm:

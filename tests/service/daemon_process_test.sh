@@ -41,6 +41,8 @@ refused "the token has byte 0x0a at offset 3" "${flags[@]}" --admin_token_file="
 refused "keep_freed_mb: must be in [0, 2047]" "${flags[@]}" --keep_freed_mb=4096
 refused "cuda_sync_spin_us: must be in [0, 100000]" "${flags[@]}" --cuda_sync_spin_us=-1
 refused "max_channels: must be in [0, 1024]" "${flags[@]}" --max_channels=5000
+refused "max_regions: must be in [0, 3072]" "${flags[@]}" --max_regions=4000
+refused "max_regions_per_client: must be in [1, 3072]" "${flags[@]}" --max_regions_per_client=0
 chmod 600 "$dir/token"
 refused "is TCP without TLS" --listen="unix:$dir/d2.sock" --admin_listen=127.0.0.1:0 \
   --state_dir="$dir/s2" --admin_token_file="$dir/token"

@@ -4,16 +4,24 @@
 // naming the field and the daemon keeps serving; an unregister waits for the calls that use the
 // region; regions are refused over TCP; limits, listing, metrics and status.
 
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <thread>
+#include <tuple>
+#include <vector>
 
+#include "absl/algorithm/container.h"
+#include "grpcpp/create_channel_posix.h"
 #include "src/region/shm_mapping.h"
 #include "tests/service/daemon_fixture.h"
 #include "tests/service/shm_region_fixture.h"
@@ -25,11 +33,13 @@ using Clock = std::chrono::steady_clock;
 
 class RegionTest : public DaemonTest {
  protected:
-  void Start(bool allow_tcp = false, int64_t max_regions = 64) {
+  // `max_regions` and `per_client` -1: the defaults.
+  void Start(bool allow_tcp = false, int64_t max_regions = 64, int64_t per_client = -1) {
     dir_ = TestDir("region");
     DaemonOptions o = TestOptions(dir_);
     o.allow_region_tcp = allow_tcp;
-    o.regions.max_regions = max_regions;
+    if (max_regions >= 0) o.regions.max_regions = max_regions;
+    if (per_client >= 0) o.regions.max_regions_per_client = per_client;
     o.regions.max_total_bytes = uint64_t{1} << 30;
     o.handler.oracle_sample_rate = 0;
     StartDaemon(std::move(o));
@@ -56,6 +66,26 @@ class RegionTest : public DaemonTest {
     v1::UnregisterRegionResponse resp;
     grpc::ClientContext ctx;
     grpc::Status st = unix_->UnregisterRegion(&ctx, req, &resp);
+    if (out) *out = resp;
+    return st;
+  }
+  // Registers set `name` of members (key, offset, byte_size).
+  grpc::Status RegisterSet(const std::string& name,
+                           const std::vector<std::tuple<std::string, uint64_t, uint64_t>>& members,
+                           const std::string& client = "", v1::VerifyService::Stub* via = nullptr,
+                           v1::RegisterRegionSetResponse* out = nullptr) {
+    v1::RegisterShmRegionSetRequest req;
+    req.set_name(name);
+    req.set_client(client);
+    for (const auto& [key, offset, bytes] : members) {
+      v1::ShmRegionSetMember* m = req.add_members();
+      m->set_key(key);
+      m->set_offset(offset);
+      m->set_byte_size(bytes);
+    }
+    v1::RegisterRegionSetResponse resp;
+    grpc::ClientContext ctx;
+    grpc::Status st = (via ? via : unix_.get())->RegisterShmRegionSet(&ctx, req, &resp);
     if (out) *out = resp;
     return st;
   }
@@ -560,6 +590,338 @@ TEST_F(RegionTest, UnregisterWaitsForTheCallInFlight) {
   EXPECT_LE(call_done_ns.load() - 50'000'000, unregistered_ns);  // within scheduling noise
   v1::VerifyResponse resp;
   EXPECT_EQ(VerifyUnix(req, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+// A connection to verifyd's Unix socket made by a child process: the kernel records who called
+// connect() (SO_PEERCRED), so verifyd sees the child's pid on it, as it would another rank's. The
+// child only connects the socket the parent created, and exits; the parent speaks gRPC over it.
+std::unique_ptr<v1::VerifyService::Stub> StubAsAnotherProcess(const std::string& target) {
+  const std::string path = target.substr(target.find(':') + 1);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  EXPECT_GE(fd, 0) << std::strerror(errno);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    _exit(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 ? 0 : 1);
+  }
+  int status = 0;
+  EXPECT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child could not connect";
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(INT32_MAX);
+  args.SetMaxSendMessageSize(INT32_MAX);
+  return v1::VerifyService::NewStub(grpc::CreateCustomInsecureChannelFromFd(target, fd, args));
+}
+
+// Names member `index` of region set `set` instead of a region.
+void SetMember(v1::Tensor* t, const std::string& set, uint32_t index) {
+  t->mutable_shm()->clear_region();
+  t->mutable_shm()->set_set(set);
+  t->mutable_shm()->set_index(index);
+}
+
+// 61 shm pools (a layer each, as SGLang's MLA pool allocates them) registered as one set; calls
+// naming layers by index give the inline transport's bytes, also when a call's tensors come from
+// several members. Listing, status and metrics show the set once.
+TEST_F(RegionTest, RegionSetOf61LayersMatchesInline) {
+  Start(/*allow_tcp=*/false, /*max_regions=*/-1);
+  constexpr int kLayers = 61;
+  const std::vector<int> used = {0, 17, 42, 60};
+  std::vector<std::unique_ptr<RandomBundle>> bundles(kLayers);
+  std::vector<std::unique_ptr<ShmObject>> layers;
+  std::vector<std::tuple<std::string, uint64_t, uint64_t>> members;
+  for (int i = 0; i < kLayers; ++i) {
+    size_t bytes = 4096;  // the layers no call here names stay small
+    if (absl::c_linear_search(used, i)) {
+      bundles[i] = std::make_unique<RandomBundle>(RegionBundleSpec(500 + i, 16, 3, 40 + i));
+      bytes = ShmLayout::Of(bundles[i]->view()).end;
+    }
+    layers.push_back(std::make_unique<ShmObject>("layer" + std::to_string(i), bytes));
+    members.emplace_back(layers.back()->key(), 0, bytes);
+  }
+  v1::RegisterRegionSetResponse reg;
+  grpc::Status st = RegisterSet("layers", members, "rank0", nullptr, &reg);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(reg.set().members(), 61u);
+  EXPECT_EQ(reg.set().owner(),
+            "uid " + std::to_string(::getuid()) + " pid " + std::to_string(::getpid()));
+
+  for (int i : used) {
+    const BundleView v = bundles[i]->view();
+    v1::VerifyRequest inline_req;
+    EncodeRequest(v, &inline_req);
+    inline_req.set_want_lse(true);
+    v1::VerifyResponse want;
+    ASSERT_TRUE(VerifyUnix(inline_req, &want).ok());
+    const ShmLayout l = ShmLayout::Of(v);
+    v1::VerifyRequest req = inline_req;
+    PutInShm(v, l, layers[i]->data(), "", &req);
+    for (v1::Tensor* t : {req.mutable_q(), req.mutable_kv_pool(), req.mutable_kv_indptr(),
+                          req.mutable_kv_indices(), req.mutable_kv_lens(), req.mutable_tree_mask(),
+                          req.mutable_o_out(), req.mutable_lse_out()}) {
+      SetMember(t, "layers", static_cast<uint32_t>(i));
+    }
+    std::memset(layers[i]->data() + l.o, 0xAB, l.end - l.o);
+    v1::VerifyResponse got;
+    st = VerifyUnix(req, &got);
+    ASSERT_TRUE(st.ok()) << "layer " << i << ": " << st.error_message();
+    EXPECT_FALSE(got.has_o());
+    EXPECT_EQ(std::memcmp(layers[i]->data() + l.o, want.o().raw_contents().data(),
+                          want.o().raw_contents().size()),
+              0)
+        << "o differs, layer " << i;
+    EXPECT_EQ(std::memcmp(layers[i]->data() + l.lse, want.lse().raw_contents().data(),
+                          want.lse().raw_contents().size()),
+              0)
+        << "lse differs, layer " << i;
+    // The same against the oracle's reference path computed here.
+    EXPECT_EQ(want.o().raw_contents(), LocalOutput(inline_req, Path::kReference)) << i;
+  }
+  // One call across members: q from layer 17's pool, the pool and indices from layer 42's, the
+  // output back in the response (a call names any member of any set it may).
+  {
+    const BundleView v = bundles[42]->view();
+    v1::VerifyRequest inline_req;
+    EncodeRequest(v, &inline_req);
+    const ShmLayout l = ShmLayout::Of(v);
+    const ShmLayout l17 = ShmLayout::Of(bundles[17]->view());
+    ASSERT_LE(v.q_elems() * 2, l17.kv_pool - l17.q);
+    std::memcpy(layers[17]->data() + l17.q, v.q, v.q_elems() * 2);
+    v1::VerifyRequest req = inline_req;
+    SetShm(req.mutable_q(), "", l17.q, v.q_elems() * 2);
+    SetMember(req.mutable_q(), "layers", 17);
+    SetShm(req.mutable_kv_pool(), "", l.kv_pool, v.kv_elems() * 2);
+    SetMember(req.mutable_kv_pool(), "layers", 42);
+    SetShm(req.mutable_kv_indices(), "", l.kv_indices, v.shape.num_indices * 4);
+    SetMember(req.mutable_kv_indices(), "layers", 42);
+    v1::VerifyResponse want, got;
+    ASSERT_TRUE(VerifyUnix(inline_req, &want).ok());
+    st = VerifyUnix(req, &got);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    EXPECT_EQ(got.o().raw_contents(), want.o().raw_contents());
+  }
+
+  const v1::ListRegionsResponse list = List();
+  EXPECT_EQ(list.regions_size(), 0) << "members are not listed one by one";
+  ASSERT_EQ(list.sets_size(), 1);
+  EXPECT_EQ(list.sets(0).name(), "layers");
+  EXPECT_EQ(list.sets(0).members(), 61u);
+  EXPECT_EQ(list.sets(0).client(), "rank0");
+  EXPECT_EQ(list.sets(0).calls(), 4 + 2);  // a call pins each member it names once
+  EXPECT_EQ(list.sets(0).in_use(), 0);
+  EXPECT_EQ(list.region_count(), 61);
+  uint64_t total = 0;
+  for (const auto& m : members) total += std::get<2>(m);
+  EXPECT_EQ(list.sets(0).byte_size(), total);
+  EXPECT_EQ(list.total_bytes(), total);
+  const v1::GetStatusResponse status = Status();
+  EXPECT_EQ(status.regions_size(), 0);
+  ASSERT_EQ(status.region_sets_size(), 1);
+  EXPECT_EQ(status.region_count(), 61);
+  EXPECT_EQ(status.max_regions(), RegionLimits{}.max_regions);
+  EXPECT_NE(Scrape(daemon_->metrics_port()).find("verifyd_regions 61\n"), std::string::npos);
+
+  // Unregistering the set releases every member.
+  v1::UnregisterRegionResponse out;
+  ASSERT_TRUE(Unregister("layers", "", &out).ok());
+  ASSERT_EQ(out.unregistered_size(), 1);
+  EXPECT_EQ(out.unregistered(0), "layers");
+  EXPECT_EQ(List().region_count(), 0);
+  EXPECT_EQ(List().sets_size(), 0);
+  EXPECT_NE(Scrape(daemon_->metrics_port()).find("verifyd_regions 0\n"), std::string::npos);
+}
+
+// Every bad reference to a set and every bad member is refused naming the field (and the member),
+// the set is registered whole or not at all, and the daemon keeps serving.
+TEST_F(RegionTest, RegionSetRefusalsNameTheFieldAndTheMember) {
+  Start();
+  RandomBundle b(RegionBundleSpec(601, 16, 3, 40));
+  const BundleView v = b.view();
+  const ShmLayout l = ShmLayout::Of(v);
+  ShmObject big("setbig", l.end);
+  ShmObject tiny("settiny", 4096);
+  ASSERT_TRUE(RegisterSet("s", {{big.key(), 0, l.end}, {tiny.key(), 0, 4096}}).ok());
+  v1::VerifyRequest inline_req;
+  EncodeRequest(v, &inline_req);
+  v1::VerifyRequest good = inline_req;
+  PutInShm(v, l, big.data(), "", &good);
+  for (v1::Tensor* t : {good.mutable_q(), good.mutable_kv_pool(), good.mutable_kv_indptr(),
+                        good.mutable_kv_indices(), good.mutable_kv_lens(), good.mutable_tree_mask(),
+                        good.mutable_o_out()}) {
+    SetMember(t, "s", 0);
+  }
+  v1::VerifyResponse resp;
+  ASSERT_TRUE(VerifyUnix(good, &resp).ok());
+
+  struct Case {
+    const char* name;
+    std::function<void(v1::VerifyRequest*)> edit;
+    grpc::StatusCode code;
+    std::string message;  // the error starts with it
+  };
+  const std::vector<Case> cases = {
+      {"index out of range", [](v1::VerifyRequest* r) { SetMember(r->mutable_kv_pool(), "s", 2); },
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "kv_pool: index 2 is out of range for region set 's' (2 members, 0 to 1)"},
+      {"member too small", [](v1::VerifyRequest* r) { SetMember(r->mutable_kv_pool(), "s", 1); },
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "kv_pool: offset " + std::to_string(l.kv_pool) + " + byte_size " +
+           std::to_string(v.kv_elems() * 2) + " is past the end of member 1 of region set 's' " +
+           "(4096 bytes)"},
+      {"unknown set", [](v1::VerifyRequest* r) { SetMember(r->mutable_q(), "nope", 0); },
+       grpc::StatusCode::NOT_FOUND, "q: no shm region set 'nope' is registered"},
+      {"region and set",
+       [](v1::VerifyRequest* r) { r->mutable_q()->mutable_shm()->set_region("s"); },
+       grpc::StatusCode::INVALID_ARGUMENT, "q: names both region 's' and region set 's'"},
+      {"a set is no region",
+       [](v1::VerifyRequest* r) {
+         r->mutable_q()->mutable_shm()->clear_set();
+         r->mutable_q()->mutable_shm()->set_region("s");
+       },
+       grpc::StatusCode::NOT_FOUND, "q: no shm region 's' is registered"},
+  };
+  for (const Case& c : cases) {
+    v1::VerifyRequest req = good;
+    c.edit(&req);
+    grpc::Status st = VerifyUnix(req, &resp);
+    EXPECT_EQ(st.error_code(), c.code) << c.name << ": " << st.error_message();
+    EXPECT_EQ(st.error_message().rfind(c.message, 0), 0u) << c.name << ": " << st.error_message();
+    ASSERT_TRUE(VerifyUnix(good, &resp).ok()) << "still serving after: " << c.name;
+  }
+
+  // Registrations: each member is checked as a region is, naming it; nothing is registered.
+  grpc::Status st = RegisterSet("t", {{big.key(), 0, 4096}, {"/vdtest-no-such-object", 0, 64}});
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND) << st.error_message();
+  EXPECT_EQ(st.error_message().rfind("members[1].key:", 0), 0u) << st.error_message();
+  st = RegisterSet("t", {{big.key(), 0, 4096}, {big.key(), 8, 64}});
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_EQ(st.error_message().rfind("members[1].offset: 8 is not a multiple of 16", 0), 0u)
+      << st.error_message();
+  st = RegisterSet("t", {{tiny.key(), 0, 4096}, {tiny.key(), 0, 4097}});
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_EQ(st.error_message().rfind("members[1].byte_size:", 0), 0u) << st.error_message();
+  st = RegisterSet("t", {});
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_EQ(st.error_message().rfind("members:", 0), 0u) << st.error_message();
+  st = RegisterSet("s", {{tiny.key(), 0, 64}});
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::ALREADY_EXISTS) << st.error_message();
+  st = RegisterShm("s", tiny);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::ALREADY_EXISTS) << "one namespace";
+  // Over TCP, as every region RPC.
+  st = RegisterSet("t", {{tiny.key(), 0, 64}}, "", verify_.get());
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
+  EXPECT_EQ(List().region_count(), 2);
+  EXPECT_EQ(List().sets_size(), 1);
+  ASSERT_TRUE(VerifyUnix(good, &resp).ok());
+}
+
+// --max_regions_per_client: a client (the process the kernel names on the socket) gets at most
+// that many regions, set members included; another process can still register. The refusal
+// names the flag and the count; the daemon keeps serving.
+TEST_F(RegionTest, PerClientLimitRefusesTheNextRegionAndLeavesOthersTheirs) {
+  Start(/*allow_tcp=*/false, /*max_regions=*/-1, /*per_client=*/4);
+  ShmObject shm("perclient", 64 * 4096);
+  ASSERT_TRUE(
+      RegisterSet("mine", {{shm.key(), 0, 4096}, {shm.key(), 4096, 4096}, {shm.key(), 8192, 4096}})
+          .ok());
+  ASSERT_TRUE(RegisterShm("fourth", shm, 12288, 4096).ok());
+  grpc::Status st = RegisterShm("fifth", shm, 16384, 4096, "another name");
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+  const std::string me = "uid " + std::to_string(::getuid()) + " pid " + std::to_string(::getpid());
+  EXPECT_EQ(st.error_message(), "name: client " + me +
+                                    " has 4 regions registered (set members included), the most "
+                                    "--max_regions_per_client (4) allows");
+  st = RegisterSet("more", {{shm.key(), 16384, 4096}});
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+
+  // Another process: its own four.
+  auto other = StubAsAnotherProcess(daemon_->listen_addresses()[1]);
+  v1::RegisterRegionSetResponse reg;
+  st = RegisterSet("theirs", {{shm.key(), 16384, 4096}, {shm.key(), 20480, 4096}}, "", other.get(),
+                   &reg);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_NE(reg.set().owner(), me);
+  EXPECT_EQ(reg.set().owner().rfind("uid " + std::to_string(::getuid()) + " pid ", 0), 0u);
+  st = RegisterSet("theirs2",
+                   {{shm.key(), 24576, 4096}, {shm.key(), 28672, 4096}, {shm.key(), 32768, 4096}},
+                   "", other.get());
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+  EXPECT_NE(st.error_message().find(" has 2 regions registered (set members included) and this "
+                                    "set adds 3, the most --max_regions_per_client (4) allows"),
+            std::string::npos)
+      << st.error_message();
+  EXPECT_EQ(List().region_count(), 6);
+
+  // Unregistering a set frees its members' slots for its client.
+  ASSERT_TRUE(Unregister("mine").ok());
+  ASSERT_TRUE(RegisterShm("fifth", shm, 16384, 4096).ok());
+  v1::VerifyResponse resp;
+  EXPECT_TRUE(VerifyUnix(SmallRequest(7), &resp).ok()) << "still serving";
+}
+
+// The defaults admit eight ranks of a 61-layer model, each with its own process: four register
+// their pools as one set each, four as 61 regions each (488 in all). A daemon-wide limit refuses
+// naming --max_regions and the count; unregistering a set frees its slots.
+TEST_F(RegionTest, DefaultsAdmitEightRanksOf61Layers) {
+  Start(/*allow_tcp=*/false, /*max_regions=*/-1);
+  EXPECT_GE(RegionLimits{}.max_regions, 8 * 61);
+  EXPECT_GE(RegionLimits{}.max_regions_per_client, 61);
+  ShmObject shm("ranks", 61 * 4096);
+  std::vector<std::tuple<std::string, uint64_t, uint64_t>> pools;
+  for (int i = 0; i < 61; ++i) pools.emplace_back(shm.key(), i * 4096, 4096);
+  for (int rank = 0; rank < 8; ++rank) {
+    auto stub = StubAsAnotherProcess(daemon_->listen_addresses()[1]);
+    const std::string client = "rank" + std::to_string(rank);
+    if (rank % 2 == 0) {
+      grpc::Status st = RegisterSet(client, pools, client, stub.get());
+      ASSERT_TRUE(st.ok()) << client << ": " << st.error_message();
+    } else {
+      for (int i = 0; i < 61; ++i) {
+        grpc::Status st = RegisterShm(client + "/layer" + std::to_string(i), shm, i * 4096, 4096,
+                                      client, stub.get());
+        ASSERT_TRUE(st.ok()) << client << " layer " << i << ": " << st.error_message();
+      }
+    }
+  }
+  const v1::ListRegionsResponse list = List();
+  EXPECT_EQ(list.region_count(), 488);
+  EXPECT_EQ(list.sets_size(), 4);
+  EXPECT_EQ(list.regions_size(), 4 * 61);
+  EXPECT_NE(Scrape(daemon_->metrics_port()).find("verifyd_regions 488\n"), std::string::npos);
+  v1::UnregisterRegionResponse out;
+  ASSERT_TRUE(Unregister("", "rank1", &out).ok());
+  EXPECT_EQ(out.unregistered_size(), 61);
+  ASSERT_TRUE(Unregister("", "rank0", &out).ok());
+  EXPECT_EQ(out.unregistered_size(), 1);
+  EXPECT_EQ(List().region_count(), 488 - 122);
+}
+
+TEST_F(RegionTest, DaemonLimitCountsSetMembersAndUnregisteringFreesThem) {
+  Start(/*allow_tcp=*/false, /*max_regions=*/10);
+  ShmObject shm("daemonwide", 16 * 4096);
+  std::vector<std::tuple<std::string, uint64_t, uint64_t>> ten;
+  for (int i = 0; i < 10; ++i) ten.emplace_back(shm.key(), i * 4096, 4096);
+  ASSERT_TRUE(RegisterSet("ten", ten).ok());
+  grpc::Status st = RegisterShm("eleventh", shm, 10 * 4096, 4096);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+  EXPECT_EQ(st.error_message(),
+            "name: 10 regions are registered (set members included), the most --max_regions "
+            "allows");
+  auto other = StubAsAnotherProcess(daemon_->listen_addresses()[1]);
+  st = RegisterSet("two", {{shm.key(), 0, 4096}, {shm.key(), 4096, 4096}}, "", other.get());
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+  EXPECT_EQ(st.error_message(),
+            "name: 10 regions are registered (set members included) and this set adds 2, more "
+            "than --max_regions (10) allows");
+  v1::VerifyResponse resp;
+  EXPECT_TRUE(VerifyUnix(SmallRequest(8), &resp).ok()) << "still serving";
+  ASSERT_TRUE(Unregister("ten").ok());
+  EXPECT_TRUE(
+      RegisterSet("two", {{shm.key(), 0, 4096}, {shm.key(), 4096, 4096}}, "", other.get()).ok());
+  EXPECT_TRUE(RegisterShm("eleventh", shm, 10 * 4096, 4096).ok());
+  EXPECT_EQ(List().region_count(), 3);
 }
 
 }  // namespace

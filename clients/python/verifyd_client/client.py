@@ -119,6 +119,21 @@ class VerifyClient(ChannelClient):
             raise ValueError(f"shm_array: needs transport='shm', not '{self.transport}'")
         return self._transport.shm_array(shape, dtype)
 
+    def register_shm_set(self, name, objects):
+        """Registers several shared-memory objects as one region set ``name``, e.g. a serving
+        process's KV pool of each layer (61 for DeepSeek-V3 / Kimi K2): one registration
+        instead of 61, listed as one entry, unregistered with this client's other regions on
+        close(). ``objects``: multiprocessing.shared_memory.SharedMemory objects (each whole)
+        or (key, offset, byte_size) tuples; member i is objects[i]. A request names a member's
+        bytes with ``regions.set_ref(name, i, offset, dtype, shape)``. Any transport (the call
+        goes to a Unix socket); each member counts against verifyd's --max_regions and
+        --max_regions_per_client. Returns the set as a dict."""
+        return self._regions.register_shm_set(name, list(objects), self.client_id)
+
+    def list_region_sets(self):
+        """Every region set registered with verifyd (all clients'), as dicts."""
+        return self._regions.list_sets()
+
     def list_regions(self):
         """Every region registered with verifyd (all clients'), as dicts."""
         return self._regions.list()
@@ -139,6 +154,8 @@ class VerifyClient(ChannelClient):
             for c in self._call_channels:
                 c.close()
             self._transport.close()
+            if self.transport == "inline":  # the others unregister the client's regions
+                self._regions.unregister_client(self.client_id)  # its region sets, if any
         finally:
             super().close()
 

@@ -1,8 +1,10 @@
 """Registered regions on verifyd's VerifyService, and the refs that name byte ranges of them.
 
 A client registers a region once (RegisterShmRegion / RegisterCudaRegion) and then names
-[offset, offset + byte_size) of it in a Tensor instead of sending the bytes. Regions are served
-on Unix sockets (or over TCP with verifyd's --allow_region_tcp).
+[offset, offset + byte_size) of it in a Tensor instead of sending the bytes. A region set
+(RegisterShmRegionSet) registers several shared-memory objects in one call, e.g. the KV pool of
+each layer, and a Tensor names a member by (set, index): ``set_ref``. Regions are served on Unix
+sockets (or over TCP with verifyd's --allow_region_tcp).
 """
 
 import os
@@ -42,8 +44,25 @@ def ref(kind, region, offset, dtype, shape):
     return t
 
 
+def set_ref(region_set, index, offset, dtype, shape):
+    """A Tensor naming ``shape`` elements of ``dtype`` at ``offset`` of member ``index`` of the
+    shm region set ``region_set``."""
+    t = ref("shm", "", offset, dtype, shape)
+    t.shm.set, t.shm.index = region_set, int(index)
+    return t
+
+
+def set_member(obj):
+    """(key, offset, byte_size) of a region set member: a multiprocessing SharedMemory (the whole
+    object), or such a tuple already."""
+    if isinstance(obj, tuple):
+        key, offset, byte_size = obj
+        return str(key), int(offset), int(byte_size)
+    return "/" + obj.name.lstrip("/"), 0, int(obj.size)
+
+
 class RegionCalls:
-    """The four region calls of one VerifyService stub, raising VerifydError."""
+    """The region calls of one VerifyService stub, raising VerifydError."""
 
     def __init__(self, stub, timeout):
         self._stub = stub
@@ -86,6 +105,21 @@ class RegionCalls:
         return self._register(self._stub.RegisterShmRegion, verify_pb2.RegisterShmRegionRequest(
             name=name, key=key, offset=offset, byte_size=byte_size, client=client))
 
+    def register_shm_set(self, name, members, client):
+        """One registration of several shm objects (``set_member`` of each), named in calls by
+        (name, index); returns the set as a dict (``set_dict``)."""
+        req = verify_pb2.RegisterShmRegionSetRequest(name=name, client=client)
+        for key, offset, byte_size in (set_member(m) for m in members):
+            req.members.add(key=key, offset=offset, byte_size=byte_size)
+        try:
+            r = self._call(self._stub.RegisterShmRegionSet, req).set
+        except VerifydError as e:
+            if e.code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+                self.registered_any = True
+            raise
+        self.registered_any = True
+        return set_dict(r)
+
     def register_cuda(self, name, ipc_handle, device, byte_size, client):
         return self._register(self._stub.RegisterCudaRegion,
                               verify_pb2.RegisterCudaRegionRequest(
@@ -100,10 +134,22 @@ class RegionCalls:
         r = self._call(self._stub.ListRegions, verify_pb2.ListRegionsRequest())
         return [region_dict(x) for x in r.regions]
 
+    def list_sets(self):
+        r = self._call(self._stub.ListRegions, verify_pb2.ListRegionsRequest())
+        return [set_dict(x) for x in r.sets]
+
 
 def region_dict(r):
     """A RegionInfo as a dict (ListRegions, the admin status)."""
     kind = types_pb2.RegionKind.Name(r.kind)[len("REGION_KIND_"):].lower()
     return {"name": r.name, "kind": kind, "shm_key": r.shm_key, "shm_offset": r.shm_offset,
             "device": r.device, "byte_size": r.byte_size, "client": r.client,
-            "in_use": r.in_use, "calls": r.calls, "lost": r.lost}
+            "in_use": r.in_use, "calls": r.calls, "lost": r.lost, "owner": r.owner}
+
+
+def set_dict(s):
+    """A RegionSetInfo as a dict (ListRegions, RegisterShmRegionSet)."""
+    kind = types_pb2.RegionKind.Name(s.kind)[len("REGION_KIND_"):].lower()
+    return {"name": s.name, "kind": kind, "members": s.members, "byte_size": s.byte_size,
+            "client": s.client, "owner": s.owner, "in_use": s.in_use, "calls": s.calls,
+            "lost": list(s.lost)}
