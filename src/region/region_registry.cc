@@ -4,6 +4,7 @@
 #include <chrono>
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 #include "src/region/shm_mapping.h"
@@ -302,8 +303,10 @@ absl::StatusOr<std::vector<std::string>> RegionRegistry::Unregister(const std::s
   std::unique_lock<std::mutex> l(mu_);
   std::vector<std::shared_ptr<Entry>> gone;
   std::vector<std::string> names;
+  std::vector<std::string> sets;  // for the log
   auto drop_set = [&](const std::shared_ptr<Set>& s) {
     names.push_back(s->info.name);
+    sets.push_back(s->info.name);
     for (const auto& m : s->members) gone.push_back(m);
   };
   if (!name.empty()) {
@@ -354,7 +357,10 @@ absl::StatusOr<std::vector<std::string>> RegionRegistry::Unregister(const std::s
   const bool idle = released_.wait_for(l, absl::ToChronoNanoseconds(limits_.unregister_wait),
                                        [&] { return busy() == 0; });
   l.unlock();
-  for (const std::string& n : names) spdlog::info("region '{}' unregistered", n);
+  for (const std::string& n : names) {
+    spdlog::info("{} '{}' unregistered", absl::c_linear_search(sets, n) ? "region set" : "region",
+                 n);
+  }
   if (!idle) {
     return absl::UnavailableError(
         absl::StrCat("name: still used by ", busy(), " calls after ",
