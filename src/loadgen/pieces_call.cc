@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "grpcpp/support/slice.h"
+#include "src/transport/request_bytes.h"
 
 namespace verifyd::cli {
 
@@ -23,6 +24,8 @@ grpc::Status PiecesCaller::Verify(grpc::ClientContext* ctx, const RequestPieces&
     slices.emplace_back(p.data(), p.size(), grpc::Slice::STATIC_SLICE);  // not copied
   }
   grpc::ByteBuffer wire(slices.data(), slices.size());
+  // The daemon admits the call, or refuses it, before the message is sent.
+  DeclareRequestBytes(ctx, wire.Length());
   auto call = stub_.PrepareUnaryCall(ctx, "/verifyd.v1.VerifyService/Verify", wire, &cq_);
   call->StartCall();
   grpc::Status status;

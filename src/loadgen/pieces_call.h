@@ -1,7 +1,8 @@
 #pragma once
 // A Verify call whose request goes out as its pieces (SerializeRequestAround): q and the pool are
 // sent from the caller's memory, with no copy into the message and none into a serialized buffer;
-// gRPC writes them to the socket from where they are.
+// gRPC writes them to the socket from where they are. The call declares the request's size in
+// its metadata (src/transport/request_bytes.h).
 
 #include <memory>
 

@@ -24,6 +24,7 @@
 #include "src/loadgen/pieces_call.h"
 #include "src/loadgen/send_regions.h"
 #include "src/transport/channel_client.h"
+#include "src/transport/request_bytes.h"
 #include "verifyd/v1/verify.grpc.pb.h"
 
 namespace verifyd::cli {
@@ -321,10 +322,13 @@ Workers::CallResult Workers::Call(WorkerTransport& t, const v1::VerifyRequest& r
     }
   } else {
     auto ctx = MakeContext(g_, false);
-    grpc::Status st = t.pieces_caller
-                          ? t.pieces_caller->Verify(
-                                ctx.get(), SerializeRequestAround(req, w_.bulks[bundle]), resp)
-                          : stub_.Verify(ctx.get(), req, resp);
+    grpc::Status st;
+    if (t.pieces_caller) {
+      st = t.pieces_caller->Verify(ctx.get(), SerializeRequestAround(req, w_.bulks[bundle]), resp);
+    } else {
+      DeclareRequestBytes(ctx.get(), req.ByteSizeLong());
+      st = stub_.Verify(ctx.get(), req, resp);
+    }
     if (!st.ok()) {
       tally_.Err(st.error_code(), st.error_message());
       return CallResult::kFailed;
@@ -484,6 +488,7 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
     region = std::move(*r);
     for (size_t i = 0; i < inline_out.size(); ++i) {
       auto ctx = MakeContext(g, false);
+      DeclareRequestBytes(ctx.get(), w.requests[i].ByteSizeLong());
       grpc::Status st = stub->Verify(ctx.get(), w.requests[i], &inline_out[i]);
       if (!st.ok()) return Fail(g, "send --check (the inline call)", st);
     }

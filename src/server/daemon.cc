@@ -254,11 +254,19 @@ absl::Status Daemon::StartDataPlane() {
   // Data plane.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  verify_service_ = std::make_unique<VerifyServiceImpl>(
-      handler_.get(), metrics_.get(),
-      VerifyServiceOptions{opts.max_message_bytes, opts.max_inflight_bytes, regions_.get(),
-                           HostPinner(), opts.allow_region_tcp, ChannelLimitsFor(opts),
-                           opts.pinned_receive_bytes, opts.streams});
+  VerifyServiceOptions vopts;
+  vopts.max_message_bytes = opts.max_message_bytes;
+  vopts.max_inflight_bytes = opts.max_inflight_bytes;
+  vopts.regions = regions_.get();
+  vopts.pin_host = HostPinner();
+  vopts.allow_region_tcp = opts.allow_region_tcp;
+  vopts.channels = ChannelLimitsFor(opts);
+  vopts.receive_keep_bytes = opts.pinned_receive_bytes;
+  vopts.streams = opts.streams;
+  // After a burst past what --keep_freed_mb keeps, freed heap memory goes back to the system.
+  vopts.heap_trim.after_bytes = HeapTrimmer::AfterBytesFor(opts.keep_freed_bytes);
+  verify_service_ =
+      std::make_unique<VerifyServiceImpl>(handler_.get(), metrics_.get(), std::move(vopts));
   verify_service_->channels().SetObserver([m = metrics_.get()](int64_t n) { m->SetChannels(n); });
   verify_service_->receive_buffers().SetObserver(
       [m = metrics_.get()](const ReceiveBuffers::Stats& s) {

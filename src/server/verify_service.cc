@@ -1,13 +1,17 @@
 #include "src/server/verify_service.h"
 
 #include <chrono>
+#include <limits>
+#include <optional>
 #include <string>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/support/method_handler.h"
 #include "src/common/seconds_since.h"
 #include "src/server/proto_convert.h"
 #include "src/transport/in_band_error.h"
+#include "src/transport/request_bytes.h"
 #include "src/transport/unix_socket_acceptor.h"
 #include "verifyd/v1/verify.grpc.pb.h"
 
@@ -29,6 +33,36 @@ grpc::Status Serialize(const v1::VerifyResponse& resp, Raw* out) {
 
 constexpr char kNotARequest[] = "message could not be parsed as a verifyd.v1.VerifyRequest";
 
+// The request size a unary call declared in its metadata (kRequestBytesKey); nullopt when it did
+// not. Only decimal digits are a size: anything else, or the key given twice, is refused.
+absl::StatusOr<std::optional<int64_t>> DeclaredBytes(const grpc::ServerContext& ctx) {
+  const auto& md = ctx.client_metadata();
+  const auto [first, end] = md.equal_range(kRequestBytesKey);
+  if (first == end) return std::nullopt;
+  if (std::next(first) != end) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kRequestBytesKey, ": given more than once; send one request size"));
+  }
+  const absl::string_view v(first->second.data(), first->second.size());
+  const auto refuse = [v](absl::string_view why) {
+    constexpr size_t kShown = 40;
+    return absl::InvalidArgumentError(absl::StrCat(kRequestBytesKey, ": '", v.substr(0, kShown),
+                                                   v.size() > kShown ? "..." : "", "' ", why));
+  };
+  if (v.empty()) return refuse("is not a request size in bytes (decimal digits)");
+  int64_t n = 0;
+  for (const char c : v) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) {
+      return refuse("is not a request size in bytes (decimal digits)");
+    }
+    if (n > (std::numeric_limits<int64_t>::max() - (c - '0')) / 10) {
+      return refuse("is out of range");
+    }
+    n = n * 10 + (c - '0');
+  }
+  return n;
+}
+
 }  // namespace
 
 VerifyServiceImpl::VerifyServiceImpl(VerifyHandler* handler, Metrics* metrics,
@@ -37,7 +71,9 @@ VerifyServiceImpl::VerifyServiceImpl(VerifyHandler* handler, Metrics* metrics,
       metrics_(metrics),
       opts_(opts),
       region_rpcs_(opts.regions, opts.allow_region_tcp),
-      budget_(opts.max_inflight_bytes, "--max_inflight_mb"),
+      budget_(opts.max_inflight_bytes, "--max_inflight_mb",
+              [this](int64_t peak) { trimmer_.Idle(peak); }),
+      trimmer_(opts.heap_trim, [this] { return budget_.in_flight() == 0; }),
       receive_(opts.receive_keep_bytes, opts.pin_host),
       streams_(opts.streams),
       verify_method_(MethodName("Verify")),
@@ -123,6 +159,20 @@ absl::Status VerifyServiceImpl::Admit(int64_t bytes, MemoryBudget::Admission* ad
   return absl::OkStatus();
 }
 
+absl::Status VerifyServiceImpl::AdmitDeclared(const grpc::ServerContext& ctx,
+                                              std::optional<int64_t>* declared,
+                                              MemoryBudget::Admission* admitted) {
+  absl::StatusOr<std::optional<int64_t>> d = DeclaredBytes(ctx);
+  if (!d.ok()) return d.status();
+  *declared = *d;
+  if (!declared->has_value()) return absl::OkStatus();
+  absl::Status st = Admit(**declared, admitted);
+  if (!st.ok()) {
+    return absl::Status(st.code(), absl::StrCat(kRequestBytesKey, ": ", st.message()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status VerifyServiceImpl::Parse(absl::string_view wire, v1::VerifyRequest* req,
                                       InPlaceTensors* in_place) {
   if (!ParseRequestInPlace(wire, req, in_place)) {
@@ -146,10 +196,21 @@ absl::Status VerifyServiceImpl::Handle(absl::Status read, std::chrono::steady_cl
 }
 
 absl::Status VerifyServiceImpl::Serve(grpc::ServerContext* ctx, Raw& in,
+                                      std::optional<int64_t> declared,
                                       MemoryBudget::Admission* admitted, v1::VerifyRequest* req,
                                       v1::VerifyResponse* resp) {
   const auto t0 = std::chrono::steady_clock::now();
-  absl::Status st = Admit(static_cast<int64_t>(in.Length()), admitted);
+  const int64_t size = static_cast<int64_t>(in.Length());
+  absl::Status st;
+  if (!declared) {
+    st = Admit(size, admitted);
+  } else if (size > *declared) {
+    st = absl::InvalidArgumentError(absl::StrCat(kRequestBytesKey, ": the message has ", size,
+                                                 " bytes, more than the ", *declared,
+                                                 " it declared"));
+  } else {
+    admitted->ShrinkTo(size);  // what the message holds; the rest goes back at once
+  }
   // The message's bytes stay in `received` until the handler is done with them.
   absl::StatusOr<ReceiveBuffers::Message> received;
   InPlaceTensors in_place;
@@ -205,12 +266,22 @@ absl::Status VerifyServiceImpl::CloseChannel(const grpc::ServerContext& ctx,
 }
 
 grpc::Status VerifyServiceImpl::Verify(grpc::ServerContext* ctx, RawUnary* call) {
+  // A declared size is judged before the message is received: a call that cannot be admitted is
+  // refused without its bytes being read.
+  const auto t0 = std::chrono::steady_clock::now();
+  std::optional<int64_t> declared;
+  MemoryBudget::Admission admitted;
+  if (absl::Status st = AdmitDeclared(*ctx, &declared, &admitted); !st.ok()) {
+    metrics_->Request("none", st.code(), Since(t0));
+    return ToGrpc(st);
+  }
   Raw in;
   if (!call->Read(&in)) return grpc::Status(grpc::StatusCode::INTERNAL, "no request message");
-  MemoryBudget::Admission admitted;
   v1::VerifyRequest req;
   v1::VerifyResponse resp;
-  if (absl::Status st = Serve(ctx, in, &admitted, &req, &resp); !st.ok()) return ToGrpc(st);
+  if (absl::Status st = Serve(ctx, in, declared, &admitted, &req, &resp); !st.ok()) {
+    return ToGrpc(st);
+  }
   Raw out;
   if (grpc::Status st = Serialize(resp, &out); !st.ok()) return st;
   call->Write(out);
@@ -230,7 +301,7 @@ grpc::Status VerifyServiceImpl::VerifyStream(grpc::ServerContext* ctx, RawStream
     MemoryBudget::Admission admitted;
     v1::VerifyRequest req;
     v1::VerifyResponse resp;
-    absl::Status st = Serve(ctx, in, &admitted, &req, &resp);
+    absl::Status st = Serve(ctx, in, std::nullopt, &admitted, &req, &resp);
     if (!st.ok()) ErrorInResponse(st, req.request_id(), &resp);
     Raw out;
     if (!Serialize(resp, &out).ok() || !stream->Write(out)) break;

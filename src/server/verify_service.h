@@ -2,12 +2,17 @@
 // verifyd.v1.VerifyService over gRPC: the unary call and the bidirectional stream. Messages
 // arrive as raw bytes and are parsed here, so that a message that cannot be parsed, one over the
 // size limit or one that does not fit the memory budget gets a clear error (in band on the
-// stream, which goes on) and is counted. gRPC's wire bytes are freed once copied into a receive
-// buffer (ReceiveBuffers), where the message is parsed in place and stays until its call ends.
+// stream, which goes on) and is counted. A unary call that declares its size in its metadata
+// (src/transport/request_bytes.h) is admitted to the budget, or refused, before its message is
+// received; any other message is admitted once it has arrived. gRPC's wire bytes are freed once
+// copied into a receive buffer (ReceiveBuffers), where the message is parsed in place and stays
+// until its call ends. When the calls in flight drop back to none after a large burst, the heap
+// gives its freed memory back to the system (HeapTrimmer).
 
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +25,7 @@
 #include "src/server/region_rpcs.h"
 #include "src/server/verify_handler.h"
 #include "src/transport/channel_server.h"
+#include "src/transport/heap_trimmer.h"
 #include "src/transport/memory_budget.h"
 #include "src/transport/receive_buffers.h"
 #include "src/transport/stream_limiter.h"
@@ -39,6 +45,8 @@ struct VerifyServiceOptions {
   // Receive buffers kept (and pinned) between calls, bytes (--pinned_receive_mb).
   uint64_t receive_keep_bytes = uint64_t{1} << 30;
   StreamLimits streams;  // --grpc_max_streams, --stream_idle_timeout_s
+  // Returning freed heap memory after a burst (HeapTrimmer); after_bytes <= 0: never.
+  HeapTrimmer::Options heap_trim;
 };
 
 class VerifyServiceImpl final : public grpc::Service {
@@ -55,11 +63,13 @@ class VerifyServiceImpl final : public grpc::Service {
 
  private:
   // Admits `in` to the memory budget (held in `admitted` until the response is sent), receives
-  // it into one of `receive_`'s buffers, parses it there in place and runs the handler. A
-  // message refused before the handler saw it is counted here (path "none").
+  // it into one of `receive_`'s buffers, parses it there in place and runs the handler. With a
+  // `declared` size, `admitted` already holds it: a larger message is refused, a smaller one
+  // gives the difference back. A message refused before the handler saw it is counted here
+  // (path "none").
   absl::Status Serve(grpc::ServerContext* ctx, grpc::ByteBuffer& in,
-                     MemoryBudget::Admission* admitted, v1::VerifyRequest* req,
-                     v1::VerifyResponse* resp);
+                     std::optional<int64_t> declared, MemoryBudget::Admission* admitted,
+                     v1::VerifyRequest* req, v1::VerifyResponse* resp);
   // One call from a channel: its serialized request, in the channel's area, parsed in place
   // (ParseRequestInPlace); errors in the response's error_code and error_message, as on the
   // stream.
@@ -70,6 +80,11 @@ class VerifyServiceImpl final : public grpc::Service {
                       const v1::VerifyRequest& req, v1::VerifyResponse* resp,
                       const CallContext& call, const InPlaceTensors* in_place = nullptr);
   absl::Status Admit(int64_t bytes, MemoryBudget::Admission* admitted);
+  // The size a unary call declared in its metadata (`declared`, nullopt when none), admitted like
+  // a message of that size: INVALID_ARGUMENT for a malformed declaration, RESOURCE_EXHAUSTED
+  // when it does not fit; both name the key.
+  absl::Status AdmitDeclared(const grpc::ServerContext& ctx, std::optional<int64_t>* declared,
+                             MemoryBudget::Admission* admitted);
   // ParseRequestInPlace, with its refusal as the status.
   static absl::Status Parse(absl::string_view wire, v1::VerifyRequest* req,
                             InPlaceTensors* in_place);
@@ -89,6 +104,7 @@ class VerifyServiceImpl final : public grpc::Service {
   RegionRpcs region_rpcs_;
   std::deque<std::string> method_names_;  // stable: the names gRPC's method table points at
   MemoryBudget budget_;
+  HeapTrimmer trimmer_;  // told by budget_ when no call is in flight; asks budget_ back
   ReceiveBuffers receive_;
   StreamLimiter streams_;
   const std::string verify_method_, stream_method_;

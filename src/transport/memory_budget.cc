@@ -1,5 +1,8 @@
 #include "src/transport/memory_budget.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 
 namespace verifyd {
@@ -23,9 +26,28 @@ MemoryBudget::Admission& MemoryBudget::Admission::operator=(Admission&& o) noexc
 
 void MemoryBudget::Admission::Release() {
   if (!budget_) return;
-  absl::MutexLock l(&budget_->mu_);
-  budget_->in_flight_ -= bytes_;
+  MemoryBudget* b = budget_;
   budget_ = nullptr;
+  b->GiveBack(bytes_);
+}
+
+void MemoryBudget::Admission::ShrinkTo(int64_t bytes) {
+  if (!budget_ || bytes >= bytes_) return;
+  const int64_t excess = bytes_ - std::max<int64_t>(bytes, 0);
+  bytes_ -= excess;
+  budget_->GiveBack(excess);
+}
+
+void MemoryBudget::GiveBack(int64_t bytes) {
+  if (bytes == 0) return;
+  int64_t peak = 0;
+  {
+    absl::MutexLock l(&mu_);
+    in_flight_ -= bytes;
+    if (in_flight_ != 0) return;
+    peak = std::exchange(peak_, 0);
+  }
+  if (on_idle_) on_idle_(peak);
 }
 
 absl::StatusOr<MemoryBudget::Admission> MemoryBudget::Admit(int64_t bytes) {
@@ -41,6 +63,7 @@ absl::StatusOr<MemoryBudget::Admission> MemoryBudget::Admit(int64_t bytes) {
         MiB(limit_), " held by requests in flight (", flag_, ")"));
   }
   in_flight_ += bytes;
+  peak_ = std::max(peak_, in_flight_);
   return Admission(this, bytes);
 }
 

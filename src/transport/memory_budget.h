@@ -1,9 +1,13 @@
 #pragma once
 // A ceiling on the bytes that requests in flight may hold together. A request is admitted only
 // when its size fits next to those already admitted; otherwise it is refused at once, never
-// queued. An admission gives its bytes back when it goes out of scope.
+// queued. An admission gives its bytes back when it goes out of scope. Whenever the bytes in
+// flight drop back to zero, an observer learns the most they reached since they last did (the
+// heap trimmer, heap_trimmer.h, returns freed memory to the system after a large burst).
 
 #include <cstdint>
+#include <functional>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -24,6 +28,9 @@ class MemoryBudget {
     Admission& operator=(const Admission&) = delete;
     ~Admission() { Release(); }
     int64_t bytes() const { return bytes_; }
+    // Gives back all but `bytes` of the admission (a request found smaller than declared);
+    // nothing when it holds no more than that.
+    void ShrinkTo(int64_t bytes);
 
    private:
     friend class MemoryBudget;
@@ -33,8 +40,13 @@ class MemoryBudget {
     int64_t bytes_ = 0;
   };
 
+  // Called, without the budget's lock, each time the bytes in flight drop back to zero, with the
+  // most they reached since they last did.
+  using IdleObserver = std::function<void(int64_t peak_bytes)>;
+
   // `limit_bytes` <= 0: no ceiling. `flag` names the setting in refusals.
-  MemoryBudget(int64_t limit_bytes, const char* flag) : limit_(limit_bytes), flag_(flag) {}
+  MemoryBudget(int64_t limit_bytes, const char* flag, IdleObserver on_idle = nullptr)
+      : limit_(limit_bytes), flag_(flag), on_idle_(std::move(on_idle)) {}
 
   // RESOURCE_EXHAUSTED naming the limit when `bytes` does not fit now.
   absl::StatusOr<Admission> Admit(int64_t bytes);
@@ -42,10 +54,15 @@ class MemoryBudget {
   int64_t limit() const { return limit_; }
 
  private:
+  // Takes `bytes` out of the bytes in flight; tells on_idle_ when that leaves none.
+  void GiveBack(int64_t bytes);
+
   const int64_t limit_;
   const char* const flag_;
+  const IdleObserver on_idle_;
   mutable absl::Mutex mu_;
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t peak_ ABSL_GUARDED_BY(mu_) = 0;  // the most in flight since they were last zero
 };
 
 }  // namespace verifyd

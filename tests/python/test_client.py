@@ -7,13 +7,14 @@ import os
 import importlib.util
 import re
 import unittest
+from concurrent import futures
 
 import grpc
 import numpy as np
 
 from random_bundles import oracle, random_bundle, rel_l2
-from verifyd_client import (AdminClient, InvalidBundleError, VerifyClient, VerifydError,
-                            from_bf16, make_bundle, pack_mask)
+from verifyd_client import (REQUEST_BYTES_KEY, AdminClient, InvalidBundleError, VerifyClient,
+                            VerifydError, from_bf16, make_bundle, pack_mask)
 from verifyd_daemon import Daemon
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
@@ -219,6 +220,66 @@ class VerifyTest(unittest.TestCase):
         with self.assertRaises(InvalidBundleError) as cm:
             self.client.verify(**dict(tb, q=tb["q"].float()))
         self.assertField(cm.exception, "q")
+
+
+class DeclaredSizeTest(unittest.TestCase):
+    """Unary calls declare their request's size in their metadata, so that verifyd admits them to
+    its memory budget, or refuses them, before the message arrives."""
+
+    def test_the_key_is_the_daemons(self):
+        header = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src",
+                              "transport", "request_bytes.h")
+        with open(header, encoding="utf-8") as f:
+            m = re.search(r'kRequestBytesKey\[\] = "([^"]+)"', f.read())
+        self.assertIsNotNone(m)
+        self.assertEqual(REQUEST_BYTES_KEY, m.group(1))
+
+    def test_the_declared_size_is_the_size_sent(self):
+        # A stand-in server that records what each call declared and what it sent.
+        seen = []
+
+        def verify(request, context):
+            declared = [v for k, v in context.invocation_metadata() if k == REQUEST_BYTES_KEY]
+            seen.append((declared, len(request)))
+            context.abort(grpc.StatusCode.UNAVAILABLE, "recorded")
+
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            "verifyd.v1.VerifyService", {"Verify": grpc.unary_unary_rpc_method_handler(verify)}),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        try:
+            rng = rng_for(self, 21)
+            with VerifyClient(f"127.0.0.1:{port}", timeout=30) as client:
+                for _ in range(4):
+                    b = random_bundle(rng, batch=1, draft=int(rng.integers(1, 6)), heads=2,
+                                      page_size=8, prefixes=[int(rng.integers(0, 500))],
+                                      unused_pages=int(rng.integers(0, 50)))
+                    with self.assertRaises(VerifydError):
+                        client.verify(**b, request_id="declared")
+        finally:
+            server.stop(None)
+        self.assertEqual(len(seen), 4)
+        for declared, sent in seen:
+            self.assertGreater(sent, 0)
+            self.assertEqual(declared, [str(sent)])
+
+    def test_an_over_budget_call_is_refused_from_its_declaration(self):
+        daemon = Daemon("--max_inflight_mb=1")
+        try:
+            with VerifyClient(daemon.data, timeout=60) as client:
+                b = random_bundle(rng_for(self, 22), batch=1, draft=2, heads=2, page_size=16,
+                                  prefixes=[1200])  # about 1.4 MB of pool
+                with self.assertRaises(VerifydError) as cm:
+                    client.verify(**b)
+                self.assertEqual(cm.exception.code, grpc.StatusCode.RESOURCE_EXHAUSTED)
+                self.assertEqual(cm.exception.field, REQUEST_BYTES_KEY, cm.exception.message)
+                self.assertIn("--max_inflight_mb", cm.exception.message)
+                small = random_bundle(rng_for(self, 23), batch=1, draft=2, heads=2,
+                                      page_size=16, prefixes=[40])
+                self.assertEqual(client.verify(**small).o.shape, (2, 2, 512))
+        finally:
+            daemon.stop()
 
 
 class AdminTest(unittest.TestCase):

@@ -1,18 +1,89 @@
 // The memory budget over real gRPC: a request is admitted only when its bytes fit next to the
 // calls in flight; otherwise it is refused at once with RESOURCE_EXHAUSTED naming the limit, and
-// counted.
+// counted. A unary call that declares its size (kRequestBytesKey) is judged on it before its
+// message is received; verifyctl's calls declare it.
+
+#include <malloc.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <future>
+#include <iostream>
+#include <random>
+#include <string>
 #include <thread>
+#include <vector>
 
+#include "grpcpp/impl/client_unary_call.h"
+#include "grpcpp/support/sync_stream.h"
+#include "nlohmann/json.hpp"
+#include "src/bundle/request_in_place.h"
+#include "src/common/malloc_arenas.h"
+#include "src/loadgen/pieces_call.h"
+#include "src/loadgen/send_command.h"
 #include "src/transport/memory_budget.h"
+#include "src/transport/request_bytes.h"
 #include "tests/service/daemon_fixture.h"
 
 namespace verifyd {
 namespace {
 
 using testing::DaemonTest;
+
+constexpr char kVerifyMethod[] = "/verifyd.v1.VerifyService/Verify";
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// One unary Verify call of `body`, as any client could send it, with each of `declared` as a
+// value of the request-size key.
+grpc::Status DeclaredCall(const std::string& target, const std::vector<std::string>& declared,
+                          const std::string& body, v1::VerifyResponse* resp) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  for (const std::string& d : declared) ctx.AddMetadata(kRequestBytesKey, d);
+  grpc::Slice slice(body);
+  const grpc::ByteBuffer in(&slice, 1);
+  grpc::ByteBuffer out;
+  auto channel = testing::Channel(target);
+  grpc::Status st = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+      channel.get(),
+      grpc::internal::RpcMethod(kVerifyMethod, grpc::internal::RpcMethod::NORMAL_RPC), &ctx, in,
+      &out);
+  if (st.ok()) {
+    EXPECT_TRUE(grpc::SerializationTraits<v1::VerifyResponse>::Deserialize(&out, resp).ok());
+  }
+  return st;
+}
+
+// A unary Verify call that declares `declared` bytes and sends none of them: it waits for the
+// message until its status comes or `cancel` is set.
+class BodilessCall {
+ public:
+  BodilessCall(const std::string& target, const std::string& declared, double deadline_s)
+      : channel_(testing::Channel(target)) {
+    ctx_.set_deadline(std::chrono::system_clock::now() +
+                      std::chrono::milliseconds(static_cast<int64_t>(deadline_s * 1000)));
+    ctx_.AddMetadata(kRequestBytesKey, declared);
+    stream_.reset(
+        grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+            channel_.get(),
+            grpc::internal::RpcMethod(kVerifyMethod, grpc::internal::RpcMethod::BIDI_STREAMING),
+            &ctx_));
+  }
+  grpc::Status Finish() { return stream_->Finish(); }
+  void Cancel() { ctx_.TryCancel(); }
+
+ private:
+  std::shared_ptr<grpc::Channel> channel_;
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream_;
+};
 
 // A request the CPU engine takes a while over, and its size on the wire.
 v1::VerifyRequest SlowRequest() {
@@ -76,6 +147,284 @@ TEST_F(MemoryBudgetTest, ARequestThatDoesNotFitNextToOneInFlightIsRefusedAtOnce)
   const std::string metrics = testing::Scrape(daemon_->metrics_port());
   EXPECT_NE(metrics.find("verifyd_requests_total{code=\"RESOURCE_EXHAUSTED\",path=\"none\"} 2"),
             std::string::npos);
+}
+
+// The daemon refuses a call whose declared size cannot be admitted without waiting for its
+// message: here the message never comes, and the refusal must not wait for it either.
+TEST_F(MemoryBudgetTest, ADeclaredSizeOverTheBudgetIsRefusedBeforeTheMessage) {
+  DaemonOptions o = testing::TestOptions(testing::TestDir("budget"));
+  o.max_inflight_bytes = 64 * kMiB;
+  o.max_message_bytes = 256 * kMiB;
+  StartDaemon(o);
+  std::mt19937_64 rng(41);
+  struct Case {
+    int64_t declared;
+    const char* says;  // the refusal names this limit
+  };
+  std::vector<Case> cases;
+  for (int i = 0; i < 3; ++i) {
+    cases.push_back(
+        {64 * kMiB + 1 + static_cast<int64_t>(rng() % (192 * kMiB - 1)), "--max_inflight_mb"});
+    cases.push_back(
+        {256 * kMiB + 1 + static_cast<int64_t>(rng() % (int64_t{1} << 40)), "--max_message_mb"});
+  }
+  for (const Case& c : cases) {
+    const auto t0 = std::chrono::steady_clock::now();
+    BodilessCall call(tcp_, std::to_string(c.declared), 10);
+    const grpc::Status st = call.Finish();
+    const double took = SecondsSince(t0);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << c.declared << ": " << st.error_message() << " after " << took << " s";
+    EXPECT_LT(took, 2.0) << "the refusal waited for the message";
+    EXPECT_NE(st.error_message().find(kRequestBytesKey), std::string::npos) << st.error_message();
+    EXPECT_NE(st.error_message().find(c.says), std::string::npos) << st.error_message();
+  }
+
+  // A declaration that fits holds its bytes while the call waits for its message: a second one
+  // that does not fit next to it is refused at once, and the bytes come back with the first.
+  auto first = std::make_unique<BodilessCall>(tcp_, std::to_string(40 * kMiB), 30);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the daemon admitted it
+  const auto t0 = std::chrono::steady_clock::now();
+  BodilessCall second(tcp_, std::to_string(40 * kMiB), 10);
+  const grpc::Status st = second.Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+  EXPECT_LT(SecondsSince(t0), 2.0);
+  EXPECT_NE(st.error_message().find("does not fit the memory budget now"), std::string::npos)
+      << st.error_message();
+  first->Cancel();
+  first->Finish();
+  first.reset();
+  const v1::VerifyRequest req = testing::SmallRequest(41);
+  const std::string body = req.SerializeAsString();
+  v1::VerifyResponse resp;
+  grpc::Status ok = grpc::Status::CANCELLED;
+  for (int i = 0; i < 100 && !ok.ok(); ++i) {  // the daemon sees the cancel soon after
+    ok = DeclaredCall(tcp_, {std::to_string(40 * kMiB)}, body, &resp);
+    if (!ok.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(ok.ok()) << ok.error_message();
+  const std::string m = testing::Scrape(daemon_->metrics_port());
+  EXPECT_NE(m.find("verifyd_requests_total{code=\"RESOURCE_EXHAUSTED\",path=\"none\"} " +
+                   std::to_string(cases.size() + 1)),
+            std::string::npos)
+      << m;
+}
+
+TEST_F(MemoryBudgetTest, AMessageLargerThanDeclaredIsRefusedNamingTheKey) {
+  StartDaemon(testing::TestOptions(testing::TestDir("budget")));
+  std::mt19937_64 rng(43);
+  for (int i = 0; i < 4; ++i) {
+    const v1::VerifyRequest req = testing::SmallRequest(430 + i, 1 + static_cast<int>(rng() % 8),
+                                                        static_cast<int64_t>(rng() % 3000));
+    const std::string body = req.SerializeAsString();
+    const int64_t size = static_cast<int64_t>(body.size());
+    const int64_t short_by = 1 + static_cast<int64_t>(rng() % (size - 1));
+    v1::VerifyResponse resp;
+    grpc::Status st = DeclaredCall(tcp_, {std::to_string(size - short_by)}, body, &resp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << "declared " << size - short_by << " of " << size;
+    EXPECT_EQ(st.error_message().rfind(kRequestBytesKey, 0), 0u) << st.error_message();
+    // Declared exactly, or more than it is: served.
+    st = DeclaredCall(tcp_, {std::to_string(size)}, body, &resp);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    st = DeclaredCall(tcp_, {std::to_string(size + static_cast<int64_t>(rng() % (64 * kMiB)))},
+                      body, &resp);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    EXPECT_EQ(resp.o().raw_contents().size(),
+              static_cast<size_t>(req.q().raw_contents().size()) / 576 * 512)
+        << "call " << i;
+  }
+}
+
+TEST_F(MemoryBudgetTest, AMalformedDeclarationIsRefusedNamingTheKeyAndTheDaemonGoesOn) {
+  StartDaemon(testing::TestOptions(testing::TestDir("budget")));
+  const v1::VerifyRequest req = testing::SmallRequest(45);
+  const std::string body = req.SerializeAsString();
+  const std::string size = std::to_string(body.size());
+  std::mt19937_64 rng(45);
+  std::vector<std::vector<std::string>> bad = {{""},           {"-" + size},
+                                               {"+" + size},   {size + " "},
+                                               {size + ".0"},  {"0x10"},
+                                               {"1e9"},        {"abc"},
+                                               {size, size},   {"99999999999999999999"},
+                                               {size + "abc"}, {"18446744073709551616"}};
+  for (int i = 0; i < 4; ++i) {  // random printable junk
+    std::string junk;
+    const int n = 1 + static_cast<int>(rng() % 12);
+    for (int k = 0; k < n; ++k) junk += static_cast<char>('!' + rng() % 94);
+    if (junk.find_first_not_of("0123456789") == std::string::npos) junk += "x";
+    bad.push_back({junk});
+  }
+  for (const auto& values : bad) {
+    const std::string shown = values.size() == 1 ? values[0] : values[0] + "' twice '";
+    v1::VerifyResponse resp;
+    const grpc::Status st = DeclaredCall(tcp_, values, body, &resp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << "'" << shown << "': " << st.error_message();
+    EXPECT_EQ(st.error_message().rfind(kRequestBytesKey, 0), 0u)
+        << "'" << shown << "': " << st.error_message();
+    // The daemon goes on: the same message, declared right, and undeclared.
+    EXPECT_TRUE(DeclaredCall(tcp_, {size}, body, &resp).ok()) << "after '" << shown << "'";
+    EXPECT_TRUE(DeclaredCall(tcp_, {}, body, &resp).ok()) << "after '" << shown << "'";
+  }
+  const std::string m = testing::Scrape(daemon_->metrics_port());
+  EXPECT_NE(m.find("verifyd_requests_total{code=\"INVALID_ARGUMENT\",path=\"none\"} " +
+                   std::to_string(bad.size())),
+            std::string::npos)
+      << m;
+}
+
+// verifyctl's unary calls (q and the pool sent as pieces, or the whole message) declare their
+// size: an over-budget one is refused from its declaration, which the refusal names.
+TEST_F(MemoryBudgetTest, VerifyctlsCallsDeclareTheirSize) {
+  DaemonOptions o = testing::TestOptions(testing::TestDir("budget"));
+  o.max_inflight_bytes = 4 * kMiB;
+  StartDaemon(o);
+  cli::PiecesCaller caller(testing::Channel(tcp_));
+  std::mt19937 rng(47);
+  for (int i = 0; i < 3; ++i) {
+    // A few MB of pool: over the budget.
+    v1::VerifyRequest req = testing::SmallRequest(470 + i, 1 + static_cast<int>(rng() % 8),
+                                                  5000 + static_cast<int64_t>(rng() % 3000), 64);
+    const std::string q = req.q().raw_contents(), pool = req.kv_pool().raw_contents();
+    req.mutable_q()->set_raw_contents("");
+    req.mutable_kv_pool()->set_raw_contents("");
+    InPlaceTensors bulk;
+    bulk.q = q;
+    bulk.kv_pool = pool;
+    grpc::ClientContext ctx;
+    v1::VerifyResponse resp;
+    grpc::Status st = caller.Verify(&ctx, SerializeRequestAround(req, bulk), &resp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+    EXPECT_EQ(st.error_message().rfind(kRequestBytesKey, 0), 0u) << st.error_message();
+    // One that fits is served.
+    v1::VerifyRequest small = testing::SmallRequest(480 + i);
+    const std::string sq = small.q().raw_contents(), spool = small.kv_pool().raw_contents();
+    small.mutable_q()->set_raw_contents("");
+    small.mutable_kv_pool()->set_raw_contents("");
+    bulk.q = sq;
+    bulk.kv_pool = spool;
+    grpc::ClientContext ok_ctx;
+    st = caller.Verify(&ok_ctx, SerializeRequestAround(small, bulk), &resp);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+  }
+  // verifyctl send, both encodings.
+  for (const char* encode : {"pieces", "message"}) {
+    cli::GlobalOptions g;
+    g.target = tcp_;
+    g.json = true;
+    cli::SendOptions s;
+    s.shape = "1,4,8,8000";
+    s.count = 2;
+    s.inline_encode = encode;
+    ::testing::internal::CaptureStdout();
+    const int rc = cli::RunSend(g, s);
+    const std::string out = ::testing::internal::GetCapturedStdout();
+    EXPECT_EQ(rc, 1) << out;
+    const nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << out;
+    const std::string first = j.value("first_error", "");
+    EXPECT_EQ(first.rfind(std::string("RESOURCE_EXHAUSTED: ") + kRequestBytesKey, 0), 0u)
+        << encode << ": " << out;
+  }
+}
+
+// This process's resident bytes.
+int64_t Resident() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  long size = 0, resident = 0;
+  const bool ok = f != nullptr && std::fscanf(f, "%ld %ld", &size, &resident) == 2;
+  if (f != nullptr) std::fclose(f);
+  return ok ? static_cast<int64_t>(resident) * sysconf(_SC_PAGESIZE) : -1;
+}
+
+// A request of about `bytes` that is cheap to serve: a small bundle in a pool of unused pages.
+v1::VerifyRequest LargeCheapRequest(int64_t bytes, uint64_t seed) {
+  RandomBundleSpec spec;
+  spec.batch = 1;
+  spec.draft = 2;
+  spec.heads = 8;
+  spec.prefix = 128;
+  spec.page_size = 64;
+  spec.extra_pages = static_cast<int>(bytes / (64 * 576 * 2));
+  spec.seed = seed;
+  RandomBundle b(spec);
+  v1::VerifyRequest req;
+  EncodeRequest(b.view(), &req);
+  return req;
+}
+
+// After a burst of large calls, the memory the heap holds freed goes back to the system. Freed
+// memory below a block still in use stays resident with glibc (free() gives back only the top of
+// the heap): the test frees such a block itself, as a burst's calls leave them, then sends the
+// burst.
+TEST_F(MemoryBudgetTest, FreedHeapMemoryGoesBackToTheSystemAfterABurst) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer replaces malloc";
+#endif
+  if (std::getenv("MALLOC_MMAP_MAX_") || std::getenv("MALLOC_TRIM_THRESHOLD_") ||
+      std::getenv("GLIBC_TUNABLES")) {
+    GTEST_SKIP() << "malloc is tuned by the environment";
+  }
+  constexpr int64_t kKeep = 32 * kMiB;  // the trimmer's threshold is then 64 MiB
+  KeepFreedMemory(kKeep);               // as verifyd's main() does with --keep_freed_mb=32
+  DaemonOptions o = testing::TestOptions(testing::TestDir("budget"));
+  o.keep_freed_bytes = kKeep;
+  o.pinned_receive_bytes = 0;  // no receive buffer is kept (resident) for later calls
+  StartDaemon(o);
+  v1::VerifyResponse resp;
+  ASSERT_TRUE(Verify(testing::SmallRequest(49), &resp).ok());  // warm
+
+  const int64_t before = Resident();
+  constexpr size_t kHeld = size_t{256} << 20;
+  char* held = static_cast<char*>(std::malloc(kHeld));
+  ASSERT_NE(held, nullptr);
+  std::memset(held, 1, kHeld);
+  // Blocks above it, from the top of the heap, that stay in use.
+  std::vector<void*> above;
+  while (above.empty() || static_cast<char*>(above.back()) < held) {
+    ASSERT_LT(above.size(), 256u) << "no block above the held one";
+    above.push_back(std::malloc(size_t{2} << 20));
+  }
+  std::free(held);
+  const int64_t freed = Resident();
+  ASSERT_GT(freed, before + static_cast<int64_t>(kHeld) * 3 / 4)
+      << "glibc gave the block back by itself; the test proves nothing";
+
+  // The burst: two calls of more than the threshold each, at once.
+  std::mt19937 rng(49);
+  std::vector<std::future<grpc::Status>> calls;
+  for (int i = 0; i < 2; ++i) {
+    const int64_t bytes = 72 * kMiB + static_cast<int64_t>(rng() % (8 * kMiB));
+    calls.push_back(std::async(std::launch::async, [this, bytes, i] {
+      const v1::VerifyRequest big = LargeCheapRequest(bytes, 490 + i);
+      EXPECT_GT(static_cast<int64_t>(big.ByteSizeLong()), 64 * kMiB);
+      v1::VerifyResponse r;
+      return Verify(big, &r);
+    }));
+  }
+  for (auto& c : calls) {
+    const grpc::Status st = c.get();
+    EXPECT_TRUE(st.ok()) << st.error_message();
+  }
+  // The trim comes a second after the burst; if the two calls did not overlap, the second one's
+  // comes 10 s after the first's.
+  int64_t after = Resident();
+  const auto t0 = std::chrono::steady_clock::now();
+  while (after > before + 96 * kMiB && SecondsSince(t0) < 15) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    after = Resident();
+  }
+  EXPECT_LT(after, before + 96 * kMiB)
+      << "resident MiB: " << (before >> 20) << " before, " << (freed >> 20)
+      << " with the freed block held, " << (after >> 20) << " " << SecondsSince(t0)
+      << " s after the burst";
+  std::cout << "resident MiB: " << (before >> 20) << " before, " << (freed >> 20)
+            << " with the freed block held, " << (after >> 20) << " " << SecondsSince(t0)
+            << " s after the burst\n";
+  for (void* p : above) std::free(p);
+  mallopt(M_MMAP_MAX, 65536);  // glibc's defaults again, for any test after this one
+  mallopt(M_TRIM_THRESHOLD, 128 * 1024);
 }
 
 }  // namespace

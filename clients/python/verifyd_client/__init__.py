@@ -13,12 +13,13 @@ client.register_kv_pool(pool). sglang_target_verify adapts SGLang's target-verif
 from .admin import AdminClient
 from .bundle import Bundle, make_bundle
 from .call_channel import CallChannel
-from .client import VerifyClient, VerifyStream
+from .client import REQUEST_BYTES_KEY, VerifyClient, VerifyStream
 from .errors import InvalidBundleError, VerifydError
 from .result import VerifyResult
 from .sglang import sglang_target_verify
 from .tensors import from_bf16, pack_mask, to_bf16, unpack_mask
 
-__all__ = ["AdminClient", "Bundle", "CallChannel", "InvalidBundleError", "VerifyClient", "VerifyResult",
+__all__ = ["AdminClient", "Bundle", "CallChannel", "InvalidBundleError", "REQUEST_BYTES_KEY",
+           "VerifyClient", "VerifyResult",
            "VerifyStream", "VerifydError", "from_bf16", "make_bundle", "pack_mask",
            "sglang_target_verify", "to_bf16", "unpack_mask"]

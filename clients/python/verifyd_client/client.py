@@ -8,7 +8,7 @@ import grpc
 
 from ._channel import ChannelClient
 from .call_channel import CallChannel
-from ._proto import verify_pb2_grpc
+from ._proto import verify_pb2, verify_pb2_grpc
 from .errors import VerifydError, status_code
 from .regions import RegionCalls, client_id
 from .transport import Transport
@@ -18,6 +18,11 @@ TRANSPORTS = ("inline", "shm", "cuda_ipc")
 # Unlimited in the client; the daemon's --max_message_mb is the limit that applies.
 _CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1),
                     ("grpc.max_receive_message_length", -1)]
+
+# Metadata of a unary Verify call: the serialized request's size in bytes (decimal digits), so
+# that verifyd admits the call to its memory budget, or refuses it, before the message arrives.
+# The same key as kRequestBytesKey in src/transport/request_bytes.h.
+REQUEST_BYTES_KEY = "verifyd-request-bytes"
 
 
 def _transport(kind, calls, client, staging_slots, target):
@@ -54,6 +59,10 @@ class VerifyClient(ChannelClient):
             raise ValueError(f"transport: '{transport}' is not one of {', '.join(TRANSPORTS)}")
         super().__init__(target, timeout, _CHANNEL_OPTIONS + list(channel_options or []))
         self._stub = verify_pb2_grpc.VerifyServiceStub(self._channel)
+        # Unary Verify with the request serialized by verify() itself, which declares its size.
+        self._verify = self._channel.unary_unary(
+            "/verifyd.v1.VerifyService/Verify", request_serializer=None,
+            response_deserializer=verify_pb2.VerifyResponse.FromString)
         # Registering maps memory and unregistering waits for the calls using a region: not
         # bound by a per-call deadline meant for Verify.
         self._regions = RegionCalls(self._stub, None if timeout is None else max(timeout, 60.0))
@@ -82,7 +91,9 @@ class VerifyClient(ChannelClient):
                                               tree_mask, sm_scale, want_lse, request_id,
                                               compact, device, compare_sync, mask_format)
         try:
-            resp = self._stub.Verify(req, timeout=self.timeout)
+            wire = req.SerializeToString()
+            resp = self._verify(wire, timeout=self.timeout,
+                                metadata=((REQUEST_BYTES_KEY, str(len(wire))),))
         except grpc.RpcError as e:
             # A deadline may pass while verifyd still runs the call: do not reuse its staging.
             if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
