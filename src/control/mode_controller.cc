@@ -63,12 +63,12 @@ absl::StatusOr<std::unique_ptr<ModeController>> ModeController::Create(StateStor
   PersistedState state = s->value_or(PersistedState{});
   if (!had_state) state.build = opts.build;
   std::unique_ptr<ModeController> c(new ModeController(std::move(store), std::move(opts), state));
+  c->AnnounceLastChanges();  // before the restore, whose own changes come after them
   {
     absl::MutexLock l(&c->mu_);
     if (absl::Status st = c->RestoreLocked(had_state); !st.ok()) return st;
     c->NotifyLocked();
   }
-  c->MalformedAuditLines();  // warns about a damaged audit log at start
   return c;
 }
 
@@ -356,6 +356,7 @@ absl::Status ModeController::CommitLocked(PersistedState next, AuditEntry e, boo
   if (absl::Status st = store_.AppendAudit(e); !st.ok()) {
     spdlog::error("audit append failed: {}", st.ToString());
   }
+  if (opts_.on_audit) opts_.on_audit(e);
   state_ = std::move(next);
   evidence_dirty_ = !saved.ok();
   if (e.action == AuditAction::kMode && ServesCustom(e.to)) {
@@ -589,6 +590,22 @@ std::vector<AuditEntry> ModeController::RecentAudit(size_t limit) const {
   }
   NoteMalformed(*log);
   return std::move(log->entries);
+}
+
+void ModeController::AnnounceLastChanges() {
+  std::optional<AuditEntry> mode, sample_rate;
+  absl::StatusOr<StateStore::AuditLog> log = store_.ReadAuditLog(0, [&](const AuditEntry& e) {
+    (e.action == AuditAction::kSampleRate ? sample_rate : mode) = e;
+  });
+  if (!log.ok()) {
+    spdlog::warn("audit log: {}", log.status().ToString());
+    return;
+  }
+  NoteMalformed(*log);  // warns about a damaged audit log at start
+  if (!opts_.on_audit) return;
+  absl::MutexLock l(&mu_);
+  if (mode) opts_.on_audit(*mode);
+  if (sample_rate) opts_.on_audit(*sample_rate);
 }
 
 int64_t ModeController::MalformedAuditLines() const {

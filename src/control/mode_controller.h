@@ -60,6 +60,10 @@ struct ControllerOptions {
   // reading in breach, a probe), by a client or by the daemon, with the new state and gate.
   // Same lock rule.
   std::function<void(const PersistedState&, const GateStatus&)> on_change;
+  // Called with every audit entry a change appends (whether or not the append succeeded), and at
+  // start with the newest entry of each action (mode, sample_rate) already in the audit log, so
+  // that who made the last change is known across restarts. Same lock rule.
+  std::function<void(const AuditEntry&)> on_audit;
   // The oracle drift test (drift_test.h). While it is in breach the gate stays closed, and a
   // daemon serving canary/custom rolls back to shadow with reason "drift".
   DriftOptions drift;
@@ -221,6 +225,9 @@ class ModeController {
   GateStatus GateLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   double DrawLocked(std::string_view request_id, uint64_t salt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteMalformed(const StateStore::AuditLog& log) const;
+  // Reads the audit log once at start: warns about malformed lines and tells on_audit the newest
+  // entry of each action.
+  void AnnounceLastChanges() ABSL_LOCKS_EXCLUDED(mu_);
 
   const StateStore store_;
   const ControllerOptions opts_;

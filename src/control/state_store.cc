@@ -122,7 +122,8 @@ absl::Status StateStore::AppendAudit(const AuditEntry& e) const {
   return st;
 }
 
-absl::StatusOr<StateStore::AuditLog> StateStore::ReadAuditLog(size_t limit) const {
+absl::StatusOr<StateStore::AuditLog> StateStore::ReadAuditLog(
+    size_t limit, const std::function<void(const AuditEntry&)>& each) const {
   const std::string path = audit_path();
   AuditLog log;
   std::ifstream in(path);
@@ -143,6 +144,7 @@ absl::StatusOr<StateStore::AuditLog> StateStore::ReadAuditLog(size_t limit) cons
       }
       continue;
     }
+    if (each) each(*e);
     last.push_back(*std::move(e));
     if (last.size() > limit) last.pop_front();
   }

@@ -7,6 +7,7 @@
 // and fuzz targets call directly.
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -99,7 +100,10 @@ class StateStore {
     int64_t malformed_lines = 0;      // lines skipped because they do not parse
     std::string first_malformed;      // "line N: why" of the first one
   };
-  absl::StatusOr<AuditLog> ReadAuditLog(size_t limit) const;
+  // `each`, when given, sees every well-formed entry in order, also those before the last
+  // `limit`.
+  absl::StatusOr<AuditLog> ReadAuditLog(
+      size_t limit, const std::function<void(const AuditEntry&)>& each = nullptr) const;
   // The last `limit` well-formed entries, oldest first.
   absl::StatusOr<std::vector<AuditEntry>> ReadAudit(size_t limit) const;
 

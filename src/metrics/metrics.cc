@@ -1,9 +1,11 @@
 #include "src/metrics/metrics.h"
 
 #include <cmath>
+#include <cstring>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "httplib.h"
@@ -107,10 +109,11 @@ void DeclareComparisonMetrics(prometheus::Registry& r, CounterFamily** compariso
   }
 }
 
-// The mode being served and the flip gate's state.
+// The mode being served, the flip gate's state, and who made the last change.
 void DeclareModeMetrics(prometheus::Registry& r, GaugeFamily** mode,
                         prometheus::Gauge** canary_fraction, prometheus::Gauge** gate_ready,
-                        prometheus::Gauge** gate_clean, prometheus::Gauge** mode_forced) {
+                        prometheus::Gauge** gate_clean, prometheus::Gauge** mode_forced,
+                        GaugeFamily** last_change) {
   *mode = &prometheus::BuildGauge()
                .Name("verifyd_mode")
                .Help("1 for the mode being served (reference, shadow, canary, custom), else 0")
@@ -138,6 +141,31 @@ void DeclareModeMetrics(prometheus::Registry& r, GaugeFamily** mode,
                           "other mode")
                       .Register(r)
                       .Add({});
+  *last_change = &prometheus::BuildGauge()
+                      .Name("verifyd_last_change_info")
+                      .Help(
+                          "Always 1: the verified peer (uid on the Unix socket, token hash on "
+                          "TCP, verifyd for its own changes) of the last audited change of each "
+                          "action (mode, sample_rate)")
+                      .Register(r);
+}
+
+// The last change's `peer` label: what the transport verified, never the name the client
+// claims. A TCP peer without a token is shown without its port (one series per host, not per
+// connection).
+std::string PeerLabel(const AuditEntry& e) {
+  if (e.origin == AuditOrigin::kDaemon) return "verifyd";
+  if (e.peer.empty()) return "unknown";  // a line written before peers were recorded
+  std::string peer = e.peer;
+  for (const char* unverified : {"unverified:ipv4:", "unverified:ipv6:"}) {
+    if (absl::StartsWith(peer, unverified)) {
+      const size_t colon = peer.rfind(':');
+      if (colon > std::strlen(unverified)) peer.resize(colon);
+    }
+  }
+  constexpr size_t kMaxLabel = 80;
+  if (peer.size() > kMaxLabel) peer.resize(kMaxLabel);
+  return peer;
 }
 
 // What takes canary/custom away: rollbacks by reason (each reason's series present from the
@@ -303,7 +331,8 @@ Metrics::Metrics(const BuildInfo& info) : registry_(std::make_shared<prometheus:
   DeclareCallMetrics(r, &requests_, &request_seconds_, &path_seconds_, &shadow_overhead_seconds_,
                      &finite_check_seconds_);
   DeclareComparisonMetrics(r, &comparisons_, &diff_rel_l2_, &diff_max_abs_, &diff_max_row_rel_l2_);
-  DeclareModeMetrics(r, &mode_, &canary_fraction_, &gate_ready_, &gate_clean_, &mode_forced_);
+  DeclareModeMetrics(r, &mode_, &canary_fraction_, &gate_ready_, &gate_clean_, &mode_forced_,
+                     &last_change_);
   DeclareRollbackMetrics(r, &rollbacks_, &drift_ratio_, &drift_t_, &drift_breaches_);
   DeclareProbeMetrics(r, &probe_runs_, &probe_failures_, &probe_last_seconds_, &oracle_errors_);
   DeclareClientMetrics(r, &admin_auth_failures_, &regions_, &region_bytes_, &channels_,
@@ -352,6 +381,16 @@ void Metrics::SetGate(const GateStatus& g) {
   gate_ready_->Set(g.ready ? 1 : 0);
   gate_clean_->Set(static_cast<double>(g.clean));
   mode_forced_->Set(g.forced ? 1 : 0);
+}
+
+void Metrics::LastChange(const AuditEntry& e) {
+  const bool sample_rate = e.action == AuditAction::kSampleRate;
+  absl::MutexLock l(&last_change_mu_);
+  prometheus::Gauge*& series = sample_rate ? last_sample_rate_change_ : last_mode_change_;
+  if (series != nullptr) last_change_->Remove(series);
+  series = &last_change_->Add(
+      {{"action", sample_rate ? "sample_rate" : "mode"}, {"peer", PeerLabel(e)}});
+  series->Set(1);
 }
 
 void Metrics::AdminAuthFailure() { admin_auth_failures_->Increment(); }

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -43,6 +44,9 @@ class Metrics {
   void Diff(std::string_view pair, const DiffStats& d);
   void SetMode(Mode m, double canary_fraction);
   void SetGate(const GateStatus& g);  // also verifyd_mode_forced
+  // The last audited change of `e`'s action (mode or sample rate) and the verified peer that
+  // made it: one series per action, the previous one removed.
+  void LastChange(const AuditEntry& e);
   void Rollback(std::string_view reason);
   // After every oracle sample: the drift test's reading; `new_breach` when it went into breach.
   void Drift(const DriftReading& r, bool new_breach);
@@ -77,6 +81,10 @@ class Metrics {
   prometheus::Gauge* gate_ready_;
   prometheus::Gauge* gate_clean_;
   prometheus::Gauge* mode_forced_;
+  prometheus::Family<prometheus::Gauge>* last_change_;
+  absl::Mutex last_change_mu_;
+  prometheus::Gauge* last_mode_change_ ABSL_GUARDED_BY(last_change_mu_) = nullptr;
+  prometheus::Gauge* last_sample_rate_change_ ABSL_GUARDED_BY(last_change_mu_) = nullptr;
   prometheus::Family<prometheus::Counter>* rollbacks_;
   prometheus::Gauge* drift_ratio_;
   prometheus::Gauge* drift_t_;

@@ -177,6 +177,7 @@ absl::Status Daemon::StartEngineAndState() {
   copts.on_rollback = [metrics](std::string_view reason) { metrics->Rollback(reason); };
   copts.on_drift = [metrics](const DriftReading& r, bool b) { metrics->Drift(r, b); };
   copts.require_probe = opts.probe.at_start;
+  copts.on_audit = [metrics](const AuditEntry& e) { metrics->LastChange(e); };
   copts.on_change = [metrics](const PersistedState& s, const GateStatus& g) {
     metrics->SetMode(s.mode, s.canary_fraction);
     metrics->SetGate(g);

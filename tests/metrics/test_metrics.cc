@@ -14,6 +14,7 @@
 
 #include "gtest/gtest.h"
 #include "httplib.h"
+#include "prometheus/text_serializer.h"
 #include "src/compare/compare.h"
 #include "src/metrics/buckets.h"
 #include "src/metrics/metrics.h"
@@ -61,7 +62,7 @@ std::string Scrape(const Metrics& m) {
   return res ? res->body : "";
 }
 
-BuildInfo TestBuild() { return {"0.0.0", "test", "cpu", "cpu", ""}; }
+BuildInfo TestBuild() { return {"0.0.0", "test", "cpu", "cpu", "", ""}; }
 
 // The short decimal a label must be: it parses to a value that prints back the same with at
 // most three significant digits.
@@ -161,6 +162,52 @@ TEST(MetricsExposition, CountersExistAtZeroFromTheStart) {
     EXPECT_NE(text.find(std::string("\n") + series + "\n"), std::string::npos)
         << series << " missing in\n"
         << text;
+  }
+}
+
+// verifyd_last_change_info: one series per action at a time, labelled with what the transport
+// verified (a TCP peer without a token by its host only), never with the claimed name.
+TEST(MetricsExposition, TheLastChangeIsOneSeriesPerActionWithTheVerifiedPeer) {
+  Metrics m(BuildInfo{});
+  auto series = [&m] {
+    std::vector<std::string> out;
+    std::istringstream in(prometheus::TextSerializer().Serialize(m.registry()->Collect()));
+    for (std::string l; std::getline(in, l);) {
+      if (l.rfind("verifyd_last_change_info{", 0) == 0) out.push_back(l);
+    }
+    std::sort(out.begin(), out.end());  // the family lists them in no fixed order
+    return out;
+  };
+  EXPECT_TRUE(series().empty());
+  AuditEntry e;
+  e.action = AuditAction::kMode;
+  e.origin = AuditOrigin::kClient;
+  e.who = "mallory";
+  e.peer = "uid:1000(alice)";
+  m.LastChange(e);
+  EXPECT_EQ(series(), std::vector<std::string>{
+                          "verifyd_last_change_info{action=\"mode\",peer=\"uid:1000(alice)\"} 1"});
+  struct Case {
+    AuditOrigin origin;
+    std::string peer, label;
+  };
+  for (const Case& c : std::vector<Case>{
+           {AuditOrigin::kClient, "unverified:ipv4:10.1.2.3:51234", "unverified:ipv4:10.1.2.3"},
+           {AuditOrigin::kClient, "unverified:ipv6:[::1]:40000", "unverified:ipv6:[::1]"},
+           {AuditOrigin::kClient, "token:1ec1c26b", "token:1ec1c26b"},
+           {AuditOrigin::kDaemon, "", "verifyd"},
+           {AuditOrigin::kUnknown, "", "unknown"},
+           {AuditOrigin::kClient, "uid:7(" + std::string(200, 'x') + ")",
+            "uid:7(" + std::string(74, 'x')}}) {
+    e.origin = c.origin;
+    e.peer = c.peer;
+    e.action = AuditAction::kSampleRate;
+    m.LastChange(e);
+    const std::vector<std::string> now = series();
+    ASSERT_EQ(now.size(), 2u) << c.peer;
+    EXPECT_EQ(now[0], "verifyd_last_change_info{action=\"mode\",peer=\"uid:1000(alice)\"} 1");
+    EXPECT_EQ(now[1], "verifyd_last_change_info{action=\"sample_rate\",peer=\"" + c.label + "\"} 1")
+        << c.peer;
   }
 }
 

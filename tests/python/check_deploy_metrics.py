@@ -4,7 +4,7 @@
 The metric table is read from src/metrics/metrics.cc (`Build<Type>().Name("...")`); a histogram
 is queried as NAME_bucket, NAME_sum and NAME_count. Every PromQL expression (dashboard targets
 and template variables, alert exprs) may reference only those names and Prometheus' own `up`;
-label values of `outcome` and `pair` must be ones the table declares.
+label values of `outcome`, `pair` and `action` must be ones the table declares.
   check_deploy_metrics.py --metrics_cc FILE --dashboard FILE --alerts FILE
 """
 
@@ -173,7 +173,7 @@ def main():
             hint = f" (did you mean {n}_bucket/_sum/_count?)" if n + "_bucket" in series else ""
             problems.append(f"{where}: '{n}' is not a verifyd metric{hint}")
         used |= {series[n] for n in names if n in series}
-        for label in ("outcome", "pair"):
+        for label in ("outcome", "pair", "action"):
             for v in sorted(matcher_values(expr, label) - literals):
                 problems.append(f"{where}: {label}=\"{v}\" is not declared in the metric table")
     print(f"{len(dash)} dashboard queries, {len(alerts)} alert expressions; "

@@ -5,8 +5,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <sstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "prometheus/text_serializer.h"
 #include "spdlog/sinks/ringbuffer_sink.h"
@@ -79,6 +83,68 @@ TEST_F(AdminTest, TheUnixSocketRecordsTheKernelUidBesideTheClaimedName) {
   EXPECT_EQ(Status().recent_audit(0).peer().substr(0, uid.size()), uid);
 }
 
+// The series of verifyd_last_change_info in a /metrics text.
+std::vector<std::string> LastChangeSeries(const std::string& metrics) {
+  std::vector<std::string> out;
+  std::istringstream in(metrics);
+  for (std::string l; std::getline(in, l);) {
+    if (l.rfind("verifyd_last_change_info{", 0) == 0) out.push_back(l);
+  }
+  std::sort(out.begin(), out.end());  // "mode" before "sample_rate"
+  return out;
+}
+
+// What alerts show as who made the last change: the peer the kernel verified on the Unix socket,
+// never the name the client claims; one series per action, replaced by the next change, and
+// known again after a restart.
+TEST_F(AdminTest, TheLastChangeMetricCarriesTheVerifiedPeerNotTheClaimedName) {
+  const std::string dir = testing::TestDir("admin");
+  StartDaemon(testing::TestOptions(dir));
+  EXPECT_TRUE(LastChangeSeries(testing::Scrape(daemon_->metrics_port())).empty());
+  const std::string peer = "peer=\"uid:" + std::to_string(::getuid()) + "(";
+  ASSERT_TRUE(SetModeAs(admin_.get(), "", "mallory@claimed", v1::MODE_CUSTOM).ok());
+  std::vector<std::string> series = LastChangeSeries(testing::Scrape(daemon_->metrics_port()));
+  ASSERT_EQ(series.size(), 1u);
+  EXPECT_EQ(series[0].rfind("verifyd_last_change_info{action=\"mode\"," + peer, 0), 0u)
+      << series[0];
+  EXPECT_EQ(series[0].find("mallory"), std::string::npos) << series[0];
+  EXPECT_EQ(series[0].substr(series[0].size() - 2), " 1") << series[0];
+
+  // A sample rate change gets its own series; another flip replaces the mode's.
+  v1::SetSamplingRequest sample;
+  sample.set_mode(v1::MODE_CUSTOM);
+  sample.set_rate(0);
+  sample.set_force(true);
+  sample.set_reason("test");
+  sample.set_who("eve@claimed");
+  v1::SetSamplingResponse sampled;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(admin_->SetSampling(&ctx, sample, &sampled).ok());
+  ASSERT_TRUE(SetModeAs(admin_.get(), "", "trudy@claimed", v1::MODE_SHADOW).ok());
+  series = LastChangeSeries(testing::Scrape(daemon_->metrics_port()));
+  ASSERT_EQ(series.size(), 2u) << series[0];
+  EXPECT_EQ(series[0].rfind("verifyd_last_change_info{action=\"mode\"," + peer, 0), 0u)
+      << series[0];
+  EXPECT_EQ(series[1].rfind("verifyd_last_change_info{action=\"sample_rate\"," + peer, 0), 0u)
+      << series[1];
+  for (const std::string& l : series) {
+    for (const char* claimed : {"mallory", "eve", "trudy"}) {
+      EXPECT_EQ(l.find(claimed), std::string::npos) << l;
+    }
+  }
+
+  // After a restart the series come from the audit log; a start-up flag's change is verifyd's.
+  daemon_.reset();
+  DaemonOptions o = testing::TestOptions(dir);
+  o.shadow_sample_rate = 0.5;
+  StartDaemon(o);
+  series = LastChangeSeries(testing::Scrape(daemon_->metrics_port()));
+  ASSERT_EQ(series.size(), 2u);
+  EXPECT_EQ(series[0].rfind("verifyd_last_change_info{action=\"mode\"," + peer, 0), 0u)
+      << series[0];
+  EXPECT_EQ(series[1], "verifyd_last_change_info{action=\"sample_rate\",peer=\"verifyd\"} 1");
+}
+
 TEST_F(AdminTest, TcpRecordsTheTokenIdentityNotTheToken) {
   auto o = testing::TestOptions(testing::TestDir("admin"));
   o.admin_listen = "127.0.0.1:0";
@@ -91,6 +157,9 @@ TEST_F(AdminTest, TcpRecordsTheTokenIdentityNotTheToken) {
   EXPECT_EQ(audit[0].who, "verifyd");
   EXPECT_EQ(audit[0].peer, "token:1ec1c26b");  // sha256("s3cret") starts 1ec1c26b
   EXPECT_EQ(TokenIdentity("s3cret"), "token:1ec1c26b");
+  EXPECT_EQ(LastChangeSeries(testing::Scrape(daemon_->metrics_port())),
+            std::vector<std::string>{
+                "verifyd_last_change_info{action=\"mode\",peer=\"token:1ec1c26b\"} 1"});
 }
 
 TEST_F(AdminTest, OnlyCanaryTakesAFraction) {
