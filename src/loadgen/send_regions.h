@@ -62,8 +62,8 @@ class SendRegion {
   int slots_ = 0;
   bool want_lse_ = false;
   std::string name_, shm_key_;
-  char* host_ = nullptr;    // shm mapping
-  void* device_ = nullptr;  // cuda_ipc allocation
+  char* host_ = nullptr;                     // shm mapping
+  [[maybe_unused]] void* device_ = nullptr;  // cuda_ipc allocation (used in CUDA builds only)
   int device_index_ = 0;
   bool registered_ = false;
 };
