@@ -105,6 +105,7 @@ class Daemon {
   ShadowRunner& shadow() { return *shadow_; }
   Engine& engine() { return *engine_; }
   VerifyHandler& handler() { return *handler_; }
+  VerifyServiceImpl& verify_service() { return *verify_service_; }
   Metrics& metrics() { return *metrics_; }
   Capturer* capturer() { return capturer_.get(); }
 

@@ -54,6 +54,8 @@ class VerifyServiceImpl final : public grpc::Service {
   VerifyServiceImpl(VerifyHandler* handler, Metrics* metrics, VerifyServiceOptions opts);
   ChannelServer& channels() { return channels_; }
   ReceiveBuffers& receive_buffers() { return receive_; }
+  const MemoryBudget& budget() const { return budget_; }
+  const HeapTrimmer& trimmer() const { return trimmer_; }
 
   grpc::Status Verify(grpc::ServerContext* ctx,
                       grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>* call);

@@ -40,6 +40,15 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Waits (at most 10 s) until `done` holds.
+template <typename F>
+bool WaitFor(F done) {
+  for (int i = 0; i < 1000 && !done(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return done();
+}
+
 // One unary Verify call of `body`, as any client could send it, with each of `declared` as a
 // value of the request-size key.
 grpc::Status DeclaredCall(const std::string& target, const std::vector<std::string>& declared,
@@ -182,8 +191,10 @@ TEST_F(MemoryBudgetTest, ADeclaredSizeOverTheBudgetIsRefusedBeforeTheMessage) {
 
   // A declaration that fits holds its bytes while the call waits for its message: a second one
   // that does not fit next to it is refused at once, and the bytes come back with the first.
+  const MemoryBudget& budget = daemon_->verify_service().budget();
+  EXPECT_EQ(budget.in_flight(), 0);
   auto first = std::make_unique<BodilessCall>(tcp_, std::to_string(40 * kMiB), 30);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the daemon admitted it
+  ASSERT_TRUE(WaitFor([&] { return budget.in_flight() == 40 * kMiB; }));
   const auto t0 = std::chrono::steady_clock::now();
   BodilessCall second(tcp_, std::to_string(40 * kMiB), 10);
   const grpc::Status st = second.Finish();
@@ -191,17 +202,15 @@ TEST_F(MemoryBudgetTest, ADeclaredSizeOverTheBudgetIsRefusedBeforeTheMessage) {
   EXPECT_LT(SecondsSince(t0), 2.0);
   EXPECT_NE(st.error_message().find("does not fit the memory budget now"), std::string::npos)
       << st.error_message();
+  EXPECT_EQ(budget.in_flight(), 40 * kMiB);
   first->Cancel();
   first->Finish();
   first.reset();
+  ASSERT_TRUE(WaitFor([&] { return budget.in_flight() == 0; }));
   const v1::VerifyRequest req = testing::SmallRequest(41);
-  const std::string body = req.SerializeAsString();
   v1::VerifyResponse resp;
-  grpc::Status ok = grpc::Status::CANCELLED;
-  for (int i = 0; i < 100 && !ok.ok(); ++i) {  // the daemon sees the cancel soon after
-    ok = DeclaredCall(tcp_, {std::to_string(40 * kMiB)}, body, &resp);
-    if (!ok.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  const grpc::Status ok =
+      DeclaredCall(tcp_, {std::to_string(40 * kMiB)}, req.SerializeAsString(), &resp);
   EXPECT_TRUE(ok.ok()) << ok.error_message();
   const std::string m = testing::Scrape(daemon_->metrics_port());
   EXPECT_NE(m.find("verifyd_requests_total{code=\"RESOURCE_EXHAUSTED\",path=\"none\"} " +
@@ -233,6 +242,8 @@ TEST_F(MemoryBudgetTest, AMessageLargerThanDeclaredIsRefusedNamingTheKey) {
     EXPECT_EQ(resp.o().raw_contents().size(),
               static_cast<size_t>(req.q().raw_contents().size()) / 576 * 512)
         << "call " << i;
+    // The admission was the message's size, and it is given back.
+    EXPECT_TRUE(WaitFor([this] { return daemon_->verify_service().budget().in_flight() == 0; }));
   }
 }
 
@@ -419,6 +430,8 @@ TEST_F(MemoryBudgetTest, FreedHeapMemoryGoesBackToTheSystemAfterABurst) {
       << "resident MiB: " << (before >> 20) << " before, " << (freed >> 20)
       << " with the freed block held, " << (after >> 20) << " " << SecondsSince(t0)
       << " s after the burst";
+  // The trimmer gave it back (it counts the trim once malloc_trim has returned).
+  EXPECT_TRUE(WaitFor([this] { return daemon_->verify_service().trimmer().trims() >= 1; }));
   std::cout << "resident MiB: " << (before >> 20) << " before, " << (freed >> 20)
             << " with the freed block held, " << (after >> 20) << " " << SecondsSince(t0)
             << " s after the burst\n";
