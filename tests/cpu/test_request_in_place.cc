@@ -111,16 +111,19 @@ TEST(RequestInPlace, FollowsProtobufOnMergedAndUnknownFields) {
   extra.Clear();  // a later q naming a region: the inline bytes are gone
   extra.mutable_q()->mutable_shm()->set_region("r");
   ExpectSameAsProtobuf(base + extra.SerializeAsString());
+  // The in-place views point into the wire bytes: those must outlive them.
+  std::string wire = base + extra.SerializeAsString();
   v1::VerifyRequest req;
   InPlaceTensors bulk;
-  ASSERT_TRUE(ParseRequestInPlace(base + extra.SerializeAsString(), &req, &bulk));
+  ASSERT_TRUE(ParseRequestInPlace(wire, &req, &bulk));
   EXPECT_FALSE(bulk.q.has_value());
   EXPECT_TRUE(bulk.kv_pool.has_value());
 
   extra.Clear();  // and inline again after that: the last one wins
   extra.mutable_q()->set_raw_contents("abcd");
   ExpectSameAsProtobuf(base + extra.SerializeAsString());
-  ASSERT_TRUE(ParseRequestInPlace(base + extra.SerializeAsString(), &req, &bulk));
+  wire = base + extra.SerializeAsString();
+  ASSERT_TRUE(ParseRequestInPlace(wire, &req, &bulk));
   ASSERT_TRUE(bulk.q.has_value());
   EXPECT_EQ(*bulk.q, "abcd");
 
