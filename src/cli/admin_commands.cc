@@ -160,6 +160,44 @@ void PrintRollout(const v1::GetStatusResponse& s) {
   std::cout << fmt::format("next        {}\n", NextStep(s));
 }
 
+// What clients have attached: regions, region sets (one line per set, whatever its members: a
+// rank's 61 layer pools are one line) and call channels.
+void PrintRegionsAndChannels(const v1::GetStatusResponse& s) {
+  if (s.regions().empty() && s.region_sets().empty()) {
+    std::cout << "regions     none\n";
+  } else {
+    std::cout << fmt::format(
+        "regions     {} of --max_regions {} (set members included), at most {} "
+        "per client\n",
+        s.region_count(), s.max_regions(), s.max_regions_per_client());
+  }
+  for (const auto& r : s.regions()) {
+    std::cout << fmt::format(
+        "region      {}  {} {:.1f} MB{}  client '{}' ({})  calls {}  in use {}{}\n", r.name(),
+        RegionKindStr(r), r.byte_size() / 1e6,
+        r.kind() == v1::REGION_KIND_SHM ? fmt::format(" of {} at {}", r.shm_key(), r.shm_offset())
+                                        : fmt::format(" on GPU {}", r.device()),
+        r.client(), r.owner(), r.calls(), r.in_use(),
+        r.lost() ? "  LOST (object shrank; unregister it)" : "");
+  }
+  for (const auto& r : s.region_sets()) {
+    std::cout << fmt::format(
+        "region set  {}  {} {} members, {:.1f} MB  client '{}' ({})  calls {}  in use {}{}\n",
+        r.name(), r.kind() == v1::REGION_KIND_SHM ? "shm" : "cuda_ipc", r.members(),
+        r.byte_size() / 1e6, r.client(), r.owner(), r.calls(), r.in_use(),
+        r.lost().empty() ? ""
+                         : fmt::format("  LOST members {} (objects shrank; unregister it)",
+                                       fmt::join(r.lost(), ",")));
+  }
+  if (s.channels().empty()) std::cout << "channels    none\n";
+  for (const auto& c : s.channels()) {
+    std::cout << fmt::format(
+        "channel     {}  on {}, areas of {:.1f} MB  client '{}' pid {}  calls {}{}\n", c.name(),
+        c.key(), c.capacity() / 1e6, c.client(), c.client_pid(), c.calls(),
+        c.stopped() ? "  STOPPED (object shrank; close it)" : "");
+  }
+}
+
 }  // namespace
 
 int RunStatus(const GlobalOptions& g) {
@@ -226,40 +264,7 @@ int RunStatus(const GlobalOptions& g) {
   std::cout << fmt::format("listening   data {}  admin {}  metrics {}\n",
                            fmt::join(rt.listen(), ", "), rt.admin_listen(),
                            rt.metrics_address().empty() ? "off" : rt.metrics_address());
-  if (s.regions().empty() && s.region_sets().empty()) {
-    std::cout << "regions     none\n";
-  } else {
-    std::cout << fmt::format(
-        "regions     {} of --max_regions {} (set members included), at most {} "
-        "per client\n",
-        s.region_count(), s.max_regions(), s.max_regions_per_client());
-  }
-  for (const auto& r : s.regions()) {
-    std::cout << fmt::format(
-        "region      {}  {} {:.1f} MB{}  client '{}' ({})  calls {}  in use {}{}\n", r.name(),
-        RegionKindStr(r), r.byte_size() / 1e6,
-        r.kind() == v1::REGION_KIND_SHM ? fmt::format(" of {} at {}", r.shm_key(), r.shm_offset())
-                                        : fmt::format(" on GPU {}", r.device()),
-        r.client(), r.owner(), r.calls(), r.in_use(),
-        r.lost() ? "  LOST (object shrank; unregister it)" : "");
-  }
-  // One line per set, whatever its members: a rank's 61 layer pools are one line.
-  for (const auto& r : s.region_sets()) {
-    std::cout << fmt::format(
-        "region set  {}  {} {} members, {:.1f} MB  client '{}' ({})  calls {}  in use {}{}\n",
-        r.name(), r.kind() == v1::REGION_KIND_SHM ? "shm" : "cuda_ipc", r.members(),
-        r.byte_size() / 1e6, r.client(), r.owner(), r.calls(), r.in_use(),
-        r.lost().empty() ? ""
-                         : fmt::format("  LOST members {} (objects shrank; unregister it)",
-                                       fmt::join(r.lost(), ",")));
-  }
-  if (s.channels().empty()) std::cout << "channels    none\n";
-  for (const auto& c : s.channels()) {
-    std::cout << fmt::format(
-        "channel     {}  on {}, areas of {:.1f} MB  client '{}' pid {}  calls {}{}\n", c.name(),
-        c.key(), c.capacity() / 1e6, c.client(), c.client_pid(), c.calls(),
-        c.stopped() ? "  STOPPED (object shrank; close it)" : "");
-  }
+  PrintRegionsAndChannels(s);
   std::cout << fmt::format("up          {} since {}, state in {}\n", Duration(rt.uptime_seconds()),
                            rt.started(), rt.state_dir());
   std::cout << (cap.dir().empty()
