@@ -16,6 +16,7 @@
 
 #include "gtest/gtest.h"
 #include "src/common/malloc_arenas.h"
+#include "tests/common/sanitizers.h"
 
 namespace verifyd {
 namespace {
@@ -53,7 +54,7 @@ void ContendedAllocations(int threads) {
 }
 
 TEST(MallocArenas, BoundHoldsUnderContention) {
-#if defined(__SANITIZE_ADDRESS__)
+#if VERIFYD_UNDER_ASAN
   GTEST_SKIP() << "AddressSanitizer replaces malloc";
 #endif
   if (std::getenv("MALLOC_ARENA_MAX")) GTEST_SKIP() << "MALLOC_ARENA_MAX is set";
@@ -85,7 +86,7 @@ bool MallocTunedByEnvironment() {
 }
 
 TEST(KeepFreedMemory, ASecondBundleReusesTheFirstOnesPages) {
-#if defined(__SANITIZE_ADDRESS__)
+#if VERIFYD_UNDER_ASAN
   GTEST_SKIP() << "AddressSanitizer replaces malloc";
 #endif
   if (MallocTunedByEnvironment()) GTEST_SKIP() << "malloc is tuned by the environment";
@@ -98,7 +99,7 @@ TEST(KeepFreedMemory, ASecondBundleReusesTheFirstOnesPages) {
 
 // The reason for it: with glibc's defaults every such block is a fresh mapping.
 TEST(KeepFreedMemory, WithGlibcsDefaultsEveryBundleFaultsAgain) {
-#if defined(__SANITIZE_ADDRESS__)
+#if VERIFYD_UNDER_ASAN
   GTEST_SKIP() << "AddressSanitizer replaces malloc";
 #endif
   if (MallocTunedByEnvironment()) GTEST_SKIP() << "malloc is tuned by the environment";

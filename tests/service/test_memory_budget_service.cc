@@ -26,6 +26,7 @@
 #include "src/loadgen/send_command.h"
 #include "src/transport/memory_budget.h"
 #include "src/transport/request_bytes.h"
+#include "tests/common/sanitizers.h"
 #include "tests/service/daemon_fixture.h"
 
 namespace verifyd {
@@ -370,7 +371,7 @@ v1::VerifyRequest LargeCheapRequest(int64_t bytes, uint64_t seed) {
 // the heap): the test frees such a block itself, as a burst's calls leave them, then sends the
 // burst.
 TEST_F(MemoryBudgetTest, FreedHeapMemoryGoesBackToTheSystemAfterABurst) {
-#if defined(__SANITIZE_ADDRESS__)
+#if VERIFYD_UNDER_ASAN
   GTEST_SKIP() << "AddressSanitizer replaces malloc";
 #endif
   if (std::getenv("MALLOC_MMAP_MAX_") || std::getenv("MALLOC_TRIM_THRESHOLD_") ||
