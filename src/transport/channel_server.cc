@@ -127,10 +127,11 @@ class ChannelServer::Channel {
       }
       resp.SerializeWithCachedSizesToArray(
           reinterpret_cast<uint8_t*>(channel::ResponseArea(base, g)));
+      // Counted before the client can see its answer: a status read after the call includes it.
+      calls_.fetch_add(1);
       channel::PublishResponse(base, static_cast<uint32_t>(bytes), seq);
       channel::FutexWake(&h->response_seq);
       answered = absl::Now();
-      calls_.fetch_add(1);
     }
   }
 
