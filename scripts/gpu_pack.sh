@@ -64,6 +64,8 @@ mkdir -p "$PACK/py/clients/python" "$PACK/py/tests/python"
 cp -r "$ROOT/clients/python/verifyd_client" "$ROOT/clients/python/generate.sh" "$PACK/py/clients/python/"
 rm -rf "$PACK/py/clients/python/verifyd_client/_gen" "$PACK/py/clients/python/verifyd_client/__pycache__"
 cp "$ROOT"/tests/python/{gpu_cuda_ipc_test.py,random_bundles.py,sglang_reference.py} "$PACK/py/tests/python/"
+# The SGLang adapters' test; gpu_run.sh runs it on CUDA tensors and through verifyd.
+cp "$ROOT"/tests/python/{test_adapters.py,verifyd_daemon.py} "$PACK/py/tests/python/"
 cp -r "$ROOT/proto" "$PACK/py/"
 "$ROOT/clients/python/generate.sh" "$PACK/py/gen" > /dev/null
 

@@ -121,6 +121,20 @@ PY
   [[ $rc == 0 ]] || status=1
   echo "gpu_region_test.sh: rc=$rc" >> "$SUMMARY"
   grep -E "^(FAIL|shadow comparisons)" "$OUT/region_test.txt" >> "$SUMMARY"
+  # SGLang's backend adapters on CUDA tensors: the conversion makes no host synchronisation and
+  # is captured in a CUDA graph; each adapter's eager call goes through verifyd (CUDA engine).
+  gen=$PACK/py/gen
+  if python3 -c "import grpc_tools" 2>/dev/null; then
+    adapters_gen=$(mktemp -d)
+    python3 -m grpc_tools.protoc -I"$PACK/py/proto" --python_out="$adapters_gen" \
+      --grpc_python_out="$adapters_gen" "$PACK"/py/proto/verifyd/v1/*.proto && gen=$adapters_gen
+  fi
+  VERIFYD_BIN="$PACK/bin/verifyd" VERIFYD_CLIENT_GEN=$gen timeout 300 \
+    python3 "$PACK/py/tests/python/test_adapters.py" > "$OUT/adapters.txt" 2>&1
+  rc=$?
+  [[ $rc == 0 ]] || status=1
+  echo "adapters: rc=$rc ($(tail -n 1 "$OUT/adapters.txt"))" >> "$SUMMARY"
+  grep -E "^(FAIL|ERROR):" "$OUT/adapters.txt" | head -10 >> "$SUMMARY"
   # The probe suite at its CUDA size (128K prefixes): result and share of GPU time.
   timeout 400 "$PACK/gpu_probe_cost.sh" "$PACK" "$OUT" > "$OUT/probe_cost.txt" 2>&1
   rc=$?

@@ -89,7 +89,6 @@ def as_verifyd(args):
     """What verifyd computes from VerifyArgs, rounded to bf16: o [B*T, H, 512] fp32."""
     assert isinstance(args, VerifyArgs)
     pool = args.kv_pool.cpu().float()
-    page = pool.shape[1]
     indptr, indices = args.kv_indptr.cpu().tolist(), args.kv_indices.cpu()
     lens, draft = args.kv_lens.cpu().tolist(), args.draft
     mask = args.tree_mask.cpu()
@@ -262,7 +261,7 @@ class FakeClient:
 
 def convert(backend, call, **kw):
     if backend == "triton":
-        return triton.verify_args(**{k: v for k, v in call.items()}, **kw)
+        return triton.verify_args(**call, **kw)
     if backend == "flashinfer_mla":
         return flashinfer_mla.verify_args(**call, **kw)
     return flashmla.verify_args(**call, **kw)
