@@ -7,7 +7,9 @@
 
 Zero-copy transports: VerifyClient(target, transport="shm") for host arrays,
 transport="cuda_ipc" for torch CUDA tensors; register the serving pool once with
-client.register_kv_pool(pool). sglang_target_verify adapts SGLang's target-verify arguments.
+client.register_kv_pool(pool). verifyd_client.adapters converts the arguments of SGLang's
+target-verify backends (triton, flashinfer_mla, flashmla) on the GPU; sglang_target_verify is
+the Triton adapter's one-call form.
 """
 
 from .admin import AdminClient
