@@ -90,6 +90,16 @@ if [[ -d "$PACK/py" ]]; then
   else
     fail "python cuda_ipc transport (rc=$rc): $(grep -E '^(FAIL|SETUP)' "$OUT/python_cuda_ipc.txt" | head -5)"
   fi
+  # Doorbell channels from a captured CUDA graph: 10,000 calls per client, two client processes.
+  VERIFYD_CLIENT_GEN=$gen timeout 400 python3 "$PACK/py/tests/python/gpu_doorbell_test.py" \
+    --data "unix://$dir/data.sock" --admin "unix://$dir/admin.sock" --replays 2500 --clients 2 \
+    > "$OUT/python_doorbell.txt" 2>&1
+  rc=$?
+  if [[ $rc == 0 ]]; then
+    grep -E '^(ok|shadow)' "$OUT/python_doorbell.txt"
+  else
+    fail "python doorbell graph test (rc=$rc): $(grep -E '^(FAIL|SETUP)|Error' "$OUT/python_doorbell.txt" | head -5)"
+  fi
 fi
 
 # A captured region call replays bit for bit.

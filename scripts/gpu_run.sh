@@ -83,7 +83,7 @@ if [[ $run_tests == 1 ]]; then
     [[ $t == test_custom_kernel ]] && filter=$kernel_filter
     # The service suites that reach the engine, its regions and its channels (the others are
     # the CPU machine's).
-    [[ $t == test_service ]] && filter='EndToEndTest.*:CaptureTest.*:RegionTest.*:RegionChild.*:ShmMapping.*:ChannelTest.*:ChannelChild.*:ChannelLayout.*:ChannelSpin.*:ReceiveService.*:ProbeServiceTest.*:DriftServiceTest.*'
+    [[ $t == test_service ]] && filter='EndToEndTest.*:CaptureTest.*:RegionTest.*:RegionChild.*:ShmMapping.*:ChannelTest.*:ChannelChild.*:ChannelLayout.*:ChannelSpin.*:DoorbellTest.*:DoorbellChild.*:DoorbellLayout.*:ReceiveService.*:ProbeServiceTest.*:DriftServiceTest.*'
     start=$(date +%s)
     timeout "${VERIFYD_TEST_TIMEOUT:-300}" "$PACK/bin/$t" --gtest_filter="$filter" \
       --gtest_output="json:$OUT/$t.json" >> "$OUT/tests.log" 2>&1

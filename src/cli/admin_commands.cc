@@ -192,8 +192,11 @@ void PrintRegionsAndChannels(const v1::GetStatusResponse& s) {
   if (s.channels().empty()) std::cout << "channels    none\n";
   for (const auto& c : s.channels()) {
     std::cout << fmt::format(
-        "channel     {}  on {}, areas of {:.1f} MB  client '{}' pid {}  calls {}{}\n", c.name(),
+        "channel     {}  on {}, areas of {:.1f} MB  client '{}' pid {}  calls {}{}{}\n", c.name(),
         c.key(), c.capacity() / 1e6, c.client(), c.client_pid(), c.calls(),
+        c.descriptors() > 0 ? fmt::format("  doorbell ({} descriptors, {} failed)", c.descriptors(),
+                                          c.failed_calls())
+                            : std::string(),
         c.stopped() ? "  STOPPED (object shrank; close it)" : "");
   }
 }

@@ -296,6 +296,19 @@ absl::StatusOr<std::function<void()>> CudaEngine::PinHostMemory(void* base, uint
   });
 }
 
+absl::Status CudaEngine::ZeroFill(const RegionRange& r) {
+  if (r.device() < 0) return Engine::ZeroFill(r);
+  if (r.device() >= num_devices()) {
+    return absl::InternalError(absl::StrCat("o_out: a region on device ", r.device()));
+  }
+  DeviceWorker& w = *workers_[r.device()];
+  VERIFYD_RETURN_IF_ERROR(w.Activate());
+  const cudaStream_t s = w.NextLane().served;
+  VERIFYD_RETURN_IF_ERROR(
+      w.Check(cudaMemsetAsync(r.data, 0, r.byte_size, s), "zero-filling a failed call's output"));
+  return w.AwaitCritical(s, "zero-filling a failed call's output");
+}
+
 absl::Status CudaEngine::Deliver(Path path, PreparedBundle& pb, const RegionRange& o,
                                  const RegionRange* lse) {
   auto& b = static_cast<CudaPreparedBundle&>(pb);

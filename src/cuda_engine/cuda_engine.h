@@ -54,6 +54,7 @@ class CudaEngine : public Engine {
   absl::StatusOr<double> PathSeconds(Path path, PreparedBundle& b) override;
   // A device-to-device copy into a CUDA IPC region (a device-to-host one into a shm region) on
   // the path's stream, waited for.
+  absl::Status ZeroFill(const RegionRange& r) override;
   absl::Status Deliver(Path path, PreparedBundle& b, const RegionRange& o,
                        const RegionRange* lse) override;
   absl::StatusOr<std::unique_ptr<MappedRegion>> OpenCudaIpc(int device, const std::string& handle,

@@ -31,4 +31,13 @@ absl::Status Engine::Deliver(Path path, PreparedBundle& b, const RegionRange& o,
   return absl::OkStatus();
 }
 
+absl::Status Engine::ZeroFill(const RegionRange& r) {
+  if (r.device() >= 0) {
+    return absl::FailedPreconditionError(
+        "o_out: this engine writes outputs into shared-memory regions only");
+  }
+  std::memset(r.data, 0, r.byte_size);
+  return absl::OkStatus();
+}
+
 }  // namespace verifyd

@@ -110,6 +110,10 @@ class Engine {
   // host regions only.
   virtual absl::Status Deliver(Path path, PreparedBundle& b, const RegionRange& o,
                                const RegionRange* lse);
+  // Fills a registered range with zeros (the output of a call that failed where the client reads
+  // it without an answer: doorbell channels). Complete when it returns. This default reaches
+  // host regions only.
+  virtual absl::Status ZeroFill(const RegionRange& r);
   // Makes host memory (a shm region) readable by the engine's devices without a staging copy;
   // returns what undoes it. Engines without devices do nothing.
   virtual absl::StatusOr<std::function<void()>> PinHostMemory(void* base, uint64_t bytes) {

@@ -104,6 +104,10 @@ ABSL_FLAG(int64_t, channel_spin_us, absl::ToInt64Microseconds(Defaults().channel
           "After a call, the most a channel's thread spins for the next one before it sleeps, "
           "microseconds: twice the last gap between its calls when that gap was within this, "
           "else 50 (a call within the spin pays no wake-up; a spin keeps a core busy; 0 = none)");
+ABSL_FLAG(int64_t, doorbell_poll_us, absl::ToInt64Microseconds(Defaults().channels.doorbell_poll),
+          "Doorbell channels (calls rung by a GPU stream, which cannot wake a sleeping thread): "
+          "past the spin, how long the channel's thread naps between looks at its doorbell, "
+          "microseconds; bounds the wake-up of a call after a pause (1 to 10000)");
 ABSL_FLAG(int64_t, gate_window, Defaults().controller.gate_window,
           "Clean comparisons in a row needed to flip to canary/custom");
 ABSL_FLAG(int64_t, rollback_breaches, Defaults().controller.rollback_breaches,
@@ -364,6 +368,11 @@ absl::Status ParseRegionsAndChannels(DaemonOptions* o) {
     return absl::InvalidArgumentError("channel_spin_us: must be in [0, 1000000]");
   }
   o->channels.spin = absl::Microseconds(spin_us);
+  const int64_t poll_us = absl::GetFlag(FLAGS_doorbell_poll_us);
+  if (poll_us < 1 || poll_us > 10000) {
+    return absl::InvalidArgumentError("doorbell_poll_us: must be in [1, 10000]");
+  }
+  o->channels.doorbell_poll = absl::Microseconds(poll_us);
   return absl::OkStatus();
 }
 

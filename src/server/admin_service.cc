@@ -153,6 +153,8 @@ grpc::Status AdminServiceImpl::GetStatus(grpc::ServerContext* ctx, const v1::Get
       out->set_calls(c.calls);
       out->set_stopped(c.stopped);
       out->set_client_pid(c.client_pid);
+      out->set_descriptors(c.descriptors);
+      out->set_failed_calls(c.failed_calls);
     }
   }
   return grpc::Status::OK;

@@ -92,6 +92,32 @@ void VerifyHandler::Record(const Outcome& o) {
   controller_->Record(o);
 }
 
+void VerifyHandler::ZeroOutputs(const v1::VerifyRequest& req) {
+  if (regions_ == nullptr) return;
+  for (const auto& [field, t] : {std::pair<const char*, const v1::Tensor*>{"o_out", &req.o_out()},
+                                 {"lse_out", &req.lse_out()}}) {
+    RegionName which;
+    uint64_t offset = 0, bytes = 0;
+    RegionKind kind = RegionKind::kShm;
+    if (t->has_shm()) {
+      which = RegionName{t->shm().region(), t->shm().set(), t->shm().index()};
+      offset = t->shm().offset();
+      bytes = t->shm().byte_size();
+    } else if (t->has_cuda_ipc()) {
+      kind = RegionKind::kCudaIpc;
+      which = RegionName{t->cuda_ipc().region(), "", 0};
+      offset = t->cuda_ipc().offset();
+      bytes = t->cuda_ipc().byte_size();
+    } else {
+      continue;
+    }
+    std::vector<RegionPin> pins;
+    absl::StatusOr<RegionRange> r = regions_->Resolve(field, kind, which, offset, bytes, &pins);
+    absl::Status st = r.ok() ? engine_->ZeroFill(*r) : r.status();
+    if (!st.ok()) spdlog::warn("zero-filling a failed call's {}: {}", field, st.ToString());
+  }
+}
+
 absl::Status VerifyHandler::Handle(const v1::VerifyRequest& req, v1::VerifyResponse* resp,
                                    const CallContext& call, const InPlaceTensors* in_place) {
   ++requests_;

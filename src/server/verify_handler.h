@@ -54,6 +54,9 @@ class VerifyHandler {
   absl::Status Handle(const v1::VerifyRequest& req, v1::VerifyResponse* resp,
                       const CallContext& call = CallContext(),
                       const InPlaceTensors* in_place = nullptr);
+  // Zero-fills the ranges `req` names in o_out and lse_out (a doorbell call that failed: its
+  // client reads them without an answer). Failures are logged.
+  void ZeroOutputs(const v1::VerifyRequest& req);
   const HandlerOptions& options() const { return opts_; }
   // Totals since start, for the admin status.
   v1::Counters counters() const;

@@ -81,6 +81,8 @@ VerifyServiceImpl::VerifyServiceImpl(VerifyHandler* handler, Metrics* metrics,
       channels_(
           opts.channels,
           [this](absl::string_view r, v1::VerifyResponse* resp) { ServeChannelCall(r, resp); },
+          [this](const absl::StatusOr<v1::VerifyRequest>& call, const v1::VerifyRequest* d,
+                 v1::VerifyResponse* resp) { ServeDoorbellCall(call, d, resp); },
           opts.pin_host) {
   // The unary call reads its message itself (a streamed unary handler is, to the server, a
   // stream of one message each way), so that its wire bytes go once they are parsed.
@@ -237,6 +239,18 @@ void VerifyServiceImpl::ServeChannelCall(absl::string_view request, v1::VerifyRe
   if (!st.ok()) ErrorInResponse(st, req.request_id(), resp);
 }
 
+void VerifyServiceImpl::ServeDoorbellCall(const absl::StatusOr<v1::VerifyRequest>& call,
+                                          const v1::VerifyRequest* descriptor,
+                                          v1::VerifyResponse* resp) {
+  const auto t0 = std::chrono::steady_clock::now();
+  // No bytes arrive with the call (its tensors are in regions): nothing to admit or parse.
+  const v1::VerifyRequest& req = call.ok() ? *call : v1::VerifyRequest::default_instance();
+  absl::Status st = Handle(call.status(), t0, 0, req, resp, CallContext(), nullptr);
+  if (st.ok()) return;
+  ErrorInResponse(st, req.request_id(), resp);
+  if (descriptor != nullptr) handler_->ZeroOutputs(*descriptor);
+}
+
 absl::Status VerifyServiceImpl::OpenChannel(const grpc::ServerContext& ctx,
                                             const v1::OpenChannelRequest& req,
                                             v1::OpenChannelResponse* resp) {
@@ -245,11 +259,16 @@ absl::Status VerifyServiceImpl::OpenChannel(const grpc::ServerContext& ctx,
   }
   absl::StatusOr<ChannelSummary> s =
       channels_.Open(req.name(), req.key(), req.byte_size(), req.client(), UnixPeerUid(ctx.peer()),
-                     UnixPeerPid(ctx.peer()));
+                     UnixPeerPid(ctx.peer()), req.descriptors(), req.layout_slots());
   if (!s.ok()) return s.status();
   resp->set_capacity(s->geometry.capacity);
   resp->set_request_offset(s->geometry.request_offset);
   resp->set_response_offset(s->geometry.response_offset);
+  if (s->descriptors > 0) {
+    resp->set_layout_slot_bytes(s->plan.slot_bytes);
+    resp->set_layout_slots(s->plan.slots);
+    resp->set_max_batch(static_cast<uint32_t>(s->plan.max_batch));
+  }
   return absl::OkStatus();
 }
 

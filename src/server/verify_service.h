@@ -76,6 +76,10 @@ class VerifyServiceImpl final : public grpc::Service {
   // (ParseRequestInPlace); errors in the response's error_code and error_message, as on the
   // stream.
   void ServeChannelCall(absl::string_view request, v1::VerifyResponse* resp);
+  // A doorbell channel's call (ChannelServer::ServeBuilt): served as a Verify call; on an error
+  // the descriptor's outputs are zero-filled.
+  void ServeDoorbellCall(const absl::StatusOr<v1::VerifyRequest>& call,
+                         const v1::VerifyRequest* descriptor, v1::VerifyResponse* resp);
   // What every call does once its message is read: a message refused before the handler saw it
   // (`read`, not OK) is counted here (path "none"); otherwise the handler runs it.
   absl::Status Handle(absl::Status read, std::chrono::steady_clock::time_point t0, double parse_s,

@@ -14,6 +14,8 @@
 // (release) and wakes it. The client waits for response_seq to reach its number, and leaves the
 // request area alone until then: bytes it changes earlier may reach the call. A channel serves
 // one call at a time.
+//
+// A channel opened with call descriptors is in doorbell mode instead: see doorbell_layout.h.
 
 #include <atomic>
 #include <cstdint>
@@ -44,6 +46,10 @@ struct Header {
   alignas(64) std::atomic<uint32_t> response_seq;
   std::atomic<uint32_t> response_bytes;
   alignas(64) std::atomic<uint32_t> state;
+  // Doorbell mode only (doorbell_layout.h): written by the client's GPU, and by verifyd.
+  alignas(64) std::atomic<uint32_t> doorbell;
+  alignas(64) std::atomic<uint32_t> done;
+  alignas(64) std::atomic<uint32_t> failed_calls;  // verifyd: calls answered with an error
 };
 static_assert(sizeof(Header) <= kHeaderBytes);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);

@@ -1,6 +1,7 @@
 #include "src/transport/channel_server.h"
 
 #include <poll.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -43,14 +44,17 @@ bool Exited(int pidfd) {
 class ChannelServer::Channel {
  public:
   Channel(ChannelSummary summary, std::unique_ptr<MappedRegion> map, const ChannelLimits& limits,
-          const Serve& serve)
+          const Serve& serve, const ServeBuilt& serve_built, const Descriptors& descriptors)
       : summary_(std::move(summary)),
         map_(std::move(map)),
         spin_(limits.spin),
+        poll_(limits.doorbell_poll),
         serve_(serve),
+        serve_built_(serve_built),
+        descriptors_(descriptors),
         pidfd_(summary_.client_pid > 0 ? WatchProcess(summary_.client_pid) : -1) {
     channel::InitHeader(map_->base(), summary_.geometry);
-    thread_ = std::thread([this] { Loop(); });
+    thread_ = std::thread([this] { descriptors_.empty() ? Loop() : DoorbellLoop(); });
   }
   ~Channel() {
     stop_.store(true);
@@ -69,10 +73,102 @@ class ChannelServer::Channel {
     ChannelSummary s = summary_;
     s.calls = calls_.load();
     s.stopped = stopped_.load();
+    s.failed_calls = failed_.load();
     return s;
   }
 
  private:
+  // The client exited (and the channel closes), or it is being closed: the loop returns.
+  bool Ended() {
+    if (stop_.load()) return true;
+    if (!Exited(pidfd_)) return false;
+    spdlog::info("channel '{}': its client (pid {}) exited without closing it; closing it",
+                 summary_.name, summary_.client_pid);
+    orphaned_.store(true);
+    return true;
+  }
+
+  // Doorbell mode: the next doorbell word, taken (0 left in its place); 0 when the loop should
+  // end. Spins for `spin`, then naps for poll_ between looks (a GPU cannot wake a futex), and
+  // looks at the client's process every 100 ms.
+  uint32_t AwaitRing(channel::Header* h, absl::Duration spin) {
+    const absl::Time spin_end = absl::Now() + spin;
+    absl::Time next_check = absl::Now() + absl::Milliseconds(100);
+    bool napping = false;
+    for (uint64_t i = 0;; ++i) {
+      if (h->doorbell.load(std::memory_order_acquire) != 0) {
+        return h->doorbell.exchange(0, std::memory_order_acq_rel);
+      }
+      if (stop_.load()) return 0;
+      if (!napping && (i & 63) != 0) continue;  // spinning: the clock every 64 looks
+      const absl::Time now = absl::Now();
+      if (now >= next_check) {
+        if (Ended()) return 0;
+        next_check = now + absl::Milliseconds(100);
+      }
+      napping = napping || now >= spin_end;
+      if (napping) std::this_thread::sleep_for(absl::ToChronoMicroseconds(poll_));
+    }
+  }
+
+  void DoorbellLoop() {
+    // Naps of poll_ would otherwise last 50 us more: the default timer slack.
+    ::prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+    char* base = map_->base();
+    channel::Header* h = HeaderOf(base);
+    const channel::Geometry& g = summary_.geometry;
+    v1::VerifyResponse resp;
+    absl::StatusOr<v1::VerifyRequest> call;
+    absl::Duration last_gap = absl::InfiniteDuration();
+    absl::Time answered = absl::InfinitePast();
+    while (true) {
+      const uint32_t word =
+          AwaitRing(h, channel::AdaptiveSpin(last_gap, ChannelLimits::kSpinFloor, spin_));
+      if (word == 0) return;
+      last_gap = absl::Now() - answered;
+      const channel::Ring ring = channel::DecodeRing(word);
+      resp.Clear();
+      if (!call.ok()) call = v1::VerifyRequest();
+      absl::Status built = channel::BuildDoorbellCall(descriptors_, summary_.plan, ring,
+                                                      base + g.request_offset, &*call);
+      if (!built.ok()) call = built;
+      const v1::VerifyRequest* descriptor =
+          ring.descriptor < static_cast<uint32_t>(descriptors_.size())
+              ? &descriptors_[static_cast<int>(ring.descriptor)]
+              : nullptr;
+      serve_built_(call, descriptor, &resp);
+      if (!map_->intact()) {
+        spdlog::warn(
+            "channel '{}': its shared-memory object shrank under the mapping; the "
+            "channel stops serving (close it and open a new one)",
+            summary_.name);
+        stopped_.store(true);
+        return;
+      }
+      if (resp.error_code() != 0) {
+        const int64_t failed = failed_.fetch_add(1) + 1;
+        h->failed_calls.store(static_cast<uint32_t>(failed), std::memory_order_relaxed);
+        if ((failed & (failed - 1)) == 0) {  // the 1st, 2nd, 4th, ... failure
+          spdlog::warn(
+              "channel '{}': call (descriptor {}, layout slot {}) failed: {} ({} failed "
+              "so far; its o_out was zero-filled)",
+              summary_.name, ring.descriptor, ring.slot, resp.error_message(), failed);
+        }
+      }
+      size_t bytes = resp.ByteSizeLong();
+      if (bytes <= g.capacity) {
+        resp.SerializeWithCachedSizesToArray(
+            reinterpret_cast<uint8_t*>(channel::ResponseArea(base, g)));
+      } else {
+        bytes = 0;  // an answer that large carries tensors, which a doorbell call never returns
+      }
+      h->response_bytes.store(static_cast<uint32_t>(bytes), std::memory_order_relaxed);
+      calls_.fetch_add(1);
+      h->done.store(channel::DoneWord(resp.error_code()), std::memory_order_release);
+      answered = absl::Now();
+    }
+  }
+
   void Loop() {
     char* base = map_->base();
     channel::Header* h = HeaderOf(base);
@@ -90,12 +186,7 @@ class ChannelServer::Channel {
           channel::AdaptiveSpin(last_gap, ChannelLimits::kSpinFloor, spin_),
           absl::Milliseconds(100), [this] { return stop_.load() || Exited(pidfd_); });
       if (seq == served) {  // asked to stop, or the client is gone
-        if (!stop_.load() && Exited(pidfd_)) {
-          spdlog::info("channel '{}': its client (pid {}) exited without closing it; closing it",
-                       summary_.name, summary_.client_pid);
-          orphaned_.store(true);
-          return;
-        }
+        if (!stop_.load() && Ended()) return;
         continue;
       }
       served = seq;
@@ -137,16 +228,22 @@ class ChannelServer::Channel {
 
   const ChannelSummary summary_;
   const std::unique_ptr<MappedRegion> map_;
-  const absl::Duration spin_;
+  const absl::Duration spin_, poll_;
   const Serve& serve_;
+  const ServeBuilt& serve_built_;
+  const Descriptors descriptors_;
   const int pidfd_;  // readable once the client exited; -1: not watched
   std::atomic<bool> stop_{false}, stopped_{false}, orphaned_{false};
-  std::atomic<int64_t> calls_{0};
+  std::atomic<int64_t> calls_{0}, failed_{0};
   std::thread thread_;
 };
 
-ChannelServer::ChannelServer(ChannelLimits limits, Serve serve, RegionRegistry::HostPinner pin_host)
-    : limits_(limits), serve_(std::move(serve)), pin_host_(std::move(pin_host)) {
+ChannelServer::ChannelServer(ChannelLimits limits, Serve serve, ServeBuilt serve_built,
+                             RegionRegistry::HostPinner pin_host)
+    : limits_(limits),
+      serve_(std::move(serve)),
+      serve_built_(std::move(serve_built)),
+      pin_host_(std::move(pin_host)) {
   if (limits_.max_channels > 0) reaper_ = std::thread([this] { ReapLoop(); });
 }
 
@@ -204,7 +301,9 @@ void ChannelServer::Notify() {
 absl::StatusOr<ChannelSummary> ChannelServer::Open(const std::string& name, const std::string& key,
                                                    uint64_t byte_size, const std::string& client,
                                                    std::optional<uint32_t> caller_uid,
-                                                   std::optional<int> caller_pid) {
+                                                   std::optional<int> caller_pid,
+                                                   const Descriptors& descriptors,
+                                                   uint32_t layout_slots) {
   if (limits_.max_channels == 0) {
     return absl::FailedPreconditionError(
         "OpenChannel: this verifyd serves no call channels (--max_channels=0)");
@@ -214,6 +313,15 @@ absl::StatusOr<ChannelSummary> ChannelServer::Open(const std::string& name, cons
   }
   absl::StatusOr<channel::Geometry> g = channel::GeometryFor(byte_size, limits_.max_capacity);
   if (!g.ok()) return g.status();
+  channel::DoorbellPlan plan;
+  if (!descriptors.empty()) {
+    absl::StatusOr<channel::DoorbellPlan> p =
+        channel::PlanDoorbell(descriptors, layout_slots, g->capacity);
+    if (!p.ok()) return p.status();
+    plan = *p;
+  } else if (layout_slots != 0) {
+    return absl::InvalidArgumentError("layout_slots: set without descriptors (doorbell mode)");
+  }
   auto check_room = [&]() -> absl::Status {
     if (channels_.count(name) != 0) {
       return absl::AlreadyExistsError(
@@ -243,15 +351,22 @@ absl::StatusOr<ChannelSummary> ChannelServer::Open(const std::string& name, cons
   s.byte_size = byte_size;
   s.geometry = *g;
   s.client_pid = caller_pid.value_or(0);
+  s.descriptors = descriptors.size();
+  s.plan = plan;
   {
     std::lock_guard<std::mutex> l(mu_);
     if (absl::Status st = check_room(); !st.ok()) return st;  // raced with another Open
-    channels_[name] = std::make_unique<Channel>(s, std::move(*m), limits_, serve_);
+    channels_[name] =
+        std::make_unique<Channel>(s, std::move(*m), limits_, serve_, serve_built_, descriptors);
   }
   spdlog::info(
-      "channel '{}' open on '{}' ({} bytes, areas of {} bytes, client '{}'; pinned in "
+      "channel '{}' open on '{}' ({} bytes, areas of {} bytes, client '{}'{}; pinned in "
       "{:.1f} ms)",
-      name, key, byte_size, g->capacity, client, absl::ToDoubleMilliseconds(pinned.took));
+      name, key, byte_size, g->capacity, client,
+      descriptors.empty() ? std::string()
+                          : absl::StrCat("; doorbell mode, ", descriptors.size(),
+                                         " descriptors, max_batch ", plan.max_batch),
+      absl::ToDoubleMilliseconds(pinned.took));
   Notify();
   return s;
 }

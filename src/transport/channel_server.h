@@ -5,6 +5,9 @@
 // request word and serves each call through `serve`: the same path as a Verify RPC's message.
 // A channel opened over a Unix socket watches the process that opened it (a pidfd): when that
 // process exits without closing the channel, the channel is closed within about a second.
+// A channel opened with call descriptors is in doorbell mode (doorbell_layout.h): its thread
+// polls the doorbell word that the client's GPU writes, and serves each call through
+// `serve_built`.
 
 #include <condition_variable>
 #include <cstdint>
@@ -20,8 +23,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "google/protobuf/repeated_ptr_field.h"
 #include "src/region/region_registry.h"
 #include "src/transport/channel_layout.h"
+#include "src/transport/doorbell_layout.h"
 #include "verifyd/v1/verify.pb.h"
 
 namespace verifyd {
@@ -34,6 +39,10 @@ struct ChannelLimits {
   // otherwise kSpinFloor (channel::AdaptiveSpin). A call within the spin pays no wake-up.
   absl::Duration spin = absl::Microseconds(50);
   static constexpr absl::Duration kSpinFloor = absl::Microseconds(50);
+  // Doorbell mode: past the spin, how long the thread naps between looks at the doorbell word
+  // (--doorbell_poll_us). A GPU cannot wake a futex, so this bounds the wake-up of a call that
+  // comes after a pause.
+  absl::Duration doorbell_poll = absl::Microseconds(20);
 };
 
 struct ChannelSummary {
@@ -43,6 +52,9 @@ struct ChannelSummary {
   int64_t calls = 0;
   bool stopped = false;  // the object shrank under the mapping: no more calls
   int client_pid = 0;    // the watched process; 0: none
+  int descriptors = 0;   // doorbell mode: call descriptors; 0: serialized requests
+  channel::DoorbellPlan plan;
+  int64_t failed_calls = 0;  // doorbell mode: calls answered with an error
 };
 
 class ChannelServer {
@@ -51,12 +63,21 @@ class ChannelServer {
   // where the client can write it (ParseRequestInPlace copies out what is checked); fills `resp`
   // (errors in its error_code and error_message).
   using Serve = std::function<void(absl::string_view request, v1::VerifyResponse* resp)>;
+  // Serves one doorbell call, built from its descriptor and layout slot (or the error that kept
+  // it from being built), into `resp`; on any error it zero-fills the output ranges that
+  // `descriptor` names (null: the doorbell named no descriptor), so the client reads zeros, not
+  // stale values.
+  using ServeBuilt =
+      std::function<void(const absl::StatusOr<v1::VerifyRequest>& call,
+                         const v1::VerifyRequest* descriptor, v1::VerifyResponse* resp)>;
+  using Descriptors = google::protobuf::RepeatedPtrField<v1::VerifyRequest>;
   // Sees the channel count after every change (metrics).
   using Observer = std::function<void(int64_t channels)>;
 
   // `pin_host`: pins each channel's memory for the engine's copy engines, so that bytes read in
   // place go to the GPU without a staging copy (null, or an error: they are staged).
-  ChannelServer(ChannelLimits limits, Serve serve, RegionRegistry::HostPinner pin_host = nullptr);
+  ChannelServer(ChannelLimits limits, Serve serve, ServeBuilt serve_built,
+                RegionRegistry::HostPinner pin_host = nullptr);
   ~ChannelServer();  // closes every channel
   ChannelServer(const ChannelServer&) = delete;
   ChannelServer& operator=(const ChannelServer&) = delete;
@@ -66,10 +87,14 @@ class ChannelServer {
   // and starts serving. ALREADY_EXISTS for a name in use, RESOURCE_EXHAUSTED past
   // --max_channels, INVALID_ARGUMENT naming the field for a bad name or size.
   // `caller_pid`: the process whose exit closes the channel (nullopt: none is watched).
+  // `descriptors` (non-empty: doorbell mode) and `layout_slots` as in OpenChannelRequest; bad
+  // ones are INVALID_ARGUMENT naming the field (PlanDoorbell).
   absl::StatusOr<ChannelSummary> Open(const std::string& name, const std::string& key,
                                       uint64_t byte_size, const std::string& client,
                                       std::optional<uint32_t> caller_uid,
-                                      std::optional<int> caller_pid = std::nullopt);
+                                      std::optional<int> caller_pid = std::nullopt,
+                                      const Descriptors& descriptors = Descriptors(),
+                                      uint32_t layout_slots = 0);
   // Closes `name`, or with an empty name every channel of `client`; a call in progress finishes
   // first. The client sees state closed. NOT_FOUND for an unknown name.
   absl::StatusOr<std::vector<std::string>> Close(const std::string& name,
@@ -84,6 +109,7 @@ class ChannelServer {
 
   ChannelLimits limits_;
   Serve serve_;
+  ServeBuilt serve_built_;
   RegionRegistry::HostPinner pin_host_;
   Observer observer_;
   mutable std::mutex mu_;

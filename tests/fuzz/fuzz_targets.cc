@@ -18,6 +18,7 @@
 #include "src/io/bundle_file.h"
 #include "src/io/safetensors.h"
 #include "src/transport/channel_layout.h"
+#include "src/transport/doorbell_layout.h"
 
 namespace verifyd::fuzz {
 namespace {
@@ -191,10 +192,74 @@ absl::Status Channel(const uint8_t* data, size_t size) {
   return Request(reinterpret_cast<const uint8_t*>(request->data()), request->size());
 }
 
+namespace {
+
+// Two descriptors of max_batch 3, T 4, 2 heads, 40 kv_indices, naming shm region "r".
+const google::protobuf::RepeatedPtrField<v1::VerifyRequest>& DoorbellDescriptors() {
+  static const auto* d = [] {
+    auto* out = new google::protobuf::RepeatedPtrField<v1::VerifyRequest>();
+    auto tensor = [](v1::Tensor* t, v1::DType dtype, std::vector<int64_t> shape, uint64_t at,
+                     uint64_t bytes) {
+      t->set_dtype(dtype);
+      for (int64_t x : shape) t->add_shape(x);
+      t->mutable_shm()->set_region("r");
+      t->mutable_shm()->set_offset(at);
+      t->mutable_shm()->set_byte_size(bytes);
+    };
+    for (int i = 0; i < 2; ++i) {
+      v1::VerifyRequest* r = out->Add();
+      tensor(r->mutable_q(), v1::DTYPE_BF16, {12, 2, 576}, 0, 12 * 2 * 576 * 2);
+      tensor(r->mutable_kv_pool(), v1::DTYPE_BF16, {8, 16, 576}, 1 << 16, 8 * 16 * 576 * 2);
+      tensor(r->mutable_kv_indices(), v1::DTYPE_I32, {40}, 1 << 18, 160);
+      tensor(r->mutable_tree_mask(), v1::DTYPE_U8, {3, 4, 4}, 1 << 19, 48);
+      tensor(r->mutable_o_out(), v1::DTYPE_BF16, {12, 2, 512}, (1 << 20) * (i + 1),
+             12 * 2 * 512 * 2);
+      r->set_sm_scale(0.1f);
+    }
+    return out;
+  }();
+  return *d;
+}
+
+int64_t Elements(const v1::Tensor& t) {
+  int64_t n = 1;
+  for (int64_t x : t.shape()) n *= x;
+  return n;
+}
+
+}  // namespace
+
+absl::Status Doorbell(const uint8_t* data, size_t size) {
+  const auto& descriptors = DoorbellDescriptors();
+  absl::StatusOr<channel::DoorbellPlan> plan = channel::PlanDoorbell(descriptors, 4, 4096);
+  if (!plan.ok()) return absl::InternalError(plan.status().ToString());
+  uint32_t word = 0;
+  std::memcpy(&word, data, std::min<size_t>(size, 4));
+  std::vector<char> area(4096, 0);
+  if (size > 4) std::memcpy(area.data(), data + 4, std::min<size_t>(size - 4, area.size()));
+  v1::VerifyRequest call;
+  absl::Status st =
+      channel::BuildDoorbellCall(descriptors, *plan, channel::DecodeRing(word), area.data(), &call);
+  if (!st.ok()) return st;
+  // What was built stays inside the descriptor's ranges and agrees with itself.
+  const int64_t batch = call.kv_lens().shape(0), draft = plan->draft;
+  const auto* indptr = reinterpret_cast<const int32_t*>(call.kv_indptr().raw_contents().data());
+  const bool ok =
+      batch >= 1 && batch <= plan->max_batch && call.kv_indptr().shape(0) == batch + 1 &&
+      call.kv_indptr().raw_contents().size() == size_t(batch + 1) * 4 &&
+      call.q().shape(0) == batch * draft && call.o_out().shape(0) == batch * draft &&
+      call.tree_mask().shape(0) == batch && call.kv_indices().shape(0) == indptr[batch] &&
+      call.q().shm().byte_size() == uint64_t(Elements(call.q())) * 2 &&
+      call.o_out().shm().byte_size() == uint64_t(Elements(call.o_out())) * 2 &&
+      call.kv_indices().shm().byte_size() == uint64_t(indptr[batch]) * 4 &&
+      call.kv_indices().shm().byte_size() <= 160;
+  return ok ? absl::OkStatus() : absl::InternalError("a built call disagrees with its layout");
+}
+
 const std::vector<Target>& Targets() {
   static const std::vector<Target> targets = {
       {"request", &Request}, {"safetensors", &Safetensors}, {"state", &State},
-      {"audit", &Audit},     {"channel", &Channel},
+      {"audit", &Audit},     {"channel", &Channel},         {"doorbell", &Doorbell},
   };
   return targets;
 }

@@ -29,6 +29,11 @@ absl::Status State(const uint8_t* data, size_t size);
 // Request(). INTERNAL when it is not inside the request area.
 absl::Status Channel(const uint8_t* data, size_t size);
 absl::Status Audit(const uint8_t* data, size_t size);
+// A doorbell call (src/transport/doorbell_layout.h) as verifyd builds it from two fixed
+// descriptors: the input's first 4 bytes are the doorbell word, the rest the request area with
+// its layout slots. INTERNAL when the built call leaves the descriptor's ranges or disagrees with
+// its own layout.
+absl::Status Doorbell(const uint8_t* data, size_t size);
 
 struct Target {
   const char* name;  // the corpus directory: tests/fuzz/corpus/<name>, regressions/<name>

@@ -113,6 +113,14 @@ def channel_frame(req, claimed=None):
     return bytes(header) + req
 
 
+def doorbell_input(word, batch, indptr, lens, max_batch=3, slot_bytes=64):
+    # The doorbell word, then the request area: layout slot 0 (src/transport/doorbell_layout.h).
+    words = [batch, 0] + indptr + [0] * (max_batch + 1 - len(indptr)) + lens + \
+        [0] * (max_batch - len(lens))
+    area = struct.pack(f"<{len(words)}i", *words)
+    return struct.pack("<I", word) + area + bytes(slot_bytes - len(area))
+
+
 def write(target, name, data):
     d = os.path.join(HERE, "corpus", target)
     os.makedirs(d, exist_ok=True)
@@ -132,6 +140,9 @@ def main():
     write("channel", "small", channel_frame(request(small, False)))
     write("channel", "shm_region", channel_frame(shm_request(tree)))
     write("channel", "bad_claims_too_much", channel_frame(request(small, False), claimed=1 << 30))
+    write("doorbell", "good", doorbell_input(0x80000000, 2, [0, 3, 9], [40, 90]))
+    write("doorbell", "descriptor_1", doorbell_input(0x80000001, 1, [0, 40], [600]))
+    write("doorbell", "bad_batch", doorbell_input(0x80000000, 9, [0, 1], [4]))
     write("safetensors", "small", safetensors(small))
     write("safetensors", "tree", safetensors(tree))
     write("safetensors", "bad_header_only", struct.pack("<Q", 2) + b"{}")

@@ -180,6 +180,25 @@ class VerifyClient(ChannelClient):
         self._call_channels.append(c)
         return c
 
+    def doorbell_channel(self, descriptors, layout_slots=2):
+        """A DoorbellChannel (doorbell.py): calls a CUDA stream makes, capturable in a CUDA
+        graph, each naming one of ``descriptors`` (doorbell.Descriptor). Needs transport
+        cuda_ipc; closed with the client if not before."""
+        from .doorbell import DoorbellChannel  # noqa: PLC0415 - needs torch
+
+        c = DoorbellChannel(self, descriptors, layout_slots)
+        self._call_channels.append(c)
+        return c
+
+    def verify_step(self, kv_pools, max_batch, draft, heads, max_indices, sm_scale, **kwargs):
+        """A VerifyStep (doorbell.py): a serving stack's per-layer verify attention, one
+        descriptor per layer's KV pool, capturable in a CUDA graph. Needs transport cuda_ipc."""
+        from .doorbell import VerifyStep  # noqa: PLC0415 - needs torch
+
+        step = VerifyStep(self, kv_pools, max_batch, draft, heads, max_indices, sm_scale, **kwargs)
+        self._call_channels.append(step.channel)
+        return step
+
     def stream(self, timeout=None):
         """A VerifyStream context manager: calls in order over one bidirectional stream."""
         return VerifyStream(self._stub, timeout, self._transport)

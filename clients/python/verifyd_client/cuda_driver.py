@@ -44,6 +44,12 @@ def _driver():
             lib.cuCtxPushCurrent_v2.argtypes = [ctypes.c_void_p]
             lib.cuCtxPopCurrent_v2.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
             lib.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+            lib.cuMemHostGetDevicePointer_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64),
+                                                         ctypes.c_void_p, ctypes.c_uint]
+            for fn in (lib.cuStreamWriteValue32_v2, lib.cuStreamWaitValue32_v2):
+                fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
+            lib.cuMemcpyDtoHAsync_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t,
+                                                 ctypes.c_void_p]
             _check(lib, lib.cuInit(0), "cuInit")
             _lib = lib
         return _lib
@@ -93,3 +99,33 @@ def ipc_handle(base):
     finally:
         popped = ctypes.c_void_p()
         lib.cuCtxPopCurrent_v2(ctypes.byref(popped))
+
+
+# Stream memory operations (cuStreamWriteValue32 / cuStreamWaitValue32): enqueued on a stream,
+# so a CUDA graph captures them. The default write is preceded by a system-wide memory fence.
+STREAM_WAIT_VALUE_AND = 0x2  # CU_STREAM_WAIT_VALUE_AND: until (*addr & value) != 0
+
+
+def host_device_pointer(host_ptr):
+    """The device address of registered (cudaHostRegisterMapped) host memory at ``host_ptr``."""
+    lib = _driver()
+    d = ctypes.c_uint64()
+    _check(lib, lib.cuMemHostGetDevicePointer_v2(ctypes.byref(d), host_ptr, 0),
+           "cuMemHostGetDevicePointer")
+    return d.value
+
+
+def stream_write32(stream, address, value):
+    lib = _driver()
+    _check(lib, lib.cuStreamWriteValue32_v2(stream, address, value, 0), "cuStreamWriteValue32")
+
+
+def stream_wait32(stream, address, value, flags):
+    lib = _driver()
+    _check(lib, lib.cuStreamWaitValue32_v2(stream, address, value, flags), "cuStreamWaitValue32")
+
+
+def copy_to_host_async(host_ptr, device_ptr, nbytes, stream):
+    lib = _driver()
+    _check(lib, lib.cuMemcpyDtoHAsync_v2(host_ptr, device_ptr, nbytes, stream),
+           "cuMemcpyDtoHAsync")

@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""Doorbell channels from a CUDA graph, against a running verifyd with the CUDA engine.
+
+    VERIFYD_CLIENT_GEN=BUILD/clients/python/gen python3 tests/python/gpu_doorbell_test.py \\
+        --data unix:///tmp/vd/data.sock --admin unix:///tmp/vd/admin.sock [--replays 10000]
+
+A torch CUDA graph captures a forward pass of LAYERS layers, each a verify call through
+verifyd_client's VerifyStep (the layout set once per pass). It is replayed --replays times; before
+each replay the lengths, the page table, the tree mask and q change, and after each replay q is
+scribbled over. Every layer's output of every replay is checked against an fp32 torch
+implementation written here (rel-L2 <= 5e-3). Then: the shadow comparisons of those calls are all
+clean; a bad page id in the page table gives a zero-filled o, a counted failure and an error
+naming kv_indices, and the graph goes on; two client processes at once (--clients 2) both pass.
+Exit status: 0 passed, 1 a check failed, 2 the setup failed.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CLIENT = os.path.normpath(os.path.join(HERE, "..", "..", "clients", "python"))
+sys.path[:0] = [CLIENT, HERE]
+
+try:
+    import torch
+except ImportError as e:
+    print(f"SETUP FAILED: {e}")
+    sys.exit(2)
+from verifyd_client import AdminClient, VerifyClient, VerifydError  # noqa: E402
+
+LAYERS, MAX_BATCH, DRAFT, HEADS, MAX_PREFIX, SLOTS = 4, 4, 8, 16, 400, 6000
+SCALE = 0.1352  # a DeepSeek-like scale (YaRN), not 1/sqrt(192)
+
+
+def reference(q, pool, indptr, indices, lens, mask):
+    """fp32 MLA verify attention, page size 1: q [B*T, H, 576], pool [slots, 1, 576]."""
+    b_count = lens.shape[0]
+    out = torch.empty(b_count * DRAFT, HEADS, 512, dtype=torch.float32, device=q.device)
+    for b in range(b_count):
+        n = int(lens[b])
+        slots = indices[int(indptr[b]):int(indptr[b]) + n].long()
+        kv = pool[slots, 0].float()  # [n, 576]
+        qb = q[b * DRAFT:(b + 1) * DRAFT].float()  # [T, H, 576]
+        s = torch.einsum("thd,nd->htn", qb, kv) * SCALE
+        allow = torch.ones(DRAFT, n, dtype=torch.bool, device=q.device)
+        allow[:, n - DRAFT:] = mask[b].bool()
+        s = s.masked_fill(~allow[None], float("-inf"))
+        out[b * DRAFT:(b + 1) * DRAFT] = torch.einsum("htn,nd->thd", s.softmax(-1), kv[:, :512])
+    return out
+
+
+def rel_l2(got, want):
+    return float((got.float() - want).norm() / want.norm().clamp_min(1e-30))
+
+
+class Pass:
+    """The device inputs a forward pass reads, rewritten in place before each replay."""
+
+    def __init__(self, gen, device):
+        self.gen, self.device = gen, device
+        self.pools = [torch.randn(SLOTS, 1, 576, generator=gen, device=device)
+                      .to(torch.bfloat16) for _ in range(LAYERS)]
+        self.indptr = torch.zeros(MAX_BATCH + 1, dtype=torch.int32, device=device)
+        self.indices = torch.zeros(MAX_BATCH * (MAX_PREFIX + DRAFT), dtype=torch.int32,
+                                   device=device)
+        self.lens = torch.zeros(MAX_BATCH, dtype=torch.int32, device=device)
+        self.mask = torch.zeros(MAX_BATCH, DRAFT, DRAFT, dtype=torch.uint8, device=device)
+        self.q = [torch.zeros(MAX_BATCH * DRAFT, HEADS * 576, dtype=torch.bfloat16,
+                              device=device) for _ in range(LAYERS)]
+        self.o = [torch.zeros(MAX_BATCH * DRAFT, HEADS * 512, dtype=torch.bfloat16,
+                              device=device) for _ in range(LAYERS)]
+
+    def rewrite(self):
+        g = self.gen
+        prefix = torch.randint(0, MAX_PREFIX + 1, (MAX_BATCH,), generator=g, device=self.device)
+        lens = prefix + DRAFT
+        self.lens.copy_(lens)
+        self.indptr[1:].copy_(lens.cumsum(0))
+        self.indices.copy_(torch.randint(0, SLOTS, self.indices.shape, generator=g,
+                                         device=self.device))
+        tri = torch.tril(torch.ones(DRAFT, DRAFT, device=self.device, dtype=torch.uint8))
+        rnd = (torch.rand(MAX_BATCH, DRAFT, DRAFT, generator=g, device=self.device) < 0.5)
+        self.mask.copy_(torch.maximum(tri, rnd.to(torch.uint8) * tri))  # a tree: ancestors only
+        for q in self.q:
+            q.copy_(torch.randn(q.shape, generator=g, device=self.device).to(torch.bfloat16))
+
+    def scribble(self):
+        for q in self.q:
+            q.fill_(float("nan"))
+
+
+def capture(step, p):
+    def forward():
+        step.set_layout(p.indptr, p.indices, p.lens, p.mask)
+        for layer in range(LAYERS):
+            step.attend(layer, p.q[layer], p.o[layer])
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        forward()  # warm-up, outside the graph
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        forward()
+    return graph
+
+
+def run_replays(args, device, seed):
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    p = Pass(gen, device)
+    worst, t0 = 0.0, time.monotonic()
+    with VerifyClient(args.data, transport="cuda_ipc", timeout=30) as client:
+        step = client.verify_step(p.pools, MAX_BATCH, DRAFT, HEADS, p.indices.shape[0], SCALE)
+        p.rewrite()
+        graph = capture(step, p)
+        for i in range(args.replays):
+            p.rewrite()
+            want = [reference(p.q[layer].view(-1, HEADS, 576), p.pools[layer], p.indptr,
+                              p.indices, p.lens, p.mask) for layer in range(LAYERS)]
+            graph.replay()
+            p.scribble()  # verifyd has answered every call of the replay once the step is done
+            torch.cuda.synchronize()
+            for layer in range(LAYERS):
+                e = rel_l2(p.o[layer].view(-1, HEADS, 512), want[layer])
+                worst = max(worst, e)
+                if not e <= 5e-3:
+                    raise AssertionError(f"replay {i} layer {layer}: rel-L2 {e:.3g} > 5e-3")
+        step.channel.check()
+        # A bad page id: the graph goes on, o is zero-filled, the failure is counted and named.
+        p.rewrite()
+        p.indices[0] = SLOTS + 7
+        graph.replay()
+        torch.cuda.synchronize()
+        zeros = all(int(o.view(-1, HEADS, 512)[:int(p.lens.shape[0]) * DRAFT].count_nonzero())
+                    == 0 for o in p.o)
+        failed = step.channel.failed_calls()
+        try:
+            step.channel.check()
+            named = "no error raised"
+        except VerifydError as e:
+            named = str(e)
+        if not (zeros and failed == LAYERS and "kv_indices" in named):
+            raise AssertionError(f"bad page id: o zero-filled {zeros}, failed {failed} (want "
+                                 f"{LAYERS}), error {named!r}")
+        p.rewrite()
+        graph.replay()
+        torch.cuda.synchronize()
+        step.channel.check()
+        took = time.monotonic() - t0
+        calls = (args.replays + 2) * LAYERS
+        print(f"ok   {args.replays} graph replays x {LAYERS} layers: every output within "
+              f"rel-L2 5e-3 of fp32 torch (worst {worst:.2e}); a bad page id zero-filled o and "
+              f"failed naming kv_indices; {calls} calls in {took:.1f} s", flush=True)
+
+
+def comparisons(admin_target):
+    with AdminClient(admin_target) as admin:
+        c = admin.status()["counters"]
+    return c["comparisons_match"], c["comparisons_breach"], c["comparisons_error"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--admin", required=True)
+    ap.add_argument("--replays", type=int, default=10000)
+    ap.add_argument("--clients", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("SETUP FAILED: torch sees no CUDA device")
+        return 2
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    before = comparisons(args.admin)
+    others = []
+    for k in range(1, args.clients):  # more clients in their own processes, at the same time
+        others.append(subprocess.Popen(
+            [sys.executable, __file__, "--data", args.data, "--admin", args.admin,
+             "--replays", str(args.replays), "--seed", str(args.seed + k)]))
+    status = 0
+    try:
+        run_replays(args, device, args.seed)
+    except Exception as e:  # noqa: BLE001
+        print(f"FAIL client seed {args.seed}: {type(e).__name__}: {e}", flush=True)
+        status = 1
+    for o in others:
+        if o.wait() != 0:
+            print(f"FAIL a second client process (rc={o.returncode})", flush=True)
+            status = 1
+    if args.clients > 1:
+        time.sleep(2)  # the last comparisons run off the critical path
+        match, breach, error = (a - b for a, b in zip(comparisons(args.admin), before))
+        print(f"shadow comparisons of the doorbell calls: match {match} breach {breach} "
+              f"error {error}", flush=True)
+        if breach or error or not match:
+            print("FAIL shadow comparisons were not all clean", flush=True)
+            status = 1
+        if status == 0:
+            print(f"ok   {args.clients} client processes on one daemon", flush=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
