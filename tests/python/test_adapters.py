@@ -47,7 +47,8 @@ def devices():
 
 
 def rel_l2(got, want):
-    return float((got.double() - want.double()).norm() / want.double().norm())
+    want = want.double().to(got.device)
+    return float((got.double() - want).norm() / want.norm())
 
 
 def randn(gen, *shape):
