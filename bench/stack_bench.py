@@ -94,12 +94,16 @@ def bench_shape(args, client, shape, mode, device):
             g.replay()
     torch.cuda.synchronize()
     step_ms = median_ms(graphs[True].replay, args.reps)
-    device_ms = step.channel.last_response().timing.served_device_seconds * 1e3
+    timing = step.channel.last_response().timing
+    device_ms = timing.served_device_seconds * 1e3
+    # Where verifyd's host spent the last call, microseconds (the Timing message's stages).
+    stages = {k: round(getattr(timing, f"{k}_seconds") * 1e6, 1)
+              for k in ("decode", "prepare", "served", "fetch", "total")}
     without_ms = median_ms(graphs[False].replay, args.reps)
     step.channel.check()
     rows = [dict(graph=True, mps=bool(args.mps), mode=mode, shape=list(shape), layers=args.layers,
                  step_ms=step_ms, step_ms_without=without_ms,
-                 kernel_ms_per_call=device_ms,
+                 kernel_ms_per_call=device_ms, server_stages_us=stages,
                  per_call_overhead_us=(step_ms - without_ms - device_ms * args.layers) * 1e3
                  / args.layers)]
     # The eager path: the same call, one at a time, synchronised (as a caller outside a graph).

@@ -6,7 +6,7 @@
 # the benchmark as clients of one MPS control daemon (quit in a trap).
 # Writes OUT/stack.json (one row per line) and OUT/stack.md.
 #
-#   gpu_stack_bench.sh PACK_DIR OUT_DIR
+#   gpu_stack_bench.sh PACK_DIR OUT_DIR     (STACK_BENCH_ARGS: more arguments for stack_bench.py)
 set -uo pipefail
 PACK=$1 OUT=$2
 bin=$PACK/bin
@@ -14,6 +14,7 @@ dir=$(mktemp -d)
 rows=$OUT/stack.json
 : > "$rows"
 export VERIFYD_CLIENT_GEN=$PACK/py/gen
+export LD_LIBRARY_PATH="$PACK/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export CUDA_MPS_PIPE_DIRECTORY=$dir/mps-pipe CUDA_MPS_LOG_DIRECTORY=$dir/mps-log
 mps_ctl=$(command -v nvidia-cuda-mps-control || echo /usr/local/nvidia/bin/nvidia-cuda-mps-control)
 quit_mps() { echo quit | "$mps_ctl" > /dev/null 2>&1 || true; }
@@ -54,7 +55,7 @@ for mps in 0 1; do
   start_verifyd "mps$mps" || break
   cxx_rows "$mps"
   timeout 400 python3 "$PACK/py/bench/stack_bench.py" --data "unix://$dir/data.sock" \
-    --admin "unix://$dir/admin.sock" --mps "$mps" --out "$rows" > "$OUT/stack_mps$mps.txt" 2>&1 ||
+    --admin "unix://$dir/admin.sock" --mps "$mps" --out "$rows" ${STACK_BENCH_ARGS:-} > "$OUT/stack_mps$mps.txt" 2>&1 ||
     { echo "FAIL stack_bench.py (mps $mps): $(tail -3 "$OUT/stack_mps$mps.txt")"; status=1; }
   kill "$vpid"; wait "$vpid" 2>/dev/null
   [[ $mps == 1 ]] && quit_mps
@@ -83,6 +84,16 @@ for r in graph:
           f"{r['step_ms']:.3f} | {r['step_ms_without']:.3f} | {r['kernel_ms_per_call']:.4f} | "
           f"{r['per_call_overhead_us']:.1f} | {fmt(ep)} | {fmt(cp)} | "
           f"{fmt(None if ep is None or cp is None else ep - cp)} |")
+print("\nverifyd's host time in the last call of each step, microseconds (Timing: decode = "
+      "parse and validate, index tensors read back from the GPU included; prepare = staging; "
+      "served = starting the served path; fetch = waiting for it and writing o):\n")
+print("| MPS | mode | B,T,H,prefix | decode | prepare | served | fetch | total |")
+print("|---|---|---|---:|---:|---:|---:|---:|")
+for r in graph:
+    st = r.get("server_stages_us", {})
+    print(f"| {'yes' if r['mps'] else 'no'} | {r['mode']} | {','.join(map(str, r['shape']))} | "
+          + " | ".join(str(st.get(k, "-")) for k in ("decode", "prepare", "served", "fetch", "total"))
+          + " |")
 PY
 cat "$OUT/stack.md"
 exit $status
