@@ -11,6 +11,7 @@ set -uo pipefail
 PACK=$1 OUT=$2
 bin=$PACK/bin
 dir=$(mktemp -d)
+mkdir -p "$OUT"
 rows=$OUT/stack.json
 : > "$rows"
 export VERIFYD_CLIENT_GEN=$PACK/py/gen
