@@ -10,7 +10,8 @@ each replay the lengths, the page table, the tree mask and q change, and after e
 scribbled over. Every layer's output of every replay is checked against an fp32 torch
 implementation written here (rel-L2 <= 5e-3). Then: the shadow comparisons of those calls are all
 clean; a bad page id in the page table gives a zero-filled o, a counted failure and an error
-naming kv_indices, and the graph goes on; two client processes at once (--clients 2) both pass.
+naming kv_indices, and the graph goes on; two client processes at once (--clients 2) both pass;
+with --verifyd, a private verifyd killed under a captured graph does not hang the next replay.
 Exit status: 0 passed, 1 a check failed, 2 the setup failed.
 """
 
@@ -18,6 +19,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -159,6 +161,52 @@ def run_replays(args, device, seed):
               f"failed naming kv_indices; {calls} calls in {took:.1f} s", flush=True)
 
 
+def check_verifyd_gone(verifyd_bin, device):
+    """A private verifyd is killed while a client holds a captured graph: the next replay does
+    not hang (the client's watchdog answers the rings), and check() raises UNAVAILABLE."""
+    d = tempfile.mkdtemp(prefix="verifyd-gone-")
+    daemon = subprocess.Popen(
+        [verifyd_bin, "--engine=cuda", f"--listen=unix:{d}/data.sock",
+         f"--admin_listen=unix:{d}/admin.sock", "--metrics_address=127.0.0.1:0",
+         f"--state_dir={d}/state", "--capture_dir=off"],
+        stdout=subprocess.DEVNULL, stderr=open(os.path.join(d, "verifyd.log"), "w"))
+    for _ in range(1200):
+        if os.path.exists(f"{d}/admin.sock"):
+            break
+        time.sleep(0.1)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(99)
+    p = Pass(gen, device)
+    client = VerifyClient(f"unix://{d}/data.sock", transport="cuda_ipc", timeout=10)
+    step = client.verify_step(p.pools, MAX_BATCH, DRAFT, HEADS, p.indices.shape[0], SCALE)
+    p.rewrite()
+    graph = capture(step, p)
+    graph.replay()
+    torch.cuda.synchronize()
+    step.channel.check()
+    daemon.kill()
+    daemon.wait()
+    t0 = time.monotonic()
+    graph.replay()
+    torch.cuda.synchronize()
+    took = time.monotonic() - t0
+    try:
+        step.channel.check()
+        raised = "nothing"
+    except VerifydError as e:
+        raised = f"{e.code}: {e}"
+    try:
+        client.close()
+    except Exception:  # noqa: BLE001 - verifyd is gone: its unregister calls fail
+        pass
+    if not (took < 5 and step.channel.released >= 1 and "UNAVAILABLE" in raised):
+        raise AssertionError(f"after verifyd was killed: a replay took {took:.2f} s, "
+                             f"{step.channel.released} released, check raised {raised}")
+    print(f"ok   verifyd killed under a captured graph: the next replay of {LAYERS} calls "
+          f"returned in {took:.2f} s (released by the client's watchdog), check() raised "
+          f"UNAVAILABLE", flush=True)
+
+
 def comparisons(admin_target):
     with AdminClient(admin_target) as admin:
         c = admin.status()["counters"]
@@ -172,6 +220,7 @@ def main():
     ap.add_argument("--replays", type=int, default=10000)
     ap.add_argument("--clients", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--verifyd", help="a verifyd binary: also kill a private one under a graph")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("SETUP FAILED: torch sees no CUDA device")
@@ -190,6 +239,12 @@ def main():
     except Exception as e:  # noqa: BLE001
         print(f"FAIL client seed {args.seed}: {type(e).__name__}: {e}", flush=True)
         status = 1
+    if args.verifyd:
+        try:
+            check_verifyd_gone(args.verifyd, device)
+        except Exception as e:  # noqa: BLE001
+            print(f"FAIL verifyd gone: {type(e).__name__}: {e}", flush=True)
+            status = 1
     for o in others:
         if o.wait() != 0:
             print(f"FAIL a second client process (rc={o.returncode})", flush=True)

@@ -13,6 +13,9 @@ CUDA graph, and replaying the graph makes the calls.
 
 A failed call does not stop the stream: verifyd zero-fills its o, writes the status into the done
 word and counts it; ``failed_calls()``, ``last_response()`` and ``check()`` read them on the host.
+If verifyd exits (or closes the channel) while a stream waits on a call, a watchdog thread answers
+the ring with UNAVAILABLE, so the graph goes on with that call's o left as it was, and
+``check()`` raises.
 
 ``VerifyStep`` is the serving-stack shape on top: one descriptor per layer (its KV pool), shared
 static q/o/kv_indices/tree_mask buffers that the step copies into and out of on the GPU, and the
@@ -21,7 +24,11 @@ caller's own ``o`` written in place.
 
 import itertools
 import math
+import os
 import platform
+import socket
+import struct
+import threading
 
 import grpc
 import numpy as np
@@ -38,6 +45,7 @@ _STATE_AT, _DOORBELL_AT, _DONE_AT, _FAILED_AT = 192, 256, 320, 384
 _RESPONSE_BYTES_AT = 132
 _STATE_OPEN = 1
 _RUNG, _DONE = 0x80000000, 0x1
+_UNAVAILABLE = 14  # google.rpc.Code
 _REGISTER_PORTABLE_MAPPED = 0x1 | 0x2  # cudaHostRegisterPortable | cudaHostRegisterMapped
 _names = itertools.count()
 
@@ -167,6 +175,12 @@ class DoorbellChannel:
             self._staging = torch.zeros(layout_slots, slot_words(self.max_batch),
                                         dtype=torch.int32, device=self.device)
         self._failed_seen = 0
+        self.released = 0  # rings the watchdog answered because verifyd was gone
+        self._watch_stop = threading.Event()
+        self._verifyd = _verifyd_process(client.target)
+        self._watchdog = threading.Thread(target=self._watch, name=f"{self.name}-watchdog",
+                                          daemon=True)
+        self._watchdog.start()
 
     def __enter__(self):
         return self
@@ -230,6 +244,29 @@ class DoorbellChannel:
         resp.ParseFromString(bytes(self._shm.buf[self._response_at:self._response_at + n]))
         return resp
 
+    def _gone(self):
+        """verifyd closed the channel, or its process exited: no one will answer a ring."""
+        if self._words[_STATE_AT // 4] != _STATE_OPEN:
+            return True
+        # /proc, not kill(pid, 0): verifyd usually runs as another user.
+        return self._verifyd is not None and not os.path.exists(f"/proc/{self._verifyd}")
+
+    def _watch(self):
+        """A stream waiting on a call that verifyd will never answer (verifyd exited or closed
+        the channel) would wait forever: answer its ring with UNAVAILABLE instead, so the graph
+        goes on (its o is left as it was) and check() raises. A verifyd that is alive but slow
+        is never answered for: its late answer would land on a later call."""
+        words = self._words
+        while not self._watch_stop.wait(0.05):
+            if not self._gone():
+                continue
+            # A ring verifyd never took, or one it took before it went: either way the stream
+            # waits for the done word (and resets it after each call, so it is set again here).
+            words[_DOORBELL_AT // 4] = 0
+            if words[_DONE_AT // 4] == 0:
+                self.released += 1
+                words[_DONE_AT // 4] = _DONE | _UNAVAILABLE << 8
+
     def check(self):
         """Raises VerifydError when a call failed since the last check (after synchronising the
         stream that made them): the last failure's status and message."""
@@ -240,6 +277,10 @@ class DoorbellChannel:
             code = status_code(r.error_code) if r.error_code else grpc.StatusCode.UNKNOWN
             raise VerifydError(code, f"channel '{self.name}': {n} call(s) failed; the last "
                                      f"answer: {r.error_message or 'see verifyd log'}")
+        if self.released:
+            raise VerifydError(grpc.StatusCode.UNAVAILABLE,
+                               f"channel '{self.name}': verifyd is gone; {self.released} call(s) "
+                               f"were released unanswered (their o is stale): open a new channel")
         if self._words[_STATE_AT // 4] != _STATE_OPEN:
             raise VerifydError(grpc.StatusCode.UNAVAILABLE, f"channel '{self.name}': closed")
 
@@ -258,6 +299,10 @@ class DoorbellChannel:
     def _free(self):
         if self._shm is None:
             return
+        watchdog = getattr(self, "_watchdog", None)
+        if watchdog is not None:
+            self._watch_stop.set()
+            watchdog.join()
         if self._registered:
             _torch().cuda.cudart().cudaHostUnregister(self._base)
             self._registered = False
@@ -268,6 +313,24 @@ class DoorbellChannel:
             shm.unlink()
         except FileNotFoundError:
             pass
+
+
+def _verifyd_process(target):
+    """The pid of the process listening on a Unix socket target (SO_PEERCRED), or None."""
+    for prefix in ("unix://", "unix:"):
+        if target.startswith(prefix):
+            path = target[len(prefix):]
+            break
+    else:
+        return None
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(path)
+            pid, _, _ = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                         struct.calcsize("3i")))
+            return pid
+    except OSError:
+        return None
 
 
 class VerifyStep:
