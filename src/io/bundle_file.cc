@@ -16,10 +16,6 @@ absl::Status Bad(const std::string& what, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat(what, ": ", why));
 }
 
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
 // The tensor `name` with dtype `dtype` and `rank` dimensions; null and an error otherwise.
 absl::StatusOr<const Tensor*> Get(const SafetensorsFile& f, const std::string& what,
                                   const std::string& name, DType dtype, size_t rank,

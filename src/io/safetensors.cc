@@ -46,10 +46,6 @@ std::optional<int64_t> Numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
 absl::Status Corrupt(const std::string& what, const std::string& why) {
   return absl::DataLossError(absl::StrCat(what, ": ", why));
 }
@@ -139,6 +135,10 @@ absl::StatusOr<std::vector<Entry>> ParseHeader(std::string_view header, uint64_t
 }
 
 }  // namespace
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
 
 const char* DTypeName(DType t) {
   for (const auto& d : kDTypes) {

@@ -20,6 +20,8 @@ enum class DType { kBF16, kF16, kF32, kF64, kI32, kI64, kU8 };
 const char* DTypeName(DType t);  // "BF16", "F32", ...
 int DTypeSize(DType t);          // bytes per element
 std::optional<DType> ParseDType(std::string_view name);
+// "[2, 3, 576]": a shape as errors name it.
+std::string ShapeString(const std::vector<int64_t>& shape);
 
 // One tensor with its bytes (little-endian, row-major).
 struct Tensor {

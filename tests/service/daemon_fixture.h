@@ -22,6 +22,8 @@
 
 namespace verifyd::testing {
 
+inline constexpr int64_t kMiB = int64_t{1} << 20;
+
 inline std::string TestDir(const std::string& tag) {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
   auto dir = std::filesystem::path(::testing::TempDir()) /

@@ -22,6 +22,7 @@
 #include "nlohmann/json.hpp"
 #include "src/bundle/request_in_place.h"
 #include "src/common/malloc_arenas.h"
+#include "src/common/seconds_since.h"
 #include "src/loadgen/pieces_call.h"
 #include "src/loadgen/send_command.h"
 #include "src/transport/memory_budget.h"
@@ -33,13 +34,9 @@ namespace verifyd {
 namespace {
 
 using testing::DaemonTest;
+using testing::kMiB;
 
 constexpr char kVerifyMethod[] = "/verifyd.v1.VerifyService/Verify";
-constexpr int64_t kMiB = int64_t{1} << 20;
-
-double SecondsSince(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // Waits (at most 10 s) until `done` holds.
 template <typename F>
@@ -182,7 +179,7 @@ TEST_F(MemoryBudgetTest, ADeclaredSizeOverTheBudgetIsRefusedBeforeTheMessage) {
     const auto t0 = std::chrono::steady_clock::now();
     BodilessCall call(tcp_, std::to_string(c.declared), 10);
     const grpc::Status st = call.Finish();
-    const double took = SecondsSince(t0);
+    const double took = Since(t0);
     EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
         << c.declared << ": " << st.error_message() << " after " << took << " s";
     EXPECT_LT(took, 2.0) << "the refusal waited for the message";
@@ -200,7 +197,7 @@ TEST_F(MemoryBudgetTest, ADeclaredSizeOverTheBudgetIsRefusedBeforeTheMessage) {
   BodilessCall second(tcp_, std::to_string(40 * kMiB), 10);
   const grpc::Status st = second.Finish();
   EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
-  EXPECT_LT(SecondsSince(t0), 2.0);
+  EXPECT_LT(Since(t0), 2.0);
   EXPECT_NE(st.error_message().find("does not fit the memory budget now"), std::string::npos)
       << st.error_message();
   EXPECT_EQ(budget.in_flight(), 40 * kMiB);
@@ -424,18 +421,17 @@ TEST_F(MemoryBudgetTest, FreedHeapMemoryGoesBackToTheSystemAfterABurst) {
   // Most of the 256 MiB block held freed comes back (without the trimmer, none of it does).
   int64_t after = Resident();
   const auto t0 = std::chrono::steady_clock::now();
-  while (after > freed - 128 * kMiB && SecondsSince(t0) < 15) {
+  while (after > freed - 128 * kMiB && Since(t0) < 15) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     after = Resident();
   }
-  EXPECT_LT(after, freed - 128 * kMiB)
-      << "resident MiB: " << (before >> 20) << " before, " << (freed >> 20)
-      << " with the freed block held, " << (after >> 20) << " " << SecondsSince(t0)
-      << " s after the burst";
+  EXPECT_LT(after, freed - 128 * kMiB) << "resident MiB: " << (before >> 20) << " before, "
+                                       << (freed >> 20) << " with the freed block held, "
+                                       << (after >> 20) << " " << Since(t0) << " s after the burst";
   // The trimmer gave it back (it counts the trim once malloc_trim has returned).
   EXPECT_TRUE(WaitFor([this] { return daemon_->verify_service().trimmer().trims() >= 1; }));
   std::cout << "resident MiB: " << (before >> 20) << " before, " << (freed >> 20)
-            << " with the freed block held, " << (after >> 20) << " " << SecondsSince(t0)
+            << " with the freed block held, " << (after >> 20) << " " << Since(t0)
             << " s after the burst\n";
   for (void* p : above) std::free(p);
   mallopt(M_MMAP_MAX, 65536);  // glibc's defaults again, for any test after this one

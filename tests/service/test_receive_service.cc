@@ -18,8 +18,7 @@
 namespace verifyd {
 namespace {
 
-constexpr uint64_t kMiB = uint64_t{1} << 20;
-
+using testing::kMiB;
 using testing::Sliced;
 
 using testing::LocalOutput;
