@@ -100,6 +100,16 @@ if [[ -d "$PACK/py" ]]; then
   else
     fail "python doorbell graph test (rc=$rc): $(grep -E '^(FAIL|SETUP)|Error' "$OUT/python_doorbell.txt" | head -5)"
   fi
+  # Tensors in torch's expandable segments (CUDA VMM): chunks passed as descriptors, mapped by verifyd.
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True VERIFYD_CLIENT_GEN=$gen timeout 300 \
+    python3 "$PACK/py/tests/python/gpu_vmm_test.py" \
+    --data "unix://$dir/data.sock" --admin "unix://$dir/admin.sock" > "$OUT/python_vmm.txt" 2>&1
+  rc=$?
+  if [[ $rc == 0 ]]; then
+    echo "ok   python cuda_ipc transport, expandable segments (VMM): $(grep -cE '^PASS' "$OUT/python_vmm.txt") checks passed"
+  else
+    fail "python cuda_ipc transport, expandable segments (VMM) (rc=$rc): $(grep -E '^(FAIL|SETUP)' "$OUT/python_vmm.txt" | head -5)"
+  fi
 fi
 
 # A captured region call replays bit for bit.

@@ -15,6 +15,7 @@
 #include "src/cuda_engine/cuda_ipc_mapping.h"
 #include "src/cuda_engine/cuda_prepared_bundle.h"
 #include "src/cuda_engine/cuda_status.h"
+#include "src/cuda_engine/cuda_vmm_mapping.h"
 #include "src/cuda_engine/device_diff_stats.h"
 #include "src/cuda_engine/device_worker.h"
 
@@ -278,6 +279,16 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> CudaEngine::OpenCudaIpc(int device
         absl::StrCat("device: index ", device, " is outside [0, ", num_devices(), ")"));
   }
   return OpenCudaIpcMapping(*workers_[device], device, handle, byte_size);
+}
+
+absl::StatusOr<std::unique_ptr<MappedRegion>> CudaEngine::ImportCudaVmm(
+    int device, const std::vector<int>& fds, const std::vector<uint64_t>& chunk_bytes,
+    uint64_t offset, uint64_t byte_size) {
+  if (device < 0 || device >= num_devices()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device: index ", device, " is outside [0, ", num_devices(), ")"));
+  }
+  return ImportCudaVmmMapping(*workers_[device], device, fds, chunk_bytes, offset, byte_size);
 }
 
 absl::StatusOr<std::function<void()>> CudaEngine::PinHostMemory(void* base, uint64_t bytes) {

@@ -59,6 +59,9 @@ class CudaEngine : public Engine {
                        const RegionRange* lse) override;
   absl::StatusOr<std::unique_ptr<MappedRegion>> OpenCudaIpc(int device, const std::string& handle,
                                                             uint64_t byte_size) override;
+  absl::StatusOr<std::unique_ptr<MappedRegion>> ImportCudaVmm(
+      int device, const std::vector<int>& fds, const std::vector<uint64_t>& chunk_bytes,
+      uint64_t offset, uint64_t byte_size) override;
   // cudaHostRegister (portable, mapped): every device's copy engine and kernels read it.
   absl::StatusOr<std::function<void()>> PinHostMemory(void* base, uint64_t bytes) override;
   // One reduction kernel over o and lse on the path's own stream; a 4-byte flag comes back.

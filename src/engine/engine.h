@@ -130,6 +130,18 @@ class Engine {
         "ipc_handle: this engine has no GPU to open CUDA IPC regions on (run verifyd with "
         "--engine=cuda)");
   }
+  // Imports the chunks of a CUDA VMM allocation (POSIX file descriptors from
+  // cuMemExportToShareableHandle, borrowed) on `device`, maps them whole and side by side into
+  // one reserved range, readable and writable by the device, for a region of `byte_size` bytes
+  // from `offset` into the first chunk. FAILED_PRECONDITION on an engine without GPUs.
+  virtual absl::StatusOr<std::unique_ptr<MappedRegion>> ImportCudaVmm(
+      int device, const std::vector<int>& fds, const std::vector<uint64_t>& chunk_bytes,
+      uint64_t offset, uint64_t byte_size) {
+    (void)device, (void)fds, (void)chunk_bytes, (void)offset, (void)byte_size;
+    return absl::FailedPreconditionError(
+        "chunks: this engine has no GPU to import CUDA VMM allocations on (run verifyd with "
+        "--engine=cuda)");
+  }
   // Whether a path's output (reference or custom, already run on `b`) holds only finite values:
   // no NaN or Inf in o, no NaN or +Inf in lse (-Inf is the lse of a row that sees no key).
   // Checked where the output lives; the CUDA engine brings back only a flag.

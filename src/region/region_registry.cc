@@ -298,6 +298,63 @@ absl::StatusOr<RegionSummary> RegionRegistry::RegisterCuda(const std::string& na
   return Summarize(*e);
 }
 
+absl::StatusOr<RegionSummary> RegionRegistry::RegisterCudaVmm(
+    const std::string& name, const std::vector<int>& fds, const std::vector<uint64_t>& chunk_bytes,
+    int device, uint64_t offset, uint64_t byte_size, const std::string& client,
+    const std::string& owner) {
+  if (byte_size == 0) return absl::InvalidArgumentError("byte_size: must be > 0");
+  if (absl::Status st = CheckNew(name, byte_size, 1, owner); !st.ok()) return st;
+  if (chunk_bytes.empty()) {
+    return absl::InvalidArgumentError("chunks: a VMM region needs at least one chunk");
+  }
+  if (chunk_bytes.size() != fds.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunks: ", chunk_bytes.size(), " chunk sizes for the ", fds.size(),
+                     " descriptors sent under the token (one descriptor a chunk, in order)"));
+  }
+  uint64_t total = 0;
+  for (size_t i = 0; i < chunk_bytes.size(); ++i) {
+    if (chunk_bytes[i] == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("chunks[", i, "]: must be > 0 bytes"));
+    }
+    if (__builtin_add_overflow(total, chunk_bytes[i], &total)) {
+      return absl::InvalidArgumentError(absl::StrCat("chunks[", i, "]: the sizes overflow"));
+    }
+  }
+  if (offset % kRegionAlign != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("offset: ", offset, " is not a multiple of ",
+                                                   kRegionAlign, " (regions start ", kRegionAlign,
+                                                   "-byte aligned)"));
+  }
+  if (offset >= chunk_bytes[0]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "offset: ", offset, " is past the end of the first chunk (", chunk_bytes[0], " bytes)"));
+  }
+  if (byte_size > total - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("byte_size: offset ", offset, " + ", byte_size,
+                                                   " bytes is past the end of the chunks (", total,
+                                                   " bytes)"));
+  }
+  if (!vmm_importer_) {
+    return absl::FailedPreconditionError(
+        "chunks: this engine cannot import CUDA VMM allocations (run verifyd with "
+        "--engine=cuda)");
+  }
+  absl::StatusOr<std::unique_ptr<MappedRegion>> m =
+      vmm_importer_(device, fds, chunk_bytes, offset, byte_size);
+  if (!m.ok()) return m.status();
+  auto e = std::make_shared<Entry>();
+  e->info.name = name;
+  e->info.kind = RegionKind::kCudaIpc;
+  e->info.device = device;
+  e->info.byte_size = byte_size;
+  e->info.client = client;
+  e->info.owner = owner;
+  e->mapping = std::move(*m);
+  if (absl::Status st = Add(name, e, nullptr); !st.ok()) return st;
+  return Summarize(*e);
+}
+
 absl::StatusOr<std::vector<std::string>> RegionRegistry::Unregister(const std::string& name,
                                                                     const std::string& client) {
   std::unique_lock<std::mutex> l(mu_);

@@ -113,6 +113,12 @@ class RegionRegistry {
   // Opens a CUDA IPC handle on a device (the engine's); FAILED_PRECONDITION when it cannot.
   using CudaOpener = std::function<absl::StatusOr<std::unique_ptr<MappedRegion>>(
       int device, const std::string& handle, uint64_t byte_size)>;
+  // Imports the chunks of a CUDA VMM allocation (one descriptor each, borrowed: the caller closes
+  // them) on a device and maps them whole, side by side; the mapping starts `offset` bytes into
+  // the first chunk and has `byte_size` bytes. FAILED_PRECONDITION when the engine cannot.
+  using VmmImporter = std::function<absl::StatusOr<std::unique_ptr<MappedRegion>>(
+      int device, const std::vector<int>& fds, const std::vector<uint64_t>& chunk_bytes,
+      uint64_t offset, uint64_t byte_size)>;
   // Pins a shm region's host memory for the engine's copy engines (host_pinning.h).
   using HostPinner = verifyd::HostPinner;
   // Sees the region count and total bytes after every change (metrics).
@@ -121,6 +127,8 @@ class RegionRegistry {
   RegionRegistry(RegionLimits limits, CudaOpener cuda_opener, HostPinner host_pinner = nullptr);
   ~RegionRegistry();
   void SetObserver(Observer o);
+  // Set before the registry serves; without one, RegisterCudaVmm is refused.
+  void SetVmmImporter(VmmImporter importer) { vmm_importer_ = std::move(importer); }
   const RegionLimits& limits() const { return limits_; }
 
   // `caller_uid`: the registering client's kernel-verified uid, which must own the object
@@ -135,6 +143,16 @@ class RegionRegistry {
                                              int device, uint64_t byte_size,
                                              const std::string& client,
                                              const std::string& owner = "");
+  // A cuda_ipc region over the chunks of a CUDA VMM allocation (`fds`, one per chunk, of
+  // `chunk_bytes` each), which calls name as any cuda_ipc region: it starts `offset` bytes into
+  // the first chunk (a multiple of 16) and has `byte_size` bytes, within the chunks. Errors name
+  // the field (`chunks[2]: ...`).
+  absl::StatusOr<RegionSummary> RegisterCudaVmm(const std::string& name,
+                                                const std::vector<int>& fds,
+                                                const std::vector<uint64_t>& chunk_bytes,
+                                                int device, uint64_t offset, uint64_t byte_size,
+                                                const std::string& client,
+                                                const std::string& owner = "");
   // Registers every member as RegisterShm would, or none: errors name the member
   // (`members[3].key: ...`). Counts members.size() regions against the limits.
   absl::StatusOr<RegionSetSummary> RegisterShmSet(const std::string& name,
@@ -195,6 +213,7 @@ class RegionRegistry {
 
   RegionLimits limits_;
   CudaOpener cuda_opener_;
+  VmmImporter vmm_importer_;
   HostPinner host_pinner_;
   Observer observer_;
   mutable std::mutex mu_;

@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -40,7 +41,14 @@ absl::Status PrepareListeners(const DaemonOptions& opts) {
     return IsUnixAddress(a) ? PrepareUnixSocketPath(flag, a.substr(5))
                             : CheckTcpAddressFree(flag, a);
   };
-  for (const std::string& a : opts.listen) VERIFYD_RETURN_IF_ERROR(prepare("listen", a));
+  for (const std::string& a : opts.listen) {
+    VERIFYD_RETURN_IF_ERROR(prepare("listen", a));
+    // The descriptor socket next to a Unix data socket, where regions are served.
+    const std::string fds = IsUnixAddress(a) ? VmmFdSocket::PathFor(a.substr(5)) : "";
+    if (opts.regions.max_regions > 0 && VmmFdSocket::PathFits(fds)) {
+      VERIFYD_RETURN_IF_ERROR(PrepareUnixSocketPath("listen", fds));
+    }
+  }
   if (!opts.admin_listen.empty()) {
     VERIFYD_RETURN_IF_ERROR(prepare("admin_listen", opts.admin_listen));
   }
@@ -238,6 +246,11 @@ absl::Status Daemon::StartCalls() {
           return eng->OpenCudaIpc(device, handle, bytes);
         },
         pin_host);
+    regions_->SetVmmImporter([eng](int device, const std::vector<int>& fds,
+                                   const std::vector<uint64_t>& chunk_bytes, uint64_t offset,
+                                   uint64_t bytes) {
+      return eng->ImportCudaVmm(device, fds, chunk_bytes, offset, bytes);
+    });
     regions_->SetObserver(
         [m = metrics_.get()](int64_t n, uint64_t bytes) { m->SetRegions(n, bytes); });
     handler_->SetRegions(regions_.get());
@@ -259,6 +272,11 @@ absl::Status Daemon::StartDataPlane() {
   vopts.max_message_bytes = opts.max_message_bytes;
   vopts.max_inflight_bytes = opts.max_inflight_bytes;
   vopts.regions = regions_.get();
+  const bool vmm_socket =
+      regions_ != nullptr &&
+      absl::c_any_of(opts.listen, [](const std::string& a) { return IsUnixAddress(a); });
+  if (vmm_socket) vmm_fds_ = std::make_unique<VmmFdInbox>(VmmFdLimits{});
+  vopts.vmm_fds = vmm_fds_.get();
   vopts.pin_host = HostPinner();
   vopts.allow_region_tcp = opts.allow_region_tcp;
   vopts.channels = ChannelLimitsFor(opts);
@@ -302,6 +320,18 @@ absl::Status Daemon::StartDataPlane() {
           UnixSocketAcceptor::Start("listen", a.substr(5), data_server_.get(), opts.data_socket);
       if (!acceptor.ok()) return acceptor.status();
       data_acceptors_.push_back(std::move(*acceptor));
+      // CUDA VMM chunks' descriptors (SCM_RIGHTS) arrive next to it, with its mode and group.
+      const std::string fds_path = VmmFdSocket::PathFor(a.substr(5));
+      if (vmm_fds_ && !VmmFdSocket::PathFits(fds_path)) {
+        spdlog::warn(
+            "listen: no descriptor socket next to {}: '{}' is too long for a Unix socket; CUDA "
+            "VMM regions (RegisterCudaVmmRegion) cannot be registered through it",
+            a, fds_path);
+      } else if (vmm_fds_) {
+        auto fds = VmmFdSocket::Start("listen", fds_path, opts.data_socket, vmm_fds_.get());
+        if (!fds.ok()) return fds.status();
+        vmm_fd_sockets_.push_back(std::move(*fds));
+      }
     }
     data_server_->GetHealthCheckService()->SetServingStatus(kServiceName, true);
     data_server_->GetHealthCheckService()->SetServingStatus("", true);
@@ -414,6 +444,7 @@ void Daemon::Shutdown() {
 Daemon::~Daemon() {
   const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(5);
   data_acceptors_.clear();  // hand no more connections to the servers
+  vmm_fd_sockets_.clear();
   admin_acceptor_.reset();
   if (data_server_) data_server_->Shutdown(deadline);
   if (admin_server_) admin_server_->Shutdown(deadline);

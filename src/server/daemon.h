@@ -24,6 +24,8 @@
 #include "src/server/verify_service.h"
 #include "src/transport/channel_server.h"
 #include "src/transport/unix_socket_acceptor.h"
+#include "src/transport/vmm_fd_inbox.h"
+#include "src/transport/vmm_fd_socket.h"
 
 namespace grpc {
 class Server;
@@ -131,6 +133,7 @@ class Daemon {
   std::unique_ptr<MetricsServer> metrics_server_;
   std::unique_ptr<Capturer> capturer_;
   std::unique_ptr<RegionRegistry> regions_;  // after the engine (which unmaps CUDA regions)
+  std::unique_ptr<VmmFdInbox> vmm_fds_;      // descriptors for RegisterCudaVmmRegion
   std::unique_ptr<ShadowRunner> shadow_;
   std::unique_ptr<VerifyHandler> handler_;
   std::unique_ptr<VerifyServiceImpl> verify_service_;
@@ -138,7 +141,8 @@ class Daemon {
   std::unique_ptr<grpc::Server> data_server_, admin_server_;
   std::vector<std::unique_ptr<UnixSocketAcceptor>> data_acceptors_;  // the unix: listeners
   std::unique_ptr<UnixSocketAcceptor> admin_acceptor_;               // a unix: admin_listen
-  std::unique_ptr<ProbeScheduler> probes_;                           // last member: stopped first
+  std::vector<std::unique_ptr<VmmFdSocket>> vmm_fd_sockets_;  // PATH.fds of each unix: listener
+  std::unique_ptr<ProbeScheduler> probes_;                    // last member: stopped first
   std::vector<std::string> listen_addresses_;
   std::string admin_address_;
   absl::Mutex mu_;

@@ -90,6 +90,40 @@ absl::Status RegionRpcs::RegisterCuda(const grpc::ServerContext& ctx,
   return absl::OkStatus();
 }
 
+absl::Status RegionRpcs::RegisterCudaVmm(const grpc::ServerContext& ctx,
+                                         const v1::RegisterCudaVmmRegionRequest& req,
+                                         v1::RegisterRegionResponse* resp) {
+  if (absl::Status st = CheckTransport(ctx, "RegisterCudaVmmRegion"); !st.ok()) return st;
+  if (vmm_fds_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "token: this verifyd has no descriptor socket (it opens one next to each Unix data "
+        "socket: --listen=unix:PATH serves PATH.fds)");
+  }
+  const std::optional<uint32_t> uid = UnixPeerUid(ctx.peer());
+  if (!uid) {
+    return absl::PermissionDeniedError(
+        "token: descriptors are given only to the uid that sent them, which verifyd knows on its "
+        "Unix socket only; call RegisterCudaVmmRegion there");
+  }
+  if (req.token().size() != kVmmTokenBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token: ", req.token().size(), " bytes, expected ", kVmmTokenBytes));
+  }
+  absl::StatusOr<std::vector<UniqueFd>> fds = vmm_fds_->Take(req.token(), *uid);
+  if (!fds.ok()) return fds.status();
+  std::vector<int> borrowed;
+  borrowed.reserve(fds->size());
+  for (const UniqueFd& fd : *fds) borrowed.push_back(fd.get());
+  const std::vector<uint64_t> chunks(req.chunks().begin(), req.chunks().end());
+  // The descriptors close when this returns: an imported chunk holds its memory without them.
+  absl::StatusOr<RegionSummary> s =
+      regions_->RegisterCudaVmm(req.name(), borrowed, chunks, req.device(), req.offset(),
+                                req.byte_size(), req.client(), RegionOwner(ctx, req.client()));
+  if (!s.ok()) return s.status();
+  ToProto(*s, resp->mutable_region());
+  return absl::OkStatus();
+}
+
 absl::Status RegionRpcs::Unregister(const grpc::ServerContext& ctx,
                                     const v1::UnregisterRegionRequest& req,
                                     v1::UnregisterRegionResponse* resp) {

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "grpcpp/server_context.h"
 #include "src/region/region_registry.h"
+#include "src/transport/vmm_fd_inbox.h"
 #include "verifyd/v1/admin.pb.h"
 #include "verifyd/v1/verify.pb.h"
 
@@ -31,12 +32,20 @@ class RegionRpcs {
  public:
   // `regions` null: every region RPC and region tensor is refused (FAILED_PRECONDITION).
   RegionRpcs(RegionRegistry* regions, bool allow_tcp) : regions_(regions), allow_tcp_(allow_tcp) {}
+  // Where RegisterCudaVmm takes the descriptors clients sent (null: no descriptor socket, and the
+  // call is refused). Set before serving.
+  void SetVmmFds(VmmFdInbox* inbox) { vmm_fds_ = inbox; }
 
   absl::Status RegisterShm(const grpc::ServerContext& ctx, const v1::RegisterShmRegionRequest& req,
                            v1::RegisterRegionResponse* resp);
   absl::Status RegisterCuda(const grpc::ServerContext& ctx,
                             const v1::RegisterCudaRegionRequest& req,
                             v1::RegisterRegionResponse* resp);
+  // Takes the descriptors sent under the request's token by the caller's uid, then registers
+  // them as RegionRegistry::RegisterCudaVmm does.
+  absl::Status RegisterCudaVmm(const grpc::ServerContext& ctx,
+                               const v1::RegisterCudaVmmRegionRequest& req,
+                               v1::RegisterRegionResponse* resp);
   absl::Status RegisterShmSet(const grpc::ServerContext& ctx,
                               const v1::RegisterShmRegionSetRequest& req,
                               v1::RegisterRegionSetResponse* resp);
@@ -52,6 +61,7 @@ class RegionRpcs {
 
   RegionRegistry* regions_;
   bool allow_tcp_;
+  VmmFdInbox* vmm_fds_ = nullptr;
 };
 
 }  // namespace verifyd

@@ -109,6 +109,13 @@ VerifyServiceImpl::VerifyServiceImpl(VerifyHandler* handler, Metrics* metrics,
          v1::RegisterRegionResponse* resp) {
         return s->region_rpcs_.RegisterCuda(*ctx, req, resp);
       });
+  region_rpcs_.SetVmmFds(opts.vmm_fds);
+  AddUnary<v1::RegisterCudaVmmRegionRequest, v1::RegisterRegionResponse>(
+      "RegisterCudaVmmRegion",
+      [](VerifyServiceImpl* s, grpc::ServerContext* ctx,
+         const v1::RegisterCudaVmmRegionRequest& req, v1::RegisterRegionResponse* resp) {
+        return s->region_rpcs_.RegisterCudaVmm(*ctx, req, resp);
+      });
   AddUnary<v1::RegisterShmRegionSetRequest, v1::RegisterRegionSetResponse>(
       "RegisterShmRegionSet",
       [](VerifyServiceImpl* s, grpc::ServerContext* ctx, const v1::RegisterShmRegionSetRequest& req,

@@ -38,6 +38,8 @@ struct VerifyServiceOptions {
   // Requests in flight hold at most this many message bytes together; <= 0: no ceiling.
   int64_t max_inflight_bytes = int64_t{8} << 30;
   RegionRegistry* regions = nullptr;  // null: no regions
+  // The descriptors clients sent on the descriptor socket (RegisterCudaVmmRegion); null: none.
+  VmmFdInbox* vmm_fds = nullptr;
   // Pins host memory for the engine (channels' areas); null: nothing is pinned.
   RegionRegistry::HostPinner pin_host;
   bool allow_region_tcp = false;  // --allow_region_tcp (channels too)

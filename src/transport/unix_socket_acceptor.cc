@@ -30,13 +30,10 @@ absl::Status Errno(const std::string& what) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<UnixSocketAcceptor>> UnixSocketAcceptor::Start(
-    const std::string& flag, const std::string& path, grpc::Server* server,
-    const SocketAccess& access) {
-  std::unique_ptr<UnixSocketAcceptor> a(new UnixSocketAcceptor);
-  a->flag_ = flag;
-  a->path_ = path;
-  a->server_ = server;
+absl::StatusOr<ListeningUnixSocket> ListenUnixSocket(const std::string& flag,
+                                                     const std::string& path,
+                                                     const SocketAccess& access, int type) {
+  ListeningUnixSocket s;
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.empty() || path.size() >= sizeof addr.sun_path) {
@@ -45,14 +42,14 @@ absl::StatusOr<std::unique_ptr<UnixSocketAcceptor>> UnixSocketAcceptor::Start(
                                                    " characters"));
   }
   std::memcpy(addr.sun_path, path.data(), path.size());
-  a->listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (a->listen_fd_ < 0) return Errno(absl::StrCat(flag, ": socket"));
+  s.fd = UniqueFd(::socket(AF_UNIX, type | SOCK_CLOEXEC, 0));
+  if (!s.fd.valid()) return Errno(absl::StrCat(flag, ": socket"));
   // Linux creates the socket file with the socket's own mode less the umask: set before bind,
   // the file is never looser than asked, even for an instant under umask 0.
-  if (::fchmod(a->listen_fd_, access.mode) != 0) {
+  if (::fchmod(s.fd.get(), access.mode) != 0) {
     return Errno(absl::StrFormat("%s: fchmod %04o", flag, access.mode));
   }
-  if (::bind(a->listen_fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
+  if (::bind(s.fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
     return Errno(absl::StrCat(flag, ": could not bind unix:", path));
   }
   // Exactly the mode (the umask may have taken bits away) and group, before anyone can connect.
@@ -71,8 +68,26 @@ absl::StatusOr<std::unique_ptr<UnixSocketAcceptor>> UnixSocketAcceptor::Start(
   }
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return Errno(absl::StrCat(flag, ": stat ", path));
-  a->inode_ = st.st_ino;
-  if (::listen(a->listen_fd_, 64) != 0) return Errno(absl::StrCat(flag, ": listen ", path));
+  s.inode = st.st_ino;
+  if (::listen(s.fd.get(), 64) != 0) return Errno(absl::StrCat(flag, ": listen ", path));
+  return s;
+}
+
+void RemoveUnixSocket(const std::string& path, unsigned long inode) {
+  struct stat st {};
+  if (inode != 0 && ::stat(path.c_str(), &st) == 0 && st.st_ino == inode) ::unlink(path.c_str());
+}
+
+absl::StatusOr<std::unique_ptr<UnixSocketAcceptor>> UnixSocketAcceptor::Start(
+    const std::string& flag, const std::string& path, grpc::Server* server,
+    const SocketAccess& access) {
+  std::unique_ptr<UnixSocketAcceptor> a(new UnixSocketAcceptor);
+  a->flag_ = flag;
+  a->path_ = path;
+  a->server_ = server;
+  absl::StatusOr<ListeningUnixSocket> s = ListenUnixSocket(flag, path, access, SOCK_STREAM);
+  if (!s.ok()) return s.status();
+  a->listening_ = std::move(*s);
   a->wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
   if (a->wake_fd_ < 0) return Errno(absl::StrCat(flag, ": eventfd"));
   a->thread_ = std::thread([p = a.get()] { p->Loop(); });
@@ -81,7 +96,7 @@ absl::StatusOr<std::unique_ptr<UnixSocketAcceptor>> UnixSocketAcceptor::Start(
 
 void UnixSocketAcceptor::Loop() {
   for (;;) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    pollfd fds[2] = {{listening_.fd.get(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     if (::poll(fds, 2, -1) < 0) {
       if (errno == EINTR) continue;
       spdlog::error("{}: poll: {}", flag_, std::strerror(errno));
@@ -89,7 +104,7 @@ void UnixSocketAcceptor::Loop() {
     }
     if (fds[1].revents != 0) return;
     if ((fds[0].revents & POLLIN) == 0) continue;
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    const int fd = ::accept4(listening_.fd.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
         spdlog::warn("{}: accept: {}", flag_, std::strerror(errno));
@@ -109,11 +124,8 @@ UnixSocketAcceptor::~UnixSocketAcceptor() {
     thread_.join();
   }
   if (wake_fd_ >= 0) ::close(wake_fd_);
-  if (listen_fd_ >= 0) ::close(listen_fd_);
-  struct stat st {};
-  if (inode_ != 0 && ::stat(path_.c_str(), &st) == 0 && st.st_ino == inode_) {
-    ::unlink(path_.c_str());
-  }
+  listening_.fd.Reset();
+  RemoveUnixSocket(path_, listening_.inode);
 }
 
 namespace {

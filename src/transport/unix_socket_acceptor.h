@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "src/common/unique_fd.h"
 
 namespace grpc {
 class Server;
@@ -24,6 +25,22 @@ struct SocketAccess {
   unsigned mode = 0600;
   std::string group;  // empty: the daemon's own group
 };
+
+// A Unix socket bound to a path and listening, with the file's inode (to remove only that file).
+struct ListeningUnixSocket {
+  UniqueFd fd;
+  unsigned long inode = 0;
+};
+
+// Binds PATH (a socket of `type`, SOCK_STREAM or SOCK_SEQPACKET) and listens. The socket is never
+// looser than `access.mode`, whatever the umask, and has exactly that mode and group before it
+// listens. `flag` names the listener in errors.
+absl::StatusOr<ListeningUnixSocket> ListenUnixSocket(const std::string& flag,
+                                                     const std::string& path,
+                                                     const SocketAccess& access, int type);
+
+// Removes the socket file at `path` when it is still the one with `inode`.
+void RemoveUnixSocket(const std::string& path, unsigned long inode);
 
 class UnixSocketAcceptor {
  public:
@@ -48,9 +65,8 @@ class UnixSocketAcceptor {
   std::string flag_;
   std::string path_;
   grpc::Server* server_ = nullptr;
-  int listen_fd_ = -1;
+  ListeningUnixSocket listening_;
   int wake_fd_ = -1;  // eventfd: written to stop the loop
-  unsigned long inode_ = 0;
   std::thread thread_;
 };
 

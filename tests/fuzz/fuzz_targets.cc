@@ -19,6 +19,7 @@
 #include "src/io/safetensors.h"
 #include "src/transport/channel_layout.h"
 #include "src/transport/doorbell_layout.h"
+#include "src/transport/vmm_fd_payload.h"
 
 namespace verifyd::fuzz {
 namespace {
@@ -256,10 +257,24 @@ absl::Status Doorbell(const uint8_t* data, size_t size) {
   return ok ? absl::OkStatus() : absl::InternalError("a built call disagrees with its layout");
 }
 
+absl::Status VmmFds(const uint8_t* data, size_t size) {
+  if (size == 0) return absl::InvalidArgumentError("empty input");
+  const size_t fds = data[0];
+  const absl::string_view payload(reinterpret_cast<const char*>(data) + 1, size - 1);
+  constexpr uint32_t kMaxTotal = 8192;
+  absl::StatusOr<VmmFdMessage> m = ParseVmmFdPayload(payload, fds, kMaxTotal);
+  if (!m.ok()) return m.status();
+  const bool ok = m->token.size() == kVmmTokenBytes && fds >= 1 && fds <= kVmmFdsPerMessage &&
+                  m->total >= 1 && m->total <= kMaxTotal && m->first < m->total &&
+                  fds <= m->total - m->first &&
+                  VmmFdPayload(m->token, m->first, m->total) == payload;
+  return ok ? absl::OkStatus() : absl::InternalError("an accepted message breaks its bounds");
+}
+
 const std::vector<Target>& Targets() {
   static const std::vector<Target> targets = {
-      {"request", &Request}, {"safetensors", &Safetensors}, {"state", &State},
-      {"audit", &Audit},     {"channel", &Channel},         {"doorbell", &Doorbell},
+      {"request", &Request}, {"safetensors", &Safetensors}, {"state", &State},    {"audit", &Audit},
+      {"channel", &Channel}, {"doorbell", &Doorbell},       {"vmm_fds", &VmmFds},
   };
   return targets;
 }

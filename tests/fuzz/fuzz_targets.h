@@ -35,6 +35,11 @@ absl::Status Audit(const uint8_t* data, size_t size);
 // its own layout.
 absl::Status Doorbell(const uint8_t* data, size_t size);
 
+// One message on the descriptor socket (src/transport/vmm_fd_payload.h): the input's first byte
+// is how many descriptors came with it, the rest its payload. INTERNAL when an accepted message
+// breaks its bounds or does not write back to the same payload.
+absl::Status VmmFds(const uint8_t* data, size_t size);
+
 struct Target {
   const char* name;  // the corpus directory: tests/fuzz/corpus/<name>, regressions/<name>
   absl::Status (*run)(const uint8_t*, size_t);

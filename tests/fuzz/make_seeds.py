@@ -121,6 +121,11 @@ def doorbell_input(word, batch, indptr, lens, max_batch=3, slot_bytes=64):
     return struct.pack("<I", word) + area + bytes(slot_bytes - len(area))
 
 
+def vmm_fds_input(fds, token, first, total, magic=b"VMFD"):
+    # How many descriptors came with the message, then its payload (src/transport/vmm_fd_payload.h).
+    return bytes([fds]) + magic + token + struct.pack("<II", first, total)
+
+
 def write(target, name, data):
     d = os.path.join(HERE, "corpus", target)
     os.makedirs(d, exist_ok=True)
@@ -143,6 +148,12 @@ def main():
     write("doorbell", "good", doorbell_input(0x80000000, 2, [0, 3, 9], [40, 90]))
     write("doorbell", "descriptor_1", doorbell_input(0x80000001, 1, [0, 40], [600]))
     write("doorbell", "bad_batch", doorbell_input(0x80000000, 9, [0, 1], [4]))
+    token = bytes(range(1, 17))
+    write("vmm_fds", "one_message", vmm_fds_input(13, token, 0, 13))
+    write("vmm_fds", "second_message", vmm_fds_input(253, token, 253, 600))
+    write("vmm_fds", "bad_no_fds", vmm_fds_input(0, token, 0, 1))
+    write("vmm_fds", "bad_first", vmm_fds_input(4, token, 10, 12))
+    write("vmm_fds", "bad_magic", vmm_fds_input(1, token, 0, 1, magic=b"VMFX"))
     write("safetensors", "small", safetensors(small))
     write("safetensors", "tree", safetensors(tree))
     write("safetensors", "bad_header_only", struct.pack("<Q", 2) + b"{}")

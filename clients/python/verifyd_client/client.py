@@ -33,7 +33,7 @@ def _transport(kind, calls, client, staging_slots, target):
     if kind == "cuda_ipc":
         from .cuda_ipc_transport import CudaIpcTransport  # noqa: PLC0415
 
-        return CudaIpcTransport(calls, client, staging_slots)
+        return CudaIpcTransport(calls, client, staging_slots, target)
     return Transport()
 
 

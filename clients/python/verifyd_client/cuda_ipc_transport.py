@@ -6,6 +6,11 @@ one region per allocation, found by the tensor's address, registered on first us
 until close(). The client keeps a reference to a tensor in every registered allocation, so the
 allocation cannot be freed and reused while verifyd maps it.
 
+A tensor in a VMM allocation (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), which CUDA IPC
+handles cannot export, is registered as its own region instead: the physical chunks behind its
+bytes are exported to file descriptors, passed on verifyd's descriptor socket (vmm_fds), and
+verifyd maps them side by side (RegisterCudaVmmRegion). The region starts at the tensor.
+
 Per call: the KV pool (registered once) and q when it lives in a buffer registered with
 register_buffer are named in place; otherwise q is copied into a staging slot on the device. verifyd writes o (and
 lse) into the slot; the result is a copy of it on q's device, never through the host. Index
@@ -15,11 +20,12 @@ of q's device, so the writes that produced q and the pool are complete.
 
 import itertools
 import math
+import os
 import threading
 
 import grpc
 
-from . import cuda_driver, tensors
+from . import cuda_driver, tensors, vmm_fds
 from ._proto import types_pb2
 from .bundle import HEAD_DIM_QK, check_call
 from .errors import InvalidBundleError, VerifydError
@@ -98,8 +104,9 @@ class _CudaPending(SlotPending):
 class CudaIpcTransport(Transport):
     kind = "cuda_ipc"
 
-    def __init__(self, calls, client, staging_slots):
+    def __init__(self, calls, client, staging_slots, target=None):
         _torch()
+        self._fds_path = vmm_fds.socket_path(target)
         self._calls = calls
         self._client = client
         self._names = itertools.count()
@@ -115,19 +122,62 @@ class CudaIpcTransport(Transport):
         """(region, offset) of tensor ``t``'s memory; registers its allocation the first time
         and keeps ``t`` alive with it. Inputs inside a ``named`` tensor are named in place."""
         ptr = t.data_ptr()
-        base, size, device = cuda_driver.allocation(ptr)
+        nbytes = t.numel() * t.element_size()
         with self._lock:  # held over the call: one region per allocation, however many threads
-            a = self._allocations.get((device, base))
+            a = self._containing(t.device.index, ptr, nbytes)
             if a is None:
-                name = f"{self._client}/cuda{next(self._names)}"
-                handle = cuda_driver.ipc_handle(base)
-                self._calls.register_cuda(name, handle, device, size, self._client)
-                a = _Allocation(name, base, size, device)
-                self._allocations[(device, base)] = a
+                a = self._register_allocation(t, ptr, nbytes)
+                self._allocations[(a.device, a.base)] = a
             a.keep[id(t)] = t
             if named:
-                a.spans[id(t)] = (ptr, t.numel() * t.element_size())
-        return a.name, ptr - base
+                a.spans[id(t)] = (ptr, nbytes)
+        return a.name, ptr - a.base
+
+    def _containing(self, device, ptr, nbytes):
+        for (d, base), a in self._allocations.items():
+            if d == device and base <= ptr and ptr + nbytes <= base + a.size:
+                return a
+        return None
+
+    def _register_allocation(self, t, ptr, nbytes):
+        """Registers the allocation holding ``t``: a CUDA IPC handle of its cudaMalloc block, or
+        for a VMM allocation the chunks behind ``t``'s bytes."""
+        name = f"{self._client}/cuda{next(self._names)}"
+        try:
+            base, size, device = cuda_driver.allocation(ptr)
+            handle = cuda_driver.ipc_handle(base)
+        except cuda_driver.CudaDriverError:
+            if not cuda_driver.is_vmm(ptr):
+                raise
+            return self._register_vmm(name, t, ptr, nbytes)
+        self._calls.register_cuda(name, handle, device, size, self._client)
+        return _Allocation(name, base, size, device)
+
+    def _register_vmm(self, name, t, ptr, nbytes):
+        torch = _torch()
+        if self._fds_path is None:
+            raise InvalidBundleError(
+                "cuda_ipc: a tensor in a VMM allocation (torch's expandable segments) is passed "
+                "to verifyd as file descriptors, over its Unix socket only; connect to "
+                "unix:PATH")
+        device = t.device.index
+        with torch.cuda.device(device):
+            chunks = cuda_driver.vmm_chunks(ptr, nbytes)
+            fds = []
+            try:
+                for _, _, handle in chunks:
+                    fds.append(cuda_driver.export_fd(handle))
+            finally:
+                cuda_driver.release_handles(chunks)
+        token = vmm_fds.new_token()
+        try:
+            vmm_fds.send(self._fds_path, token, fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        self._calls.register_cuda_vmm(name, token, [size for _, size, _ in chunks], device,
+                                      ptr - chunks[0][0], nbytes, self._client)
+        return _Allocation(name, ptr, nbytes, device)
 
     def forget(self, t, unregister=True):
         """Drops the reference to ``t``; an allocation left with none is unregistered."""
@@ -259,7 +309,10 @@ class CudaIpcTransport(Transport):
 
 
 def _check_pool_offset(pool):
-    """A pool is read in place, so it must start on verifyd's offset grid in its allocation."""
+    """A pool is read in place, so it must start on verifyd's offset grid in its allocation.
+    (A pool in a VMM allocation is a region of its own, which starts at the pool.)"""
+    if cuda_driver.is_vmm(pool.data_ptr()):
+        return
     offset = pool.data_ptr() - cuda_driver.allocation(pool.data_ptr())[0]
     if offset % OFFSET_GRID != 0:
         raise InvalidBundleError(f"kv_pool: starts {offset} bytes into its CUDA allocation, "

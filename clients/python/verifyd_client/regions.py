@@ -126,6 +126,15 @@ class RegionCalls:
                                   name=name, ipc_handle=ipc_handle, device=device,
                                   byte_size=byte_size, client=client))
 
+    def register_cuda_vmm(self, name, token, chunks, device, offset, byte_size, client):
+        """A VMM allocation's chunks, whose descriptors went to verifyd under ``token``
+        (vmm_fds.send), as one cuda_ipc region of ``byte_size`` bytes from ``offset`` into the
+        first chunk."""
+        return self._register(self._stub.RegisterCudaVmmRegion,
+                              verify_pb2.RegisterCudaVmmRegionRequest(
+                                  name=name, token=token, chunks=list(chunks), device=device,
+                                  offset=offset, byte_size=byte_size, client=client))
+
     def unregister(self, name="", client=""):
         return list(self._call(self._stub.UnregisterRegion, verify_pb2.UnregisterRegionRequest(
             name=name, client=client)).unregistered)
