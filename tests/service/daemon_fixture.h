@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -49,6 +50,24 @@ inline std::unique_ptr<Engine> LocalEngine() {
   auto e = MakeEngine(o);
   EXPECT_TRUE(e.ok()) << e.status();
   return e.ok() ? std::move(*e) : nullptr;
+}
+
+// Runs test `filter` of this test binary in a child process, with VERIFYD_CHILD_TARGET set to
+// `target` (the daemon the child calls); returns what it printed, its exit status in `*status`.
+inline std::string RunChildTest(const std::string& target, const std::string& filter, int* status) {
+  const std::string exe = std::filesystem::read_symlink("/proc/self/exe").string();
+  const std::string cmd =
+      "VERIFYD_CHILD_TARGET=" + target + " '" + exe + "' --gtest_filter=" + filter + " 2>&1";
+  FILE* child = ::popen(cmd.c_str(), "r");
+  std::string out;
+  if (child == nullptr) {
+    *status = -1;
+    return out;
+  }
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, child)) > 0;) out.append(buf, n);
+  *status = ::pclose(child);
+  return out;
 }
 
 inline DaemonOptions TestOptions(const std::string& dir) {
@@ -162,6 +181,15 @@ class DaemonTest : public ::testing::Test {
     grpc::ClientContext ctx;
     EXPECT_TRUE(admin_->GetStatus(&ctx, v1::GetStatusRequest(), &s).ok());
     return s;
+  }
+  // Waits (at most 5 s) until no call channel is open; returns how many still are.
+  int AwaitNoChannels() {
+    int open = -1;
+    for (int i = 0; i < 100 && open != 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      open = Status().channels_size();
+    }
+    return open;
   }
   // Waits (at most 30 s) until the comparisons of `n` calls have been recorded.
   v1::Counters WaitForComparisons(int64_t n) {

@@ -376,22 +376,12 @@ TEST_F(ChannelTest, AShrunkObjectStopsItsChannelNotTheDaemon) {
 // use up --max_channels. The client is ChannelChild.OpensAChannelAndExits in this binary.
 TEST_F(ChannelTest, AClientThatExitsWithoutClosingHasItsChannelClosed) {
   Start();
-  const std::string exe = std::filesystem::read_symlink("/proc/self/exe").string();
-  const std::string cmd = "VERIFYD_CHILD_TARGET=unix:" + dir_ + "/data.sock '" + exe +
-                          "' --gtest_filter=ChannelChild.OpensAChannelAndExits 2>&1";
-  FILE* child = ::popen(cmd.c_str(), "r");
-  ASSERT_NE(child, nullptr);
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof buf, child)) > 0;) out.append(buf, n);
-  EXPECT_EQ(::pclose(child), 0) << out;
+  int status = 0;
+  const std::string out =
+      RunChildTest("unix:" + dir_ + "/data.sock", "ChannelChild.OpensAChannelAndExits", &status);
+  EXPECT_EQ(status, 0) << out;
   EXPECT_NE(out.find("opened and exiting"), std::string::npos) << out;
-  int open = -1;
-  for (int i = 0; i < 100 && open != 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    open = Status().channels_size();
-  }
-  EXPECT_EQ(open, 0) << "the dead client's channel is still open";
+  EXPECT_EQ(AwaitNoChannels(), 0) << "the dead client's channel is still open";
   EXPECT_NE(Scrape(daemon_->metrics_port()).find("verifyd_channels 0"), std::string::npos);
   // A live client's channel is watched but stays.
   auto live = OpenClient("live");

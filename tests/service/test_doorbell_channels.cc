@@ -319,22 +319,12 @@ TEST_F(DoorbellTest, OpeningWithBadDescriptorsIsRefusedNamingTheField) {
 // within about a second. The client is DoorbellChild.RingsAndDies in this binary.
 TEST_F(DoorbellTest, AClientKilledMidCallFreesItsChannel) {
   PutBundle(91, 16, 3, 300);
-  const std::string exe = std::filesystem::read_symlink("/proc/self/exe").string();
-  const std::string cmd = "VERIFYD_CHILD_TARGET=unix:" + dir_ + "/data.sock '" + exe +
-                          "' --gtest_filter=DoorbellChild.RingsAndDies 2>&1";
-  FILE* child = ::popen(cmd.c_str(), "r");
-  ASSERT_NE(child, nullptr);
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof buf, child)) > 0;) out.append(buf, n);
-  EXPECT_EQ(::pclose(child), 0) << out;
+  int status = 0;
+  const std::string out =
+      RunChildTest("unix:" + dir_ + "/data.sock", "DoorbellChild.RingsAndDies", &status);
+  EXPECT_EQ(status, 0) << out;
   EXPECT_NE(out.find("rang and dying"), std::string::npos) << out;
-  int open = -1;
-  for (int i = 0; i < 100 && open != 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    open = Status().channels_size();
-  }
-  EXPECT_EQ(open, 0) << "the dead client's channel is still open";
+  EXPECT_EQ(AwaitNoChannels(), 0) << "the dead client's channel is still open";
   // The daemon serves the next client's calls.
   ShmObject obj("after", 1 << 16);
   v1::OpenChannelResponse g;
