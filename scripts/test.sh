@@ -4,11 +4,12 @@
 #
 # The quick lane (the default, and what CI runs):
 #   - the main build (no debug information, DEBUG_INFO=OFF; CUDA for sm_90a only, CUDA_ARCHS
-#     overrides it) and every suite in it, the CPU mutation suite's quick lane included; each GPU
-#     suite is one CTest test that skips without a GPU; both builds merge each target's sources
-#     into a few units (CMake's unity build, UNITY=ON), which parses the gRPC and protobuf headers
-#     once per unit instead of once per file;
-#   - clang-format over the tree (scripts/check_format.sh);
+#     overrides it) and every suite in it but those labelled sanitize, which run in the sanitizer
+#     build instead (with SANITIZE=0 they run here), the CPU mutation suite's quick lane
+#     included; each GPU suite is one CTest test that skips without a GPU; both builds merge each
+#     target's sources into a few units (CMake's unity build, UNITY=ON), which parses the gRPC and
+#     protobuf headers once per unit instead of once per file;
+#   - clang-format over the tree (scripts/check_format.sh), beside the tests;
 #   - one clang build with ASan/UBSan (build-san) of the parsers', the transport's and the
 #     service's suites and the shipped binaries (CMake target sanitize_suite, CTest label
 #     sanitize), and of the libFuzzer targets;
@@ -57,9 +58,24 @@ stage build env BUILD_DIR="$build" \
   CMAKE_ARGS="-DVERIFYD_CUDA_ARCHS=$CUDA_ARCHS -DVERIFYD_DEBUG_INFO=$DEBUG_INFO \
     -DCMAKE_UNITY_BUILD=$UNITY ${CMAKE_ARGS:-}" \
   "$root/scripts/build.sh"
-stage tests bash -c "cd '$build' && ctest --output-on-failure -j$(nproc) --timeout 900"
+# The quick lane runs each suite once: the suites labelled sanitize run in the sanitizer build
+# (below), the rest here. clang-format checks the tree beside them.
+main_labels=()
+[ "$full" = 0 ] && [ "$SANITIZE" = 1 ] && main_labels=(-LE sanitize)
+main_tests() { cd "$build" && ctest --output-on-failure -j"$(nproc)" --timeout 900 "${main_labels[@]}"; }
+tests_and_format() {
+  local log=$build/format.log rc=0 format_pid
+  "$root/scripts/check_format.sh" >"$log" 2>&1 &
+  format_pid=$!
+  (main_tests) || rc=$?
+  wait "$format_pid" || { echo "format FAILED"; rc=1; }
+  cat "$log"
+  return $rc
+}
 if [ "$FORMAT" = 1 ]; then
-  stage format "$root/scripts/check_format.sh"
+  stage tests+format tests_and_format
+else
+  stage tests main_tests
 fi
 # One clang build for the sanitizer suites and the fuzz targets: ASan/UBSan everywhere, libFuzzer's
 # coverage on the parsers only (tests/fuzz/CMakeLists.txt).
