@@ -5,8 +5,8 @@
 // the cycles since the step began (warpgroup 0's step start), and the median step length.
 // A diagnostic, not a benchmark: the stamps cost a few cycles each.
 //
-//   verifyd-kernel-trace [B T H prefix page [v5|v5s]]   (default 4 16 64 8192 64, the shipped
-//                                                      kernel)
+//   verifyd-kernel-trace [B T H prefix page [v5|v5s|v5t]]   (default 4 16 64 8192 64, the
+//                                                          shipped kernel)
 
 #define VERIFYD_KERNEL_TRACE 1
 #include <algorithm>
@@ -60,6 +60,8 @@ int main(int argc, char** argv) {
       mma = kernels::CustomScoreMma::kWgmmaPairSeesaw;
     } else if (v == "v5s") {
       mma = kernels::CustomScoreMma::kWgmmaPairSeesawStaggered;
+    } else if (v == "v5t") {
+      mma = kernels::CustomScoreMma::kWgmmaPairSeesawTailMask;
     } else {
       std::fprintf(stderr, "verifyd-kernel-trace: unknown variant %s\n", argv[6]);
       return 2;
@@ -72,7 +74,7 @@ int main(int argc, char** argv) {
     spec.prefix = std::atoll(argv[4]);
     spec.page_size = std::atoi(argv[5]);
   } else if (argc != 1) {
-    std::fprintf(stderr, "usage: verifyd-kernel-trace [B T H prefix page [v5|v5s]]\n");
+    std::fprintf(stderr, "usage: verifyd-kernel-trace [B T H prefix page [v5|v5s|v5t]]\n");
     return 2;
   }
   spec.seed = 7;

@@ -134,9 +134,9 @@ struct Options {
   std::string out_dir = ".";
   std::string commit = VERIFYD_GIT_COMMIT;
   std::vector<int> pages = {1, 64};
-  std::vector<std::string> paths = {"custom",     "custom-v3",       "custom-v4",  "custom-v4k",
-                                    "custom-v4c", "custom-v5",       "custom-v5s", "custom-qkwgmma",
-                                    "custom-mma", "custom-sm120cfg", "reference"};
+  std::vector<std::string> paths = {"custom",         "custom-v3",  "custom-v4",       "custom-v4k",
+                                    "custom-v4c",     "custom-v5",  "custom-v5s",      "custom-v5t",
+                                    "custom-qkwgmma", "custom-mma", "custom-sm120cfg", "reference"};
   double seconds_per_row = 0.25;
   int max_shapes = 0;
   int shape_index = -1;              // >= 0: only kShapes[shape_index] (for profiling one launch)
@@ -153,6 +153,7 @@ kernels::CustomScoreMma ScoreMmaOf(const std::string& path) {
          : path == "custom-v4c"     ? kernels::CustomScoreMma::kWgmmaSeesaw2Chain
          : path == "custom-v5"      ? kernels::CustomScoreMma::kWgmmaPairSeesaw
          : path == "custom-v5s"     ? kernels::CustomScoreMma::kWgmmaPairSeesawStaggered
+         : path == "custom-v5t"     ? kernels::CustomScoreMma::kWgmmaPairSeesawTailMask
                                     : kernels::CustomScoreMma::kAuto;
 }
 
@@ -400,9 +401,10 @@ int main(int argc, char** argv) {
   app.add_option("--out", opt.out_dir, "directory for <date>-<commit>-<device>.{md,json}");
   app.add_option("--commit", opt.commit, "commit the binaries were built from");
   app.add_option("--pages", opt.pages, "page sizes to run");
-  app.add_option("--paths", opt.paths,
-                 "custom, custom-v3, custom-v4, custom-v4k, custom-v4c, custom-v5, custom-v5s, "
-                 "custom-qkwgmma, custom-mma, custom-sm120cfg, reference");
+  app.add_option(
+      "--paths", opt.paths,
+      "custom, custom-v3, custom-v4, custom-v4k, custom-v4c, custom-v5, custom-v5s, custom-v5t, "
+      "custom-qkwgmma, custom-mma, custom-sm120cfg, reference");
   app.add_option("--seconds-per-row", opt.seconds_per_row, "timing budget per row");
   app.add_option("--max-shapes", opt.max_shapes, "stop after this many (shape, page) pairs");
   app.add_option("--shape-index", opt.shape_index, "run only this shape of the built-in list")

@@ -63,7 +63,8 @@ cudaError_t QueryDevice(int dev, DeviceFacts* f) {
                     custom::FusedVerifyKernel<HopperTiles, true, false>,
                     custom::FusedVerifyKernel<HopperTiles, false, false>,
                     custom::PairSeesawKernel<HopperTiles, false>,
-                    custom::PairSeesawKernel<HopperTiles, true>}) {
+                    custom::PairSeesawKernel<HopperTiles, true>,
+                    custom::PairSeesawKernel<HopperTiles, false, true>}) {
       e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(HopperTiles::kSmemBytes));
       if (e != cudaSuccess) return e;
@@ -122,19 +123,22 @@ ResolvedPlan Resolve(const VerifyProblem& p, const CustomConfig& c, CustomScoreM
       (mma == CustomScoreMma::kAuto || mma == CustomScoreMma::kWgmmaV3 ||
        mma == CustomScoreMma::kWgmmaSeesaw || mma == CustomScoreMma::kWgmmaSeesawSplitK ||
        mma == CustomScoreMma::kWgmmaSeesaw2Chain || mma == CustomScoreMma::kWgmmaPairSeesaw ||
-       mma == CustomScoreMma::kWgmmaPairSeesawStaggered);
+       mma == CustomScoreMma::kWgmmaPairSeesawStaggered ||
+       mma == CustomScoreMma::kWgmmaPairSeesawTailMask);
   r.plan.seesaw = r.plan.wgmma_pv && (mma == CustomScoreMma::kWgmmaSeesaw ||
                                       mma == CustomScoreMma::kWgmmaSeesawSplitK ||
                                       mma == CustomScoreMma::kWgmmaSeesaw2Chain);
   r.plan.split_k_scores = r.plan.seesaw && mma == CustomScoreMma::kWgmmaSeesawSplitK;
   r.plan.two_chain_scores = r.plan.seesaw && mma == CustomScoreMma::kWgmmaSeesaw2Chain;
   // Shipped (kAuto): v5 on every shape class, the fastest of v3, v4 and v5 on all ten benchmark
-  // shapes at page sizes 1 and 64 (kernels/NOTES.md, v5). v5s by name only.
+  // shapes at page sizes 1 and 64 (kernels/NOTES.md, v5). v5s and v5t by name only.
   r.plan.pair_seesaw = r.plan.wgmma_pv && (mma == CustomScoreMma::kWgmmaPairSeesaw ||
                                            mma == CustomScoreMma::kWgmmaPairSeesawStaggered ||
+                                           mma == CustomScoreMma::kWgmmaPairSeesawTailMask ||
                                            mma == CustomScoreMma::kAuto);
   r.plan.staggered_scores =
       r.plan.pair_seesaw && mma == CustomScoreMma::kWgmmaPairSeesawStaggered;
+  r.plan.tail_mask = r.plan.pair_seesaw && mma == CustomScoreMma::kWgmmaPairSeesawTailMask;
   return r;
 }
 
@@ -251,10 +255,10 @@ cudaError_t LaunchCustomWith(const VerifyProblem& p, const CustomConfig& c, Cust
     return LaunchPlanned<Sm120Tiles, false, false>(p, r.plan, workspace, stream);
   }
   if (r.plan.pair_seesaw) {
-    return LaunchPlanned<HopperTiles>(r.plan.staggered_scores
-                                          ? custom::PairSeesawKernel<HopperTiles, true>
-                                          : custom::PairSeesawKernel<HopperTiles, false>,
-                                      true, p, r.plan, workspace, stream);
+    auto* kernel = r.plan.staggered_scores ? custom::PairSeesawKernel<HopperTiles, true>
+                   : r.plan.tail_mask      ? custom::PairSeesawKernel<HopperTiles, false, true>
+                                           : custom::PairSeesawKernel<HopperTiles, false>;
+    return LaunchPlanned<HopperTiles>(kernel, true, p, r.plan, workspace, stream);
   }
   if (r.plan.split_k_scores) {
     return LaunchPlanned<HopperTiles, true, true, true, true>(p, r.plan, workspace, stream);

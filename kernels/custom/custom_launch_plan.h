@@ -19,6 +19,8 @@ namespace verifyd::kernels {
 // kWgmmaPairSeesaw: v5, the seesaw at tile granularity (pair_seesaw_kernel.cuh): each warpgroup
 // the whole Q·Kᵀ of one of a step's two tiles, loads per 64-dim block behind mbarriers.
 // kWgmmaPairSeesawStaggered: v5s, v5 with warpgroup 1's Q·Kᵀ issued after warpgroup 0's is done.
+// kWgmmaPairSeesawTailMask: v5t, v5 with the steps of prefix keys only compiled without the tree
+// mask, and the steps from the first tile that reaches the draft keys in a masked copy.
 // kWgmmaScores: wgmma for Q·Kᵀ only. kMmaSync: mma.sync everywhere. The narrower choices stay
 // to compare against and to fall back on.
 enum class CustomScoreMma {
@@ -30,7 +32,8 @@ enum class CustomScoreMma {
   kWgmmaSeesawSplitK,
   kWgmmaSeesaw2Chain,
   kWgmmaPairSeesaw,
-  kWgmmaPairSeesawStaggered
+  kWgmmaPairSeesawStaggered,
+  kWgmmaPairSeesawTailMask
 };
 
 cudaError_t ResolveCustomPlan(const VerifyProblem& p, const CustomConfig& c, CustomPlan* plan,

@@ -48,6 +48,7 @@ struct CustomPlan {
   bool two_chain_scores = false;  // v4 with Q·Kᵀ in two accumulator chains per warpgroup
   bool pair_seesaw = false;   // v5: the seesaw over pairs of tiles, a whole tile per warpgroup
   bool staggered_scores = false;  // v5s: v5 with warpgroup 1's Q·Kᵀ after warpgroup 0's
+  bool tail_mask = false;  // v5t: v5 with the tree mask compiled only into the tail steps
   CustomTileShape tiles{};
   int row_blocks = 0;        // ceil(T*H / tiles.rows)
   int64_t max_tiles = 0;     // ceil(max_kv_len / tiles.tokens)

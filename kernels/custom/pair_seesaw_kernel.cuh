@@ -31,6 +31,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/custom/device_primitives.cuh"
 #include "kernels/custom/fused_verify_kernel.cuh"  // LoadRows
@@ -48,7 +49,8 @@ struct PairSeesawLayout {
   static constexpr size_t kRowMax = kRed + 2 * Cfg::kRows * 4;  // f32 [kRows], the epilogue's
   static constexpr size_t kBars = kRowMax + Cfg::kRows * 4;     // kNumBars mbarriers
   enum Bar { kFull0Lo, kFull0Hi, kFull1Lo, kFull1Hi, kM0, kM1, kP0, kP1, kS0, kNumBars };
-  static_assert(kBars % 8 == 0 && kBars + kNumBars * 8 <= Cfg::kSmemBytes, "v5 state fits");
+  static constexpr size_t kMaskRows = kBars + kNumBars * 8;  // i64 [kRows]: v5t's mask rows
+  static_assert(kBars % 8 == 0 && kMaskRows + Cfg::kRows * 8 <= Cfg::kSmemBytes, "v5 state fits");
 };
 
 // Phase stamps for bench/kernel_trace.cu, compiled in only with VERIFYD_KERNEL_TRACE: CTA
@@ -188,7 +190,11 @@ __device__ __forceinline__ void PvFromShared(float (&o)[128], uint32_t p_tile, u
 // Q·Kᵀ take turns on the tensor cores and S1 runs under warpgroup 0's softmax (without it both
 // start together, each at half the shared-memory bandwidth, and then both run softmax while the
 // tensor cores idle: bench/kernel_trace.cu).
-template <class Cfg, bool kStagger>
+// kTailMask (v5t): the steps whose two tiles hold only prefix keys run a copy of the step compiled
+// without the tree mask (no mask predicates, no mask pointers live); the steps from the first
+// tile that reaches the draft keys on run the masked copy. Without it every step is the masked
+// copy, which tests per tile whether the tile reaches the draft keys.
+template <class Cfg, bool kStagger, bool kTailMask = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const KernelParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(Cfg::kRows == 64 && Cfg::kTokens == 64 && Cfg::kThreads == 256,
@@ -238,6 +244,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
   if (tid == 0) {
     for (int i = 0; i < L::kNumBars; ++i) MbarInit(bar(i), 128);
   }
+  // v5t: the offset of each row's tree-mask row (rows past m_valid take the last valid one's), read
+  // from shared memory on masked tiles only, so that no register holds it through the prefix steps.
+  int64_t* mask_rows = reinterpret_cast<int64_t*>(smem + L::kMaskRows);
+  if (kTailMask && tid < kRows) {
+    const int mtok = (m0 + min(tid, m_valid - 1)) / p.heads;
+    mask_rows[tid] = (int64_t{b} * p.draft + mtok) * p.mask_row_bytes;
+  }
   __syncthreads();
 
   LoadRows<Cfg, kRows>(q_s, tid, [&](int r, bool* valid) {
@@ -263,18 +276,30 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
   FenceProxyAsyncShared();
   __syncthreads();
 
-  // Tree-mask rows of this thread's two query rows (rows past m_valid take the last valid one).
-  int mtok[2];
-  const uint8_t* mrow[2];
+  // Tree-mask rows of this thread's two query rows (rows past m_valid take the last valid one):
+  // v5 keeps them in registers through the whole loop; v5t reads them from mask_rows on masked
+  // tiles.
+  const uint8_t* mrow_kept[2] = {nullptr, nullptr};
+  if constexpr (!kTailMask) {
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    mtok[i] = (m0 + min(row + 8 * i, m_valid - 1)) / p.heads;
-    mrow[i] = p.tree_mask + (int64_t{b} * p.draft + mtok[i]) * p.mask_row_bytes;
+    for (int i = 0; i < 2; ++i) {
+      const int mtok = (m0 + min(row + 8 * i, m_valid - 1)) / p.heads;
+      mrow_kept[i] = p.tree_mask + (int64_t{b} * p.draft + mtok) * p.mask_row_bytes;
+    }
   }
-  // Scores of one tile in the log2 domain, masked keys -inf, and their row maxima.
-  auto softmax_input = [&](float (&s)[32], int tile, float (&mx)[2]) {
+  // Scores of one tile in the log2 domain, masked keys -inf (kMasked: for a tile that reaches the
+  // draft keys), and their row maxima.
+  auto softmax_input = [&](auto masked, float (&s)[32], int tile, float (&mx)[2]) {
+    constexpr bool kMasked = decltype(masked)::value;
     const int k0 = tile * kTokens;
-    const bool tail = k0 + kTokens > prefix;
+    const bool tail = kMasked && k0 + kTokens > prefix;
+    const uint8_t* mrow[2] = {mrow_kept[0], mrow_kept[1]};
+    if constexpr (kTailMask) {
+      if (tail) {
+        mrow[0] = p.tree_mask + mask_rows[row];
+        mrow[1] = p.tree_mask + mask_rows[row + 8];
+      }
+    }
     mx[0] = mx[1] = -INFINITY;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -316,7 +341,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
 #pragma unroll
   for (int i = 0; i < 128; ++i) o_acc[i] = 0.f;
 
-  for (int step = 0, t0 = tile_begin; t0 < tile_end; ++step, t0 += 2) {
+  // One step: tiles t0 (warpgroup 0) and t0 + 1 (warpgroup 1), masked as `masked` says.
+  auto run_step = [&](auto masked, int step, int t0) {
     const uint32_t par = static_cast<uint32_t>(step & 1);
     const int t1 = t0 + 1, n0 = t0 + 2, n1 = t0 + 3;
     const bool has1 = t1 < tile_end, has_n0 = n0 < tile_end, has_n1 = n1 < tile_end;
@@ -348,7 +374,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
       FenceOperands(s);
       if (kStagger) MbarArrive(bar(L::kS0));
       VERIFYD_TRACE(step, 3);
-      softmax_input(s, t0, mx);
+      softmax_input(masked, s, t0, mx);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         m_new[i] = fmaxf(m_run[i], mx[i]);  // m0
@@ -434,7 +460,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
         WgmmaWait<0>();
         FenceOperands(s);
         VERIFYD_TRACE(step, 3);
-        softmax_input(s, t1, mx);
+        softmax_input(masked, s, t1, mx);
       } else {
         mx[0] = mx[1] = -INFINITY;
       }
@@ -498,7 +524,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
 #pragma unroll
       for (int i = 0; i < 2; ++i) m_run[i] = m_new[i];
     }
-  }
+  };
+  // v5t: the steps whose two tiles hold prefix keys only (tiles before prefix / kTokens) run the
+  // copy without the mask.
+  // v5t: the steps whose two tiles hold prefix keys only (the tiles before prefix / kTokens) run
+  // the copy without the mask, the rest the masked copy.
+  const int prefix_tiles = kTailMask ? min(tile_end, prefix / kTokens) : tile_begin;
+  int step = 0, t0 = tile_begin;
+#pragma unroll 1
+  for (; t0 + 2 <= prefix_tiles; ++step, t0 += 2) run_step(std::false_type{}, step, t0);
+#pragma unroll 1
+  for (; t0 < tile_end; ++step, t0 += 2) run_step(std::true_type{}, step, t0);
 
   // ---- Epilogue: the two warpgroups' row sums meet in shared memory; normalize, store.
   __syncthreads();  // both warpgroups are past their last read of red (m0, m1)

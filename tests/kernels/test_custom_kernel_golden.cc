@@ -56,7 +56,8 @@ TEST_P(CustomKernelGolden, MatchesTheStoredOracle) {
   ASSERT_EQ(dev.Upload(v), cudaSuccess);
   // The shipped choice in both tile configurations, and the v3 and v4 schedules of the Hopper
   // tiles (v4k: with split-K Q·Kᵀ; v4c: with Q·Kᵀ in two accumulator chains; v5: the seesaw
-  // over pairs of tiles) by name.
+  // over pairs of tiles; v5s: with the two Q·Kᵀ in turn; v5t: with the tree mask compiled only
+  // into the tail steps) by name.
   struct Variant {
     const char* name;
     bool small;
@@ -70,6 +71,7 @@ TEST_P(CustomKernelGolden, MatchesTheStoredOracle) {
         Variant{"hopper_v4c", false, kernels::CustomScoreMma::kWgmmaSeesaw2Chain},
         Variant{"hopper_v5", false, kernels::CustomScoreMma::kWgmmaPairSeesaw},
         Variant{"hopper_v5s", false, kernels::CustomScoreMma::kWgmmaPairSeesawStaggered},
+        Variant{"hopper_v5t", false, kernels::CustomScoreMma::kWgmmaPairSeesawTailMask},
         Variant{"sm120", true, kernels::CustomScoreMma::kAuto}}) {
     const bool small = var.small;
     SCOPED_TRACE(var.name);
