@@ -6,12 +6,15 @@ writes NAME.json and NAME.md under --out: calls to the first breach, breach frac
 criteria that tripped, per class; a summary per mutant; the surviving (mutant, class) pairs.
 With --check FILE it fails when the clean build breached, or when a mutant not named in FILE
 went undetected in a realistic-traffic group (all calls of one prefix) by the per-call check,
-and neither the oracle drift test on realistic traffic nor the probe suite caught it. Undetected
+and neither the oracle drift test on realistic traffic, the probe suite nor the determinism probe
+caught it; and when the clean build's determinism probe saw a difference. Undetected
 random-traffic classes are reported as survivors but do not fail: with diffuse attention one key
 carries about 1/kv_len of a row, below bf16 resolution at long prefixes.
 
 A driver run with --drift carries "drift" (per traffic model: oracle samples, the sample of the
-first drift breach) and one with --probe_max_prefix carries "probe" (probes run, failed).
+first drift breach), one with --probe_max_prefix carries "probe" (probes run, failed) and one
+with --determinism_prefix carries "determinism" (custom-path runs of one long random-valued
+bundle, and how many differed from the first bit for bit).
 """
 
 import argparse
@@ -106,6 +109,16 @@ def probe_cell(r):
     return f"{p['failures']}/{p['probes']} failed" if p["failures"] else f"0/{p['probes']}"
 
 
+def determinism_cell(r):
+    d = r.get("determinism")
+    if d is None:
+        return "n/a"
+    compared = d["runs"] - 1
+    if not d["differing_runs"]:
+        return f"0/{compared}"
+    return f"{d['differing_runs']}/{compared} differ ({d['max_differing_o']} o)"
+
+
 def caught_by(r, crit):
     ways = []
     if crit:
@@ -114,6 +127,8 @@ def caught_by(r, crit):
         ways.append("drift")
     if r.get("probe", {}).get("failures"):
         ways.append("probe")
+    if (r.get("determinism") or {}).get("differing_runs"):
+        ways.append("determinism")
     return ", ".join(ways) or "-"
 
 
@@ -140,6 +155,8 @@ def main():
             merge_drift(m, r)
             if "probe" not in m and "probe" in r:
                 m["probe"] = r["probe"]
+            if "determinism" not in m and "determinism" in r:
+                m["determinism"] = r["determinism"]
         else:
             by_label[r["label"]] = r
             runs.append(r)
@@ -154,6 +171,7 @@ def main():
         "mutants": {r["label"]: {"description": description(a.patches, r["label"]),
                                  "calls": r["calls"], "breaches": r["breaches"],
                                  "drift": r.get("drift"), "probe": r.get("probe"),
+                                 "determinism": r.get("determinism"),
                                  "classes": r["classes"]} for r in runs},
     }
     os.makedirs(a.out, exist_ok=True)
@@ -178,9 +196,12 @@ def main():
           "drift: the oracle drift test fed every call of a traffic model in order (the sample "
           "of its first breach, of the samples run, and the largest geometric-mean ratio of "
           "custom's error over the reference's against the oracle). probe: the probe suite "
-          "(src/probe/) run once. caught by: which of the three tripped.", ""]
+          "(src/probe/) run once. determinism: the custom path run several times on one long "
+          "random-valued bundle, the runs that differ from the first bit for bit. caught by: "
+          "which of these tripped.", ""]
     head = ["mutant"] + [f"{t} {fmt_prefix(p)}" for t in traffics for p in prefixes] + \
-        [f"drift {t}" for t in traffics] + ["probe", "caught by", "criteria (breached calls)"]
+        [f"drift {t}" for t in traffics] + ["probe", "determinism", "caught by",
+                                            "criteria (breached calls)"]
     md += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     survivors = []
     for r in runs:
@@ -201,7 +222,8 @@ def main():
                 calls, br, surv = groups[(t, p)]
                 cells.append(f"{br / calls:.2f}{'*' if surv and r['label'] != 'clean' else ''}"
                              if calls else "-")
-        cells += [drift_cell(r, t) for t in traffics] + [probe_cell(r), caught_by(r, crit)]
+        cells += [drift_cell(r, t) for t in traffics] + \
+            [probe_cell(r), determinism_cell(r), caught_by(r, crit)]
         crit_s = ", ".join(f"{k} {v}" for k, v in crit.most_common()) or "-"
         md.append(f"| {r['label']} | " + " | ".join(cells) + f" | {crit_s} |")
     md += ["", "## Planted bugs", ""]
@@ -262,12 +284,15 @@ def main():
                     bad.append(f"the clean build tripped the drift test on {traffic} traffic")
             if (clean.get("probe") or {}).get("failures"):
                 bad.append(f"the clean build failed probes: {clean['probe']['failed']}")
+            if (clean.get("determinism") or {}).get("differing_runs"):
+                bad.append("the clean build's custom path was not bit-identical from run to run")
         for r in runs:
             if r["label"] == "clean" or r["label"] in allowed:
                 continue
             realistic_drift = (r.get("drift") or {}).get("realistic") or {}
-            if realistic_drift.get("first_breach_sample") or (r.get("probe") or {}).get("failures"):
-                continue  # caught by the drift test on realistic traffic or by a probe
+            if realistic_drift.get("first_breach_sample") or (r.get("probe") or {}).get("failures") \
+                    or (r.get("determinism") or {}).get("differing_runs"):
+                continue  # caught by the drift test on realistic traffic, a probe or determinism
             groups = collections.defaultdict(lambda: [0, 0])
             for c in r["classes"]:
                 if c["traffic"] == "realistic":

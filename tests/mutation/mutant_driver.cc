@@ -5,11 +5,15 @@
 // clean one (optionally with --oracle) it measures the clean distributions the defaults come from.
 // With --drift every call also runs the fp64 oracle and feeds verifyd's oracle drift test, one
 // stream per traffic model (all its classes in order, as a daemon would see them); with
-// --probe_max_prefix the probe suite runs once. Both report whether and when they tripped.
+// --probe_max_prefix the probe suite runs once. Both report whether and when they tripped. With
+// --determinism_prefix the determinism probe runs once: the custom path on one long
+// random-valued bundle, several times, every output bit for bit the first's (the kernel is
+// deterministic by contract, so a difference is a race, whatever its size).
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -48,9 +52,11 @@ struct Options {
   double budget = 4e6;  // per class: calls <= budget / (T * kv_len), at least min_calls
   int min_calls = 1;
   uint64_t seed = 1;
-  bool oracle = false;           // also measure both paths against the fp64 oracle
-  bool drift = false;            // feed the oracle drift test (runs the oracle on every call)
-  int64_t probe_max_prefix = 0;  // > 0: run the probe suite with this longest prefix
+  bool oracle = false;             // also measure both paths against the fp64 oracle
+  bool drift = false;              // feed the oracle drift test (runs the oracle on every call)
+  int64_t probe_max_prefix = 0;    // > 0: run the probe suite with this longest prefix
+  int64_t determinism_prefix = 0;  // > 0: run the determinism probe at this prefix
+  int determinism_runs = 4;        // custom-path runs of its bundle, compared with the first
   bool fail_on_breach = false;
   int threads = 0;
   std::string engine = "cpu";
@@ -250,6 +256,11 @@ void AddFlags(CLI::App& app, Options* o) {
                "feed the oracle drift test, one stream per traffic model (runs the oracle)");
   app.add_option("--probe_max_prefix", o->probe_max_prefix,
                  "run the probe suite with this longest prefix (0: not)");
+  app.add_option("--determinism_prefix", o->determinism_prefix,
+                 "run the determinism probe on a bundle with this prefix (0: not)");
+  app.add_option("--determinism_runs", o->determinism_runs,
+                 "custom-path runs of the determinism probe's bundle")
+      ->check(CLI::Range(2, 1000));
   app.add_flag("--fail_on_breach", o->fail_on_breach,
                "exit 1 when any call breaches, the drift test trips or a probe fails");
   app.add_option("--engine", o->engine, "cpu or cuda (a build with the CUDA engine)");
@@ -368,8 +379,69 @@ bool RunProbes(Engine& engine, const Options& o, json* probe_doc, bool* probe_fa
   return true;
 }
 
+// The determinism probe, with --determinism_prefix: one long random-valued bundle (B = 8, T = 16,
+// H = 16, page 64, a random tree; long enough for many KV splits and steps per CTA), the custom
+// path run --determinism_runs times, each output (o and lse, as bits) against the first run's.
+// False (after saying why) when the engine failed.
+bool RunDeterminism(Engine& engine, const Options& o, json* doc, bool* differed) {
+  RandomBundleSpec spec;
+  spec.batch = 8;
+  spec.draft = 16;
+  spec.heads = 16;
+  spec.page_size = 64;
+  spec.prefix = o.determinism_prefix;
+  spec.traffic = Traffic::kRandom;
+  spec.seed = o.seed + 17;
+  RandomBundle rb(spec);
+  auto pb = engine.Prepare(rb.view(), /*detach=*/false);
+  if (!pb.ok()) {
+    std::cerr << o.label << ": determinism: " << pb.status() << "\n";
+    return false;
+  }
+  PathOutput first, again;
+  int differing_runs = 0;
+  int64_t differing_o = 0, differing_lse = 0;
+  int first_differing_run = 0;
+  for (int run = 0; run < o.determinism_runs; ++run) {
+    PathOutput& out = run == 0 ? first : again;
+    absl::Status st = engine.Run(Path::kCustom, **pb);
+    if (st.ok()) st = engine.Fetch(Path::kCustom, **pb, &out);
+    if (!st.ok()) {
+      std::cerr << o.label << ": determinism: " << st << "\n";
+      return false;
+    }
+    if (run == 0) continue;
+    int64_t d_o = 0, d_lse = 0;
+    for (size_t i = 0; i < out.o.size() && i < first.o.size(); ++i) d_o += out.o[i] != first.o[i];
+    for (size_t i = 0; i < out.lse.size() && i < first.lse.size(); ++i) {
+      d_lse += std::memcmp(&out.lse[i], &first.lse[i], sizeof(float)) != 0;
+    }
+    if (d_o + d_lse > 0 || out.o.size() != first.o.size()) {
+      ++differing_runs;
+      if (first_differing_run == 0) first_differing_run = run + 1;
+      differing_o = std::max(differing_o, d_o);
+      differing_lse = std::max(differing_lse, d_lse);
+    }
+  }
+  *differed = differing_runs > 0;
+  *doc = {{"prefix", o.determinism_prefix},
+          {"batch", spec.batch},
+          {"draft", spec.draft},
+          {"heads", spec.heads},
+          {"page_size", spec.page_size},
+          {"runs", o.determinism_runs},
+          {"differing_runs", differing_runs},
+          {"max_differing_o", differing_o},
+          {"max_differing_lse", differing_lse}};
+  (*doc)["first_differing_run"] = first_differing_run ? json(first_differing_run) : json(nullptr);
+  std::cout << fmt::format(
+      "{:<28} determinism: {} of {} runs differ from the first (up to {} o and {} lse elements)\n",
+      o.label, differing_runs, o.determinism_runs - 1, differing_o, differing_lse);
+  return true;
+}
+
 void WriteJson(const Options& o, const EngineInfo& info, const Totals& totals,
-               const json& probe_doc) {
+               const json& probe_doc, const json& determinism_doc) {
   json doc = {{"label", o.label},
               {"commit", o.commit},
               {"engine", info.engine},
@@ -390,6 +462,7 @@ void WriteJson(const Options& o, const EngineInfo& info, const Totals& totals,
               {"classes", totals.classes}};
   if (o.drift) doc["drift"] = totals.drift;
   if (o.probe_max_prefix > 0) doc["probe"] = probe_doc;
+  if (o.determinism_prefix > 0) doc["determinism"] = determinism_doc;
   std::ofstream(o.json_path) << doc.dump(1) << "\n";
 }
 
@@ -416,9 +489,14 @@ int Main(int argc, char** argv) {
   json probe_doc = nullptr;
   bool probe_failed = false;
   if (o.probe_max_prefix > 0 && !RunProbes(*engine, o, &probe_doc, &probe_failed)) return 2;
+  json determinism_doc = nullptr;
+  bool differed = false;
+  if (o.determinism_prefix > 0 && !RunDeterminism(*engine, o, &determinism_doc, &differed)) {
+    return 1;
+  }
   std::cout << fmt::format("{}: {} breaches in {} calls\n", o.label, totals.breaches, totals.calls);
-  if (!o.json_path.empty()) WriteJson(o, info, totals, probe_doc);
-  const bool breached = totals.breaches > 0 || totals.drift_tripped || probe_failed;
+  if (!o.json_path.empty()) WriteJson(o, info, totals, probe_doc, determinism_doc);
+  const bool breached = totals.breaches > 0 || totals.drift_tripped || probe_failed || differed;
   return o.fail_on_breach && breached ? 1 : 0;
 }
 

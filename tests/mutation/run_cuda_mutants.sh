@@ -58,14 +58,15 @@ fi
 
 # Sets of classes, one driver run each per mutant. B = 1 plans many KV splits (the seesaw
 # schedule); B = 16 at short prefixes plans fewer than 8 (the v3 schedule). The drift set is a
-# stream long enough for the drift test's verdict; the first set also runs the probe suite.
-sets=("--prefixes 512,4096 --pages 1,64 --drafts 4,16,64 --calls 20 --budget 1e12 --probe_max_prefix 65536"
+# stream long enough for the drift test's verdict; the first set also runs the probe suite and
+# the determinism probe (the custom path 4 times on one random-valued bundle at a 32K prefix).
+sets=("--prefixes 512,4096 --pages 1,64 --drafts 4,16,64 --calls 20 --budget 1e12 --probe_max_prefix 65536 --determinism_prefix 32768"
       "--prefixes 16384,65536 --pages 1,64 --drafts 4,16,64 --calls 3"
       "--batch 16 --prefixes 512,2048 --pages 1,64 --drafts 4,16 --calls 5"
       "--prefixes 512,4096 --pages 1,64 --drafts 4 --calls 12 --budget 1e12 --drift")
 shares=("512 8500" "4096 1200" "16384 250" "65536 50")
 if [ $smoke = 1 ]; then
-  sets=("--prefixes 64 --pages 1,64 --drafts 4 --calls 1 --probe_max_prefix 256"
+  sets=("--prefixes 64 --pages 1,64 --drafts 4 --calls 1 --probe_max_prefix 256 --determinism_prefix 64"
         "--prefixes 100 --pages 64 --drafts 4 --calls 2 --drift")
   shares=("64 8000" "200 2000")
 fi
