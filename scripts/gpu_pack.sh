@@ -7,6 +7,7 @@
 #
 #   scripts/gpu_pack.sh [BUILD_DIR] [PACK_DIR]      (defaults: build-cuda, .gpu/pack)
 #   extra binaries (paths relative to BUILD_DIR): VERIFYD_PACK_BINS="tests/x/test_y ..."
+#   only these binaries instead of the list below (a kernel-only pack): VERIFYD_PACK_ONLY="..."
 #   the CUDA mutation suite's drivers: VERIFYD_PACK_MUTANTS=DIR (build_cuda_mutants.sh's output)
 set -euo pipefail
 
@@ -21,6 +22,8 @@ BINS=(tests/kernels/test_custom_kernel tests/kernels/test_custom_kernel_golden
       tests/cuda_engine/test_cuda_sticky_error
       tests/service/test_service
       src/main/verifyd src/cli/verifyctl src/cli/verifyd-replay)
+# shellcheck disable=SC2206
+[[ -n ${VERIFYD_PACK_ONLY:-} ]] && BINS=(${VERIFYD_PACK_ONLY})
 # shellcheck disable=SC2206
 BINS+=(${VERIFYD_PACK_BINS:-})
 
@@ -63,7 +66,7 @@ cp "$ROOT/scripts/gpu_run.sh" "$ROOT/scripts/gpu_service_bench.sh" "$ROOT/script
 mkdir -p "$PACK/py/clients/python" "$PACK/py/tests/python"
 cp -r "$ROOT/clients/python/verifyd_client" "$ROOT/clients/python/generate.sh" "$PACK/py/clients/python/"
 rm -rf "$PACK/py/clients/python/verifyd_client/_gen" "$PACK/py/clients/python/verifyd_client/__pycache__"
-cp "$ROOT"/tests/python/{gpu_cuda_ipc_test.py,gpu_doorbell_test.py,gpu_vmm_test.py,random_bundles.py,sglang_reference.py} \
+cp "$ROOT"/tests/python/{gpu_cuda_ipc_test.py,gpu_doorbell_test.py,gpu_vmm_test.py,gpu_region_set_test.py,random_bundles.py,sglang_reference.py} \
   "$PACK/py/tests/python/"
 mkdir -p "$PACK/py/bench"
 cp "$ROOT/bench/stack_bench.py" "$PACK/py/bench/"
