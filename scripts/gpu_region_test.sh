@@ -5,6 +5,8 @@
 #      (--check), on page sizes 1 and 64, while the client overwrites q and the pool right after
 #      each response (--scribble): the shadow comparisons must all stay clean (the shadow hazard).
 #   2. A region call is captured and `verifyctl replay` reproduces it bit for bit.
+#   3. With the Python client and torch (PACK/py): CUDA IPC, doorbell graphs, VMM regions, and a
+#      KV pool per layer registered as one region set, called through each SGLang adapter.
 # Prints one line per check; exits non-zero when one fails.
 #
 #   gpu_region_test.sh PACK_DIR OUT_DIR
@@ -109,6 +111,16 @@ if [[ -d "$PACK/py" ]]; then
     echo "ok   python cuda_ipc transport, expandable segments (VMM): $(grep -cE '^PASS' "$OUT/python_vmm.txt") checks passed"
   else
     fail "python cuda_ipc transport, expandable segments (VMM) (rc=$rc): $(grep -E '^(FAIL|SETUP)' "$OUT/python_vmm.txt" | head -5)"
+  fi
+  # 61 layer pools as one region set (VMM and CUDA IPC members), each backend's adapter on it.
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True VERIFYD_CLIENT_GEN=$gen timeout 300 \
+    python3 "$PACK/py/tests/python/gpu_region_set_test.py" --verifyctl "$bin/verifyctl" \
+    --data "unix://$dir/data.sock" --admin "unix://$dir/admin.sock" > "$OUT/python_region_set.txt" 2>&1
+  rc=$?
+  if [[ $rc == 0 ]]; then
+    echo "ok   python region set of 61 layer pools through the three adapters: $(grep -cE '^PASS' "$OUT/python_region_set.txt") checks passed, $(grep -m1 -E 'worst rel-L2' "$OUT/python_region_set.txt" | sed 's/^ *//')"
+  else
+    fail "python region set of 61 layer pools (rc=$rc): $(grep -E '^(FAIL|SETUP)' "$OUT/python_region_set.txt" | head -5)"
   fi
 fi
 

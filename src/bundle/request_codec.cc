@@ -75,12 +75,9 @@ class TensorLocator {
   // when it is a GPU's.
   absl::StatusOr<RegionRange> Region(const char* name, const v1::Tensor& t, int64_t want) {
     const bool shm = t.contents_case() == v1::Tensor::kShm;
-    RegionName which;
-    which.name = shm ? t.shm().region() : t.cuda_ipc().region();
-    if (shm) {
-      which.set = t.shm().set();
-      which.index = t.shm().index();
-    }
+    const RegionName which =
+        shm ? RegionName{t.shm().region(), t.shm().set(), t.shm().index()}
+            : RegionName{t.cuda_ipc().region(), t.cuda_ipc().set(), t.cuda_ipc().index()};
     const std::string& region = which.set.empty() ? which.name : which.set;
     const uint64_t offset = shm ? t.shm().offset() : t.cuda_ipc().offset();
     const uint64_t size = shm ? t.shm().byte_size() : t.cuda_ipc().byte_size();

@@ -181,10 +181,13 @@ void PrintRegionsAndChannels(const v1::GetStatusResponse& s) {
         r.lost() ? "  LOST (object shrank; unregister it)" : "");
   }
   for (const auto& r : s.region_sets()) {
+    const bool shm = r.kind() == v1::REGION_KIND_SHM;
     std::cout << fmt::format(
-        "region set  {}  {} {} members, {:.1f} MB  client '{}' ({})  calls {}  in use {}{}\n",
-        r.name(), r.kind() == v1::REGION_KIND_SHM ? "shm" : "cuda_ipc", r.members(),
-        r.byte_size() / 1e6, r.client(), r.owner(), r.calls(), r.in_use(),
+        "region set  {}  {} {} members{}, {:.1f} MB{}  client '{}' ({})  calls {}  in use {}{}\n",
+        r.name(), shm ? "shm" : "cuda_ipc", r.members(),
+        shm || r.vmm_members() == 0 ? "" : fmt::format(" ({} VMM)", r.vmm_members()),
+        r.byte_size() / 1e6, shm ? "" : fmt::format(" on GPU {}", r.device()), r.client(),
+        r.owner(), r.calls(), r.in_use(),
         r.lost().empty() ? ""
                          : fmt::format("  LOST members {} (objects shrank; unregister it)",
                                        fmt::join(r.lost(), ",")));

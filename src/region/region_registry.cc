@@ -10,6 +10,41 @@
 #include "src/region/shm_mapping.h"
 
 namespace verifyd {
+namespace {
+
+// `st` with its message prefixed by `field` ("members[3]."), or as it is for an empty one.
+absl::Status Prefixed(const std::string& field, const absl::Status& st) {
+  return field.empty() || st.ok() ? st : absl::Status(st.code(), absl::StrCat(field, st.message()));
+}
+
+// [offset, offset + byte_size) of a mapping that others may share (set members in one CUDA IPC
+// allocation: the handle is opened once).
+class MappedSlice final : public MappedRegion {
+ public:
+  MappedSlice(std::shared_ptr<MappedRegion> whole, uint64_t offset, uint64_t byte_size)
+      : whole_(std::move(whole)), offset_(offset), byte_size_(byte_size) {}
+  char* base() const override { return whole_->base() + offset_; }
+  uint64_t byte_size() const override { return byte_size_; }
+  int device() const override { return whole_->device(); }
+  bool intact() const override { return whole_->intact(); }
+  absl::Status ReadToHost(uint64_t offset, uint64_t bytes, void* dst) const override {
+    return whole_->ReadToHost(offset_ + offset, bytes, dst);
+  }
+
+ private:
+  std::shared_ptr<MappedRegion> whole_;
+  uint64_t offset_;
+  uint64_t byte_size_;
+};
+
+absl::Status CheckOffset(uint64_t offset) {
+  if (offset % kRegionAlign == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("offset: ", offset, " is not a multiple of ",
+                                                 kRegionAlign, " (regions start ", kRegionAlign,
+                                                 "-byte aligned)"));
+}
+
+}  // namespace
 
 struct RegionRegistry::Set {
   RegionSetSummary info;  // in_use, calls and lost are the members'
@@ -188,17 +223,10 @@ absl::Status RegionRegistry::Add(const std::string& name, std::shared_ptr<Entry>
 absl::StatusOr<std::unique_ptr<MappedRegion>> RegionRegistry::MapShmChecked(
     const std::string& field, const std::string& label, const std::string& key, uint64_t offset,
     uint64_t byte_size, std::optional<uint32_t> caller_uid) {
-  auto prefixed = [&field](const absl::Status& st) {
-    return field.empty() ? st : absl::Status(st.code(), absl::StrCat(field, st.message()));
-  };
-  if (byte_size == 0) return prefixed(absl::InvalidArgumentError("byte_size: must be > 0"));
-  if (offset % kRegionAlign != 0) {
-    return prefixed(absl::InvalidArgumentError(
-        absl::StrCat("offset: ", offset, " is not a multiple of ", kRegionAlign, " (regions start ",
-                     kRegionAlign, "-byte aligned)")));
-  }
+  if (byte_size == 0) return Prefixed(field, absl::InvalidArgumentError("byte_size: must be > 0"));
+  if (absl::Status st = CheckOffset(offset); !st.ok()) return Prefixed(field, st);
   absl::StatusOr<std::unique_ptr<MappedRegion>> m = MapShm(key, offset, byte_size, caller_uid);
-  if (!m.ok()) return prefixed(m.status());
+  if (!m.ok()) return Prefixed(field, m.status());
   PinnedHost pinned = PinHost(host_pinner_, (*m)->base(), byte_size, label);
   if (pinned.unpin) (*m)->SetBeforeUnmap(std::move(pinned.unpin));
   return m;
@@ -224,49 +252,184 @@ absl::StatusOr<RegionSummary> RegionRegistry::RegisterShm(
   return Summarize(*e);
 }
 
-absl::StatusOr<RegionSetSummary> RegionRegistry::RegisterShmSet(
-    const std::string& name, const std::vector<ShmSetMember>& members, const std::string& client,
-    std::optional<uint32_t> caller_uid, const std::string& owner) {
-  if (members.empty()) {
+absl::StatusOr<RegionSetSummary> RegionRegistry::RegisterSet(RegionSetSummary set_info,
+                                                             std::vector<RegionSummary> infos,
+                                                             const MapMember& map) {
+  const std::string name = set_info.name;
+  if (infos.empty()) {
     return absl::InvalidArgumentError("members: a region set needs at least one member");
   }
   uint64_t bytes = 0;
-  for (const ShmSetMember& m : members) {
+  for (const RegionSummary& m : infos) {
     if (__builtin_add_overflow(bytes, m.byte_size, &bytes)) bytes = UINT64_MAX;
   }
-  if (absl::Status st = CheckNew(name, bytes, static_cast<int64_t>(members.size()), owner);
+  if (absl::Status st = CheckNew(name, bytes, static_cast<int64_t>(infos.size()), set_info.owner);
       !st.ok()) {
     return st;
   }
   auto set = std::make_shared<Set>();
-  set->info.name = name;
-  set->info.kind = RegionKind::kShm;
-  set->info.members = static_cast<uint32_t>(members.size());
+  set->info = std::move(set_info);
+  set->info.members = static_cast<uint32_t>(infos.size());
   set->info.byte_size = bytes;
-  set->info.client = client;
-  set->info.owner = owner;
-  for (size_t i = 0; i < members.size(); ++i) {
-    const ShmSetMember& m = members[i];
-    const std::string member = absl::StrCat(name, "[", i, "]");
+  for (size_t i = 0; i < infos.size(); ++i) {
     // A member that fails unmaps the ones mapped before it (set goes out of scope).
-    absl::StatusOr<std::unique_ptr<MappedRegion>> mapped =
-        MapShmChecked(absl::StrCat("members[", i, "]."), absl::StrCat("region '", member, "'"),
-                      m.key, m.offset, m.byte_size, caller_uid);
+    absl::StatusOr<std::unique_ptr<MappedRegion>> mapped = map(i);
     if (!mapped.ok()) return mapped.status();
     auto e = std::make_shared<Entry>();
-    e->info.name = member;
+    e->info = std::move(infos[i]);
+    e->info.name = absl::StrCat(name, "[", i, "]");
+    e->info.kind = set->info.kind;
+    e->info.client = set->info.client;
+    e->info.owner = set->info.owner;
     e->member = true;
-    e->info.kind = RegionKind::kShm;
-    e->info.shm_key = m.key;
-    e->info.shm_offset = m.offset;
-    e->info.byte_size = m.byte_size;
-    e->info.client = client;
-    e->info.owner = owner;
     e->mapping = std::move(*mapped);
     set->members.push_back(std::move(e));
   }
   if (absl::Status st = Add(name, nullptr, set); !st.ok()) return st;
   return Summarize(*set);
+}
+
+absl::StatusOr<RegionSetSummary> RegionRegistry::RegisterShmSet(
+    const std::string& name, const std::vector<ShmSetMember>& members, const std::string& client,
+    std::optional<uint32_t> caller_uid, const std::string& owner) {
+  RegionSetSummary set;
+  set.name = name;
+  set.kind = RegionKind::kShm;
+  set.client = client;
+  set.owner = owner;
+  std::vector<RegionSummary> infos(members.size());
+  for (size_t i = 0; i < members.size(); ++i) {
+    infos[i].shm_key = members[i].key;
+    infos[i].shm_offset = members[i].offset;
+    infos[i].byte_size = members[i].byte_size;
+  }
+  return RegisterSet(std::move(set), std::move(infos), [&](size_t i) {
+    const ShmSetMember& m = members[i];
+    return MapShmChecked(absl::StrCat("members[", i, "]."),
+                         absl::StrCat("region '", name, "[", i, "]'"), m.key, m.offset, m.byte_size,
+                         caller_uid);
+  });
+}
+
+absl::StatusOr<RegionSetSummary> RegionRegistry::RegisterCudaSet(
+    const std::string& name, const std::vector<CudaSetMember>& members, int device,
+    const std::string& client, const std::string& owner) {
+  RegionSetSummary set;
+  set.name = name;
+  set.kind = RegionKind::kCudaIpc;
+  set.device = device;
+  set.client = client;
+  set.owner = owner;
+  std::vector<RegionSummary> infos(members.size());
+  // Members in one CUDA IPC allocation share one opened handle, opened once with the largest
+  // extent any of them names (by that member: its field is the one an error names).
+  struct Opened {
+    size_t widest = 0;
+    uint64_t extent = 0;
+    std::shared_ptr<MappedRegion> mapping;
+  };
+  std::map<std::string, Opened> handles;
+  for (size_t i = 0; i < members.size(); ++i) {
+    const CudaSetMember& m = members[i];
+    const std::string field = absl::StrCat("members[", i, "]");
+    if (m.ipc_handle.empty() == m.chunk_bytes.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": names ", m.ipc_handle.empty() ? "neither" : "both",
+          " an ipc_handle (a CUDA IPC allocation) and chunks (a VMM allocation); name one"));
+    }
+    infos[i].device = device;
+    infos[i].byte_size = m.byte_size;
+    if (m.ipc_handle.empty()) {
+      ++set.vmm_members;
+      continue;
+    }
+    if (m.byte_size == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".byte_size: must be > 0"));
+    }
+    if (absl::Status st = CheckOffset(m.offset); !st.ok()) return Prefixed(field + ".", st);
+    uint64_t extent = 0;
+    if (__builtin_add_overflow(m.offset, m.byte_size, &extent)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".byte_size: offset ", m.offset, " + ", m.byte_size, " overflows"));
+    }
+    Opened& h = handles[m.ipc_handle];
+    if (extent > h.extent) h = {i, extent, nullptr};
+  }
+  return RegisterSet(
+      std::move(set), std::move(infos),
+      [&](size_t i) -> absl::StatusOr<std::unique_ptr<MappedRegion>> {
+        const CudaSetMember& m = members[i];
+        if (m.ipc_handle.empty()) {
+          return ImportVmmChecked(absl::StrCat("members[", i, "]."), m.fds, m.chunk_bytes, device,
+                                  m.offset, m.byte_size);
+        }
+        Opened& h = handles[m.ipc_handle];
+        if (!h.mapping) {
+          absl::StatusOr<std::unique_ptr<MappedRegion>> opened = OpenCudaChecked(
+              absl::StrCat("members[", h.widest, "]."), m.ipc_handle, device, h.extent);
+          if (!opened.ok()) return opened.status();
+          h.mapping = std::move(*opened);
+        }
+        return std::unique_ptr<MappedRegion>(new MappedSlice(h.mapping, m.offset, m.byte_size));
+      });
+}
+
+absl::StatusOr<std::unique_ptr<MappedRegion>> RegionRegistry::OpenCudaChecked(
+    const std::string& field, const std::string& handle, int device, uint64_t byte_size) {
+  if (byte_size == 0) return Prefixed(field, absl::InvalidArgumentError("byte_size: must be > 0"));
+  if (handle.size() != 64) {
+    return Prefixed(field, absl::InvalidArgumentError(absl::StrCat(
+                               "ipc_handle: ", handle.size(),
+                               " bytes, expected the 64 bytes of a cudaIpcMemHandle_t")));
+  }
+  if (!cuda_opener_) {
+    return Prefixed(field, absl::FailedPreconditionError(
+                               "ipc_handle: this engine cannot open CUDA IPC regions (run "
+                               "verifyd with --engine=cuda)"));
+  }
+  absl::StatusOr<std::unique_ptr<MappedRegion>> m = cuda_opener_(device, handle, byte_size);
+  if (!m.ok()) return Prefixed(field, m.status());
+  return m;
+}
+
+absl::StatusOr<std::unique_ptr<MappedRegion>> RegionRegistry::ImportVmmChecked(
+    const std::string& field, const std::vector<int>& fds, const std::vector<uint64_t>& chunk_bytes,
+    int device, uint64_t offset, uint64_t byte_size) {
+  auto invalid = [&field](const std::string& message) {
+    return Prefixed(field, absl::InvalidArgumentError(message));
+  };
+  if (byte_size == 0) return invalid("byte_size: must be > 0");
+  if (chunk_bytes.empty()) return invalid("chunks: a VMM region needs at least one chunk");
+  if (chunk_bytes.size() != fds.size()) {
+    return invalid(absl::StrCat("chunks: ", chunk_bytes.size(), " chunk sizes for the ", fds.size(),
+                                " descriptors sent under the token (one descriptor a chunk, in "
+                                "order)"));
+  }
+  uint64_t total = 0;
+  for (size_t i = 0; i < chunk_bytes.size(); ++i) {
+    if (chunk_bytes[i] == 0) return invalid(absl::StrCat("chunks[", i, "]: must be > 0 bytes"));
+    if (__builtin_add_overflow(total, chunk_bytes[i], &total)) {
+      return invalid(absl::StrCat("chunks[", i, "]: the sizes overflow"));
+    }
+  }
+  if (absl::Status st = CheckOffset(offset); !st.ok()) return Prefixed(field, st);
+  if (offset >= chunk_bytes[0]) {
+    return invalid(absl::StrCat("offset: ", offset, " is past the end of the first chunk (",
+                                chunk_bytes[0], " bytes)"));
+  }
+  if (byte_size > total - offset) {
+    return invalid(absl::StrCat("byte_size: offset ", offset, " + ", byte_size,
+                                " bytes is past the end of the chunks (", total, " bytes)"));
+  }
+  if (!vmm_importer_) {
+    return Prefixed(field, absl::FailedPreconditionError(
+                               "chunks: this engine cannot import CUDA VMM allocations (run "
+                               "verifyd with --engine=cuda)"));
+  }
+  absl::StatusOr<std::unique_ptr<MappedRegion>> m =
+      vmm_importer_(device, fds, chunk_bytes, offset, byte_size);
+  if (!m.ok()) return Prefixed(field, m.status());
+  return m;
 }
 
 absl::StatusOr<RegionSummary> RegionRegistry::RegisterCuda(const std::string& name,
@@ -276,15 +439,7 @@ absl::StatusOr<RegionSummary> RegionRegistry::RegisterCuda(const std::string& na
                                                            const std::string& owner) {
   if (byte_size == 0) return absl::InvalidArgumentError("byte_size: must be > 0");
   if (absl::Status st = CheckNew(name, byte_size, 1, owner); !st.ok()) return st;
-  if (handle.size() != 64) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ipc_handle: ", handle.size(), " bytes, expected the 64 bytes of a cudaIpcMemHandle_t"));
-  }
-  if (!cuda_opener_) {
-    return absl::FailedPreconditionError(
-        "ipc_handle: this engine cannot open CUDA IPC regions (run verifyd with --engine=cuda)");
-  }
-  absl::StatusOr<std::unique_ptr<MappedRegion>> m = cuda_opener_(device, handle, byte_size);
+  absl::StatusOr<std::unique_ptr<MappedRegion>> m = OpenCudaChecked("", handle, device, byte_size);
   if (!m.ok()) return m.status();
   auto e = std::make_shared<Entry>();
   e->info.name = name;
@@ -304,44 +459,8 @@ absl::StatusOr<RegionSummary> RegionRegistry::RegisterCudaVmm(
     const std::string& owner) {
   if (byte_size == 0) return absl::InvalidArgumentError("byte_size: must be > 0");
   if (absl::Status st = CheckNew(name, byte_size, 1, owner); !st.ok()) return st;
-  if (chunk_bytes.empty()) {
-    return absl::InvalidArgumentError("chunks: a VMM region needs at least one chunk");
-  }
-  if (chunk_bytes.size() != fds.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("chunks: ", chunk_bytes.size(), " chunk sizes for the ", fds.size(),
-                     " descriptors sent under the token (one descriptor a chunk, in order)"));
-  }
-  uint64_t total = 0;
-  for (size_t i = 0; i < chunk_bytes.size(); ++i) {
-    if (chunk_bytes[i] == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("chunks[", i, "]: must be > 0 bytes"));
-    }
-    if (__builtin_add_overflow(total, chunk_bytes[i], &total)) {
-      return absl::InvalidArgumentError(absl::StrCat("chunks[", i, "]: the sizes overflow"));
-    }
-  }
-  if (offset % kRegionAlign != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("offset: ", offset, " is not a multiple of ",
-                                                   kRegionAlign, " (regions start ", kRegionAlign,
-                                                   "-byte aligned)"));
-  }
-  if (offset >= chunk_bytes[0]) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "offset: ", offset, " is past the end of the first chunk (", chunk_bytes[0], " bytes)"));
-  }
-  if (byte_size > total - offset) {
-    return absl::InvalidArgumentError(absl::StrCat("byte_size: offset ", offset, " + ", byte_size,
-                                                   " bytes is past the end of the chunks (", total,
-                                                   " bytes)"));
-  }
-  if (!vmm_importer_) {
-    return absl::FailedPreconditionError(
-        "chunks: this engine cannot import CUDA VMM allocations (run verifyd with "
-        "--engine=cuda)");
-  }
   absl::StatusOr<std::unique_ptr<MappedRegion>> m =
-      vmm_importer_(device, fds, chunk_bytes, offset, byte_size);
+      ImportVmmChecked("", fds, chunk_bytes, device, offset, byte_size);
   if (!m.ok()) return m.status();
   auto e = std::make_shared<Entry>();
   e->info.name = name;

@@ -6,8 +6,10 @@
 // when the last pin does.
 //
 // A region set is one registration of several allocations (e.g. a KV pool per layer) that calls
-// name by (set, index). Each member is mapped and checked as a region of its own, and counts as
-// one region against the limits; the set is listed as one entry and unregistered as one.
+// name by (set, index): shm objects (RegisterShmSet) or CUDA allocations on one GPU, each a CUDA
+// IPC or a VMM allocation (RegisterCudaSet). Each member is mapped and checked as a region of its
+// own kind registered alone would be, and counts as one region against the limits; the set is
+// registered whole or not at all, listed as one entry and unregistered as one.
 //
 // The limits count regions daemon-wide (--max_regions) and per owner (--max_regions_per_client).
 // The owner is what the transport verified about the caller ("uid 1000 pid 4242" from
@@ -68,11 +70,25 @@ struct ShmSetMember {
   uint64_t byte_size = 0;
 };
 
+// One member of a CUDA region set to register: a CUDA IPC allocation (`ipc_handle`, its 64
+// bytes) or the chunks of a VMM allocation (`fds`, one per chunk and borrowed, of `chunk_bytes`
+// each), exactly one of the two. It starts `offset` bytes into the allocation (into the first
+// chunk) and has `byte_size` bytes.
+struct CudaSetMember {
+  std::string ipc_handle;
+  std::vector<int> fds;
+  std::vector<uint64_t> chunk_bytes;
+  uint64_t offset = 0;
+  uint64_t byte_size = 0;
+};
+
 struct RegionSetSummary {
   std::string name;
   RegionKind kind = RegionKind::kShm;
   uint32_t members = 0;
-  uint64_t byte_size = 0;  // the members' sizes added up
+  int device = -1;           // CUDA: the GPU of every member
+  uint32_t vmm_members = 0;  // CUDA: members that are VMM allocations
+  uint64_t byte_size = 0;    // the members' sizes added up
   std::string client;
   std::string owner;
   int64_t in_use = 0;
@@ -160,6 +176,14 @@ class RegionRegistry {
                                                   const std::string& client,
                                                   std::optional<uint32_t> caller_uid,
                                                   const std::string& owner = "");
+  // Registers every member on `device` as RegisterCuda (an IPC member) or RegisterCudaVmm (a
+  // VMM member) would, or none: errors name the member (`members[3].byte_size: ...`). Members
+  // that name one IPC allocation share one opened handle. Counts members.size() regions against
+  // the limits.
+  absl::StatusOr<RegionSetSummary> RegisterCudaSet(const std::string& name,
+                                                   const std::vector<CudaSetMember>& members,
+                                                   int device, const std::string& client,
+                                                   const std::string& owner = "");
   // Unregisters region or set `name`, or with an empty name every region and set of `client`.
   // Returns the names (a set's once).
   // Waits up to limits().unregister_wait for the calls that use them; past that, UNAVAILABLE
@@ -200,6 +224,21 @@ class RegionRegistry {
   absl::Status CheckNew(const std::string& name, uint64_t byte_size, int64_t n,
                         const std::string& owner) const;
   absl::Status CheckLimitsLocked(uint64_t byte_size, int64_t n, const std::string& owner) const;
+  // A set's members, described by `infos` (name, kind, sizes; client and owner are set here),
+  // mapped by `map(i)`: the logic every kind of set shares (the name, the limits for
+  // infos.size() regions, all or nothing).
+  using MapMember = std::function<absl::StatusOr<std::unique_ptr<MappedRegion>>(size_t i)>;
+  absl::StatusOr<RegionSetSummary> RegisterSet(RegionSetSummary set,
+                                               std::vector<RegionSummary> infos,
+                                               const MapMember& map);
+  // Each kind's checks and mapping, for a region alone and a set's member alike. `field`
+  // prefixes the errors' field names ("" or "members[3].").
+  absl::StatusOr<std::unique_ptr<MappedRegion>> OpenCudaChecked(const std::string& field,
+                                                                const std::string& handle,
+                                                                int device, uint64_t byte_size);
+  absl::StatusOr<std::unique_ptr<MappedRegion>> ImportVmmChecked(
+      const std::string& field, const std::vector<int>& fds,
+      const std::vector<uint64_t>& chunk_bytes, int device, uint64_t offset, uint64_t byte_size);
   absl::StatusOr<std::unique_ptr<MappedRegion>> MapShmChecked(const std::string& field,
                                                               const std::string& label,
                                                               const std::string& key,

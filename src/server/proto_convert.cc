@@ -65,6 +65,10 @@ void ToProto(const RegionSetSummary& s, v1::RegionSetInfo* out) {
   out->set_in_use(s.in_use);
   out->set_calls(s.calls);
   for (uint32_t i : s.lost) out->add_lost(i);
+  if (s.kind == RegionKind::kCudaIpc) {
+    out->set_device(s.device);
+    out->set_vmm_members(s.vmm_members);
+  }
 }
 
 void FillRuntime(const RuntimeFacts& f, v1::RuntimeConfig* out) {

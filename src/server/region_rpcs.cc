@@ -90,10 +90,8 @@ absl::Status RegionRpcs::RegisterCuda(const grpc::ServerContext& ctx,
   return absl::OkStatus();
 }
 
-absl::Status RegionRpcs::RegisterCudaVmm(const grpc::ServerContext& ctx,
-                                         const v1::RegisterCudaVmmRegionRequest& req,
-                                         v1::RegisterRegionResponse* resp) {
-  if (absl::Status st = CheckTransport(ctx, "RegisterCudaVmmRegion"); !st.ok()) return st;
+absl::StatusOr<std::vector<UniqueFd>> RegionRpcs::TakeFds(const grpc::ServerContext& ctx,
+                                                          const std::string& token) const {
   if (vmm_fds_ == nullptr) {
     return absl::FailedPreconditionError(
         "token: this verifyd has no descriptor socket (it opens one next to each Unix data "
@@ -103,13 +101,20 @@ absl::Status RegionRpcs::RegisterCudaVmm(const grpc::ServerContext& ctx,
   if (!uid) {
     return absl::PermissionDeniedError(
         "token: descriptors are given only to the uid that sent them, which verifyd knows on its "
-        "Unix socket only; call RegisterCudaVmmRegion there");
+        "Unix socket only; register VMM allocations there");
   }
-  if (req.token().size() != kVmmTokenBytes) {
+  if (token.size() != kVmmTokenBytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat("token: ", req.token().size(), " bytes, expected ", kVmmTokenBytes));
+        absl::StrCat("token: ", token.size(), " bytes, expected ", kVmmTokenBytes));
   }
-  absl::StatusOr<std::vector<UniqueFd>> fds = vmm_fds_->Take(req.token(), *uid);
+  return vmm_fds_->Take(token, *uid);
+}
+
+absl::Status RegionRpcs::RegisterCudaVmm(const grpc::ServerContext& ctx,
+                                         const v1::RegisterCudaVmmRegionRequest& req,
+                                         v1::RegisterRegionResponse* resp) {
+  if (absl::Status st = CheckTransport(ctx, "RegisterCudaVmmRegion"); !st.ok()) return st;
+  absl::StatusOr<std::vector<UniqueFd>> fds = TakeFds(ctx, req.token());
   if (!fds.ok()) return fds.status();
   std::vector<int> borrowed;
   borrowed.reserve(fds->size());
@@ -121,6 +126,45 @@ absl::Status RegionRpcs::RegisterCudaVmm(const grpc::ServerContext& ctx,
                                 req.byte_size(), req.client(), RegionOwner(ctx, req.client()));
   if (!s.ok()) return s.status();
   ToProto(*s, resp->mutable_region());
+  return absl::OkStatus();
+}
+
+absl::Status RegionRpcs::RegisterCudaSet(const grpc::ServerContext& ctx,
+                                         const v1::RegisterCudaRegionSetRequest& req,
+                                         v1::RegisterRegionSetResponse* resp) {
+  if (absl::Status st = CheckTransport(ctx, "RegisterCudaRegionSet"); !st.ok()) return st;
+  std::vector<CudaSetMember> members(req.members_size());
+  size_t chunks = 0;
+  for (int i = 0; i < req.members_size(); ++i) {
+    const v1::CudaRegionSetMember& m = req.members(i);
+    members[i].ipc_handle = m.ipc_handle();
+    members[i].chunk_bytes.assign(m.chunks().begin(), m.chunks().end());
+    members[i].offset = m.offset();
+    members[i].byte_size = m.byte_size();
+    chunks += m.chunks_size();
+  }
+  // The descriptors close when this returns: an imported chunk holds its memory without them.
+  std::vector<UniqueFd> fds;
+  if (chunks > 0 || !req.token().empty()) {
+    absl::StatusOr<std::vector<UniqueFd>> taken = TakeFds(ctx, req.token());
+    if (!taken.ok()) return taken.status();
+    fds = std::move(*taken);
+    if (fds.size() != chunks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token: ", fds.size(),
+                       " descriptors were sent under it, the members' "
+                       "chunks add up to ",
+                       chunks, " (one descriptor a chunk, member by member, in order)"));
+    }
+  }
+  size_t next = 0;
+  for (CudaSetMember& m : members) {
+    for (size_t c = 0; c < m.chunk_bytes.size(); ++c) m.fds.push_back(fds[next++].get());
+  }
+  absl::StatusOr<RegionSetSummary> s = regions_->RegisterCudaSet(
+      req.name(), members, req.device(), req.client(), RegionOwner(ctx, req.client()));
+  if (!s.ok()) return s.status();
+  ToProto(*s, resp->mutable_set());
   return absl::OkStatus();
 }
 

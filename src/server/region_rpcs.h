@@ -1,12 +1,14 @@
 #pragma once
 // The region RPCs of verifyd.v1.VerifyService (RegisterShmRegion, RegisterShmRegionSet,
-// RegisterCudaRegion, UnregisterRegion, ListRegions) over the region registry, and the rule for
+// RegisterCudaRegion, RegisterCudaVmmRegion, RegisterCudaRegionSet, UnregisterRegion,
+// ListRegions) over the region registry, and the rule for
 // where regions are served: on Unix sockets, and over TCP only with --allow_region_tcp. A region is
 // memory on the daemon's host; a peer on another host could not have registered it, and one that
 // names it over TCP reads and writes the daemon's memory through a transport that does not say who
 // it is.
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "grpcpp/server_context.h"
@@ -49,6 +51,12 @@ class RegionRpcs {
   absl::Status RegisterShmSet(const grpc::ServerContext& ctx,
                               const v1::RegisterShmRegionSetRequest& req,
                               v1::RegisterRegionSetResponse* resp);
+  // Takes the descriptors of the VMM members' chunks (when any member is VMM) as RegisterCudaVmm
+  // does, hands each member its own, then registers the set as
+  // RegionRegistry::RegisterCudaSet does.
+  absl::Status RegisterCudaSet(const grpc::ServerContext& ctx,
+                               const v1::RegisterCudaRegionSetRequest& req,
+                               v1::RegisterRegionSetResponse* resp);
   absl::Status Unregister(const grpc::ServerContext& ctx, const v1::UnregisterRegionRequest& req,
                           v1::UnregisterRegionResponse* resp);
   absl::Status List(const grpc::ServerContext& ctx, v1::ListRegionsResponse* resp);
@@ -58,6 +66,9 @@ class RegionRpcs {
 
  private:
   absl::Status CheckTransport(const grpc::ServerContext& ctx, const char* what) const;
+  // The descriptors the caller's uid sent under `token` (RegisterCudaVmm's checks).
+  absl::StatusOr<std::vector<UniqueFd>> TakeFds(const grpc::ServerContext& ctx,
+                                                const std::string& token) const;
 
   RegionRegistry* regions_;
   bool allow_tcp_;

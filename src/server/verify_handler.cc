@@ -105,7 +105,7 @@ void VerifyHandler::ZeroOutputs(const v1::VerifyRequest& req) {
       bytes = t->shm().byte_size();
     } else if (t->has_cuda_ipc()) {
       kind = RegionKind::kCudaIpc;
-      which = RegionName{t->cuda_ipc().region(), "", 0};
+      which = RegionName{t->cuda_ipc().region(), t->cuda_ipc().set(), t->cuda_ipc().index()};
       offset = t->cuda_ipc().offset();
       bytes = t->cuda_ipc().byte_size();
     } else {

@@ -123,6 +123,12 @@ VerifyServiceImpl::VerifyServiceImpl(VerifyHandler* handler, Metrics* metrics,
         return s->region_rpcs_.RegisterShmSet(*ctx, req, resp);
       });
   AddUnary<v1::UnregisterRegionRequest, v1::UnregisterRegionResponse>(
+  AddUnary<v1::RegisterCudaRegionSetRequest, v1::RegisterRegionSetResponse>(
+      "RegisterCudaRegionSet",
+      [](VerifyServiceImpl* s, grpc::ServerContext* ctx,
+         const v1::RegisterCudaRegionSetRequest& req, v1::RegisterRegionSetResponse* resp) {
+        return s->region_rpcs_.RegisterCudaSet(*ctx, req, resp);
+      });
       "UnregisterRegion",
       [](VerifyServiceImpl* s, grpc::ServerContext* ctx, const v1::UnregisterRegionRequest& req,
          v1::UnregisterRegionResponse* resp) {

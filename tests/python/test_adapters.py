@@ -387,6 +387,40 @@ class AdapterTest(unittest.TestCase):
             self.assertEqual(args.sm_scale, SCALE)
             self.assertNotAlmostEqual(args.sm_scale, 1 / math.sqrt(192), places=3)
 
+    def test_a_pool_set_and_a_layer(self):
+        """A pool per layer (client.register_cuda_set's PoolSet; here of unregistered tensors):
+        the adapter reads the named layer's pool, and a missing, out-of-range or stray layer is
+        refused naming ``layer``."""
+        from verifyd_client.regions import PoolSet  # noqa: PLC0415
+
+        pool_arg = {"triton": "k_buffer", "flashinfer_mla": "k_buffer", "flashmla": "k_cache"}
+        for device in devices():
+            for backend in BACKENDS:
+                with self.subTest(device=device, backend=backend):
+                    call, scale = make(backend, 15, 5, device)
+                    name = pool_arg[backend]
+                    real = call[name]
+                    # Layers of the call's shape, layer 2 the call's pool, the others zeros.
+                    layers = [torch.zeros_like(real) for _ in range(4)]
+                    layers[2] = real
+                    pools = PoolSet("layers", layers)
+                    args = convert(backend, dict(call, **{name: pools}), **scale, layer=2)
+                    self.assertEqual(args.layer, 2)
+                    self.assertEqual(args.kv_pool.data_ptr(), real.data_ptr())
+                    self.check(args, reference(backend, call), "layer 2 of a pool set")
+                    wrong = convert(backend, dict(call, **{name: pools}), **scale, layer=1)
+                    self.assertEqual(wrong.kv_pool.data_ptr(), layers[1].data_ptr())
+                    self.assertIsNone(convert(backend, call, **scale).layer)
+                    for bad, why in ((None, "needed with pool set 'layers'"),
+                                     (4, "4 is out of range for pool set 'layers' \\(4 "
+                                         "members, 0 to 3\\)"),
+                                     (-1, "-1 is out of range"), ("2", "is not an int")):
+                        with self.assertRaisesRegex(ValueError, f"^layer: .*{why}"):
+                            convert(backend, dict(call, **{name: pools}), **scale, layer=bad)
+                    with self.assertRaisesRegex(ValueError, f"^layer: 2 given with a single "
+                                                            f"{name} tensor"):
+                        convert(backend, call, **scale, layer=2)
+
     def test_o_is_written_in_place(self):
         for device in devices():
             for backend in BACKENDS:

@@ -141,6 +141,29 @@ class VerifyClient(ChannelClient):
         --max_regions_per_client. Returns the set as a dict."""
         return self._regions.register_shm_set(name, list(objects), self.client_id)
 
+    def register_cuda_set(self, name, tensors):
+        """cuda_ipc only: registers torch CUDA tensors on one GPU (e.g. a serving process's KV
+        pool of each layer, 61 for DeepSeek-V3 / Kimi K2) as one region set ``name``: one
+        registration instead of 61, listed as one entry, unregistered with this client's other
+        regions on close(). Each tensor becomes a member that starts at it: a CUDA IPC handle of
+        its cudaMalloc block, or for a tensor in torch's expandable segments
+        (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) the chunks behind it, passed as file
+        descriptors; the kind is found per tensor. Each member counts against verifyd's
+        --max_regions and --max_regions_per_client. Returns a regions.PoolSet: the adapters take
+        it with a layer index, and any input inside a member (e.g. ``pools[17]`` as kv_pool) is
+        named in place by (set, index). The tensors are kept alive until the set is
+        unregistered (``unregister_set``) or the client closes."""
+        if self.transport != "cuda_ipc":
+            raise ValueError(f"register_cuda_set: needs transport='cuda_ipc', not "
+                             f"'{self.transport}'")
+        return self._transport.register_set(name, tensors)
+
+    def unregister_set(self, name):
+        """Unregisters region set ``name`` (a shm or CUDA set of this client's)."""
+        if self.transport == "cuda_ipc":
+            return self._transport.forget_set(name)
+        return self._regions.unregister(name=name)
+
     def list_region_sets(self):
         """Every region set registered with verifyd (all clients'), as dicts."""
         return self._regions.list_sets()

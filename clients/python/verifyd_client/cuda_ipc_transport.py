@@ -11,6 +11,10 @@ handles cannot export, is registered as its own region instead: the physical chu
 bytes are exported to file descriptors, passed on verifyd's descriptor socket (vmm_fds), and
 verifyd maps them side by side (RegisterCudaVmmRegion). The region starts at the tensor.
 
+A list of tensors, e.g. a KV pool per layer, is registered as one region set instead
+(register_set, RegisterCudaRegionSet): each member is a CUDA IPC or a VMM allocation, picked per
+tensor as above, and starts at its tensor; a tensor inside a member is named by (set, index).
+
 Per call: the KV pool (registered once) and q when it lives in a buffer registered with
 register_buffer are named in place; otherwise q is copied into a staging slot on the device. verifyd writes o (and
 lse) into the slot; the result is a copy of it on q's device, never through the host. Index
@@ -26,10 +30,11 @@ import threading
 import grpc
 
 from . import cuda_driver, tensors, vmm_fds
+from . import tensors as tensors_module
 from ._proto import types_pb2
 from .bundle import HEAD_DIM_QK, check_call
 from .errors import InvalidBundleError, VerifydError
-from .regions import OFFSET_GRID, ref
+from .regions import OFFSET_GRID, PoolSet, ref, set_ref
 from .result import inline_outputs, make_result, to_torch
 from .staging import Layout, SlotRing
 from .transport import SlotPending, Transport
@@ -52,6 +57,20 @@ class _Allocation:
         self.name, self.base, self.size, self.device = name, base, size, device
         self.keep = {}  # id -> tensor living in it; the allocation stays while any does
         self.spans = {}  # id -> (ptr, nbytes) of the kept tensors inputs may be named in
+
+
+class _Set:
+    """One registered region set: member i is [spans[i][0], + spans[i][1]) of ``tensors[i]``."""
+
+    def __init__(self, name, device, tensors, spans):
+        self.name, self.device, self.tensors, self.spans = name, device, tensors, spans
+
+
+def _ref(at, dtype, shape):
+    """A cuda_ipc Tensor at ``at``: (region, offset), or ("", offset, set, index)."""
+    if len(at) == 4:
+        return set_ref(at[2], at[3], at[1], dtype, shape, kind="cuda_ipc")
+    return ref("cuda_ipc", at[0], at[1], dtype, shape)
 
 
 class _Slot:
@@ -111,6 +130,7 @@ class CudaIpcTransport(Transport):
         self._client = client
         self._names = itertools.count()
         self._allocations = {}  # (device, base) -> _Allocation
+        self._sets = {}  # name -> _Set
         self._lock = threading.RLock()
         self._slots = staging_slots
         self._rings = {}  # device index -> SlotRing
@@ -196,12 +216,96 @@ class CudaIpcTransport(Transport):
                 if e.code not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
                     raise
 
+    def register_set(self, name, tensors):
+        """Registers ``tensors`` (CUDA, contiguous, on one GPU) as region set ``name``, member i
+        starting at tensors[i]: a CUDA IPC member for cudaMalloc memory, a VMM member (its
+        chunks' descriptors sent under one token for the whole set) for an expandable segment.
+        Returns a PoolSet; tensors inside a member are then named by (set, index)."""
+        torch = _torch()
+        tensors = list(tensors)
+        if not tensors:
+            raise InvalidBundleError("tensors: a region set needs at least one tensor")
+        device, members, kinds, spans, fds = None, [], [], [], []
+        try:
+            for i, t in enumerate(tensors):
+                field = f"tensors[{i}]"
+                if not (tensors_module.is_torch(t) and t.is_cuda):
+                    raise InvalidBundleError(f"{field}: expected a torch CUDA tensor, not "
+                                             f"{type(t).__name__}")
+                if not t.is_contiguous():
+                    raise InvalidBundleError(f"{field}: must be contiguous to be named in place")
+                ptr, nbytes = t.data_ptr(), t.numel() * t.element_size()
+                if nbytes == 0:
+                    raise InvalidBundleError(f"{field}: has no bytes")
+                if device is None:
+                    device = t.device.index
+                elif t.device.index != device:
+                    raise InvalidBundleError(f"{field}: on {t.device}, tensors[0] on cuda:"
+                                             f"{device}; a set's members live on one GPU")
+                with torch.cuda.device(device):
+                    if cuda_driver.is_vmm(ptr):
+                        chunks = cuda_driver.vmm_chunks(ptr, nbytes)
+                        try:
+                            for _, _, handle in chunks:
+                                fds.append(cuda_driver.export_fd(handle))
+                        finally:
+                            cuda_driver.release_handles(chunks)
+                        members.append({"chunks": [size for _, size, _ in chunks],
+                                        "offset": ptr - chunks[0][0], "byte_size": nbytes})
+                        kinds.append("vmm")
+                    else:
+                        base = cuda_driver.allocation(ptr)[0]
+                        members.append({"ipc_handle": cuda_driver.ipc_handle(base),
+                                        "offset": ptr - base, "byte_size": nbytes})
+                        kinds.append("cuda_ipc")
+                if members[-1]["offset"] % OFFSET_GRID:
+                    raise InvalidBundleError(
+                        f"{field}: starts {members[-1]['offset']} bytes into its allocation, "
+                        f"not a multiple of {OFFSET_GRID}; verifyd reads members in place with "
+                        f"{OFFSET_GRID}-byte loads")
+                spans.append((ptr, nbytes))
+            token = b""
+            if fds:
+                if self._fds_path is None:
+                    raise InvalidBundleError(
+                        "tensors: members in VMM allocations (torch's expandable segments) are "
+                        "passed to verifyd as file descriptors, over its Unix socket only; "
+                        "connect to unix:PATH")
+                token = vmm_fds.new_token()
+                vmm_fds.send(self._fds_path, token, fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        info = self._calls.register_cuda_set(name, members, device, token, self._client)
+        with self._lock:
+            self._sets[name] = _Set(name, device, tensors, spans)
+        return PoolSet(name, tensors, kinds, info)
+
+    def forget_set(self, name):
+        """Unregisters set ``name`` and drops the tensors kept for it."""
+        with self._lock:
+            self._sets.pop(name, None)
+        try:
+            return self._calls.unregister(name=name)
+        except VerifydError as e:
+            if e.code not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
+                raise
+        return []
+
     def _locate(self, t):
-        """(region, offset) when t's bytes lie in a registered pool or buffer, else None."""
+        """Where t's bytes lie when in a registered set's member ("", offset, set, index), pool
+        or buffer (region, offset), else None."""
         if not t.is_contiguous():
             return None
         ptr, n = t.data_ptr(), t.numel() * t.element_size()
         with self._lock:
+            for s in self._sets.values():
+                if s.device != t.device.index:
+                    continue
+                for i, (start, size) in enumerate(s.spans):
+                    if start <= ptr and ptr + n <= start + size:
+                        off = ptr - start
+                        return ("", off, s.name, i) if off % OFFSET_GRID == 0 else None
             for (device, base), a in self._allocations.items():
                 if device != t.device.index:
                     continue
@@ -279,9 +383,8 @@ class CudaIpcTransport(Transport):
                     q_at = (slot.region, slot.offset + q_off)
                 torch.cuda.current_stream(dev).synchronize()
             refs = {
-                "q": ref("cuda_ipc", q_at[0], q_at[1], types_pb2.DTYPE_BF16, q.shape),
-                "kv_pool": ref("cuda_ipc", pool_at[0], pool_at[1], types_pb2.DTYPE_BF16,
-                               kv_pool.shape),
+                "q": _ref(q_at, types_pb2.DTYPE_BF16, q.shape),
+                "kv_pool": _ref(pool_at, types_pb2.DTYPE_BF16, kv_pool.shape),
                 "o_out": ref("cuda_ipc", slot.region, slot.offset + o_at[0],
                              types_pb2.DTYPE_BF16, o_shape),
             }
@@ -304,6 +407,7 @@ class CudaIpcTransport(Transport):
                 ring.close(unregister=False)
             with self._lock:
                 self._allocations.clear()
+                self._sets.clear()
                 self._rings.clear()
                 self.retired.clear()
 

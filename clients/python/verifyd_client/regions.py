@@ -2,9 +2,9 @@
 
 A client registers a region once (RegisterShmRegion / RegisterCudaRegion) and then names
 [offset, offset + byte_size) of it in a Tensor instead of sending the bytes. A region set
-(RegisterShmRegionSet) registers several shared-memory objects in one call, e.g. the KV pool of
-each layer, and a Tensor names a member by (set, index): ``set_ref``. Regions are served on Unix
-sockets (or over TCP with verifyd's --allow_region_tcp).
+(RegisterShmRegionSet, RegisterCudaRegionSet) registers several allocations in one call, e.g.
+the KV pool of each layer, and a Tensor names a member by (set, index): ``set_ref``. Regions are
+served on Unix sockets (or over TCP with verifyd's --allow_region_tcp).
 """
 
 import os
@@ -44,12 +44,43 @@ def ref(kind, region, offset, dtype, shape):
     return t
 
 
-def set_ref(region_set, index, offset, dtype, shape):
+def set_ref(region_set, index, offset, dtype, shape, kind="shm"):
     """A Tensor naming ``shape`` elements of ``dtype`` at ``offset`` of member ``index`` of the
-    shm region set ``region_set``."""
-    t = ref("shm", "", offset, dtype, shape)
-    t.shm.set, t.shm.index = region_set, int(index)
+    region set ``region_set`` (kind "shm" or "cuda_ipc")."""
+    t = ref(kind, "", offset, dtype, shape)
+    r = getattr(t, kind)
+    r.set, r.index = region_set, int(index)
     return t
+
+
+class PoolSet:
+    """A registered region set of tensors, e.g. a serving stack's KV pool of each layer
+    (client.register_cuda_set): ``pools[i]`` is member i's tensor, ``kinds[i]`` "cuda_ipc" or
+    "vmm", ``info`` the set as verifyd listed it at registration (``set_dict``). The adapters
+    take it with a layer index in place of one pool. A PoolSet of tensors that are not
+    registered (``PoolSet(name, tensors)``) names its members the same way."""
+
+    def __init__(self, name, tensors, kinds=None, info=None):
+        self.name = name
+        self.tensors = list(tensors)
+        self.kinds = list(kinds) if kinds is not None else [None] * len(self.tensors)
+        self.info = info
+
+    def __len__(self):
+        return len(self.tensors)
+
+    def __getitem__(self, index):
+        return self.tensors[index]
+
+    def layer(self, index):
+        """Member ``index``'s tensor; ValueError naming ``layer`` when there is none."""
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise ValueError(f"layer: {index!r} is not an int index into pool set "
+                             f"'{self.name}'")
+        if not 0 <= index < len(self.tensors):
+            raise ValueError(f"layer: {index} is out of range for pool set '{self.name}' "
+                             f"({len(self.tensors)} members, 0 to {len(self.tensors) - 1})")
+        return self.tensors[index]
 
 
 def set_member(obj):
@@ -111,8 +142,23 @@ class RegionCalls:
         req = verify_pb2.RegisterShmRegionSetRequest(name=name, client=client)
         for key, offset, byte_size in (set_member(m) for m in members):
             req.members.add(key=key, offset=offset, byte_size=byte_size)
+        return self._register_set(self._stub.RegisterShmRegionSet, req)
+
+    def register_cuda_set(self, name, members, device, token, client):
+        """One registration of several CUDA allocations on ``device``: ``members`` are dicts
+        with ``ipc_handle`` (a CUDA IPC member) or ``chunks`` (a VMM member, whose descriptors
+        went to verifyd under ``token``, member by member), ``offset`` and ``byte_size``.
+        Returns the set as a dict (``set_dict``)."""
+        req = verify_pb2.RegisterCudaRegionSetRequest(name=name, device=device,
+                                                      token=token or b"", client=client)
+        for m in members:
+            req.members.add(ipc_handle=m.get("ipc_handle", b""), chunks=list(m.get("chunks", ())),
+                            offset=int(m["offset"]), byte_size=int(m["byte_size"]))
+        return self._register_set(self._stub.RegisterCudaRegionSet, req)
+
+    def _register_set(self, method, req):
         try:
-            r = self._call(self._stub.RegisterShmRegionSet, req).set
+            r = self._call(method, req).set
         except VerifydError as e:
             if e.code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
                 self.registered_any = True
@@ -157,8 +203,9 @@ def region_dict(r):
 
 
 def set_dict(s):
-    """A RegionSetInfo as a dict (ListRegions, RegisterShmRegionSet)."""
+    """A RegionSetInfo as a dict (ListRegions, RegisterShmRegionSet, RegisterCudaRegionSet)."""
     kind = types_pb2.RegionKind.Name(s.kind)[len("REGION_KIND_"):].lower()
     return {"name": s.name, "kind": kind, "members": s.members, "byte_size": s.byte_size,
             "client": s.client, "owner": s.owner, "in_use": s.in_use, "calls": s.calls,
-            "lost": list(s.lost)}
+            "lost": list(s.lost), "device": s.device if kind == "cuda_ipc" else -1,
+            "vmm_members": s.vmm_members}

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from ..bundle import HEAD_DIM_QK, HEAD_DIM_V, MASK_BITS, MASK_BYTES
+from ..regions import PoolSet
 
 HEAD_DIM_ROPE = HEAD_DIM_QK - HEAD_DIM_V  # 64
 
@@ -32,6 +33,7 @@ class VerifyArgs:
     o: Optional[Any]      # the caller's output as a bf16 [B*T, H, 512] view, or None
     batch: int
     draft: int
+    layer: Optional[int] = None  # the member of a pool set kv_pool is, or None
 
 
 def run(client, args, **verify_kwargs):
@@ -206,6 +208,21 @@ def pool_view(name, pool, page_size=None):
         return pool.view(s)
     except RuntimeError:
         fail(name, f"shape {list(shape(pool))} cannot be viewed as {list(s)}")
+
+
+def layer_pool(name, pool, layer):
+    """The pool tensor a call reads: ``pool`` itself, or member ``layer`` of a pool set
+    (regions.PoolSet, as client.register_cuda_set returns it: a KV pool per layer, which the
+    call then names by set and index)."""
+    if isinstance(pool, PoolSet):
+        if layer is None:
+            fail("layer", f"needed with pool set '{pool.name}' as {name} (the index of the "
+                          f"layer whose pool the call reads)")
+        return pool.layer(layer)
+    if layer is not None:
+        fail("layer", f"{layer!r} given with a single {name} tensor; pass the pool set "
+                      f"(client.register_cuda_set) as {name}")
+    return pool
 
 
 def mask_format(tree_mask, draft):

@@ -18,16 +18,17 @@ spec_info.generate_attn_arg_prefill (draft trees of topk = 1, i.e. chains) and r
 verifyd sees kv_pool = k_buffer with page size 1 and the same kv_indptr / kv_indices.
 """
 
-from .common import (HEAD_DIM_ROPE, HEAD_DIM_V, VerifyArgs, causal_mask, check_unsupported,
+from .common import (layer_pool, HEAD_DIM_ROPE, HEAD_DIM_V, VerifyArgs, causal_mask, check_unsupported,
                      fail, int_tensor, o_view, pool_view, q_view, scale, shape, torch_module)
 
 
 def verify_args(q, k_buffer, kv_indptr, kv_indices, sm_scale, q_rope=None, qo_indptr=None,
                 kv_len_arr=None, page_size=1, causal=True, o=None, kv_bound=None, k_scale=1.0,
-                v_scale=1.0, logit_cap=0.0, window_left=-1, sinks=None):
+                v_scale=1.0, logit_cap=0.0, window_left=-1, sinks=None, layer=None):
     """The VerifyArgs of one FlashInfer MLA target-verify call, converted on q's device without
     a host synchronisation. ``kv_bound`` (a host int >= kv_indptr[B]) cuts a long kv_indices
-    buffer to a view of its first kv_bound entries."""
+    buffer to a view of its first kv_bound entries. ``k_buffer`` may be a pool set
+    (client.register_cuda_set) with ``layer`` the index of the call's layer."""
     torch = torch_module()
     window = window_left  # -1: no window
     if window is not None and not hasattr(window, "shape") and window < 0:
@@ -64,8 +65,9 @@ def verify_args(q, k_buffer, kv_indptr, kv_indices, sm_scale, q_rope=None, qo_in
         lens = kv_indptr[1:] - kv_indptr[:-1]
     else:
         fail("kv_len_arr", f"needed with page_size {page_size} (kv_indptr counts pages)")
-    pool = pool_view("k_buffer", k_buffer, page_size=page_size)
+    pool = pool_view("k_buffer", layer_pool("k_buffer", k_buffer, layer), page_size=page_size)
     return VerifyArgs(q=q3, kv_pool=pool, kv_indptr=kv_indptr.to(torch.int32),
                       kv_indices=indices.to(torch.int32), kv_lens=lens.to(torch.int32),
                       tree_mask=causal_mask(batch, draft, device, causal), mask_format="bytes",
-                      sm_scale=s, o=o_view(o, tokens, heads, device), batch=batch, draft=draft)
+                      sm_scale=s, o=o_view(o, tokens, heads, device), batch=batch, draft=draft,
+                      layer=layer)

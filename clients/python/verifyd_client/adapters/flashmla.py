@@ -16,7 +16,7 @@ block_table, kv_lens = cache_seqlens. A -1 among the pages a request reads stays
 verify() refuses it.
 """
 
-from .common import (HEAD_DIM_V, VerifyArgs, causal_mask, check_unsupported, fail, int_tensor,
+from .common import (layer_pool, HEAD_DIM_V, VerifyArgs, causal_mask, check_unsupported, fail, int_tensor,
                      o_view, pool_view, q_view, refuse, scale, segments, shape, take,
                      torch_module)
 
@@ -27,9 +27,11 @@ def verify_args(q, k_cache, block_table, cache_seqlens, softmax_scale, causal=Tr
                 head_dim_v=HEAD_DIM_V, page_size=PAGE_SIZE, tile_scheduler_metadata=None,
                 num_splits=None, k_scale=1.0, v_scale=1.0, logit_cap=0.0,
                 sliding_window_size=-1, attn_sink=None, descale_q=None, descale_k=None,
-                indices=None, is_fp8_kvcache=False):
+                indices=None, is_fp8_kvcache=False, layer=None):
     """The VerifyArgs of one FlashMLA target-verify call, converted on q's device without a
-    host synchronisation. kv_indices has B * max_pages entries (block_table's size)."""
+    host synchronisation. kv_indices has B * max_pages entries (block_table's size).
+    ``k_cache`` may be a pool set (client.register_cuda_set) with ``layer`` the index of the
+    call's layer."""
     torch = torch_module()
     del tile_scheduler_metadata, num_splits  # the kernel's work split; no effect on the result
     window = sliding_window_size  # -1 (or 0): no window
@@ -60,7 +62,7 @@ def verify_args(q, k_cache, block_table, cache_seqlens, softmax_scale, causal=Tr
     if tokens % batch:
         fail("q", f"{tokens} tokens are not T draft tokens for each of {batch} requests")
     draft = tokens // batch
-    pool = pool_view("k_cache", k_cache, page_size=page_size)
+    pool = pool_view("k_cache", layer_pool("k_cache", k_cache, layer), page_size=page_size)
 
     lens = cache_seqlens.to(torch.int64)
     need = torch.div(lens + page_size - 1, page_size, rounding_mode="floor").clamp(0, max_pages)
@@ -70,4 +72,5 @@ def verify_args(q, k_cache, block_table, cache_seqlens, softmax_scale, causal=Tr
     return VerifyArgs(q=q3, kv_pool=pool, kv_indptr=indptr.to(torch.int32),
                       kv_indices=kv_indices, kv_lens=lens.to(torch.int32),
                       tree_mask=causal_mask(batch, draft, device, causal), mask_format="bytes",
-                      sm_scale=s, o=o_view(o, tokens, heads, device), batch=batch, draft=draft)
+                      sm_scale=s, o=o_view(o, tokens, heads, device), batch=batch, draft=draft,
+                      layer=layer)

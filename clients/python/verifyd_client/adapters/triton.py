@@ -24,7 +24,7 @@ verifyd sees kv_pool = k_buffer with page size 1, kv_indices = each request's pr
 its draft slots, kv_lens = prefix + T, tree_mask = the draft-to-draft block of the mask.
 """
 
-from .common import (VerifyArgs, causal_mask, check_unsupported, fail, int_tensor, o_view,
+from .common import (layer_pool, VerifyArgs, causal_mask, check_unsupported, fail, int_tensor, o_view,
                      pool_view, q_view, refuse, scale, segments, shape, take, torch_module)
 
 MODES = {"full": 0, "qlen": 1, "qlen_packed": 2}
@@ -48,9 +48,10 @@ def verify_args(q, k_buffer, kv_indptr, kv_indices, out_cache_loc, custom_mask, 
                 sm_scale, qo_indptr=None, o=None, tree_mask_mode="full",
                 skip_prefix_custom_mask=True, v_buffer=None, k_scale=1.0, v_scale=1.0,
                 logit_cap=0.0, sliding_window_size=-1, sinks=None, xai_temperature_len=-1,
-                kv_bound=None):
+                kv_bound=None, layer=None):
     """The VerifyArgs of one Triton target-verify call, converted on q's device without a host
-    synchronisation (see the module doc for the arguments).
+    synchronisation (see the module doc for the arguments). ``k_buffer`` may be a pool set
+    (client.register_cuda_set) with ``layer`` the index of the call's layer.
 
     kv_indices of the result has kv_indices.numel() + B*T entries, or kv_bound + B*T with
     ``kv_bound`` (a host int >= kv_indptr[B], e.g. B * the context length, for a CUDA-graph
@@ -91,6 +92,7 @@ def verify_args(q, k_buffer, kv_indptr, kv_indices, out_cache_loc, custom_mask, 
     loc = out_cache_loc.reshape(-1)
     if shape(loc)[0] != tokens:
         fail("out_cache_loc", f"{shape(loc)[0]} slots, expected B*T = {tokens}")
+    k_buffer = layer_pool("k_buffer", k_buffer, layer)
     try:
         pool = pool_view("k_buffer", k_buffer, page_size=1)
     except ValueError as e:
@@ -118,7 +120,8 @@ def verify_args(q, k_buffer, kv_indptr, kv_indices, out_cache_loc, custom_mask, 
     tree, fmt = _tree_mask(custom_mask, mask_indptr, mode, prefix, batch, draft, device)
     return VerifyArgs(q=q3, kv_pool=pool, kv_indptr=new_indptr, kv_indices=new_indices,
                       kv_lens=kv_lens, tree_mask=tree, mask_format=fmt, sm_scale=s,
-                      o=o_view(o, tokens, heads, device), batch=batch, draft=draft)
+                      o=o_view(o, tokens, heads, device), batch=batch, draft=draft,
+                      layer=layer)
 
 
 def _tree_mask(custom_mask, mask_indptr, mode, prefix, batch, draft, device):
