@@ -25,6 +25,14 @@ enum class Traffic { kRandom, kRealistic };
 bool ParseTraffic(const std::string& name, Traffic* out);
 const char* TrafficName(Traffic t);
 
+// 1/sqrt(192): the softmax scale of DeepSeek-V3's query-key head dims (128 nope + 64 rope)
+// without its rope scaling; the default.
+inline constexpr float kPlainSmScale = 0.07216878364870322f;
+// DeepSeek-V3's (and Kimi K2's) real softmax scale: 1/sqrt(192) times the YaRN mscale squared,
+// (0.1 * ln(40) + 1)^2 for its rope factor 40. A path that ignored the bundle's scale for
+// 1/sqrt(192) would be exact at the default and wrong here.
+inline constexpr float kDeepSeekV3SmScale = 0.1352337788608801f;
+
 struct RandomBundleSpec {
   int batch = 1;
   int draft = 1;  // T
@@ -36,9 +44,9 @@ struct RandomBundleSpec {
   Traffic traffic = Traffic::kRandom;
   bool empty_row = false;  // request 0 gets prefix 0 and draft row T/2 sees nothing
   kernels::MaskFormat mask_format = kernels::MaskFormat::kBytes;
-  float q_scale = 1.f;                    // scales q (large logits)
-  float sm_scale = 0.07216878364870322f;  // 1/sqrt(192)
-  int extra_pages = 3;                    // unused pages in the pool, NaN-poisoned
+  float q_scale = 1.f;  // scales q (large logits)
+  float sm_scale = kPlainSmScale;
+  int extra_pages = 3;  // unused pages in the pool, NaN-poisoned
   uint64_t seed = 1;
 };
 

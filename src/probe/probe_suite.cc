@@ -174,6 +174,16 @@ void AddUndominated(const ProbeSuiteOptions& o, std::vector<ProbeBundle>* out) {
     out->push_back(Make(absl::StrCat("sink_recency/", tree == TreeKind::kChain ? "chain" : "tree"),
                         "sink, recent and heavy-hitter tokens, like a served model", s));
   }
+  // Every other probe runs at 1/sqrt(192), where a path that ignores the bundle's scale for that
+  // constant is exact.
+  RandomBundleSpec scaled =
+      Spec(8, 16, std::min<int64_t>(o.max_prefix, 1000), 64, TreeKind::kRandomTree, o.seed + 6);
+  scaled.batch = 2;
+  scaled.traffic = Traffic::kRealistic;
+  scaled.sm_scale = kDeepSeekV3SmScale;
+  out->push_back(Make("sm_scale/deepseek_v3",
+                      "DeepSeek-V3's softmax scale with its YaRN factor (0.1352, not 1/sqrt(192))",
+                      scaled));
 }
 
 }  // namespace

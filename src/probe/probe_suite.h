@@ -15,7 +15,10 @@
 // And without a dominant key:
 //   fully_masked_rows             a draft row that sees nothing (output 0, lse -inf);
 //   sink_recency/{chain,tree}     attention concentrated on sink and recent tokens and a few
-//                                 heavy hitters, like a served model's (Traffic::kRealistic).
+//                                 heavy hitters, like a served model's (Traffic::kRealistic);
+//   sm_scale/deepseek_v3          the same at DeepSeek-V3's real softmax scale
+//                                 (kDeepSeekV3SmScale, YaRN included); every other probe uses
+//                                 1/sqrt(192).
 
 #include <cstdint>
 #include <memory>

@@ -118,6 +118,25 @@ TEST(CpuPaths, OddSizesAgainstOracle) {
       worst.custom_vs_reference);
 }
 
+// Random bundles at DeepSeek-V3's real softmax scale (YaRN included), not 1/sqrt(192).
+TEST(CpuPaths, TheRealScaleAgainstOracle) {
+  uint64_t seed = 300;
+  for (Traffic traffic : {Traffic::kRandom, Traffic::kRealistic}) {
+    for (int page : {1, 64}) {
+      RandomBundleSpec s;
+      s.batch = 2;
+      s.draft = 5;
+      s.heads = 3;
+      s.page_size = page;
+      s.prefix = 130;
+      s.traffic = traffic;
+      s.sm_scale = kDeepSeekV3SmScale;
+      s.seed = ++seed;
+      ExpectCloseToOracle(s, kSmallTiles);
+    }
+  }
+}
+
 TEST(CpuPaths, DefaultTilesAndPerRequestPrefixes) {
   RandomBundleSpec s;
   s.batch = 3;

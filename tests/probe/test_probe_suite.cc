@@ -6,6 +6,7 @@
 
 #include "gtest/gtest.h"
 #include "src/common/bf16.h"
+#include "src/compare/compare.h"
 #include "src/cpu_engine/cpu_engine.h"
 #include "src/probe/probe_runner.h"
 #include "src/probe/probe_suite.h"
@@ -36,7 +37,8 @@ TEST(ProbeSuite, NamesEveryFeature) {
   for (const char* n :
        {"draft_positions/chain", "draft_positions/tree", "page_edges/page1", "page_edges/page64",
         "split_boundaries", "fully_masked_rows", "sink_recency/chain", "sink_recency/tree",
-        "prefix/0", "prefix/1", "prefix/63", "prefix/65", "prefix/1023", "prefix/1024"}) {
+        "prefix/0", "prefix/1", "prefix/63", "prefix/65", "prefix/1023", "prefix/1024",
+        "sm_scale/deepseek_v3"}) {
     EXPECT_TRUE(names.count(n)) << n;
   }
   EXPECT_FALSE(names.count("prefix/1025"));  // bounded by max_prefix
@@ -78,6 +80,42 @@ TEST(ProbeSuite, ChosenKeysDecideTheRows) {
     EXPECT_TRUE(hit.count(first)) << "page start " << first;
     EXPECT_TRUE(hit.count(std::min(prefix, first + 64) - 1)) << "page end " << first;
   }
+}
+
+// The reference's output of `v`, computed at `sm_scale`.
+std::vector<uint16_t> ReferenceAt(const BundleView& v, float sm_scale) {
+  BundleView w = v;
+  w.sm_scale = sm_scale;
+  auto engine = MakeCpuEngine(2);
+  auto b = engine->Prepare(w, false);
+  EXPECT_TRUE(b.ok()) << b.status();
+  if (!b.ok()) return {};
+  EXPECT_TRUE(engine->Run(Path::kReference, **b).ok());
+  PathOutput out;
+  EXPECT_TRUE(engine->Fetch(Path::kReference, **b, &out).ok());
+  return out.o;
+}
+
+// A path that ignored the bundle's scale and used 1/sqrt(192) would pass every probe at that
+// scale. The suite has one at DeepSeek-V3's real scale, where such a path is far off.
+TEST(ProbeSuite, AProbeAtTheRealScaleCatchesAPathThatIgnoresTheScale) {
+  const auto suite = BuildProbeSuite(Small());
+  int at_real_scale = 0;
+  for (const ProbeBundle& p : suite) {
+    const BundleView& v = p.bundle->view();
+    if (v.sm_scale == kPlainSmScale) continue;
+    EXPECT_EQ(v.sm_scale, kDeepSeekV3SmScale) << p.name;
+    EXPECT_NEAR(v.sm_scale, 0.1352, 1e-4) << p.name;
+    ++at_real_scale;
+    const std::vector<uint16_t> right = ReferenceAt(v, v.sm_scale);
+    const std::vector<uint16_t> wrong = ReferenceAt(v, kPlainSmScale);
+    ASSERT_EQ(right.size(), wrong.size());
+    const DiffStats d = CompareBf16(wrong.data(), right.data(), static_cast<int64_t>(right.size()),
+                                    nullptr, nullptr, 0, Tolerance{});
+    EXPECT_GT(d.rel_l2, 0.05) << p.name << ": the scale barely matters in this probe";
+    EXPECT_GT(d.rel_l2, Tolerance{}.max_rel_l2) << p.name;
+  }
+  EXPECT_GE(at_real_scale, 1) << "no probe runs at DeepSeek-V3's softmax scale";
 }
 
 TEST(ProbeSuite, SplitBoundariesCoverBothSidesOfEvery64TokenBoundary) {
