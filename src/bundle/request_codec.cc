@@ -9,27 +9,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "src/bundle/validate.h"
+#include "src/common/proto_tensors.h"
 #include "src/common/status_macros.h"
 
 namespace verifyd {
 namespace {
 
 using kernels::kHeadDimQK;
-
-int64_t ElemSize(v1::DType d) {
-  switch (d) {
-    case v1::DTYPE_BF16:
-      return 2;
-    case v1::DTYPE_F32:
-      return 4;
-    case v1::DTYPE_I32:
-      return 4;
-    case v1::DTYPE_U8:
-      return 1;
-    default:
-      return 0;
-  }
-}
 
 std::string ShapeStr(const v1::Tensor& t) {
   return absl::StrCat("[", absl::StrJoin(t.shape(), ", "), "]");
@@ -47,7 +33,7 @@ int64_t ShapeBytes(const char* name, const v1::Tensor& t, v1::DType dtype, int r
                                                   t.shape_size(), ", expected ", rank));
     return 0;
   }
-  int64_t n = ElemSize(dtype);
+  int64_t n = DTypeBytes(dtype);
   bool overflow = false;
   for (int64_t d : t.shape()) {
     if (d < 0 || d > (int64_t{1} << 40)) {

@@ -146,6 +146,8 @@ absl::StatusOr<std::string> Capturer::Write(const ComparisonRecord& r, const std
     add("o_oracle", DType::kF32, o_shape, r.oracle.o_f32.data(),
         r.oracle.o_f32.size() == static_cast<size_t>(o) ? o * 4 : 0);
   }
+  add("o_stack", DType::kBF16, o_shape, r.stack_o.data(),
+      r.stack_o.size() == static_cast<size_t>(o) ? o * 2 : 0);
   std::map<std::string, std::string> meta = {
       {"case", "capture"},
       {"trigger", trigger},
@@ -169,6 +171,7 @@ absl::StatusOr<std::string> Capturer::Write(const ComparisonRecord& r, const std
       {"tol_atol_rel", Exact(r.tolerance.atol_rel)},
       {"tol_max_row_rel_l2", Exact(r.tolerance.max_row_rel_l2)},
   };
+  if (!r.stack_backend.empty()) meta["stack_backend"] = r.stack_backend;
   if (r.outcome.stats) {
     const DiffStats& d = *r.outcome.stats;
     meta["rel_l2"] = Exact(d.rel_l2);

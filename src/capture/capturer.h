@@ -1,6 +1,7 @@
 #pragma once
 // Writes compared bundles to --capture_dir as .safetensors (the golden files' layout plus both
-// outputs, the oracle's when sampled, and the comparison in the metadata): every breach
+// outputs, the oracle's when sampled, a shadow tap's stack output, and the comparison in the
+// metadata): every breach
 // (rate-limited) and, on request, the next N compared calls. A byte and file quota holds (oldest
 // deleted first) and a minimum of free disk is always left.
 
@@ -8,6 +9,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -35,6 +37,10 @@ struct ComparisonRecord {
   PathOutput reference, custom, oracle;
   bool has_oracle = false;
   std::string request_id;
+  // A shadow tap's comparison: the serving stack's own output (bf16, o's shape) and its backend,
+  // written as o_stack and metadata stack_backend; empty otherwise.
+  std::vector<uint16_t> stack_o;
+  std::string stack_backend;
 };
 
 struct CaptureStatus {

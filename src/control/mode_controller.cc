@@ -126,6 +126,11 @@ Mode ModeController::mode() const {
   return state_.mode;
 }
 
+double ModeController::shadow_sample_rate() const {
+  absl::ReaderMutexLock l(&mu_);
+  return state_.shadow_sample_rate;
+}
+
 double ModeController::DrawLocked(std::string_view request_id, uint64_t salt) {
   if (!request_id.empty()) {
     return static_cast<double>(StableHash(request_id, salt) >> 11) * 0x1.0p-53;

@@ -188,6 +188,7 @@ class ModeController {
   std::vector<AuditEntry> RecentAudit(size_t limit) const;
   int64_t MalformedAuditLines() const;
   Mode mode() const;
+  double shadow_sample_rate() const;  // without a Snapshot(): shadow taps follow it
 
  private:
   ModeController(StateStore store, ControllerOptions opts, PersistedState s);

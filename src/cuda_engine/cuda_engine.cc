@@ -320,6 +320,32 @@ absl::Status CudaEngine::ZeroFill(const RegionRange& r) {
   return w.AwaitCritical(s, "zero-filling a failed call's output");
 }
 
+absl::Status CudaEngine::ReadRange(const RegionRange& r, void* dst) {
+  if (r.device() < 0) return Engine::ReadRange(r, dst);
+  if (r.device() >= num_devices()) {
+    return absl::InternalError(absl::StrCat("a region on device ", r.device()));
+  }
+  DeviceWorker& w = *workers_[r.device()];
+  VERIFYD_RETURN_IF_ERROR(w.Activate());
+  const cudaStream_t s = w.NextLane().served;
+  VERIFYD_RETURN_IF_ERROR(w.Check(
+      cudaMemcpyAsync(dst, r.data, r.byte_size, cudaMemcpyDeviceToHost, s), "reading a region"));
+  return w.AwaitCritical(s, "reading a region");
+}
+
+absl::Status CudaEngine::WriteRange(const RegionRange& r, const void* src) {
+  if (r.device() < 0) return Engine::WriteRange(r, src);
+  if (r.device() >= num_devices()) {
+    return absl::InternalError(absl::StrCat("a region on device ", r.device()));
+  }
+  DeviceWorker& w = *workers_[r.device()];
+  VERIFYD_RETURN_IF_ERROR(w.Activate());
+  const cudaStream_t s = w.NextLane().served;
+  VERIFYD_RETURN_IF_ERROR(w.Check(
+      cudaMemcpyAsync(r.data, src, r.byte_size, cudaMemcpyHostToDevice, s), "writing a region"));
+  return w.AwaitCritical(s, "writing a region");
+}
+
 absl::Status CudaEngine::Deliver(Path path, PreparedBundle& pb, const RegionRange& o,
                                  const RegionRange* lse) {
   auto& b = static_cast<CudaPreparedBundle&>(pb);

@@ -55,6 +55,8 @@ class CudaEngine : public Engine {
   // A device-to-device copy into a CUDA IPC region (a device-to-host one into a shm region) on
   // the path's stream, waited for.
   absl::Status ZeroFill(const RegionRange& r) override;
+  absl::Status ReadRange(const RegionRange& r, void* dst) override;
+  absl::Status WriteRange(const RegionRange& r, const void* src) override;
   absl::Status Deliver(Path path, PreparedBundle& b, const RegionRange& o,
                        const RegionRange* lse) override;
   absl::StatusOr<std::unique_ptr<MappedRegion>> OpenCudaIpc(int device, const std::string& handle,

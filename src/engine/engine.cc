@@ -40,4 +40,22 @@ absl::Status Engine::ZeroFill(const RegionRange& r) {
   return absl::OkStatus();
 }
 
+absl::Status Engine::ReadRange(const RegionRange& r, void* dst) {
+  if (r.device() >= 0) {
+    return absl::FailedPreconditionError(
+        "this engine reads shared-memory regions only, not a CUDA region");
+  }
+  std::memcpy(dst, r.data, r.byte_size);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::WriteRange(const RegionRange& r, const void* src) {
+  if (r.device() >= 0) {
+    return absl::FailedPreconditionError(
+        "this engine writes shared-memory regions only, not a CUDA region");
+  }
+  std::memcpy(r.data, src, r.byte_size);
+  return absl::OkStatus();
+}
+
 }  // namespace verifyd

@@ -114,6 +114,11 @@ class Engine {
   // it without an answer: doorbell channels). Complete when it returns. This default reaches
   // host regions only.
   virtual absl::Status ZeroFill(const RegionRange& r);
+  // Copies a registered range's r.byte_size bytes to host memory at `dst`, or from `src` into
+  // the range (a shadow tap's slots: the stack's output out, verifyd's control words in).
+  // Complete when they return. These defaults reach host regions only.
+  virtual absl::Status ReadRange(const RegionRange& r, void* dst);
+  virtual absl::Status WriteRange(const RegionRange& r, const void* src);
   // Makes host memory (a shm region) readable by the engine's devices without a staging copy;
   // returns what undoes it. Engines without devices do nothing.
   virtual absl::StatusOr<std::function<void()>> PinHostMemory(void* base, uint64_t bytes) {

@@ -302,6 +302,29 @@ void DeclareCaptureMetrics(prometheus::Registry& r, CounterFamily** captures) {
   }
 }
 
+// Shadow taps (tap channels), by the stack's backend: the GPU's counts of calls, sampled calls
+// and drops, what verifyd made of each fill, and the three pairs' differences and breaches.
+void DeclareTapMetrics(prometheus::Registry& r, CounterFamily** events,
+                       HistogramFamily** diff_rel_l2, CounterFamily** breaches) {
+  *events = &prometheus::BuildCounter()
+                 .Name("verifyd_tap_events_total")
+                 .Help(
+                     "Shadow tap events by the stack's backend: calls (tap calls), taps (sampled "
+                     "calls), dropped (sampled while the ring was full), compared, refused (a "
+                     "fill that failed its checks)")
+                 .Register(r);
+  *diff_rel_l2 = &prometheus::BuildHistogram()
+                      .Name("verifyd_tap_diff_rel_l2")
+                      .Help(
+                          "Shadow tap: relative L2 difference by backend and pair "
+                          "(custom_vs_reference, stack_vs_reference, custom_vs_stack)")
+                      .Register(r);
+  *breaches = &prometheus::BuildCounter()
+                   .Name("verifyd_tap_breaches_total")
+                   .Help("Shadow tap: comparisons past the tolerances, by backend and pair")
+                   .Register(r);
+}
+
 void DeclareBuildInfo(prometheus::Registry& r, const BuildInfo& info) {
   prometheus::BuildGauge()
       .Name("verifyd_build_info")
@@ -339,6 +362,7 @@ Metrics::Metrics(const BuildInfo& info) : registry_(std::make_shared<prometheus:
                        &receive_buffer_bytes_, &receive_buffer_pinned_bytes_);
   DeclareShadowMetrics(r, &shadow_queue_depth_, &canary_shed_);
   DeclareCaptureMetrics(r, &captures_);
+  DeclareTapMetrics(r, &tap_events_, &tap_diff_rel_l2_, &tap_breaches_);
   DeclareBuildInfo(r, info);
 }
 
@@ -358,6 +382,21 @@ void Metrics::FiniteCheck(double seconds) { finite_check_seconds_->Observe(secon
 
 void Metrics::Comparison(OutcomeKind k) {
   comparisons_->Add({{"outcome", OutcomeName(k)}}).Increment();
+}
+
+void Metrics::TapEvents(std::string_view backend, std::string_view event, int64_t n) {
+  if (n <= 0) return;
+  tap_events_->Add({{"backend", std::string(backend)}, {"event", std::string(event)}})
+      .Increment(static_cast<double>(n));
+}
+
+void Metrics::TapDiff(std::string_view backend, std::string_view pair, const DiffStats& d,
+                      bool breach) {
+  const std::string b(backend), p(pair);
+  tap_diff_rel_l2_->Add({{"backend", b}, {"pair", p}}, RelL2())
+      .Observe(std::isfinite(d.rel_l2) ? d.rel_l2 : 1e30);
+  prometheus::Counter& c = tap_breaches_->Add({{"backend", b}, {"pair", p}});
+  if (breach) c.Increment();
 }
 
 void Metrics::Diff(std::string_view pair, const DiffStats& d) {

@@ -64,6 +64,10 @@ class Metrics {
   // A canary call served by the reference because its comparison could not be queued.
   void CanaryShed();
   void Capture(std::string_view trigger);  // "breach" or "requested"
+  // Shadow taps: `n` events of `event` (calls, taps, dropped, compared, refused) of a backend;
+  // one comparison of `pair` (custom_vs_reference, stack_vs_reference, custom_vs_stack).
+  void TapEvents(std::string_view backend, std::string_view event, int64_t n);
+  void TapDiff(std::string_view backend, std::string_view pair, const DiffStats& d, bool breach);
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
@@ -102,6 +106,9 @@ class Metrics {
   prometheus::Gauge* receive_buffer_pinned_bytes_;
   prometheus::Counter* canary_shed_;
   prometheus::Family<prometheus::Counter>* captures_;
+  prometheus::Family<prometheus::Counter>* tap_events_;
+  prometheus::Family<prometheus::Histogram>* tap_diff_rel_l2_;
+  prometheus::Family<prometheus::Counter>* tap_breaches_;
 };
 
 // Serves a registry in the Prometheus text format on http://ADDRESS/metrics (cpp-httplib: its

@@ -155,6 +155,19 @@ grpc::Status AdminServiceImpl::GetStatus(grpc::ServerContext* ctx, const v1::Get
       out->set_client_pid(c.client_pid);
       out->set_descriptors(c.descriptors);
       out->set_failed_calls(c.failed_calls);
+      if (c.tap) {
+        v1::TapInfo* t = out->mutable_tap();
+        t->set_backend(c.tap->backend);
+        t->set_calls(c.tap->calls);
+        t->set_taps(c.tap->taps);
+        t->set_dropped(c.tap->dropped);
+        t->set_compared(c.tap->compared);
+        t->set_refused(c.tap->refused);
+        t->set_worst_custom_vs_reference(c.tap->worst_custom_vs_reference);
+        t->set_worst_stack_vs_reference(c.tap->worst_stack_vs_reference);
+        t->set_worst_custom_vs_stack(c.tap->worst_custom_vs_stack);
+        t->set_stack_breaches(c.tap->stack_breaches);
+      }
     }
   }
   return grpc::Status::OK;

@@ -361,7 +361,9 @@ Outcome VerifyHandler::CompareAndRecord(PreparedBundle& b, const Plan& plan,
     }
   }
   Record(o);
-  if (capturer_) Capture(b, plan, o, tol, has_oracle, request_id);
+  if (capturer_) {
+    Capture(b, plan, o, tol, has_oracle, request_id, o.kind != OutcomeKind::kMatch);
+  }
   return o;
 }
 
@@ -370,8 +372,9 @@ Outcome VerifyHandler::CompareAndRecord(PreparedBundle& b, const Plan& plan,
 namespace verifyd {
 
 void VerifyHandler::Capture(PreparedBundle& b, const Plan& plan, const Outcome& o,
-                            const Tolerance& tol, bool has_oracle, const std::string& request_id) {
-  const std::string trigger = capturer_->Claim(o.kind != OutcomeKind::kMatch);
+                            const Tolerance& tol, bool has_oracle, const std::string& request_id,
+                            bool breach, const StackOutput* stack) {
+  const std::string trigger = capturer_->Claim(breach);
   if (trigger.empty()) return;
   ComparisonRecord rec;
   absl::StatusOr<std::shared_ptr<const OwnedBundle>> inputs = engine_->FetchInputs(b);
@@ -387,6 +390,10 @@ void VerifyHandler::Capture(PreparedBundle& b, const Plan& plan, const Outcome& 
   engine_->Fetch(Path::kReference, b, &rec.reference).IgnoreError();
   engine_->Fetch(Path::kCustom, b, &rec.custom).IgnoreError();
   if (has_oracle) rec.has_oracle = engine_->Fetch(Path::kOracle, b, &rec.oracle).ok();
+  if (stack != nullptr) {
+    rec.stack_o = *stack->o;
+    rec.stack_backend = stack->backend;
+  }
   absl::StatusOr<std::string> path = capturer_->Write(rec, trigger);
   if (path.ok()) {
     metrics_->Capture(trigger);

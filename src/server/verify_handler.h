@@ -20,6 +20,7 @@
 #include "src/engine/engine.h"
 #include "src/metrics/metrics.h"
 #include "src/server/shadow_runner.h"
+#include "src/transport/channel_server.h"
 #include "verifyd/v1/admin.pb.h"
 #include "verifyd/v1/verify.pb.h"
 
@@ -57,6 +58,14 @@ class VerifyHandler {
   // Zero-fills the ranges `req` names in o_out and lse_out (a doorbell call that failed: its
   // client reads them without an answer). Failures are logged.
   void ZeroOutputs(const v1::VerifyRequest& req);
+  // A shadow tap's fill (verify_handler_tap.cc): runs the reference and the custom path on the
+  // slot's call, whose o_out holds the serving stack's own output, and compares the three pairs.
+  // The custom-vs-reference outcome feeds the gate and the rollback window as any comparison.
+  TapResult ServeTap(const v1::VerifyRequest& call, const std::string& backend);
+  // Writes `bytes` bytes from `src` at `offset` of region `region` (a shadow tap's control words).
+  absl::Status WriteRegion(RegionKind kind, const std::string& region, uint64_t offset,
+                           const void* src, uint64_t bytes);
+  double TapSampleRate() const { return controller_->shadow_sample_rate(); }
   const HandlerOptions& options() const { return opts_; }
   // Totals since start, for the admin status.
   v1::Counters counters() const;
@@ -85,8 +94,18 @@ class VerifyHandler {
                            double served_custom_s);
   bool TooSlow(double custom_s) const;  // over --custom_timeout_ms (when set)
   std::string TimeoutReason(double custom_s) const;
+  // A shadow tap's capture also holds the stack's output.
+  struct StackOutput {
+    const std::vector<uint16_t>* o = nullptr;
+    std::string backend;
+  };
+  // `breach`: whether the capture counts as a breach's (otherwise it takes a requested slot).
   void Capture(PreparedBundle& b, const Plan& plan, const Outcome& o, const Tolerance& tol,
-               bool has_oracle, const std::string& request_id);
+               bool has_oracle, const std::string& request_id, bool breach,
+               const StackOutput* stack = nullptr);
+  // The shadow tap's oracle sample: each output against the fp32 oracle.
+  bool TapOracle(PreparedBundle& b, const std::vector<uint16_t>& stack, const std::string& backend,
+                 const Tolerance& tol);
   bool DrawOracle();
   Tolerance tolerance() const;
 

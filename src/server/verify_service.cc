@@ -84,6 +84,7 @@ VerifyServiceImpl::VerifyServiceImpl(VerifyHandler* handler, Metrics* metrics,
           [this](const absl::StatusOr<v1::VerifyRequest>& call, const v1::VerifyRequest* d,
                  v1::VerifyResponse* resp) { ServeDoorbellCall(call, d, resp); },
           opts.pin_host) {
+  channels_.SetTapServer(this);
   // The unary call reads its message itself (a streamed unary handler is, to the server, a
   // stream of one message each way), so that its wire bytes go once they are parsed.
   AddMethod(new grpc::internal::RpcServiceMethod(
@@ -122,13 +123,13 @@ VerifyServiceImpl::VerifyServiceImpl(VerifyHandler* handler, Metrics* metrics,
          v1::RegisterRegionSetResponse* resp) {
         return s->region_rpcs_.RegisterShmSet(*ctx, req, resp);
       });
-  AddUnary<v1::UnregisterRegionRequest, v1::UnregisterRegionResponse>(
   AddUnary<v1::RegisterCudaRegionSetRequest, v1::RegisterRegionSetResponse>(
       "RegisterCudaRegionSet",
       [](VerifyServiceImpl* s, grpc::ServerContext* ctx,
          const v1::RegisterCudaRegionSetRequest& req, v1::RegisterRegionSetResponse* resp) {
         return s->region_rpcs_.RegisterCudaSet(*ctx, req, resp);
       });
+  AddUnary<v1::UnregisterRegionRequest, v1::UnregisterRegionResponse>(
       "UnregisterRegion",
       [](VerifyServiceImpl* s, grpc::ServerContext* ctx, const v1::UnregisterRegionRequest& req,
          v1::UnregisterRegionResponse* resp) {
@@ -264,16 +265,94 @@ void VerifyServiceImpl::ServeDoorbellCall(const absl::StatusOr<v1::VerifyRequest
   if (descriptor != nullptr) handler_->ZeroOutputs(*descriptor);
 }
 
+absl::StatusOr<TapOpen> VerifyServiceImpl::PlanTapChannel(const v1::OpenChannelRequest& req) const {
+  absl::StatusOr<channel::Geometry> g =
+      channel::GeometryFor(req.byte_size(), channels_.limits().max_capacity);
+  if (!g.ok()) return g.status();
+  absl::StatusOr<channel::TapPlan> plan = channel::PlanTap(req.tap(), g->capacity);
+  if (!plan.ok()) return plan.status();
+  if (opts_.regions == nullptr) {
+    return absl::FailedPreconditionError("tap.region: this verifyd serves no regions");
+  }
+  const std::string& name = req.tap().region();
+  std::vector<RegionPin> pins;
+  absl::StatusOr<RegionRange> r = opts_.regions->Resolve("tap.region", RegionKind::kCudaIpc, name,
+                                                         0, plan->region_bytes, &pins);
+  if (absl::IsNotFound(r.status())) {
+    r = opts_.regions->Resolve("tap.region", RegionKind::kShm, name, 0, plan->region_bytes, &pins);
+    plan->shm_region = true;
+  }
+  if (!r.ok()) {
+    return absl::Status(
+        r.status().code(),
+        absl::StrCat(r.status().message(), " (the tap's control block and ", req.tap().slots(),
+                     " slots need ", plan->region_bytes, " bytes)"));
+  }
+  if (!plan->shm_region && r->device() != req.tap().device()) {
+    return absl::InvalidArgumentError(absl::StrCat("tap.device: ", req.tap().device(),
+                                                   ", but region '", name, "' is on device ",
+                                                   r->device()));
+  }
+  TapOpen open{*plan, {}};
+  for (uint32_t s = 0; s < plan->spec.slots(); ++s) {
+    open.slot_calls.push_back(channel::TapSlotCall(*plan, s, plan->shm_region));
+  }
+  return open;
+}
+
+TapResult VerifyServiceImpl::Serve(const std::string& channel, const channel::TapPlan& plan,
+                                   const absl::StatusOr<v1::VerifyRequest>& call) {
+  (void)channel;
+  const std::string& backend = plan.spec.backend();
+  TapResult r;
+  if (call.ok()) {
+    r = handler_->ServeTap(*call, backend);
+  } else {
+    r.error = call.status().ToString();
+  }
+  if (!r.compared) metrics_->TapEvents(backend, "refused", 1);
+  return r;
+}
+
+absl::Status VerifyServiceImpl::WriteControl(const channel::TapPlan& plan, uint64_t offset,
+                                             const void* src, uint64_t bytes) {
+  return handler_->WriteRegion(plan.shm_region ? RegionKind::kShm : RegionKind::kCudaIpc,
+                               plan.spec.region(), offset, src, bytes);
+}
+
+void VerifyServiceImpl::GpuCounts(const std::string& backend, int64_t calls, int64_t taps,
+                                  int64_t dropped) {
+  metrics_->TapEvents(backend, "calls", calls);
+  metrics_->TapEvents(backend, "taps", taps);
+  metrics_->TapEvents(backend, "dropped", dropped);
+}
+
 absl::Status VerifyServiceImpl::OpenChannel(const grpc::ServerContext& ctx,
                                             const v1::OpenChannelRequest& req,
                                             v1::OpenChannelResponse* resp) {
   if (absl::Status st = LocalTransportOnly(ctx, opts_.allow_region_tcp, "OpenChannel"); !st.ok()) {
     return st;
   }
+  std::optional<TapOpen> tap;
+  if (req.has_tap()) {
+    absl::StatusOr<TapOpen> t = PlanTapChannel(req);
+    if (!t.ok()) return t.status();
+    tap = std::move(*t);
+  }
   absl::StatusOr<ChannelSummary> s =
       channels_.Open(req.name(), req.key(), req.byte_size(), req.client(), UnixPeerUid(ctx.peer()),
-                     UnixPeerPid(ctx.peer()), req.descriptors(), req.layout_slots());
+                     UnixPeerPid(ctx.peer()), req.descriptors(), req.layout_slots(), tap);
   if (!s.ok()) return s.status();
+  if (tap) {
+    const tap::TapSlotGeometry& tg = tap->plan.geometry;
+    resp->set_tap_region_bytes(tap->plan.region_bytes);
+    resp->set_tap_slot_offset(tg.SlotOffset(0));
+    resp->set_tap_slot_bytes(tg.slot_bytes);
+    resp->set_tap_o_offset(tg.o_offset);
+    resp->set_tap_kv_offset(tg.kv_offset);
+    resp->set_tap_record_bytes(static_cast<uint32_t>(tg.record_bytes));
+    resp->set_tap_mask_row_bytes(static_cast<uint32_t>(tg.mask_row_bytes));
+  }
   resp->set_capacity(s->geometry.capacity);
   resp->set_request_offset(s->geometry.request_offset);
   resp->set_response_offset(s->geometry.response_offset);

@@ -51,7 +51,7 @@ struct VerifyServiceOptions {
   HeapTrimmer::Options heap_trim;
 };
 
-class VerifyServiceImpl final : public grpc::Service {
+class VerifyServiceImpl final : public grpc::Service, private TapServer {
  public:
   VerifyServiceImpl(VerifyHandler* handler, Metrics* metrics, VerifyServiceOptions opts);
   ChannelServer& channels() { return channels_; }
@@ -98,6 +98,16 @@ class VerifyServiceImpl final : public grpc::Service {
                             InPlaceTensors* in_place);
   absl::Status OpenChannel(const grpc::ServerContext& ctx, const v1::OpenChannelRequest& req,
                            v1::OpenChannelResponse* resp);
+  // A tap channel's plan and slot calls: PlanTap against the channel's request area, and its
+  // slots region registered (shm or cuda_ipc), large enough and on the spec's device.
+  absl::StatusOr<TapOpen> PlanTapChannel(const v1::OpenChannelRequest& req) const;
+  // TapServer: tap channels' fills go to the handler (ServeTap).
+  TapResult Serve(const std::string& channel, const channel::TapPlan& plan,
+                  const absl::StatusOr<v1::VerifyRequest>& call) override;
+  absl::Status WriteControl(const channel::TapPlan& plan, uint64_t offset, const void* src,
+                            uint64_t bytes) override;
+  double SampleRate() override { return handler_->TapSampleRate(); }
+  void GpuCounts(const std::string& backend, int64_t calls, int64_t taps, int64_t dropped) override;
   absl::Status CloseChannel(const grpc::ServerContext& ctx, const v1::CloseChannelRequest& req,
                             v1::CloseChannelResponse* resp);
 

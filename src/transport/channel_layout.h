@@ -15,7 +15,8 @@
 // request area alone until then: bytes it changes earlier may reach the call. A channel serves
 // one call at a time.
 //
-// A channel opened with call descriptors is in doorbell mode instead: see doorbell_layout.h.
+// A channel opened with call descriptors is in doorbell mode instead: see doorbell_layout.h; one
+// opened with a tap is in tap mode: see tap_layout.h.
 
 #include <atomic>
 #include <cstdint>
@@ -50,6 +51,13 @@ struct Header {
   alignas(64) std::atomic<uint32_t> doorbell;
   alignas(64) std::atomic<uint32_t> done;
   alignas(64) std::atomic<uint32_t> failed_calls;  // verifyd: calls answered with an error
+  // Tap mode only (tap_layout.h). The tap kernel writes these four, in this order (32-bit
+  // counts that wrap): ring fills published, calls, sampled calls, sampled calls dropped.
+  alignas(64) std::atomic<uint32_t> tap_produced;
+  std::atomic<uint32_t> tap_calls, tap_taps, tap_dropped;
+  // verifyd: ring fills it is done with, of which compared and refused.
+  alignas(64) std::atomic<uint32_t> tap_consumed;
+  std::atomic<uint32_t> tap_compared, tap_refused;
 };
 static_assert(sizeof(Header) <= kHeaderBytes);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);

@@ -5,8 +5,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -44,7 +46,8 @@ bool Exited(int pidfd) {
 class ChannelServer::Channel {
  public:
   Channel(ChannelSummary summary, std::unique_ptr<MappedRegion> map, const ChannelLimits& limits,
-          const Serve& serve, const ServeBuilt& serve_built, const Descriptors& descriptors)
+          const Serve& serve, const ServeBuilt& serve_built, const Descriptors& descriptors,
+          std::optional<TapOpen> tap, TapServer* tap_server)
       : summary_(std::move(summary)),
         map_(std::move(map)),
         spin_(limits.spin),
@@ -52,9 +55,20 @@ class ChannelServer::Channel {
         serve_(serve),
         serve_built_(serve_built),
         descriptors_(descriptors),
+        tap_(std::move(tap)),
+        tap_server_(tap_server),
         pidfd_(summary_.client_pid > 0 ? WatchProcess(summary_.client_pid) : -1) {
     channel::InitHeader(map_->base(), summary_.geometry);
-    thread_ = std::thread([this] { descriptors_.empty() ? Loop() : DoorbellLoop(); });
+    if (tap_) tap_counts_.backend = tap_->plan.spec.backend();
+    thread_ = std::thread([this] {
+      if (tap_) {
+        TapLoop();
+      } else if (!descriptors_.empty()) {
+        DoorbellLoop();
+      } else {
+        Loop();
+      }
+    });
   }
   ~Channel() {
     stop_.store(true);
@@ -74,6 +88,14 @@ class ChannelServer::Channel {
     s.calls = calls_.load();
     s.stopped = stopped_.load();
     s.failed_calls = failed_.load();
+    if (tap_) {
+      std::lock_guard<std::mutex> l(tap_mu_);
+      s.tap = tap_counts_;
+      const channel::Header* h = HeaderOf(map_->base());
+      s.tap->calls = h->tap_calls.load(std::memory_order_relaxed);
+      s.tap->taps = h->tap_taps.load(std::memory_order_relaxed);
+      s.tap->dropped = h->tap_dropped.load(std::memory_order_relaxed);
+    }
     return s;
   }
 
@@ -88,26 +110,138 @@ class ChannelServer::Channel {
     return true;
   }
 
-  // Doorbell mode: the next doorbell word, taken (0 left in its place); 0 when the loop should
-  // end. Spins for `spin`, then naps for poll_ between looks (a GPU cannot wake a futex), and
-  // looks at the client's process every 100 ms.
-  uint32_t AwaitRing(channel::Header* h, absl::Duration spin) {
+  // Doorbell and tap modes: waits until `ready()` (a word the client's GPU writes); false when
+  // the loop should end. Spins for `spin`, then naps for poll_ between looks (a GPU cannot wake
+  // a futex), and every 100 ms looks at the client's process and calls `every_100ms`.
+  template <typename Ready, typename Periodic>
+  bool AwaitGpuWord(Ready ready, absl::Duration spin, Periodic every_100ms) {
     const absl::Time spin_end = absl::Now() + spin;
     absl::Time next_check = absl::Now() + absl::Milliseconds(100);
     bool napping = false;
     for (uint64_t i = 0;; ++i) {
-      if (h->doorbell.load(std::memory_order_acquire) != 0) {
-        return h->doorbell.exchange(0, std::memory_order_acq_rel);
-      }
-      if (stop_.load()) return 0;
+      if (ready()) return true;
+      if (stop_.load()) return false;
       if (!napping && (i & 63) != 0) continue;  // spinning: the clock every 64 looks
       const absl::Time now = absl::Now();
       if (now >= next_check) {
-        if (Ended()) return 0;
+        if (Ended()) return false;
+        every_100ms();
         next_check = now + absl::Milliseconds(100);
       }
       napping = napping || now >= spin_end;
       if (napping) std::this_thread::sleep_for(absl::ToChronoMicroseconds(poll_));
+    }
+  }
+
+  // Doorbell mode: the next doorbell word, taken (0 left in its place); 0 when the loop should
+  // end.
+  uint32_t AwaitRing(channel::Header* h, absl::Duration spin) {
+    const bool rung =
+        AwaitGpuWord([h] { return h->doorbell.load(std::memory_order_acquire) != 0; }, spin, [] {});
+    return rung ? h->doorbell.exchange(0, std::memory_order_acq_rel) : 0;
+  }
+
+  // Tap mode: the sample rate in the slots region's TapControl, when it changed (and at start).
+  void FollowSampleRate() {
+    const double rate = tap_server_->SampleRate();
+    const auto ppm = static_cast<uint32_t>(std::clamp(rate, 0.0, 1.0) * tap::kPpmAll + 0.5);
+    if (ppm == sample_ppm_) return;
+    absl::Status st = tap_server_->WriteControl(tap_->plan, offsetof(tap::TapControl, sample_ppm),
+                                                &ppm, sizeof(ppm));
+    if (st.ok()) {
+      sample_ppm_ = ppm;
+    } else if (!control_failed_) {
+      control_failed_ = true;
+      spdlog::warn("channel '{}': writing its tap's sample rate: {}", summary_.name, st.ToString());
+    }
+  }
+
+  // Tap mode: what the tap kernel counted since the last report, to the TapServer.
+  void ReportGpuCounts() {
+    const channel::Header* h = HeaderOf(map_->base());
+    const uint32_t now[3] = {h->tap_calls.load(std::memory_order_relaxed),
+                             h->tap_taps.load(std::memory_order_relaxed),
+                             h->tap_dropped.load(std::memory_order_relaxed)};
+    int64_t delta[3];
+    for (int i = 0; i < 3; ++i) {
+      delta[i] = static_cast<uint32_t>(now[i] - gpu_seen_[i]);  // the counts wrap at 2^32
+      gpu_seen_[i] = now[i];
+    }
+    if (delta[0] + delta[1] + delta[2] > 0) {
+      tap_server_->GpuCounts(tap_->plan.spec.backend(), delta[0], delta[1], delta[2]);
+    }
+  }
+
+  void TapLoop() {
+    ::prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+    char* base = map_->base();
+    channel::Header* h = HeaderOf(base);
+    const channel::TapPlan& plan = tap_->plan;
+    const uint32_t slots = plan.spec.slots();
+    const char* records = base + summary_.geometry.request_offset;
+    uint32_t consumed = 0;
+    absl::StatusOr<v1::VerifyRequest> call;
+    absl::Time next_rate = absl::Now();
+    while (true) {
+      if (absl::Now() >= next_rate) {  // a busy ring too follows the rate
+        FollowSampleRate();
+        next_rate = absl::Now() + absl::Milliseconds(100);
+      }
+      const bool filled = AwaitGpuWord(
+          [h, consumed] { return h->tap_produced.load(std::memory_order_acquire) != consumed; },
+          ChannelLimits::kSpinFloor,
+          [this] {
+            FollowSampleRate();
+            ReportGpuCounts();
+          });
+      if (!filled) return;
+      const uint32_t slot = consumed % slots;
+      if (!call.ok()) call = v1::VerifyRequest();
+      uint32_t number = 0;
+      absl::Status built = channel::BuildTapCall(
+          plan, tap_->slot_calls[slot], records + uint64_t{slot} * plan.geometry.record_bytes,
+          &*call, &number);
+      if (!built.ok()) call = built;
+      const TapResult r = tap_server_->Serve(summary_.name, plan, call);
+      if (!map_->intact()) {
+        spdlog::warn(
+            "channel '{}': its shared-memory object shrank under the mapping; the "
+            "channel stops serving (close it and open a new one)",
+            summary_.name);
+        stopped_.store(true);
+        return;
+      }
+      ++consumed;
+      absl::Status st = tap_server_->WriteControl(plan, offsetof(tap::TapControl, consumed),
+                                                  &consumed, sizeof(consumed));
+      if (!st.ok() && !control_failed_) {
+        control_failed_ = true;
+        spdlog::warn("channel '{}': handing its tap's slot back: {}", summary_.name, st.ToString());
+      }
+      int64_t refused = 0;
+      {
+        std::lock_guard<std::mutex> l(tap_mu_);
+        TapCounts& c = tap_counts_;
+        if (r.compared) {
+          ++c.compared;
+          c.stack_breaches += r.stack_breach ? 1 : 0;
+          c.worst_custom_vs_reference =
+              std::max(c.worst_custom_vs_reference, r.custom_vs_reference);
+          c.worst_stack_vs_reference = std::max(c.worst_stack_vs_reference, r.stack_vs_reference);
+          c.worst_custom_vs_stack = std::max(c.worst_custom_vs_stack, r.custom_vs_stack);
+        } else {
+          refused = ++c.refused;
+        }
+        h->tap_compared.store(static_cast<uint32_t>(c.compared), std::memory_order_relaxed);
+        h->tap_refused.store(static_cast<uint32_t>(c.refused), std::memory_order_relaxed);
+      }
+      h->tap_consumed.store(consumed, std::memory_order_release);
+      calls_.fetch_add(1);
+      ReportGpuCounts();
+      if (refused > 0 && (refused & (refused - 1)) == 0) {  // the 1st, 2nd, 4th, ... refusal
+        spdlog::warn("channel '{}': tap call {} refused: {} ({} refused so far)", summary_.name,
+                     number, call.ok() ? r.error : call.status().ToString(), refused);
+      }
     }
   }
 
@@ -232,7 +366,14 @@ class ChannelServer::Channel {
   const Serve& serve_;
   const ServeBuilt& serve_built_;
   const Descriptors descriptors_;
-  const int pidfd_;  // readable once the client exited; -1: not watched
+  const std::optional<TapOpen> tap_;
+  TapServer* const tap_server_;
+  uint32_t sample_ppm_ = 0xffffffffu;  // tap mode: the rate last written (none yet)
+  bool control_failed_ = false;        // tap mode: a control write failed (logged once)
+  uint32_t gpu_seen_[3] = {0, 0, 0};   // tap mode: the GPU's counts last reported
+  mutable std::mutex tap_mu_;
+  TapCounts tap_counts_;  // guarded by tap_mu_
+  const int pidfd_;       // readable once the client exited; -1: not watched
   std::atomic<bool> stop_{false}, stopped_{false}, orphaned_{false};
   std::atomic<int64_t> calls_{0}, failed_{0};
   std::thread thread_;
@@ -298,12 +439,10 @@ void ChannelServer::Notify() {
   if (o) o(n);
 }
 
-absl::StatusOr<ChannelSummary> ChannelServer::Open(const std::string& name, const std::string& key,
-                                                   uint64_t byte_size, const std::string& client,
-                                                   std::optional<uint32_t> caller_uid,
-                                                   std::optional<int> caller_pid,
-                                                   const Descriptors& descriptors,
-                                                   uint32_t layout_slots) {
+absl::StatusOr<ChannelSummary> ChannelServer::Open(
+    const std::string& name, const std::string& key, uint64_t byte_size, const std::string& client,
+    std::optional<uint32_t> caller_uid, std::optional<int> caller_pid,
+    const Descriptors& descriptors, uint32_t layout_slots, std::optional<TapOpen> tap) {
   if (limits_.max_channels == 0) {
     return absl::FailedPreconditionError(
         "OpenChannel: this verifyd serves no call channels (--max_channels=0)");
@@ -321,6 +460,13 @@ absl::StatusOr<ChannelSummary> ChannelServer::Open(const std::string& name, cons
     plan = *p;
   } else if (layout_slots != 0) {
     return absl::InvalidArgumentError("layout_slots: set without descriptors (doorbell mode)");
+  }
+  if (tap && !descriptors.empty()) {
+    return absl::InvalidArgumentError(
+        "tap: a channel is in doorbell mode or in tap mode, not both");
+  }
+  if (tap && tap_server_ == nullptr) {
+    return absl::FailedPreconditionError("tap: this verifyd serves no tap channels");
   }
   auto check_room = [&]() -> absl::Status {
     if (channels_.count(name) != 0) {
@@ -353,20 +499,25 @@ absl::StatusOr<ChannelSummary> ChannelServer::Open(const std::string& name, cons
   s.client_pid = caller_pid.value_or(0);
   s.descriptors = descriptors.size();
   s.plan = plan;
+  const std::string tap_note =
+      tap ? absl::StrCat("; tap mode, backend ", tap->plan.spec.backend(), ", ",
+                         tap->plan.spec.slots(), " slots of ", tap->plan.geometry.slot_bytes,
+                         " bytes in region '", tap->plan.spec.region(), "'")
+          : std::string();
   {
     std::lock_guard<std::mutex> l(mu_);
     if (absl::Status st = check_room(); !st.ok()) return st;  // raced with another Open
-    channels_[name] =
-        std::make_unique<Channel>(s, std::move(*m), limits_, serve_, serve_built_, descriptors);
+    channels_[name] = std::make_unique<Channel>(s, std::move(*m), limits_, serve_, serve_built_,
+                                                descriptors, std::move(tap), tap_server_);
   }
   spdlog::info(
-      "channel '{}' open on '{}' ({} bytes, areas of {} bytes, client '{}'{}; pinned in "
+      "channel '{}' open on '{}' ({} bytes, areas of {} bytes, client '{}'{}{}; pinned in "
       "{:.1f} ms)",
       name, key, byte_size, g->capacity, client,
       descriptors.empty() ? std::string()
                           : absl::StrCat("; doorbell mode, ", descriptors.size(),
                                          " descriptors, max_batch ", plan.max_batch),
-      absl::ToDoubleMilliseconds(pinned.took));
+      tap_note, absl::ToDoubleMilliseconds(pinned.took));
   Notify();
   return s;
 }

@@ -7,7 +7,8 @@
 // process exits without closing the channel, the channel is closed within about a second.
 // A channel opened with call descriptors is in doorbell mode (doorbell_layout.h): its thread
 // polls the doorbell word that the client's GPU writes, and serves each call through
-// `serve_built`.
+// `serve_built`. A channel opened with a tap is in tap mode (tap_layout.h): its thread polls the
+// ring the tap kernel fills and hands each fill to the TapServer.
 
 #include <condition_variable>
 #include <cstdint>
@@ -27,6 +28,7 @@
 #include "src/region/region_registry.h"
 #include "src/transport/channel_layout.h"
 #include "src/transport/doorbell_layout.h"
+#include "src/transport/tap_layout.h"
 #include "verifyd/v1/verify.pb.h"
 
 namespace verifyd {
@@ -45,6 +47,45 @@ struct ChannelLimits {
   absl::Duration doorbell_poll = absl::Microseconds(20);
 };
 
+// A tap channel's counts (verify.proto, TapInfo).
+struct TapCounts {
+  std::string backend;
+  int64_t calls = 0, taps = 0, dropped = 0, compared = 0, refused = 0, stack_breaches = 0;
+  double worst_custom_vs_reference = 0, worst_stack_vs_reference = 0, worst_custom_vs_stack = 0;
+};
+
+// How one tap fill ended: compared (with the rel-L2 of each pair) or refused.
+struct TapResult {
+  bool compared = false;
+  double custom_vs_reference = 0, stack_vs_reference = 0, custom_vs_stack = 0;
+  bool stack_breach = false;  // the stack's output breached against the reference
+  std::string error;          // refused: why
+};
+
+// What a tap channel needs from above the transport.
+class TapServer {
+ public:
+  virtual ~TapServer() = default;
+  // Compares one fill (or counts the error that kept it from being built) of channel `channel`.
+  virtual TapResult Serve(const std::string& channel, const channel::TapPlan& plan,
+                          const absl::StatusOr<v1::VerifyRequest>& call) = 0;
+  // Writes `bytes` bytes at `offset` of the tap's slots region (the TapControl words verifyd
+  // owns).
+  virtual absl::Status WriteControl(const channel::TapPlan& plan, uint64_t offset, const void* src,
+                                    uint64_t bytes) = 0;
+  // The fraction of calls to sample now (--shadow_sample_rate, followed live).
+  virtual double SampleRate() = 0;
+  // What the tap kernel counted since the last report: calls, sampled calls, drops.
+  virtual void GpuCounts(const std::string& backend, int64_t calls, int64_t taps,
+                         int64_t dropped) = 0;
+};
+
+// A tap channel to open: its plan and one call per slot (TapSlotCall).
+struct TapOpen {
+  channel::TapPlan plan;
+  std::vector<v1::VerifyRequest> slot_calls;
+};
+
 struct ChannelSummary {
   std::string name, key, client;
   uint64_t byte_size = 0;
@@ -54,7 +95,8 @@ struct ChannelSummary {
   int client_pid = 0;    // the watched process; 0: none
   int descriptors = 0;   // doorbell mode: call descriptors; 0: serialized requests
   channel::DoorbellPlan plan;
-  int64_t failed_calls = 0;  // doorbell mode: calls answered with an error
+  int64_t failed_calls = 0;      // doorbell mode: calls answered with an error
+  std::optional<TapCounts> tap;  // tap mode
 };
 
 class ChannelServer {
@@ -82,19 +124,25 @@ class ChannelServer {
   ChannelServer(const ChannelServer&) = delete;
   ChannelServer& operator=(const ChannelServer&) = delete;
   void SetObserver(Observer o);
+  // Serves tap channels (null: Open refuses a tap). Set before the first Open; outlives the
+  // server's channels.
+  void SetTapServer(TapServer* t) { tap_server_ = t; }
 
   // Maps `key` (the caller's own object when `caller_uid` is known; MapShm), writes the header
   // and starts serving. ALREADY_EXISTS for a name in use, RESOURCE_EXHAUSTED past
   // --max_channels, INVALID_ARGUMENT naming the field for a bad name or size.
   // `caller_pid`: the process whose exit closes the channel (nullopt: none is watched).
   // `descriptors` (non-empty: doorbell mode) and `layout_slots` as in OpenChannelRequest; bad
-  // ones are INVALID_ARGUMENT naming the field (PlanDoorbell).
+  // ones are INVALID_ARGUMENT naming the field (PlanDoorbell). `tap`: tap mode (the caller
+  // planned it with PlanTap against limits() and checked its region).
   absl::StatusOr<ChannelSummary> Open(const std::string& name, const std::string& key,
                                       uint64_t byte_size, const std::string& client,
                                       std::optional<uint32_t> caller_uid,
                                       std::optional<int> caller_pid = std::nullopt,
                                       const Descriptors& descriptors = Descriptors(),
-                                      uint32_t layout_slots = 0);
+                                      uint32_t layout_slots = 0,
+                                      std::optional<TapOpen> tap = std::nullopt);
+  const ChannelLimits& limits() const { return limits_; }
   // Closes `name`, or with an empty name every channel of `client`; a call in progress finishes
   // first. The client sees state closed. NOT_FOUND for an unknown name.
   absl::StatusOr<std::vector<std::string>> Close(const std::string& name,
@@ -111,6 +159,7 @@ class ChannelServer {
   Serve serve_;
   ServeBuilt serve_built_;
   RegionRegistry::HostPinner pin_host_;
+  TapServer* tap_server_ = nullptr;
   Observer observer_;
   mutable std::mutex mu_;
   std::map<std::string, std::unique_ptr<Channel>> channels_;  // guarded by mu_

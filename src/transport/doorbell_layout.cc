@@ -4,26 +4,13 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "src/common/proto_tensors.h"
 
 namespace verifyd::channel {
 namespace {
 
 absl::Status Bad(int i, const std::string& field, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat("descriptors[", i, "].", field, ": ", why));
-}
-
-int64_t ElementBytes(v1::DType d) {
-  switch (d) {
-    case v1::DTYPE_BF16:
-      return 2;
-    case v1::DTYPE_F32:
-    case v1::DTYPE_I32:
-      return 4;
-    case v1::DTYPE_U8:
-      return 1;
-    default:
-      return 0;
-  }
 }
 
 bool InRegion(const v1::Tensor& t) { return t.has_shm() || t.has_cuda_ipc(); }
@@ -40,22 +27,6 @@ absl::Status CheckRegionTensor(int i, const char* field, const v1::Tensor& t, in
     if (d < 1) return Bad(i, field, absl::StrCat("dimension ", d, " must be at least 1"));
   }
   return absl::OkStatus();
-}
-
-// The tensor cut to its first `rows` rows (dimension 0); its range shrinks to match.
-void Cut(v1::Tensor* t, int64_t rows) {
-  t->set_shape(0, rows);
-  int64_t bytes = ElementBytes(t->dtype());
-  for (int64_t d : t->shape()) bytes *= d;
-  if (t->has_shm()) t->mutable_shm()->set_byte_size(static_cast<uint64_t>(bytes));
-  if (t->has_cuda_ipc()) t->mutable_cuda_ipc()->set_byte_size(static_cast<uint64_t>(bytes));
-}
-
-void Inline(v1::Tensor* t, const int32_t* words, int64_t n) {
-  t->set_dtype(v1::DTYPE_I32);
-  t->clear_shape();
-  t->add_shape(n);
-  t->set_raw_contents(reinterpret_cast<const char*>(words), static_cast<size_t>(n) * 4);
 }
 
 absl::Status CheckDescriptor(int i, const v1::VerifyRequest& d, DoorbellPlan* plan) {
@@ -153,13 +124,13 @@ absl::Status BuildDoorbellCall(
                      " is outside 1 to the descriptor's ", max_indices, " kv_indices"));
   }
   *call = d;
-  Cut(call->mutable_q(), batch * plan.draft);
-  Cut(call->mutable_tree_mask(), batch);
-  Cut(call->mutable_o_out(), batch * plan.draft);
-  if (call->has_lse_out()) Cut(call->mutable_lse_out(), batch * plan.draft);
-  Cut(call->mutable_kv_indices(), indices);
-  Inline(call->mutable_kv_indptr(), &w[2], batch + 1);
-  Inline(call->mutable_kv_lens(), &w[3 + static_cast<size_t>(max_batch)], batch);
+  CutRows(call->mutable_q(), batch * plan.draft);
+  CutRows(call->mutable_tree_mask(), batch);
+  CutRows(call->mutable_o_out(), batch * plan.draft);
+  if (call->has_lse_out()) CutRows(call->mutable_lse_out(), batch * plan.draft);
+  CutRows(call->mutable_kv_indices(), indices);
+  InlineI32(call->mutable_kv_indptr(), &w[2], batch + 1);
+  InlineI32(call->mutable_kv_lens(), &w[3 + static_cast<size_t>(max_batch)], batch);
   return absl::OkStatus();
 }
 

@@ -19,6 +19,7 @@
 #include "src/io/safetensors.h"
 #include "src/transport/channel_layout.h"
 #include "src/transport/doorbell_layout.h"
+#include "src/transport/tap_layout.h"
 #include "src/transport/vmm_fd_payload.h"
 
 namespace verifyd::fuzz {
@@ -257,6 +258,44 @@ absl::Status Doorbell(const uint8_t* data, size_t size) {
   return ok ? absl::OkStatus() : absl::InternalError("a built call disagrees with its layout");
 }
 
+absl::Status Tap(const uint8_t* data, size_t size) {
+  // max_batch 3, T 4, 2 heads, 40 pages of 16 tokens, byte masks: records of 128 bytes.
+  static const channel::TapPlan* plan = [] {
+    v1::TapSpec spec;
+    spec.set_backend("fuzz");
+    spec.set_region("r");
+    spec.set_slots(2);
+    spec.set_max_batch(3);
+    spec.set_draft(4);
+    spec.set_heads(2);
+    spec.set_max_pages(40);
+    spec.set_page_size(16);
+    spec.set_sm_scale(0.1f);
+    auto p = channel::PlanTap(spec, 4096);
+    return p.ok() ? new channel::TapPlan(*p) : nullptr;
+  }();
+  if (plan == nullptr) return absl::InternalError("the fuzz target's tap plan is refused");
+  static const v1::VerifyRequest slot_call = channel::TapSlotCall(*plan, 1, true);
+  std::vector<char> record(plan->geometry.record_bytes, 0);
+  std::memcpy(record.data(), data, std::min(size, record.size()));
+  v1::VerifyRequest call;
+  uint32_t number = 0;
+  absl::Status st = channel::BuildTapCall(*plan, slot_call, record.data(), &call, &number);
+  if (!st.ok()) return st;
+  // What was built stays inside the slot's ranges and agrees with itself.
+  const int64_t batch = call.kv_lens().shape(0), pages = call.kv_indices().shape(0);
+  const auto* indptr = reinterpret_cast<const int32_t*>(call.kv_indptr().raw_contents().data());
+  const bool ok = batch >= 1 && batch <= 3 && pages >= 1 && pages <= 40 && indptr[0] == 0 &&
+                  indptr[batch] == pages && call.q().shape(0) == batch * 4 &&
+                  call.q().shm().byte_size() == uint64_t(Elements(call.q())) * 2 &&
+                  call.q().shm().byte_size() <= slot_call.q().shm().byte_size() &&
+                  call.o_out().shm().byte_size() == uint64_t(Elements(call.o_out())) * 2 &&
+                  call.kv_pool().shm().byte_size() == uint64_t(pages) * 16 * 576 * 2 &&
+                  call.kv_pool().shm().offset() == slot_call.kv_pool().shm().offset() &&
+                  call.tree_mask().raw_contents().size() == size_t(batch) * 4 * 4;
+  return ok ? absl::OkStatus() : absl::InternalError("a built tap call disagrees with its record");
+}
+
 absl::Status VmmFds(const uint8_t* data, size_t size) {
   if (size == 0) return absl::InvalidArgumentError("empty input");
   const size_t fds = data[0];
@@ -274,7 +313,7 @@ absl::Status VmmFds(const uint8_t* data, size_t size) {
 const std::vector<Target>& Targets() {
   static const std::vector<Target> targets = {
       {"request", &Request}, {"safetensors", &Safetensors}, {"state", &State},    {"audit", &Audit},
-      {"channel", &Channel}, {"doorbell", &Doorbell},       {"vmm_fds", &VmmFds},
+      {"channel", &Channel}, {"doorbell", &Doorbell},       {"vmm_fds", &VmmFds}, {"tap", &Tap},
   };
   return targets;
 }

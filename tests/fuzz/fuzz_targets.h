@@ -40,6 +40,10 @@ absl::Status Doorbell(const uint8_t* data, size_t size);
 // breaks its bounds or does not write back to the same payload.
 absl::Status VmmFds(const uint8_t* data, size_t size);
 
+// A tap slot's record (src/transport/tap_layout.h) as verifyd builds a call from it: the input
+// is the record. INTERNAL when the built call leaves the slot's ranges or disagrees with itself.
+absl::Status Tap(const uint8_t* data, size_t size);
+
 struct Target {
   const char* name;  // the corpus directory: tests/fuzz/corpus/<name>, regressions/<name>
   absl::Status (*run)(const uint8_t*, size_t);

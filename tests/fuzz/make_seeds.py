@@ -121,6 +121,17 @@ def doorbell_input(word, batch, indptr, lens, max_batch=3, slot_bytes=64):
     return struct.pack("<I", word) + area + bytes(slot_bytes - len(area))
 
 
+def tap_record(call, batch, pages, flags, indptr, lens, max_batch=3, draft=4, record_bytes=128):
+    # One tap slot's record (kernels/tap/tap_abi.h): call, batch, pages, flags, kv_indptr,
+    # kv_lens, then the tree mask's bytes.
+    words = [call, batch, pages, flags] + indptr + [0] * (max_batch + 1 - len(indptr)) + lens + \
+        [0] * (max_batch - len(lens))
+    head = struct.pack(f"<{len(words)}i", *words)
+    mask = bytes(1 if j <= i else 0 for _ in range(max_batch) for i in range(draft)
+                 for j in range(draft))
+    return (head + mask + bytes(record_bytes))[:record_bytes]
+
+
 def vmm_fds_input(fds, token, first, total, magic=b"VMFD"):
     # How many descriptors came with the message, then its payload (src/transport/vmm_fd_payload.h).
     return bytes([fds]) + magic + token + struct.pack("<II", first, total)
@@ -148,6 +159,9 @@ def main():
     write("doorbell", "good", doorbell_input(0x80000000, 2, [0, 3, 9], [40, 90]))
     write("doorbell", "descriptor_1", doorbell_input(0x80000001, 1, [0, 40], [600]))
     write("doorbell", "bad_batch", doorbell_input(0x80000000, 9, [0, 1], [4]))
+    write("tap", "good", tap_record(7, 2, 9, 0, [0, 3, 9], [40, 90]))
+    write("tap", "bad_malformed", tap_record(8, 2, 9, 1, [0, 3, 9], [40, 90]))
+    write("tap", "bad_pages", tap_record(9, 1, 41, 0, [0, 41], [600]))
     token = bytes(range(1, 17))
     write("vmm_fds", "one_message", vmm_fds_input(13, token, 0, 13))
     write("vmm_fds", "second_message", vmm_fds_input(253, token, 253, 600))

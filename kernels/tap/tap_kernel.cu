@@ -1,0 +1,135 @@
+// The shadow tap's kernel: one launch per tapped attention call, on the serving stack's stream
+// (capturable in a CUDA graph). It never waits on verifyd. See tap_abi.h for the memory.
+//
+// Whether a call is sampled is decided at the end of the call before it, by that call's last
+// block: every block of a call reads the same decision, which no block of the call changes
+// before all have read it. An unsampled call reads one word per block, counts its arrival and
+// returns; the last block counts the call and decides the next one. A sampled call copies q, the
+// stack's o, the pages it read and its layout into the decided slot, and the last block
+// publishes the fill (produced) after a system-wide fence, so that verifyd sees the slot whole.
+
+#include <cuda_runtime.h>
+
+#include "kernels/tap/tap_api.h"
+
+namespace verifyd::tap {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ void CopyVectors(uint4* dst, const uint4* src, uint64_t n, uint64_t first,
+                            uint64_t stride) {
+  for (uint64_t i = first; i < n; i += stride) dst[i] = src[i];
+}
+
+__global__ void __launch_bounds__(kThreads) TapKernel(VerifydTapArgs a) {
+  auto* c = static_cast<TapControl*>(a.control);
+  const uint32_t decision = *reinterpret_cast<volatile uint32_t*>(&c->decision);
+  const bool filling = decision != 0 && decision != kTapDrop;
+  __shared__ bool valid;
+  if (filling) {
+    const uint32_t batch = a.batch;
+    if (threadIdx.x == 0) {
+      bool ok = batch >= 1 && batch <= a.max_batch && a.kv_indptr[0] == 0;
+      for (uint32_t b = 0; ok && b < batch; ++b) ok = a.kv_indptr[b + 1] >= a.kv_indptr[b];
+      valid = ok && static_cast<uint32_t>(a.kv_indptr[batch]) <= a.max_pages;
+    }
+    __syncthreads();
+    const uint32_t slot = decision - 1;
+    char* s = static_cast<char*>(a.slots) + uint64_t{slot} * a.slot_bytes;
+    const uint64_t rows = uint64_t{batch} * a.draft;
+    const uint64_t first = uint64_t{blockIdx.x} * kThreads + threadIdx.x;
+    const uint64_t stride = uint64_t{gridDim.x} * kThreads;
+    int32_t* rec =
+        reinterpret_cast<int32_t*>(static_cast<char*>(a.records) + uint64_t{slot} * a.record_bytes);
+    if (valid) {
+      CopyVectors(reinterpret_cast<uint4*>(s), static_cast<const uint4*>(a.q),
+                  rows * a.heads * 576 * 2 / 16, first, stride);
+      CopyVectors(reinterpret_cast<uint4*>(s + a.o_offset), static_cast<const uint4*>(a.o),
+                  rows * a.heads * 512 * 2 / 16, first, stride);
+      // The pages, flattened into 16-byte vectors: vector v of the slot's kv is vector
+      // v % per_page of page kv_indices[v / per_page] of the pool.
+      const uint64_t pages = static_cast<uint32_t>(a.kv_indptr[batch]);
+      const uint64_t per_page = uint64_t{a.page_size} * 576 * 2 / 16;
+      auto* kv_out = reinterpret_cast<uint4*>(s + a.kv_offset);
+      const auto* pool = static_cast<const uint4*>(a.kv_pool);
+      for (uint64_t v = first; v < pages * per_page; v += stride) {
+        const uint64_t p = v / per_page;
+        const int32_t id = a.kv_indices[p];
+        if (id < 0 || static_cast<uint64_t>(id) >= a.pool_pages) {
+          c->bad = 1;  // every thread that sees it writes the same value
+          continue;
+        }
+        kv_out[v] = pool[static_cast<uint64_t>(id) * per_page + v % per_page];
+      }
+      if (blockIdx.x == 0) {  // the layout, into the host record
+        const uint32_t words = 2 * a.max_batch + 1;
+        for (uint32_t i = threadIdx.x; i <= batch; i += kThreads) {
+          rec[kTapRecordWords + i] = a.kv_indptr[i];
+        }
+        for (uint32_t i = threadIdx.x; i < batch; i += kThreads) {
+          rec[kTapRecordWords + a.max_batch + 1 + i] = a.kv_lens[i];
+        }
+        auto* mask_out = reinterpret_cast<uint8_t*>(rec + kTapRecordWords + words);
+        for (uint64_t i = threadIdx.x; i < rows * a.mask_row_bytes; i += kThreads) {
+          mask_out[i] = a.mask[i];
+        }
+      }
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+      rec[0] = static_cast<int32_t>(c->calls);
+      rec[1] = static_cast<int32_t>(batch);
+      rec[2] = valid ? a.kv_indptr[batch] : 0;
+      rec[3] = valid ? 0 : static_cast<int32_t>(kTapMalformed);
+    }
+    __threadfence_system();  // this block's slot and record writes, before its arrival
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  if (atomicAdd(&c->arrived, 1u) != gridDim.x - 1) return;
+  // The last block of the call.
+  __threadfence();
+  c->arrived = 0;
+  auto* published = static_cast<volatile uint32_t*>(a.header_words);
+  const uint32_t call = c->calls;
+  c->calls = call + 1;
+  if (decision == kTapDrop) {
+    ++c->taps;
+    ++c->dropped;
+  } else if (filling) {
+    ++c->taps;
+    if (c->bad != 0) {
+      c->bad = 0;
+      auto* rec = reinterpret_cast<volatile int32_t*>(static_cast<char*>(a.records) +
+                                                      uint64_t{decision - 1} * a.record_bytes);
+      rec[3] = static_cast<int32_t>(kTapMalformed);
+    }
+    __threadfence_system();
+    c->produced = c->produced + 1;
+    published[0] = c->produced;
+  }
+  // The next call's decision.
+  const uint32_t ppm = *reinterpret_cast<volatile uint32_t*>(&c->sample_ppm);
+  uint32_t next = 0;
+  if (TapSampled(call + 1, ppm)) {
+    const uint32_t consumed = *reinterpret_cast<volatile uint32_t*>(&c->consumed);
+    next = c->produced - consumed >= a.slots_n ? kTapDrop : c->produced % a.slots_n + 1;
+  }
+  c->decision = next;
+  published[1] = c->calls;
+  published[2] = c->taps;
+  published[3] = c->dropped;
+}
+
+}  // namespace
+}  // namespace verifyd::tap
+
+extern "C" int verifyd_tap_launch(const VerifydTapArgs* args, void* stream) {
+  if (args == nullptr || args->grid == 0 || args->slots_n == 0) return cudaErrorInvalidValue;
+  verifyd::tap::
+      TapKernel<<<args->grid, verifyd::tap::kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+          *args);
+  return static_cast<int>(cudaGetLastError());
+}
+
+extern "C" uint32_t verifyd_tap_args_bytes(void) { return sizeof(VerifydTapArgs); }
