@@ -58,18 +58,23 @@ if [[ -n ${VERIFYD_PACK_MUTANTS:-} ]]; then
   cp -r "$ROOT"/tests/mutation/{run_cuda_mutants.sh,detection_matrix.py,expected_cuda_survivors.txt,cuda_patches} \
     "$PACK/mutation/"
 fi
+# The tap kernel's library, which the Python client loads (VERIFYD_TAP_LIB), when it was built.
+if [[ -e "$BUILD/kernels/tap/libverifyd_tap.so" ]]; then
+  cp "$BUILD/kernels/tap/libverifyd_tap.so" "$PACK/lib/"
+fi
 cp "$ROOT/scripts/gpu_run.sh" "$ROOT/scripts/gpu_service_bench.sh" "$ROOT/scripts/gpu_region_test.sh" \
-  "$ROOT/scripts/gpu_probe_cost.sh" "$ROOT/scripts/gpu_stack_bench.sh" "$PACK/"
+  "$ROOT/scripts/gpu_probe_cost.sh" "$ROOT/scripts/gpu_stack_bench.sh" "$ROOT/scripts/gpu_tap_bench.sh" \
+  "$PACK/"
 
 # The Python client, its GPU test (cuda_ipc with torch) and stubs generated here; the GPU machine
 # regenerates them when it has grpc_tools.
 mkdir -p "$PACK/py/clients/python" "$PACK/py/tests/python"
 cp -r "$ROOT/clients/python/verifyd_client" "$ROOT/clients/python/generate.sh" "$PACK/py/clients/python/"
 rm -rf "$PACK/py/clients/python/verifyd_client/_gen" "$PACK/py/clients/python/verifyd_client/__pycache__"
-cp "$ROOT"/tests/python/{gpu_cuda_ipc_test.py,gpu_doorbell_test.py,gpu_vmm_test.py,gpu_region_set_test.py,random_bundles.py,sglang_reference.py} \
+cp "$ROOT"/tests/python/{gpu_cuda_ipc_test.py,gpu_doorbell_test.py,gpu_vmm_test.py,gpu_region_set_test.py,gpu_tap_test.py,random_bundles.py,sglang_reference.py} \
   "$PACK/py/tests/python/"
 mkdir -p "$PACK/py/bench"
-cp "$ROOT/bench/stack_bench.py" "$PACK/py/bench/"
+cp "$ROOT/bench/stack_bench.py" "$ROOT/bench/tap_bench.py" "$PACK/py/bench/"
 # The SGLang adapters' test; gpu_run.sh runs it on CUDA tensors and through verifyd.
 cp "$ROOT"/tests/python/{test_adapters.py,verifyd_daemon.py} "$PACK/py/tests/python/"
 cp -r "$ROOT/proto" "$PACK/py/"

@@ -33,5 +33,10 @@ struct VerifydTapArgs {
 // Launches one tap on `stream` (a cudaStream_t / CUstream). Returns a cudaError_t (0: launched).
 int verifyd_tap_launch(const VerifydTapArgs* args, void* stream);
 uint32_t verifyd_tap_args_bytes(void);
+// TapGeometry (tap_abi.h) for a client sizing its slots region before it opens the channel:
+// out[0..7] = slot_bytes, o_offset, kv_offset, record_bytes, mask_row_bytes, the first slot's
+// offset, and the region's bytes for `slots` slots, then 0.
+void verifyd_tap_geometry(uint32_t max_batch, uint32_t draft, uint32_t heads, uint32_t max_pages,
+                          uint32_t page_size, int bits_mask, uint32_t slots, uint64_t out[8]);
 
 }  // extern "C"

@@ -133,3 +133,14 @@ extern "C" int verifyd_tap_launch(const VerifydTapArgs* args, void* stream) {
 }
 
 extern "C" uint32_t verifyd_tap_args_bytes(void) { return sizeof(VerifydTapArgs); }
+
+extern "C" void verifyd_tap_geometry(uint32_t max_batch, uint32_t draft, uint32_t heads,
+                                     uint32_t max_pages, uint32_t page_size, int bits_mask,
+                                     uint32_t slots, uint64_t out[8]) {
+  const verifyd::tap::TapSlotGeometry g =
+      verifyd::tap::TapGeometry(max_batch, draft, heads, max_pages, page_size, bits_mask != 0);
+  const uint64_t values[8] = {
+      g.slot_bytes,     g.o_offset,      g.kv_offset,         g.record_bytes,
+      g.mask_row_bytes, g.SlotOffset(0), g.SlotOffset(slots), 0};
+  for (int i = 0; i < 8; ++i) out[i] = values[i];
+}

@@ -276,10 +276,11 @@ absl::StatusOr<TapOpen> VerifyServiceImpl::PlanTapChannel(const v1::OpenChannelR
   }
   const std::string& name = req.tap().region();
   std::vector<RegionPin> pins;
+  const uint64_t at = req.tap().region_offset();
   absl::StatusOr<RegionRange> r = opts_.regions->Resolve("tap.region", RegionKind::kCudaIpc, name,
-                                                         0, plan->region_bytes, &pins);
+                                                         at, plan->region_bytes, &pins);
   if (absl::IsNotFound(r.status())) {
-    r = opts_.regions->Resolve("tap.region", RegionKind::kShm, name, 0, plan->region_bytes, &pins);
+    r = opts_.regions->Resolve("tap.region", RegionKind::kShm, name, at, plan->region_bytes, &pins);
     plan->shm_region = true;
   }
   if (!r.ok()) {
@@ -317,7 +318,7 @@ TapResult VerifyServiceImpl::Serve(const std::string& channel, const channel::Ta
 absl::Status VerifyServiceImpl::WriteControl(const channel::TapPlan& plan, uint64_t offset,
                                              const void* src, uint64_t bytes) {
   return handler_->WriteRegion(plan.shm_region ? RegionKind::kShm : RegionKind::kCudaIpc,
-                               plan.spec.region(), offset, src, bytes);
+                               plan.spec.region(), plan.spec.region_offset() + offset, src, bytes);
 }
 
 void VerifyServiceImpl::GpuCounts(const std::string& backend, int64_t calls, int64_t taps,

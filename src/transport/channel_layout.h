@@ -19,6 +19,7 @@
 // opened with a tap is in tap mode: see tap_layout.h.
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -60,6 +61,10 @@ struct Header {
   std::atomic<uint32_t> tap_compared, tap_refused;
 };
 static_assert(sizeof(Header) <= kHeaderBytes);
+// Clients outside C++ (clients/python/verifyd_client/tap.py, doorbell.py) use these offsets.
+static_assert(offsetof(Header, doorbell) == 256 && offsetof(Header, done) == 320);
+static_assert(offsetof(Header, failed_calls) == 384 && offsetof(Header, tap_produced) == 448);
+static_assert(offsetof(Header, tap_consumed) == 512);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
 struct Geometry {

@@ -68,6 +68,9 @@ absl::StatusOr<TapPlan> PlanTap(const v1::TapSpec& spec, uint64_t capacity) {
     return Bad("sm_scale", absl::StrCat(spec.sm_scale(), " must be finite and positive"));
   }
   if (spec.device() < 0) return Bad("device", absl::StrCat(spec.device(), " is negative"));
+  if (spec.region_offset() % 16 != 0) {
+    return Bad("region_offset", absl::StrCat(spec.region_offset(), " is not a multiple of 16"));
+  }
   TapPlan plan;
   plan.spec = spec;
   plan.geometry = tap::TapGeometry(spec.max_batch(), spec.draft(), spec.heads(), spec.max_pages(),
@@ -85,7 +88,7 @@ v1::VerifyRequest TapSlotCall(const TapPlan& plan, uint32_t slot, bool shm_regio
   const v1::TapSpec& s = plan.spec;
   const tap::TapSlotGeometry& g = plan.geometry;
   const int64_t rows = int64_t{s.max_batch()} * s.draft();
-  const uint64_t at = g.SlotOffset(slot);
+  const uint64_t at = s.region_offset() + g.SlotOffset(slot);
   v1::VerifyRequest call;
   Shape(call.mutable_q(), v1::DTYPE_BF16, {rows, s.heads(), 576});
   RegionRange(call.mutable_q(), s.region(), shm_region, at, g.q_bytes);

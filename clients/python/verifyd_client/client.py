@@ -213,6 +213,20 @@ class VerifyClient(ChannelClient):
         self._call_channels.append(c)
         return c
 
+    def tap_channel(self, backend, max_batch, draft, heads, max_pages, page_size, sm_scale,
+                    **kwargs):
+        """A TapChannel (tap.py): the serving stack's own attention, tapped after it ran by a
+        kernel on its stream that never waits; verifyd compares each sampled call three ways
+        (custom, reference, the stack's output). ``backend`` labels the metrics (e.g. "triton",
+        "flashinfer_mla", "flashmla"). Needs transport cuda_ipc and libverifyd_tap.so; closed
+        with the client if not before."""
+        from .tap import TapChannel  # noqa: PLC0415 - needs torch
+
+        c = TapChannel(self, backend, max_batch, draft, heads, max_pages, page_size, sm_scale,
+                       **kwargs)
+        self._call_channels.append(c)
+        return c
+
     def verify_step(self, kv_pools, max_batch, draft, heads, max_indices, sm_scale, **kwargs):
         """A VerifyStep (doorbell.py): a serving stack's per-layer verify attention, one
         descriptor per layer's KV pool, capturable in a CUDA graph. Needs transport cuda_ipc."""

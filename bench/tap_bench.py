@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""What shadow taps cost a serving stack's step, and that every tap is accounted for.
+
+A torch process captures a CUDA graph of a model step of LAYERS layers, each a stand-in GEMM
+([B*T, 7168] x [7168, 2048], bf16) followed by a tap of that layer's attention call (q, the
+stack's o, the KV pages, the layout) through verifyd_client's TapChannel. It replays the graph
+and the same graph without the taps at sample rates 0, 1% and 100% (set through the admin API,
+which verifyd passes to the tap kernel live), and reports per tap call:
+  per_call_cost_us = (step - step without taps) / LAYERS,
+and, at 100%, the cost of one copied call = (step at 100% - step at 0) / fills per step, against
+10 us + bytes copied / 3 TB/s. Then with verifyd stopped (SIGSTOP) the step time again, and the
+drops counted; then a long run of --long_calls tap calls at 100%, after which every tap must be
+compared, refused or dropped (taps = compared + refused + dropped).
+
+    VERIFYD_CLIENT_GEN=... VERIFYD_TAP_LIB=... python3 bench/tap_bench.py --data unix://... \\
+        --admin unix://... --verifyd_pid PID --out rows.json
+Appends one JSON row per measurement to --out.
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.normpath(os.path.join(HERE, "..", "clients", "python")), HERE]
+
+import torch  # noqa: E402
+
+from stack_bench import PAGE, SCALE, make_inputs, median_ms  # noqa: E402
+from verifyd_client import AdminClient, VerifyClient  # noqa: E402
+
+SHAPES = [(8, 16, 16, 4096), (32, 8, 16, 2048)]
+HBM_BYTES_PER_S = 3e12  # the target's copy rate
+
+
+def wait_drained(tap, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        c = tap.counts()
+        if c["consumed"] == c["produced"]:
+            return c
+        time.sleep(0.01)
+    return tap.counts()
+
+
+class Step:
+    """One shape's captured step, with and without taps."""
+
+    def __init__(self, args, client, shape, device):
+        b, t, h, _ = shape
+        gen = torch.Generator(device=device)
+        gen.manual_seed(11)
+        self.pool, self.lens, self.indptr, self.indices, self.mask, self.q, self.o = make_inputs(
+            shape, device, gen)
+        self.tap = client.tap_channel("bench_stack", b, t, h, int(self.indices.shape[0]), PAGE,
+                                      SCALE, slots=args.slots)
+        self.x = torch.randn(b * t, 7168, generator=gen, device=device).to(torch.bfloat16)
+        self.w = torch.randn(7168, 2048, generator=gen, device=device).to(torch.bfloat16) * 0.01
+        self.y = torch.empty(b * t, 2048, dtype=torch.bfloat16, device=device)
+        self.layers = args.layers
+        self.graphs = {}
+        for with_taps in (True, False):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.forward(False)  # warm-up: no tap outside the graph
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                self.forward(with_taps)
+            self.graphs[with_taps] = g
+        b_, t_, h_ = b, t, h
+        pages = int(self.indices.shape[0])
+        self.bytes_per_fill = (b_ * t_ * h_ * (576 + 512) * 2 + pages * PAGE * 576 * 2)
+
+    def forward(self, with_taps):
+        for _ in range(self.layers):
+            torch.matmul(self.x, self.w, out=self.y)
+            if with_taps:
+                self.tap.tap(self.q, self.o, self.pool, self.indptr, self.indices, self.lens,
+                             self.mask)
+
+    def measure(self, reps):
+        """(median step ms with taps, without, fills and drops per step with taps)."""
+        for g in self.graphs.values():
+            for _ in range(3):
+                g.replay()
+        torch.cuda.synchronize()
+        c0 = self.tap.counts()
+        with_ms = median_ms(self.graphs[True].replay, reps)
+        c1 = self.tap.counts()
+        without_ms = median_ms(self.graphs[False].replay, reps)
+        fills = (c1["produced"] - c0["produced"]) / reps
+        drops = (c1["dropped"] - c0["dropped"]) / reps
+        return with_ms, without_ms, fills, drops
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--admin", required=True)
+    ap.add_argument("--verifyd_pid", type=int, required=True)
+    ap.add_argument("--layers", type=int, default=61)
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--slots", type=int, default=4)
+    ap.add_argument("--long_calls", type=int, default=100000)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    device = torch.device("cuda", 0)
+    client = VerifyClient(args.data, transport="cuda_ipc")
+    admin = AdminClient(args.admin)
+    rows = []
+    steps = {}
+    for shape in SHAPES:
+        step = steps[shape] = Step(args, client, shape, device)
+        at0 = None
+        for rate in (0.0, 0.01, 1.0):
+            admin.set_sampling("shadow", rate, f"tap bench: rate {rate}")
+            time.sleep(0.3)
+            wait_drained(step.tap)
+            with_ms, without_ms, fills, drops = step.measure(args.reps)
+            row = dict(shape=list(shape), page_size=PAGE, layers=args.layers, sample_rate=rate,
+                       step_ms=with_ms, step_ms_without=without_ms,
+                       per_call_cost_us=(with_ms - without_ms) * 1e3 / args.layers,
+                       fills_per_step=fills, drops_per_step=drops,
+                       bytes_per_fill=step.bytes_per_fill)
+            if rate == 0:
+                at0 = with_ms
+            elif fills > 0:
+                row["cost_per_fill_us"] = (with_ms - at0) * 1e3 / fills
+                row["target_per_fill_us"] = 10 + step.bytes_per_fill / HBM_BYTES_PER_S * 1e6
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+
+    # verifyd stopped: the step must not change; sampled calls are dropped and counted.
+    shape = SHAPES[0]
+    step = steps[shape]
+    admin.set_sampling("shadow", 1.0, "tap bench: stopped verifyd")
+    time.sleep(0.3)
+    wait_drained(step.tap)
+    running_ms, without_ms, _, _ = step.measure(args.reps)
+    os.kill(args.verifyd_pid, signal.SIGSTOP)
+    try:
+        d0 = step.tap.counts()["dropped"]
+        stopped_ms, stopped_without_ms, fills, drops = step.measure(args.reps)
+        dropped = step.tap.counts()["dropped"] - d0
+    finally:
+        os.kill(args.verifyd_pid, signal.SIGCONT)
+    row = dict(shape=list(shape), stopped=True, sample_rate=1.0, layers=args.layers,
+               step_ms_running=running_ms, step_ms_stopped=stopped_ms,
+               step_ms_without=stopped_without_ms, dropped_while_stopped=dropped,
+               fills_per_step_stopped=fills)
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+
+    # The long run: every tap accounted for.
+    c0 = wait_drained(step.tap)
+    g = step.graphs[True]
+    replays = -(-args.long_calls // args.layers)
+    t0 = time.time()
+    for _ in range(replays):
+        g.replay()
+    torch.cuda.synchronize()
+    took = time.time() - t0
+    c = wait_drained(step.tap)
+    totals = {k: c[k] - c0[k] for k in ("calls", "taps", "dropped", "compared", "refused")}
+    totals["accounted"] = totals["taps"] == totals["compared"] + totals["refused"] + \
+        totals["dropped"]
+    row = dict(shape=list(shape), long_run=True, sample_rate=1.0, replays=replays,
+               seconds=took, totals=totals)
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+    for s in steps.values():
+        s.tap.close()
+    client.close()
+    with open(args.out, "a", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    return 0 if totals["accounted"] and totals["refused"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

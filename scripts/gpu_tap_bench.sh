@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Shadow taps on the GPU machine: the graph test with a planted bug in the stack's own attention
+# (tests/python/gpu_tap_test.py), then the cost of taps to a captured 61-layer step at sample
+# rates 0, 1% and 100%, the step with verifyd stopped, and a long run in which every tap must be
+# accounted for (bench/tap_bench.py). Writes OUT/tap.json (one row per line), OUT/tap.md and the
+# logs.
+#
+#   gpu_tap_bench.sh PACK_DIR OUT_DIR     (TAP_BENCH_ARGS: more arguments for tap_bench.py)
+set -uo pipefail
+PACK=$1 OUT=$2
+bin=$PACK/bin
+dir=$(mktemp -d)
+mkdir -p "$OUT"
+rows=$OUT/tap.json
+: > "$rows"
+export VERIFYD_CLIENT_GEN=$PACK/py/gen VERIFYD_TAP_LIB=$PACK/lib/libverifyd_tap.so
+export LD_LIBRARY_PATH="$PACK/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+trap 'kill -CONT $(jobs -p) 2>/dev/null; kill $(jobs -p) 2>/dev/null || true' EXIT
+status=0
+
+start_verifyd() {  # $1: a tag for the log
+  rm -rf "$dir/state" "$dir"/*.sock
+  "$bin/verifyd" --engine=cuda --listen="unix:$dir/data.sock" \
+    --admin_listen="unix:$dir/admin.sock" --metrics_address=127.0.0.1:0 \
+    --state_dir="$dir/state" --capture_dir=off --log_level=warn > "$OUT/tap_verifyd_$1.log" 2>&1 &
+  vpid=$!
+  for _ in $(seq 1200); do [ -S "$dir/admin.sock" ] && return 0; sleep 0.1; done
+  echo "FAIL verifyd did not start ($1)"; status=1; return 1
+}
+
+if start_verifyd test; then
+  timeout 300 python3 "$PACK/py/tests/python/gpu_tap_test.py" --data "unix://$dir/data.sock" \
+    --admin "unix://$dir/admin.sock" --verifyd_log "$OUT/tap_verifyd_test.log" \
+    > "$OUT/tap_test.txt" 2>&1 || { echo "FAIL gpu_tap_test.py: $(tail -3 "$OUT/tap_test.txt")"; status=1; }
+  kill "$vpid"; wait "$vpid" 2>/dev/null
+fi
+if start_verifyd bench; then
+  timeout 400 python3 "$PACK/py/bench/tap_bench.py" --data "unix://$dir/data.sock" \
+    --admin "unix://$dir/admin.sock" --verifyd_pid "$vpid" --out "$rows" ${TAP_BENCH_ARGS:-} \
+    > "$OUT/tap_bench.txt" 2>&1 || { echo "FAIL tap_bench.py: $(tail -3 "$OUT/tap_bench.txt")"; status=1; }
+  kill "$vpid"; wait "$vpid" 2>/dev/null
+fi
+
+python3 - "$rows" "$(cat "$PACK/COMMIT" 2>/dev/null)" > "$OUT/tap.md" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+print(f"# Shadow taps in a serving-stack step (commit {sys.argv[2]}, H200)\n")
+print("Captured CUDA graph of a 61-layer step (stand-in GEMM + one tap per layer), medians of "
+      "the replays. per call = (step - step without taps) / 61. At 100% the ring (4 slots) takes "
+      "what verifyd has handed back; the other sampled calls are dropped. per copied call = "
+      "(step at 100% - step at 0) / fills per step; target 10 us + bytes / 3 TB/s.\n")
+print("| B,T,H,prefix | sample rate | step ms | without ms | per call us | fills/step | "
+      "drops/step | MB/fill | per copied call us | target us |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for r in rows:
+    if "sample_rate" in r and "step_ms" in r:
+        print(f"| {','.join(map(str, r['shape']))} | {r['sample_rate']:g} | {r['step_ms']:.3f} | "
+              f"{r['step_ms_without']:.3f} | {r['per_call_cost_us']:.2f} | "
+              f"{r['fills_per_step']:.2f} | {r['drops_per_step']:.2f} | "
+              f"{r['bytes_per_fill'] / 1e6:.2f} | {r.get('cost_per_fill_us', float('nan')):.1f} | "
+              f"{r.get('target_per_fill_us', float('nan')):.1f} |")
+for r in rows:
+    if r.get("stopped"):
+        print(f"\nverifyd stopped (SIGSTOP), rate 100%: step {r['step_ms_stopped']:.3f} ms against "
+              f"{r['step_ms_running']:.3f} ms running and {r['step_ms_without']:.3f} ms without "
+              f"taps; {r['dropped_while_stopped']} calls dropped and counted.")
+    if r.get("long_run"):
+        t = r["totals"]
+        print(f"\nLong run at 100%: {t['calls']} tap calls in {r['seconds']:.1f} s; taps {t['taps']}"
+              f" = compared {t['compared']} + refused {t['refused']} + dropped {t['dropped']}: "
+              f"{'accounted' if t['accounted'] else 'NOT ACCOUNTED'}.")
+PY
+exit $status
