@@ -268,6 +268,20 @@ absl::Status ModeController::Flush() {
   return st;
 }
 
+void ModeController::RecordTap(double custom_vs_stack, double reference_vs_stack) {
+  absl::MutexLock l(&mu_);
+  const bool was_ready = GateLocked().ready;
+  taps_.emplace_back(custom_vs_stack, reference_vs_stack);
+  tap_sum_custom_ += custom_vs_stack;
+  tap_sum_reference_ += reference_vs_stack;
+  while (static_cast<int64_t>(taps_.size()) > opts_.tap_gate_window) {
+    tap_sum_custom_ -= taps_.front().first;
+    tap_sum_reference_ -= taps_.front().second;
+    taps_.pop_front();
+  }
+  if (GateLocked().ready != was_ready) NotifyLocked();
+}
+
 std::optional<std::string> ModeController::RecordOracle(double custom_vs_oracle,
                                                         double reference_vs_oracle) {
   std::optional<EvidenceSave> to_save;
@@ -406,7 +420,21 @@ GateStatus ModeController::GateLocked() const {
   g.needed = opts_.gate_window;
   const DriftReading drift = drift_.Reading();
   const bool probe_ok = !opts_.require_probe || probe_state_ == ProbeState::kPassed;
-  g.ready = g.clean >= opts_.gate_window && !drift.breach && probe_ok;
+  // A tapped deployment: custom must agree with the stack's own output about as well as the
+  // reference does, over a full window of tapped comparisons.
+  std::string tap_why;
+  if (!taps_.empty()) {
+    const auto n = static_cast<int64_t>(taps_.size());
+    const double custom = tap_sum_custom_ / n, reference = tap_sum_reference_ / n;
+    if (n < opts_.tap_gate_window) {
+      tap_why = absl::StrCat("; ", n, " of ", opts_.tap_gate_window, " tapped comparisons");
+    } else if (!(custom <= opts_.tap_gate_ratio * reference + opts_.tap_gate_slack)) {
+      tap_why = absl::StrCat("; tapped: custom's mean rel-L2 against the stack's output ", custom,
+                             " > ", opts_.tap_gate_ratio, " x the reference's ", reference, " + ",
+                             opts_.tap_gate_slack);
+    }
+  }
+  g.ready = g.clean >= opts_.gate_window && !drift.breach && probe_ok && tap_why.empty();
   g.last_breach = state_.gate.last_breach;
   g.forced = ServesCustom(state_.mode) && state_.forced;
   if (!g.ready) {
@@ -419,6 +447,7 @@ GateStatus ModeController::GateLocked() const {
                                      ? "; the probe suite has not passed yet"
                                      : "; the probe suite failed: " + probe_summary_);
     }
+    absl::StrAppend(&g.reason, tap_why);
     if (!g.last_breach.empty()) absl::StrAppend(&g.reason, "; last breach ", g.last_breach);
   }
   return g;

@@ -39,7 +39,13 @@ struct GateStatus {
 };
 
 struct ControllerOptions {
-  int64_t gate_window = 1000;      // clean comparisons in a row needed to flip without --force
+  int64_t gate_window = 1000;  // clean comparisons in a row needed to flip without --force
+  // Shadow taps (RecordTap): once any tapped comparison was recorded, the gate also needs the
+  // last tap_gate_window of them, with custom's mean rel-L2 against the stack's output at most
+  // tap_gate_ratio x the reference's plus tap_gate_slack (--tap_gate_*).
+  int64_t tap_gate_window = 200;
+  double tap_gate_ratio = 1.25;
+  double tap_gate_slack = 5e-3;    // half the default max_rel_l2: bf16 noise between two paths
   int64_t rollback_breaches = 3;   // K breaches...
   int64_t rollback_window = 1000;  // ...within this many sampled comparisons roll back
   int64_t recent_window = 1000;    // comparisons summarized in status
@@ -160,6 +166,9 @@ class ModeController {
   // Feeds the recent summary and the drift test. While the drift test is in breach the gate's
   // clean streak stays at 0, and canary/custom rolls back to shadow (reason "drift"), logged,
   // audited and counted as in Record(); returns "drift" then.
+  // A shadow tap's comparison: custom's and the reference's rel-L2 against the serving stack's
+  // own output. Feeds the gate's tap condition (ControllerOptions::tap_gate_*).
+  void RecordTap(double custom_vs_stack_rel_l2, double reference_vs_stack_rel_l2);
   std::optional<std::string> RecordOracle(double custom_vs_oracle_rel_l2,
                                           double reference_vs_oracle_rel_l2);
 
@@ -249,6 +258,10 @@ class ModeController {
   };
   std::deque<RecentItem> recent_ ABSL_GUARDED_BY(mu_);
   std::deque<std::pair<double, double>> oracle_ ABSL_GUARDED_BY(mu_);
+  // Shadow taps: (custom, reference) rel-L2 against the stack's output, the last
+  // tap_gate_window, and their sums.
+  std::deque<std::pair<double, double>> taps_ ABSL_GUARDED_BY(mu_);
+  double tap_sum_custom_ ABSL_GUARDED_BY(mu_) = 0, tap_sum_reference_ ABSL_GUARDED_BY(mu_) = 0;
   DriftTest drift_ ABSL_GUARDED_BY(mu_);
   int64_t drift_breaches_ ABSL_GUARDED_BY(mu_) = 0;
   enum class ProbeState { kNotRun, kPassed, kFailed };

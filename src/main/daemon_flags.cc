@@ -1,5 +1,6 @@
 #include "src/main/daemon_flags.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -110,6 +111,14 @@ ABSL_FLAG(int64_t, doorbell_poll_us, absl::ToInt64Microseconds(Defaults().channe
           "microseconds; bounds the wake-up of a call after a pause (1 to 10000)");
 ABSL_FLAG(int64_t, gate_window, Defaults().controller.gate_window,
           "Clean comparisons in a row needed to flip to canary/custom");
+ABSL_FLAG(int64_t, tap_gate_window, Defaults().controller.tap_gate_window,
+          "Shadow taps: once calls are tapped, the gate also needs this many tapped comparisons, "
+          "with custom's mean rel-L2 against the stack's output within --tap_gate_ratio x the "
+          "reference's + --tap_gate_slack");
+ABSL_FLAG(double, tap_gate_ratio, Defaults().controller.tap_gate_ratio,
+          "Shadow taps: see --tap_gate_window (>= 1)");
+ABSL_FLAG(double, tap_gate_slack, Defaults().controller.tap_gate_slack,
+          "Shadow taps: see --tap_gate_window (>= 0)");
 ABSL_FLAG(int64_t, rollback_breaches, Defaults().controller.rollback_breaches,
           "Breaches within --rollback_window that roll back");
 ABSL_FLAG(int64_t, rollback_window, Defaults().controller.rollback_window,
@@ -379,6 +388,18 @@ absl::Status ParseRegionsAndChannels(DaemonOptions* o) {
 // The mode controller: the gate, rollback, the oracle drift test and the probe suite.
 absl::Status ParseControl(DaemonOptions* o) {
   o->controller.gate_window = absl::GetFlag(FLAGS_gate_window);
+  o->controller.tap_gate_window = absl::GetFlag(FLAGS_tap_gate_window);
+  o->controller.tap_gate_ratio = absl::GetFlag(FLAGS_tap_gate_ratio);
+  o->controller.tap_gate_slack = absl::GetFlag(FLAGS_tap_gate_slack);
+  if (o->controller.tap_gate_window < 1 || o->controller.tap_gate_window > 100000) {
+    return absl::InvalidArgumentError("tap_gate_window: must be in [1, 100000]");
+  }
+  if (!(o->controller.tap_gate_ratio >= 1) || !std::isfinite(o->controller.tap_gate_ratio)) {
+    return absl::InvalidArgumentError("tap_gate_ratio: must be finite and >= 1");
+  }
+  if (!(o->controller.tap_gate_slack >= 0) || !std::isfinite(o->controller.tap_gate_slack)) {
+    return absl::InvalidArgumentError("tap_gate_slack: must be finite and >= 0");
+  }
   o->controller.rollback_breaches = absl::GetFlag(FLAGS_rollback_breaches);
   o->controller.rollback_window = absl::GetFlag(FLAGS_rollback_window);
   o->controller.seed = absl::GetFlag(FLAGS_seed);

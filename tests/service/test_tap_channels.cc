@@ -421,5 +421,42 @@ TEST_F(TapTest, BadSpecsAreRefusedNamingTheField) {
   EXPECT_NE(st.error_message().find("tap.region"), std::string::npos) << st.error_message();
 }
 
+// A tapped deployment's gate also needs a window of tapped comparisons, and custom no further
+// from the stack's output than the reference is (within --tap_gate_ratio and --tap_gate_slack).
+TEST_F(TapTest, TheGateNeedsCustomToAgreeWithTheStackAsWellAsTheReference) {
+  dir_ = TestDir("gate");
+  DaemonOptions o = TestOptions(dir_);
+  o.handler.oracle_sample_rate = 0;
+  o.controller.gate_window = 2;
+  o.controller.tap_gate_window = 3;
+  o.controller.tap_gate_ratio = 1;
+  o.controller.tap_gate_slack = 0;  // the stack is the reference: only an exact custom passes
+  StartDaemon(std::move(o));
+  unix_ = v1::VerifyService::NewStub(Channel(daemon_->listen_addresses()[1]));
+  v1::OpenChannelResponse g;
+  ASSERT_TRUE(OpenTap(Spec(2), &g).ok());
+  RandomBundle b(TapSpecBundle(51, 2, 25));
+  const std::vector<uint16_t> stack = StackOutput(b.view(), false);  // the reference's output
+  tap_->Call(b.view(), stack.data());
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(tap_->Call(b.view(), stack.data()));
+    ASSERT_TRUE(Drain());
+  }
+  v1::GetStatusResponse s = Status();
+  EXPECT_FALSE(s.gate().ready());
+  EXPECT_NE(s.gate().reason().find("2 of 3 tapped comparisons"), std::string::npos)
+      << s.gate().reason();
+  ASSERT_TRUE(tap_->Call(b.view(), stack.data()));
+  ASSERT_TRUE(Drain());
+  s = Status();
+  EXPECT_FALSE(s.gate().ready());
+  EXPECT_NE(s.gate().reason().find("tapped: custom's mean rel-L2 against the stack's output"),
+            std::string::npos)
+      << s.gate().reason();
+  const grpc::Status flip = SetMode(v1::MODE_CUSTOM, /*force=*/false);
+  EXPECT_EQ(flip.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(flip.error_message().find("tapped"), std::string::npos) << flip.error_message();
+}
+
 }  // namespace
 }  // namespace verifyd::testing

@@ -111,7 +111,7 @@ class TapChannel:
                                        geo)
         slot_bytes, o_offset, kv_offset, record_bytes, mask_row, first_slot, region_bytes = \
             list(geo)[:7]
-        self.mask_row_bytes = int(mask_row)
+        self.mask_row_bytes, self.mask_format = int(mask_row), mask_format
         with torch.cuda.device(self.device):
             # Zeroed: no call sampled before verifyd writes its rate, no slot filled.
             self.region = torch.zeros(int(region_bytes), dtype=torch.uint8, device=self.device)
@@ -206,6 +206,19 @@ class TapChannel:
         rc = self._lib.verifyd_tap_launch(ctypes.byref(a), ctypes.c_void_p(stream))
         if rc != 0:
             raise VerifydError(grpc.StatusCode.INTERNAL, f"tap kernel launch: CUDA error {rc}")
+
+    def tap_args(self, args, o=None):
+        """Taps a call given as a backend adapter's VerifyArgs (adapters/: each backend's
+        target-verify arguments, converted on the GPU as for verify calls). ``o``: the stack's
+        output, when ``args.o`` does not hold it."""
+        out = args.o if o is None else o
+        if out is None:
+            raise InvalidBundleError("o: the stack's output is needed (args.o or o=)")
+        if args.mask_format != self.mask_format:
+            raise InvalidBundleError(f"tree_mask: {args.mask_format}, the tap was opened for "
+                                     f"{self.mask_format}")
+        self.tap(args.q, out, args.kv_pool, args.kv_indptr, args.kv_indices, args.kv_lens,
+                 args.tree_mask)
 
     def counts(self):
         """The tap's counters: calls, taps (sampled calls), dropped (the ring was full), and
