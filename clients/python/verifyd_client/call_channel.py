@@ -16,12 +16,11 @@ import time
 import grpc
 import numpy as np
 
-from . import _shm
+from ._channel_memory import HEADER_BYTES, ChannelMemory, close_channel
 from ._proto import verify_pb2
 from .errors import VerifydError, status_code
 
 MAGIC = 0x314E484344594656  # "VFYDCHN1"
-HEADER_BYTES = 4096
 MIN_BYTES = HEADER_BYTES + 2 * 4096
 # 32-bit words of the header, by byte offset / 4.
 _REQUEST_SEQ, _REQUEST_BYTES, _RESPONSE_SEQ, _RESPONSE_BYTES, _STATE = 16, 17, 32, 33, 48
@@ -65,22 +64,9 @@ class CallChannel:
         self._stub, self._transport, self.timeout = stub, transport, timeout
         self._spin_s = spin_s
         self.name = f"{client_id}-ch{next(_names)}"
-        self._shm = _shm.create(byte_size, target)
-        self._words = np.frombuffer(self._shm.buf, dtype=np.uint32, count=HEADER_BYTES // 4)
-        self._base = self._words.__array_interface__["data"][0]
-        self._open = False
-        try:
-            resp = stub.OpenChannel(
-                verify_pb2.OpenChannelRequest(name=self.name,
-                                              key="/" + self._shm.name.lstrip("/"),
-                                              byte_size=byte_size, client=client_id),
-                timeout=timeout)
-        except grpc.RpcError as e:
-            self._free()
-            raise VerifydError.from_rpc_error(e) from None
-        except BaseException:
-            self._free()
-            raise
+        self._mem = ChannelMemory(byte_size, target)
+        self._shm, self._words, self._base = self._mem.shm, self._mem.words, self._mem.base
+        resp = self._mem.open(stub, timeout, name=self.name, client=client_id)
         self._open = True
         self.capacity = resp.capacity
         self._request_at, self._response_at = resp.request_offset, resp.response_offset
@@ -155,23 +141,9 @@ class CallChannel:
         """Closes the channel at verifyd and frees the shared memory."""
         if self._open:
             self._open = False
-            try:
-                self._stub.CloseChannel(verify_pb2.CloseChannelRequest(name=self.name),
-                                        timeout=self.timeout)
-            except grpc.RpcError:
-                pass  # verifyd is gone, or closed it already
-        self._free()
-
-    def _free(self):
-        if self._shm is None:
-            return
-        self._words = None
-        shm, self._shm = self._shm, None
-        shm.close()
-        try:
-            shm.unlink()
-        except FileNotFoundError:
-            pass
+            close_channel(self._stub, self.name, self.timeout)
+        self._words = self._shm = None
+        self._mem.free()
 
 
 __all__ = ["CallChannel", "MIN_BYTES"]

@@ -31,22 +31,20 @@ import struct
 import threading
 
 import grpc
-import numpy as np
 
-from . import _shm, cuda_driver
+from . import cuda_driver
+from ._channel_memory import HEADER_BYTES, ChannelMemory, close_channel
 from ._proto import types_pb2, verify_pb2
 from .bundle import HEAD_DIM_QK, HEAD_DIM_V
 from .errors import InvalidBundleError, VerifydError, status_code
 from .regions import OFFSET_GRID, ref
 
-HEADER_BYTES = 4096
 # Byte offsets of the header's doorbell-mode words (src/transport/channel_layout.h).
 _STATE_AT, _DOORBELL_AT, _DONE_AT, _FAILED_AT = 192, 256, 320, 384
 _RESPONSE_BYTES_AT = 132
 _STATE_OPEN = 1
 _RUNG, _DONE = 0x80000000, 0x1
 _UNAVAILABLE = 14  # google.rpc.Code
-_REGISTER_PORTABLE_MAPPED = 0x1 | 0x2  # cudaHostRegisterPortable | cudaHostRegisterMapped
 _names = itertools.count()
 
 
@@ -142,32 +140,13 @@ class DoorbellChannel:
         byte_size = HEADER_BYTES + 2 * area
         self.name = f"{client.client_id}-db{next(_names)}"
         self._stub, self.timeout = client._stub, client.timeout  # noqa: SLF001
-        self._shm = _shm.create(byte_size, client.target)
-        self._words = np.frombuffer(self._shm.buf, dtype=np.uint32, count=HEADER_BYTES // 4)
-        self._base = self._words.__array_interface__["data"][0]
-        self._registered = False
         self._open = False
-        try:
-            reqs = [d.to_request(client._transport) for d in self.descriptors]  # noqa: SLF001
-            rc = torch.cuda.cudart().cudaHostRegister(self._base, byte_size,
-                                                      _REGISTER_PORTABLE_MAPPED)
-            if int(rc) != 0:
-                raise VerifydError(grpc.StatusCode.INTERNAL,
-                                   f"cudaHostRegister of the channel's memory: CUDA error {rc}")
-            self._registered = True
-            self._dbase = cuda_driver.host_device_pointer(self._base)
-            resp = self._stub.OpenChannel(
-                verify_pb2.OpenChannelRequest(name=self.name,
-                                              key="/" + self._shm.name.lstrip("/"),
-                                              byte_size=byte_size, client=client.client_id,
-                                              descriptors=reqs, layout_slots=layout_slots),
-                timeout=self.timeout)
-        except grpc.RpcError as e:
-            self._free()
-            raise VerifydError.from_rpc_error(e) from None
-        except BaseException:
-            self._free()
-            raise
+        reqs = [d.to_request(client._transport) for d in self.descriptors]  # noqa: SLF001
+        self._mem = ChannelMemory(byte_size, client.target, mapped=True)
+        self._shm, self._words, self._base = self._mem.shm, self._mem.words, self._mem.base
+        self._dbase = self._mem.dbase
+        resp = self._mem.open(self._stub, self.timeout, name=self.name, client=client.client_id,
+                              descriptors=reqs, layout_slots=layout_slots)
         self._open = True
         self._request_at, self._response_at = resp.request_offset, resp.response_offset
         assert resp.layout_slot_bytes == self._slot_bytes and resp.max_batch == self.max_batch
@@ -289,30 +268,14 @@ class DoorbellChannel:
         call of this channel left to run."""
         if self._open:
             self._open = False
-            try:
-                self._stub.CloseChannel(verify_pb2.CloseChannelRequest(name=self.name),
-                                        timeout=self.timeout)
-            except grpc.RpcError:
-                pass
-        self._free()
-
-    def _free(self):
-        if self._shm is None:
-            return
+            close_channel(self._stub, self.name, self.timeout)
         watchdog = getattr(self, "_watchdog", None)
         if watchdog is not None:
             self._watch_stop.set()
             watchdog.join()
-        if self._registered:
-            _torch().cuda.cudart().cudaHostUnregister(self._base)
-            self._registered = False
-        self._words = None
-        shm, self._shm = self._shm, None
-        shm.close()
-        try:
-            shm.unlink()
-        except FileNotFoundError:
-            pass
+            self._watchdog = None
+        self._words = self._shm = None
+        self._mem.free()
 
 
 def _verifyd_process(target):

@@ -23,17 +23,14 @@ import itertools
 import os
 
 import grpc
-import numpy as np
 
-from . import _shm, cuda_driver
+from ._channel_memory import HEADER_BYTES, ChannelMemory, close_channel
 from ._proto import verify_pb2
 from .bundle import HEAD_DIM_QK, HEAD_DIM_V
 from .errors import InvalidBundleError, VerifydError
 
-HEADER_BYTES = 4096
 # Byte offsets of the header's tap words (src/transport/channel_layout.h, static_asserts there).
 _PRODUCED_AT, _CONSUMED_AT = 448, 512
-_REGISTER_PORTABLE_MAPPED = 0x1 | 0x2  # cudaHostRegisterPortable | cudaHostRegisterMapped
 _names = itertools.count()
 _LIBRARY_PATHS = ("/usr/lib/verifyd/libverifyd_tap.so", "/usr/local/lib/libverifyd_tap.so")
 
@@ -120,10 +117,7 @@ class TapChannel:
         byte_size = HEADER_BYTES + 2 * area
         self.name = f"{client.client_id}-tap{next(_names)}"
         self._stub, self.timeout = client._stub, client.timeout  # noqa: SLF001
-        self._shm = _shm.create(byte_size, client.target)
-        self._words = np.frombuffer(self._shm.buf, dtype=np.uint32, count=HEADER_BYTES // 4)
-        self._base = self._words.__array_interface__["data"][0]
-        self._registered = self._open = False
+        self._open = False
         spec = verify_pb2.TapSpec(
             backend=backend, region=region, region_offset=offset, slots=self.slots,
             max_batch=self.max_batch, draft=self.draft, heads=self.heads,
@@ -131,26 +125,10 @@ class TapChannel:
             device=self.device.index,
             mask_format=(verify_pb2.MASK_FORMAT_BITS if mask_format == "bits"
                          else verify_pb2.MASK_FORMAT_BYTES))
-        try:
-            rc = torch.cuda.cudart().cudaHostRegister(self._base, byte_size,
-                                                      _REGISTER_PORTABLE_MAPPED)
-            if int(rc) != 0:
-                raise VerifydError(grpc.StatusCode.INTERNAL,
-                                   f"cudaHostRegister of the channel's memory: CUDA error {rc}")
-            self._registered = True
-            dbase = cuda_driver.host_device_pointer(self._base)
-            resp = self._stub.OpenChannel(
-                verify_pb2.OpenChannelRequest(name=self.name,
-                                              key="/" + self._shm.name.lstrip("/"),
-                                              byte_size=byte_size, client=client.client_id,
-                                              tap=spec),
-                timeout=self.timeout)
-        except grpc.RpcError as e:
-            self._free()
-            raise VerifydError.from_rpc_error(e) from None
-        except BaseException:
-            self._free()
-            raise
+        self._mem = ChannelMemory(byte_size, client.target, mapped=True)
+        self._words, dbase = self._mem.words, self._mem.dbase
+        resp = self._mem.open(self._stub, self.timeout, name=self.name, client=client.client_id,
+                              tap=spec)
         self._open = True
         assert resp.tap_slot_bytes == slot_bytes and resp.tap_record_bytes == record_bytes
         base = self.region.data_ptr()
@@ -234,26 +212,9 @@ class TapChannel:
         of this channel left to run."""
         if self._open:
             self._open = False
-            try:
-                self._stub.CloseChannel(verify_pb2.CloseChannelRequest(name=self.name),
-                                        timeout=self.timeout)
-            except grpc.RpcError:
-                pass
-        self._free()
-
-    def _free(self):
-        if self._shm is None:
-            return
-        if self._registered:
-            _torch().cuda.cudart().cudaHostUnregister(self._base)
-            self._registered = False
+            close_channel(self._stub, self.name, self.timeout)
         self._words = None
-        shm, self._shm = self._shm, None
-        shm.close()
-        try:
-            shm.unlink()
-        except FileNotFoundError:
-            pass
+        self._mem.free()
 
 
 def _check(name, t, dtype, device, n):
