@@ -87,7 +87,7 @@ class TapChannel:
     (``client.tap_channel(...)``). One stream taps through it at a time."""
 
     def __init__(self, client, backend, max_batch, draft, heads, max_pages, page_size, sm_scale,
-                 slots=4, mask_format="bytes", device=None, grid=64, library=None):
+                 slots=4, mask_format="bytes", device=None, grid=132, library=None):
         torch = _torch()
         if getattr(client._transport, "kind", None) != "cuda_ipc":  # noqa: SLF001
             raise InvalidBundleError("tap channels need a client with transport='cuda_ipc'")
