@@ -390,9 +390,26 @@ void Metrics::TapEvents(std::string_view backend, std::string_view event, int64_
       .Increment(static_cast<double>(n));
 }
 
-void Metrics::TapDiff(std::string_view backend, std::string_view pair, const DiffStats& d,
-                      bool breach) {
-  const std::string b(backend), p(pair);
+namespace {
+
+const char* TapPairName(Metrics::TapPair p) {
+  switch (p) {
+    case Metrics::TapPair::kCustomVsReference:
+      return "custom_vs_reference";
+    case Metrics::TapPair::kStackVsReference:
+      return "stack_vs_reference";
+    case Metrics::TapPair::kCustomVsStack:
+      return "custom_vs_stack";
+    case Metrics::TapPair::kStackVsOracle:
+      return "stack_vs_oracle";
+  }
+  return "unknown";
+}
+
+}  // namespace
+
+void Metrics::TapDiff(std::string_view backend, TapPair pair, const DiffStats& d, bool breach) {
+  const std::string b(backend), p(TapPairName(pair));
   tap_diff_rel_l2_->Add({{"backend", b}, {"pair", p}}, RelL2())
       .Observe(std::isfinite(d.rel_l2) ? d.rel_l2 : 1e30);
   prometheus::Counter& c = tap_breaches_->Add({{"backend", b}, {"pair", p}});

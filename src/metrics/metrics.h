@@ -65,9 +65,10 @@ class Metrics {
   void CanaryShed();
   void Capture(std::string_view trigger);  // "breach" or "requested"
   // Shadow taps: `n` events of `event` (calls, taps, dropped, compared, refused) of a backend;
-  // one comparison of `pair` (custom_vs_reference, stack_vs_reference, custom_vs_stack).
+  // one comparison of a pair of the three outputs (and the stack's against the oracle).
+  enum class TapPair { kCustomVsReference, kStackVsReference, kCustomVsStack, kStackVsOracle };
   void TapEvents(std::string_view backend, std::string_view event, int64_t n);
-  void TapDiff(std::string_view backend, std::string_view pair, const DiffStats& d, bool breach);
+  void TapDiff(std::string_view backend, TapPair pair, const DiffStats& d, bool breach);
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;

@@ -48,7 +48,7 @@ bool VerifyHandler::TapOracle(PreparedBundle& b, const std::vector<uint16_t>& st
       CompareBf16ToF32(stack.data(), oracle.o_f32.data(), n, nullptr, nullptr, 0, tol);
   metrics_->Diff("custom_vs_oracle", c);
   metrics_->Diff("reference_vs_oracle", r);
-  metrics_->TapDiff(backend, "stack_vs_oracle", s, !Judge(s, tol).match);
+  metrics_->TapDiff(backend, Metrics::TapPair::kStackVsOracle, s, !Judge(s, tol).match);
   controller_->RecordOracle(c.rel_l2, r.rel_l2);
   return true;
 }
@@ -91,7 +91,7 @@ TapResult VerifyHandler::ServeTap(const v1::VerifyRequest& call, const std::stri
   const Verdict sv = Judge(sr, tol);
   r.stack_vs_reference = sr.rel_l2;
   r.stack_breach = !sv.match;
-  metrics_->TapDiff(backend, "stack_vs_reference", sr, !sv.match);
+  metrics_->TapDiff(backend, Metrics::TapPair::kStackVsReference, sr, !sv.match);
   bool custom_vs_stack_breach = false;
   if (!cs.ok()) {
     o.kind = OutcomeKind::kError;
@@ -108,11 +108,11 @@ TapResult VerifyHandler::ServeTap(const v1::VerifyRequest& call, const std::stri
       o.reason = v.reason;
       r.custom_vs_reference = cr->rel_l2;
       metrics_->Diff("custom_vs_reference", *cr);
-      metrics_->TapDiff(backend, "custom_vs_reference", *cr, !v.match);
+      metrics_->TapDiff(backend, Metrics::TapPair::kCustomVsReference, *cr, !v.match);
       const DiffStats c2s = CompareBf16(cus.o.data(), stack.data(), n, nullptr, nullptr, 0, tol);
       custom_vs_stack_breach = !Judge(c2s, tol).match;
       r.custom_vs_stack = c2s.rel_l2;
-      metrics_->TapDiff(backend, "custom_vs_stack", c2s, custom_vs_stack_breach);
+      metrics_->TapDiff(backend, Metrics::TapPair::kCustomVsStack, c2s, custom_vs_stack_breach);
       // The reference against the stack's output, on the same footing as custom's.
       const DiffStats r2s = CompareBf16(ref.o.data(), stack.data(), n, nullptr, nullptr, 0, tol);
       controller_->RecordTap(c2s.rel_l2, r2s.rel_l2);
