@@ -130,15 +130,17 @@ ResolvedPlan Resolve(const VerifyProblem& p, const CustomConfig& c, CustomScoreM
                                       mma == CustomScoreMma::kWgmmaSeesaw2Chain);
   r.plan.split_k_scores = r.plan.seesaw && mma == CustomScoreMma::kWgmmaSeesawSplitK;
   r.plan.two_chain_scores = r.plan.seesaw && mma == CustomScoreMma::kWgmmaSeesaw2Chain;
-  // Shipped (kAuto): v5 on every shape class, the fastest of v3, v4 and v5 on all ten benchmark
-  // shapes at page sizes 1 and 64 (kernels/NOTES.md, v5). v5s and v5t by name only.
+  // Shipped (kAuto): v5t on every shape class, faster than v5 on all ten benchmark shapes at page
+  // sizes 1 and 64 (kernels/NOTES.md, v5 step 6). v5 and v5s by name only.
   r.plan.pair_seesaw = r.plan.wgmma_pv && (mma == CustomScoreMma::kWgmmaPairSeesaw ||
                                            mma == CustomScoreMma::kWgmmaPairSeesawStaggered ||
                                            mma == CustomScoreMma::kWgmmaPairSeesawTailMask ||
                                            mma == CustomScoreMma::kAuto);
   r.plan.staggered_scores =
       r.plan.pair_seesaw && mma == CustomScoreMma::kWgmmaPairSeesawStaggered;
-  r.plan.tail_mask = r.plan.pair_seesaw && mma == CustomScoreMma::kWgmmaPairSeesawTailMask;
+  r.plan.tail_mask =
+      r.plan.pair_seesaw &&
+      (mma == CustomScoreMma::kWgmmaPairSeesawTailMask || mma == CustomScoreMma::kAuto);
   return r;
 }
 

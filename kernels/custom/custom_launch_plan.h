@@ -10,8 +10,8 @@
 
 namespace verifyd::kernels {
 
-// Which instructions and schedule the Hopper tiles use. kAuto: the shipped choice, v5
-// (kWgmmaPairSeesaw) on sm_90 devices, mma.sync elsewhere. kWgmmaV3: wgmma
+// Which instructions and schedule the Hopper tiles use. kAuto: the shipped choice, v5t
+// (kWgmmaPairSeesawTailMask) on sm_90 devices, mma.sync elsewhere. kWgmmaV3: wgmma
 // for both, both warpgroups' softmax in step (v3). kWgmmaSeesaw: wgmma for both, the
 // warpgroups' softmax and P·V in turn, combine as a programmatic dependent launch (v4).
 // kWgmmaSeesawSplitK: v4 with Q·Kᵀ as m64n64 per warpgroup over half of the 576 dims.

@@ -422,8 +422,8 @@ TEST(CustomKernelDeterminism, LongRandomBundleIsBitIdentical) {
   }
 }
 
-// The shipped choice: v5 on a device with wgmma, never with the sm_120 tiles; the older
-// schedules by name only.
+// The shipped choice: v5t (v5 with the tree mask only in the tail steps) on a device with wgmma,
+// never with the sm_120 tiles; v5 and the older schedules by name only.
 TEST(CustomKernelLaunch, ShipsThePairSeesawOnHopper) {
   const std::string why = testing::NoGpuReason();
   if (!why.empty()) GTEST_SKIP() << "GPU kernel test skipped: " << why;
@@ -448,6 +448,7 @@ TEST(CustomKernelLaunch, ShipsThePairSeesawOnHopper) {
   sm120.small_smem = true;
   ASSERT_EQ(kernels::ResolveCustomPlan(dev_bundle.problem, sm120, &small), cudaSuccess);
   EXPECT_EQ(shipped.pair_seesaw, major == 9 && minor == 0);
+  EXPECT_EQ(shipped.tail_mask, major == 9 && minor == 0);
   EXPECT_FALSE(shipped.staggered_scores) << "v5s runs by name only";
   EXPECT_FALSE(shipped.seesaw);
   EXPECT_TRUE(v4.seesaw == (major == 9 && minor == 0) && !v4.pair_seesaw);
