@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -187,7 +188,7 @@ class Bench {
   Launch PathLaunch(const std::string& path, const BundleRun& b, DevPtr<uint8_t>* ws,
                     BenchRow* row);
   void TimeRow(const Launch& launch, const std::string& path, BundleRun& b, BenchRow* row);
-  void WriteReport();
+  bool WriteReport();  // false when a file could not be written
 
   const Options& opt_;
   const bool want_ref_ =
@@ -208,8 +209,7 @@ int Bench::Run() {
   }
   report_.rows.insert(report_.rows.end(), ref_rows_.begin(), ref_rows_.end());
   cublasDestroy(handle_);
-  WriteReport();
-  return 0;
+  return WriteReport() ? 0 : 1;
 }
 
 // The device, cuBLAS and the ceilings every row is judged against; false without a device or
@@ -384,12 +384,23 @@ void Bench::TimeRow(const Launch& launch, const std::string& path, BundleRun& b,
   }
 }
 
-void Bench::WriteReport() {
+bool Bench::WriteReport() {
+  std::error_code ec;
+  std::filesystem::create_directories(opt_.out_dir, ec);
   const std::string base =
       opt_.out_dir + "/" + report_.date + "-" + report_.commit + "-" + DeviceSlug(report_.device);
-  std::ofstream(base + ".md") << ToMarkdown(report_);
-  std::ofstream(base + ".json") << ToJson(report_);
-  std::printf("\n%s\nwrote %s.{md,json}\n", ToMarkdown(report_).c_str(), base.c_str());
+  std::ofstream md(base + ".md"), js(base + ".json");
+  md << ToMarkdown(report_);
+  js << ToJson(report_);
+  md.close();
+  js.close();
+  std::printf("\n%s\n", ToMarkdown(report_).c_str());
+  if (!md || !js) {
+    std::fprintf(stderr, "verifyd-bench: could not write %s.{md,json}\n", base.c_str());
+    return false;
+  }
+  std::printf("wrote %s.{md,json}\n", base.c_str());
+  return true;
 }
 
 }  // namespace

@@ -54,6 +54,12 @@ cp -r "$ROOT/tests/data/golden" "$PACK/data/"
 if [[ -n ${VERIFYD_PACK_MUTANTS:-} ]]; then
   rm -rf "$PACK/mutants" "$PACK/mutation"
   cp -r "$VERIFYD_PACK_MUTANTS" "$PACK/mutants"
+  for d in "$PACK"/mutants/mutant_driver.*; do  # their libraries, when no binary above brought them
+    ldd "$d" | awk '/=>/ && $3 ~ /^\// {print $3}' | while read -r lib; do
+      name=$(basename "$lib")
+      [[ "$name" =~ $SYSTEM_LIBS || -e "$PACK/lib/$name" ]] || cp -L "$lib" "$PACK/lib/$name"
+    done
+  done
   mkdir -p "$PACK/mutation"
   cp -r "$ROOT"/tests/mutation/{run_cuda_mutants.sh,detection_matrix.py,expected_cuda_survivors.txt,cuda_patches} \
     "$PACK/mutation/"
