@@ -84,6 +84,21 @@ class Step:
                 self.tap.tap(self.q, self.o, self.pool, self.indptr, self.indices, self.lens,
                              self.mask)
 
+    def one_tap_ms(self, reps):
+        """Median stream time of one tap launched alone between two events, the ring drained
+        before each (so that a sampled call finds a free slot and copies)."""
+        times = []
+        for _ in range(reps):
+            wait_drained(self.tap)
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            self.tap.tap(self.q, self.o, self.pool, self.indptr, self.indices, self.lens,
+                         self.mask)
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        return sorted(times)[len(times) // 2]
+
     def measure(self, reps):
         """(median step ms with taps, without, fills and drops per step with taps)."""
         for g in self.graphs.values():
@@ -130,11 +145,26 @@ def main():
                        bytes_per_fill=step.bytes_per_fill)
             if rate == 0:
                 at0 = with_ms
-            elif fills > 0:
+            elif fills > drops:  # else the step's difference is mostly drops, not copies
                 row["cost_per_fill_us"] = (with_ms - at0) * 1e3 / fills
                 row["target_per_fill_us"] = 10 + step.bytes_per_fill / HBM_BYTES_PER_S * 1e6
             rows.append(row)
             print(json.dumps(row), flush=True)
+
+    # One copied call against one unsampled call, each alone on the stream: the copy's cost.
+    for shape, step in steps.items():
+        times = {}
+        for rate in (1.0, 0.0):
+            admin.set_sampling("shadow", rate, f"tap bench: one tap at rate {rate}")
+            time.sleep(0.3)
+            step.one_tap_ms(2)  # the rate reaches the decision of the next call
+            times[rate] = step.one_tap_ms(args.reps)
+        row = dict(shape=list(shape), page_size=PAGE, one_tap=True,
+                   copied_tap_us=times[1.0] * 1e3, unsampled_tap_us=times[0.0] * 1e3,
+                   copy_us=(times[1.0] - times[0.0]) * 1e3, bytes_per_fill=step.bytes_per_fill,
+                   target_per_fill_us=10 + step.bytes_per_fill / HBM_BYTES_PER_S * 1e6)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
 
     # verifyd stopped: the step must not change; sampled calls are dropped and counted.
     shape = SHAPES[0]

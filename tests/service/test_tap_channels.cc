@@ -375,7 +375,7 @@ TEST_F(TapTest, ABreachCaptureHoldsTheStackOutputAndReplaysBitForBit) {
   EXPECT_EQ(0, std::memcmp(f->Find("o_stack")->data.data(), planted.data(), n * 2));
   auto engine = LocalEngine();
   auto p = engine->Prepare(f->view, false);
-  ASSERT_TRUE(p.ok());
+  ASSERT_TRUE(p.ok()) << p.status();
   for (auto [path, name] :
        {std::pair{Path::kReference, "o_reference"}, std::pair{Path::kCustom, "o_custom"}}) {
     ASSERT_TRUE(engine->Run(path, **p).ok());
