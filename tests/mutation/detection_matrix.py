@@ -290,8 +290,10 @@ def main():
             if r["label"] == "clean" or r["label"] in allowed:
                 continue
             realistic_drift = (r.get("drift") or {}).get("realistic") or {}
-            if realistic_drift.get("first_breach_sample") or (r.get("probe") or {}).get("failures") \
-                    or (r.get("determinism") or {}).get("differing_runs"):
+            caught = (realistic_drift.get("first_breach_sample")
+                      or (r.get("probe") or {}).get("failures")
+                      or (r.get("determinism") or {}).get("differing_runs"))
+            if caught:
                 continue  # caught by the drift test on realistic traffic, a probe or determinism
             groups = collections.defaultdict(lambda: [0, 0])
             for c in r["classes"]:
