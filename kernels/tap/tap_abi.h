@@ -35,22 +35,26 @@ inline constexpr uint32_t kTapMalformed = 1u;      // record flags
 inline constexpr uint32_t kTapRecordWords = 4;     // call, batch, pages, flags
 inline constexpr uint32_t kPpmAll = 1000000u;      // sample_ppm: every call
 
-// Device memory, at the start of the slots region. verifyd writes the first line, the tap
-// kernel the second; neither writes the other's.
+// Device memory, at the start of the slots region. verifyd writes the first line (its first 16
+// bytes at once: TapVerifydWords), the tap kernel the second; neither writes the other's. The
+// kernel reads each group of four words with one 16-byte load.
 struct TapControl {
   uint32_t sample_ppm;  // verifyd: calls sampled per million
-  uint32_t verifyd_reserved0[3];
-  uint32_t consumed;  // verifyd: ring fills it has finished with (16 bytes in: each word verifyd
-                      // writes starts a 16-byte piece, as every range of a region does)
-  uint32_t verifyd_reserved1[11];
-  uint32_t produced;  // tap kernel: ring fills published
+  uint32_t consumed;    // verifyd: ring fills it has finished with
+  uint32_t verifyd_reserved[14];
+  uint32_t decision;  // tap kernel, for its next call: 0 not sampled, kTapDrop, or slot + 1
   uint32_t calls;     // tap kernel: tap calls
+  uint32_t produced;  // tap kernel: ring fills published
   uint32_t taps;      // tap kernel: sampled calls
   uint32_t dropped;   // tap kernel: sampled calls dropped, the ring being full
-  uint32_t decision;  // tap kernel, for its next call: 0 not sampled, kTapDrop, or slot + 1
   uint32_t arrived;   // tap kernel: blocks of the current call that finished
   uint32_t bad;       // tap kernel: a page id past the pool was seen in the current call
   uint32_t tap_reserved[9];
+};
+
+// What verifyd writes into a TapControl, in one 16-byte piece at its start.
+struct TapVerifydWords {
+  uint32_t sample_ppm, consumed, zero[2];
 };
 static_assert(sizeof(TapControl) == 128, "TapControl is two 64-byte lines");
 

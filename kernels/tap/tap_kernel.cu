@@ -24,7 +24,10 @@ __device__ void CopyVectors(uint4* dst, const uint4* src, uint64_t n, uint64_t f
 
 __global__ void __launch_bounds__(kThreads) TapKernel(VerifydTapArgs a) {
   auto* c = static_cast<TapControl*>(a.control);
-  const uint32_t decision = *reinterpret_cast<volatile uint32_t*>(&c->decision);
+  // decision, calls, produced, taps: written by the last block of the call before, unchanged
+  // until every block of this call has arrived.
+  const uint4 state = __ldcg(reinterpret_cast<const uint4*>(&c->decision));
+  const uint32_t decision = state.x, call = state.y;
   const bool filling = decision != 0 && decision != kTapDrop;
   __shared__ bool valid;
   if (filling) {
@@ -77,7 +80,7 @@ __global__ void __launch_bounds__(kThreads) TapKernel(VerifydTapArgs a) {
       }
     }
     if (blockIdx.x == 0 && threadIdx.x == 0) {
-      rec[0] = static_cast<int32_t>(c->calls);
+      rec[0] = static_cast<int32_t>(call);
       rec[1] = static_cast<int32_t>(batch);
       rec[2] = valid ? a.kv_indptr[batch] : 0;
       rec[3] = valid ? 0 : static_cast<int32_t>(kTapMalformed);
@@ -90,35 +93,30 @@ __global__ void __launch_bounds__(kThreads) TapKernel(VerifydTapArgs a) {
   // The last block of the call.
   __threadfence();
   c->arrived = 0;
-  auto* published = static_cast<volatile uint32_t*>(a.header_words);
-  const uint32_t call = c->calls;
-  c->calls = call + 1;
+  uint32_t produced = state.z, taps = state.w, dropped = c->dropped;
   if (decision == kTapDrop) {
-    ++c->taps;
-    ++c->dropped;
+    ++taps;
+    c->dropped = ++dropped;
   } else if (filling) {
-    ++c->taps;
-    if (c->bad != 0) {
+    ++taps;
+    if (__ldcg(&c->bad) != 0) {
       c->bad = 0;
       auto* rec = reinterpret_cast<volatile int32_t*>(static_cast<char*>(a.records) +
                                                       uint64_t{decision - 1} * a.record_bytes);
       rec[3] = static_cast<int32_t>(kTapMalformed);
     }
-    __threadfence_system();
-    c->produced = c->produced + 1;
-    published[0] = c->produced;
+    __threadfence_system();  // the slot and the record before the fill is published
+    ++produced;
   }
-  // The next call's decision.
-  const uint32_t ppm = *reinterpret_cast<volatile uint32_t*>(&c->sample_ppm);
+  // The next call's decision, from verifyd's words (one load).
+  const uint2 v = __ldcg(reinterpret_cast<const uint2*>(&c->sample_ppm));
   uint32_t next = 0;
-  if (TapSampled(call + 1, ppm)) {
-    const uint32_t consumed = *reinterpret_cast<volatile uint32_t*>(&c->consumed);
-    next = c->produced - consumed >= a.slots_n ? kTapDrop : c->produced % a.slots_n + 1;
+  if (TapSampled(call + 1, v.x)) {
+    next = produced - v.y >= a.slots_n ? kTapDrop : produced % a.slots_n + 1;
   }
-  c->decision = next;
-  published[1] = c->calls;
-  published[2] = c->taps;
-  published[3] = c->dropped;
+  *reinterpret_cast<uint4*>(&c->decision) = make_uint4(next, call + 1, produced, taps);
+  // The header's words: produced, calls, taps, dropped.
+  *static_cast<uint4*>(a.header_words) = make_uint4(produced, call + 1, taps, dropped);
 }
 
 }  // namespace

@@ -141,19 +141,25 @@ class ChannelServer::Channel {
     return rung ? h->doorbell.exchange(0, std::memory_order_acq_rel) : 0;
   }
 
-  // Tap mode: the sample rate in the slots region's TapControl, when it changed (and at start).
-  void FollowSampleRate() {
-    const double rate = tap_server_->SampleRate();
-    const auto ppm = static_cast<uint32_t>(std::clamp(rate, 0.0, 1.0) * tap::kPpmAll + 0.5);
-    if (ppm == sample_ppm_) return;
-    absl::Status st = tap_server_->WriteControl(tap_->plan, offsetof(tap::TapControl, sample_ppm),
-                                                &ppm, sizeof(ppm));
+  // Tap mode: verifyd's words of the slots region's TapControl (the sample rate and the fills
+  // handed back), one 16-byte write. A failure is logged once.
+  void WriteVerifydWords(uint32_t ppm, uint32_t consumed) {
+    const tap::TapVerifydWords w{ppm, consumed, {0, 0}};
+    absl::Status st = tap_server_->WriteControl(tap_->plan, 0, &w, sizeof(w));
     if (st.ok()) {
       sample_ppm_ = ppm;
     } else if (!control_failed_) {
       control_failed_ = true;
-      spdlog::warn("channel '{}': writing its tap's sample rate: {}", summary_.name, st.ToString());
+      spdlog::warn("channel '{}': writing its tap's control words: {}", summary_.name,
+                   st.ToString());
     }
+  }
+
+  // Tap mode: the sample rate, when it changed (and at start).
+  void FollowSampleRate() {
+    const double rate = tap_server_->SampleRate();
+    const auto ppm = static_cast<uint32_t>(std::clamp(rate, 0.0, 1.0) * tap::kPpmAll + 0.5);
+    if (ppm != sample_ppm_) WriteVerifydWords(ppm, consumed_);
   }
 
   // Tap mode: what the tap kernel counted since the last report, to the TapServer.
@@ -179,7 +185,7 @@ class ChannelServer::Channel {
     const channel::TapPlan& plan = tap_->plan;
     const uint32_t slots = plan.spec.slots();
     const char* records = base + summary_.geometry.request_offset;
-    uint32_t consumed = 0;
+    uint32_t& consumed = consumed_;
     absl::StatusOr<v1::VerifyRequest> call;
     absl::Time next_rate = absl::Now();
     while (true) {
@@ -212,12 +218,7 @@ class ChannelServer::Channel {
         return;
       }
       ++consumed;
-      absl::Status st = tap_server_->WriteControl(plan, offsetof(tap::TapControl, consumed),
-                                                  &consumed, sizeof(consumed));
-      if (!st.ok() && !control_failed_) {
-        control_failed_ = true;
-        spdlog::warn("channel '{}': handing its tap's slot back: {}", summary_.name, st.ToString());
-      }
+      WriteVerifydWords(sample_ppm_, consumed);
       int64_t refused = 0;
       {
         std::lock_guard<std::mutex> l(tap_mu_);
@@ -369,6 +370,7 @@ class ChannelServer::Channel {
   const std::optional<TapOpen> tap_;
   TapServer* const tap_server_;
   uint32_t sample_ppm_ = 0xffffffffu;  // tap mode: the rate last written (none yet)
+  uint32_t consumed_ = 0;              // tap mode: the fills handed back
   bool control_failed_ = false;        // tap mode: a control write failed (logged once)
   uint32_t gpu_seen_[3] = {0, 0, 0};   // tap mode: the GPU's counts last reported
   mutable std::mutex tap_mu_;
