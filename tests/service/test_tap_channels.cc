@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "kernels/tap/tap_abi.h"
+#include "src/bundle/validate.h"
 #include "src/common/bf16.h"
 #include "src/io/bundle_file.h"
 #include "src/transport/channel_layout.h"
@@ -373,6 +374,7 @@ TEST_F(TapTest, ABreachCaptureHoldsTheStackOutputAndReplaysBitForBit) {
   ASSERT_EQ(n, v.o_elems());
   ASSERT_NE(f->Find("o_stack"), nullptr);
   EXPECT_EQ(0, std::memcmp(f->Find("o_stack")->data.data(), planted.data(), n * 2));
+  ASSERT_TRUE(ValidateBundle(f->view).ok());
   auto engine = LocalEngine();
   auto p = engine->Prepare(f->view, false);
   ASSERT_TRUE(p.ok()) << p.status();
