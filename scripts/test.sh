@@ -13,7 +13,7 @@
 #   - one clang build with ASan/UBSan (build-san) of the parsers', the transport's and the
 #     service's suites and the shipped binaries (CMake target sanitize_suite, CTest label
 #     sanitize), and of the libFuzzer targets;
-#   - each fuzz target for FUZZ_SECONDS (20) on its seed corpus and kept inputs, one per core at a
+#   - each fuzz target for FUZZ_SECONDS (15) on its seed corpus and kept inputs, one per core at a
 #     time, with the soak (SOAK_SECONDS, 30) running beside them.
 #
 # FULL=1 adds the full lanes; run them before a change that touches their area:
@@ -31,7 +31,7 @@ if [ "$full" = 1 ]; then
   : "${FUZZ_SECONDS:=60}" "${SOAK_SECONDS:=60}" "${CONTAINER_STEPS:=1}" "${CUDA_ARCHS:=90a;120}"
   : "${DEBUG_INFO:=ON}" "${UNITY:=OFF}"
 else
-  : "${FUZZ_SECONDS:=20}" "${SOAK_SECONDS:=30}" "${CONTAINER_STEPS:=0}" "${CUDA_ARCHS:=90a}"
+  : "${FUZZ_SECONDS:=15}" "${SOAK_SECONDS:=30}" "${CONTAINER_STEPS:=0}" "${CUDA_ARCHS:=90a}"
   : "${DEBUG_INFO:=OFF}" "${UNITY:=ON}"
 fi
 : "${SANITIZE:=1}" "${FUZZ:=1}" "${SOAK:=1}" "${FORMAT:=1}"
