@@ -100,6 +100,18 @@ class ChannelServer::Channel {
   }
 
  private:
+  // The client shrank the object under the mapping (what a call read of it was zeros): the
+  // channel stops serving, and the loop returns.
+  bool Shrank() {
+    if (map_->intact()) return false;
+    spdlog::warn(
+        "channel '{}': its shared-memory object shrank under the mapping; the channel stops "
+        "serving (close it and open a new one)",
+        summary_.name);
+    stopped_.store(true);
+    return true;
+  }
+
   // The client exited (and the channel closes), or it is being closed: the loop returns.
   bool Ended() {
     if (stop_.load()) return true;
@@ -209,14 +221,7 @@ class ChannelServer::Channel {
           &*call, &number);
       if (!built.ok()) call = built;
       const TapResult r = tap_server_->Serve(summary_.name, plan, call);
-      if (!map_->intact()) {
-        spdlog::warn(
-            "channel '{}': its shared-memory object shrank under the mapping; the "
-            "channel stops serving (close it and open a new one)",
-            summary_.name);
-        stopped_.store(true);
-        return;
-      }
+      if (Shrank()) return;
       ++consumed;
       WriteVerifydWords(sample_ppm_, consumed);
       int64_t refused = 0;
@@ -272,14 +277,7 @@ class ChannelServer::Channel {
               ? &descriptors_[static_cast<int>(ring.descriptor)]
               : nullptr;
       serve_built_(call, descriptor, &resp);
-      if (!map_->intact()) {
-        spdlog::warn(
-            "channel '{}': its shared-memory object shrank under the mapping; the "
-            "channel stops serving (close it and open a new one)",
-            summary_.name);
-        stopped_.store(true);
-        return;
-      }
+      if (Shrank()) return;
       if (resp.error_code() != 0) {
         const int64_t failed = failed_.fetch_add(1) + 1;
         h->failed_calls.store(static_cast<uint32_t>(failed), std::memory_order_relaxed);
@@ -333,14 +331,7 @@ class ChannelServer::Channel {
       } else {
         ErrorInResponse(request.status(), "", &resp);  // no request was parsed: no request id
       }
-      if (!map_->intact()) {  // what the call read of the area was zeros
-        spdlog::warn(
-            "channel '{}': its shared-memory object shrank under the mapping; the "
-            "channel stops serving (close it and open a new one)",
-            summary_.name);
-        stopped_.store(true);
-        return;
-      }
+      if (Shrank()) return;  // what the call read of the area was zeros
       size_t bytes = resp.ByteSizeLong();
       if (bytes > g.capacity) {
         ErrorInResponse(
