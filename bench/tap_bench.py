@@ -10,11 +10,13 @@ which verifyd passes to the tap kernel live), and reports per tap call:
 and, at 100%, the cost of one copied call = (step at 100% - step at 0) / fills per step, against
 10 us + bytes copied / 3 TB/s. Then with verifyd stopped (SIGSTOP) the step time again, and the
 drops counted; then a long run of --long_calls tap calls at 100%, after which every tap must be
-compared, refused or dropped (taps = compared + refused + dropped).
+compared, refused or dropped (taps = compared + refused + dropped). --cost_only stops before
+those two: the cost of another build of the tap kernel (--copy names its copy), timed beside the
+default in the same GPU session.
 
     VERIFYD_CLIENT_GEN=... VERIFYD_TAP_LIB=... python3 bench/tap_bench.py --data unix://... \\
         --admin unix://... --verifyd_pid PID --out rows.json
-Appends one JSON row per measurement to --out.
+Appends one JSON row per measurement to --out, each with the copy it measured.
 """
 
 import argparse
@@ -123,12 +125,24 @@ def main():
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--long_calls", type=int, default=100000)
+    ap.add_argument("--copy", choices=("one_load", "wide"), default="one_load",
+                    help="the copy of the library loaded (VERIFYD_TAP_LIB): libverifyd_tap.so "
+                         "one_load, libverifyd_tap_wide.so wide; recorded in each row")
+    ap.add_argument("--cost_only", action="store_true",
+                    help="the step at each rate and one tap alone only: no run with verifyd "
+                         "stopped, no long run")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     device = torch.device("cuda", 0)
     client = VerifyClient(args.data, transport="cuda_ipc")
     admin = AdminClient(args.admin)
     rows = []
+
+    def record(row):
+        row["copy"] = args.copy
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
     steps = {}
     for shape in SHAPES:
         step = steps[shape] = Step(args, client, shape, device)
@@ -148,8 +162,7 @@ def main():
             elif fills > drops:  # else the step's difference is mostly drops, not copies
                 row["cost_per_fill_us"] = (with_ms - at0) * 1e3 / fills
                 row["target_per_fill_us"] = 10 + step.bytes_per_fill / HBM_BYTES_PER_S * 1e6
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            record(row)
 
     # One copied call against one unsampled call, each alone on the stream: the copy's cost.
     for shape, step in steps.items():
@@ -163,12 +176,23 @@ def main():
                    copied_tap_us=times[1.0] * 1e3, unsampled_tap_us=times[0.0] * 1e3,
                    copy_us=(times[1.0] - times[0.0]) * 1e3, bytes_per_fill=step.bytes_per_fill,
                    target_per_fill_us=10 + step.bytes_per_fill / HBM_BYTES_PER_S * 1e6)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        record(row)
 
+    accounted = args.cost_only or stopped_and_long_run(args, admin, SHAPES[0], steps[SHAPES[0]],
+                                                       record)
+    for s in steps.values():
+        s.tap.close()
+    client.close()
+    with open(args.out, "a", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    return 0 if accounted else 1
+
+
+def stopped_and_long_run(args, admin, shape, step, record):
+    """The step with verifyd stopped, then the long run; whether every tap was accounted for and
+    none refused."""
     # verifyd stopped: the step must not change; sampled calls are dropped and counted.
-    shape = SHAPES[0]
-    step = steps[shape]
     admin.set_sampling("shadow", 1.0, "tap bench: stopped verifyd")
     time.sleep(0.3)
     wait_drained(step.tap)
@@ -184,8 +208,7 @@ def main():
                step_ms_running=running_ms, step_ms_stopped=stopped_ms,
                step_ms_without=stopped_without_ms, dropped_while_stopped=dropped,
                fills_per_step_stopped=fills)
-    rows.append(row)
-    print(json.dumps(row), flush=True)
+    record(row)
 
     # The long run: every tap accounted for.
     c0 = wait_drained(step.tap)
@@ -202,15 +225,8 @@ def main():
         totals["dropped"]
     row = dict(shape=list(shape), long_run=True, sample_rate=1.0, replays=replays,
                seconds=took, totals=totals)
-    rows.append(row)
-    print(json.dumps(row), flush=True)
-    for s in steps.values():
-        s.tap.close()
-    client.close()
-    with open(args.out, "a", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-    return 0 if totals["accounted"] and totals["refused"] == 0 else 1
+    record(row)
+    return totals["accounted"] and totals["refused"] == 0
 
 
 if __name__ == "__main__":

@@ -64,10 +64,13 @@ if [[ -n ${VERIFYD_PACK_MUTANTS:-} ]]; then
   cp -r "$ROOT"/tests/mutation/{run_cuda_mutants.sh,detection_matrix.py,expected_cuda_survivors.txt,cuda_patches} \
     "$PACK/mutation/"
 fi
-# The tap kernel's library, which the Python client loads (VERIFYD_TAP_LIB), when it was built.
-if [[ -e "$BUILD/kernels/tap/libverifyd_tap.so" ]]; then
-  cp "$BUILD/kernels/tap/libverifyd_tap.so" "$PACK/lib/"
-fi
+# The tap kernel's library, which the Python client loads (VERIFYD_TAP_LIB), when it was built,
+# and its variant with the wide copy, which gpu_tap_bench.sh times beside it.
+for lib in libverifyd_tap.so libverifyd_tap_wide.so; do
+  if [[ -e "$BUILD/kernels/tap/$lib" ]]; then
+    cp "$BUILD/kernels/tap/$lib" "$PACK/lib/"
+  fi
+done
 cp "$ROOT/scripts/gpu_run.sh" "$ROOT/scripts/gpu_service_bench.sh" "$ROOT/scripts/gpu_region_test.sh" \
   "$ROOT/scripts/gpu_probe_cost.sh" "$ROOT/scripts/gpu_stack_bench.sh" "$ROOT/scripts/gpu_tap_bench.sh" \
   "$PACK/"

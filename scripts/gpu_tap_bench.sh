@@ -2,8 +2,10 @@
 # Shadow taps on the GPU machine: the graph test with a planted bug in the stack's own attention
 # (tests/python/gpu_tap_test.py), then the cost of taps to a captured 61-layer step at sample
 # rates 0, 1% and 100%, the step with verifyd stopped, and a long run in which every tap must be
-# accounted for (bench/tap_bench.py). Writes OUT/tap.json (one row per line), OUT/tap.md and the
-# logs.
+# accounted for (bench/tap_bench.py). When the pack has libverifyd_tap_wide.so (the tap kernel with
+# the copy that keeps four loads in flight per thread), the cost again with it, beside the default:
+# the rates and one tap alone only (under a minute more). Writes OUT/tap.json (one row per line, each
+# with its copy: one_load or wide), OUT/tap.md and the logs.
 #
 #   gpu_tap_bench.sh PACK_DIR OUT_DIR     (TAP_BENCH_ARGS: more arguments for tap_bench.py)
 set -uo pipefail
@@ -40,36 +42,56 @@ if start_verifyd bench; then
     > "$OUT/tap_bench.txt" 2>&1 || { echo "FAIL tap_bench.py: $(tail -3 "$OUT/tap_bench.txt")"; status=1; }
   kill "$vpid"; wait "$vpid" 2>/dev/null
 fi
+wide=$PACK/lib/libverifyd_tap_wide.so
+if [[ -e $wide ]] && start_verifyd bench_wide; then
+  VERIFYD_TAP_LIB=$wide timeout 120 python3 "$PACK/py/bench/tap_bench.py" \
+    --data "unix://$dir/data.sock" --admin "unix://$dir/admin.sock" --verifyd_pid "$vpid" \
+    --out "$rows" --copy wide --cost_only ${TAP_BENCH_ARGS:-} > "$OUT/tap_bench_wide.txt" 2>&1 ||
+    { echo "FAIL tap_bench.py (wide): $(tail -3 "$OUT/tap_bench_wide.txt")"; status=1; }
+  kill "$vpid"; wait "$vpid" 2>/dev/null
+fi
 
 python3 - "$rows" "$(cat "$PACK/COMMIT" 2>/dev/null)" > "$OUT/tap.md" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+for r in rows:
+    r.setdefault("copy", "one_load")
+shapes = list(dict.fromkeys(tuple(r["shape"]) for r in rows))
+def order(r):  # a shape's rows by rate, the copies of each side by side (the sort is stable)
+    return shapes.index(tuple(r["shape"])), r.get("sample_rate", 0)
 print(f"# Shadow taps in a serving-stack step (commit {sys.argv[2]}, H200)\n")
 print("Captured CUDA graph of a 61-layer step (stand-in GEMM + one tap per layer), medians of "
       "the replays. per call = (step - step without taps) / 61. At 100% the ring (4 slots) takes "
       "what verifyd has handed back; the other sampled calls are dropped. per copied call = "
       "(step - step at rate 0) / fills per step, where fills outnumber drops; target 10 us + "
-      "bytes / 3 TB/s. The copy alone is measured below.\n")
-print("| B,T,H,prefix | sample rate | step ms | without ms | per call us | fills/step | "
+      "bytes / 3 TB/s. The copy alone is measured below. copy: one_load is libverifyd_tap.so (one "
+      "16-byte load in flight per thread), wide libverifyd_tap_wide.so (four in flight, streaming "
+      "loads and stores, a warp per four tokens), each timed with its own verifyd.\n")
+print("| B,T,H,prefix | copy | sample rate | step ms | without ms | per call us | fills/step | "
       "drops/step | MB/fill | per copied call us | target us |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-for r in rows:
-    if "sample_rate" in r and "step_ms" in r:
-        print(f"| {','.join(map(str, r['shape']))} | {r['sample_rate']:g} | {r['step_ms']:.3f} | "
-              f"{r['step_ms_without']:.3f} | {r['per_call_cost_us']:.2f} | "
-              f"{r['fills_per_step']:.2f} | {r['drops_per_step']:.2f} | "
-              f"{r['bytes_per_fill'] / 1e6:.2f} | {r.get('cost_per_fill_us', float('nan')):.1f} | "
-              f"{r.get('target_per_fill_us', float('nan')):.1f} |")
-ones = [r for r in rows if r.get("one_tap")]
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for r in sorted((r for r in rows if "sample_rate" in r and "step_ms" in r), key=order):
+    print(f"| {','.join(map(str, r['shape']))} | {r['copy']} | {r['sample_rate']:g} | "
+          f"{r['step_ms']:.3f} | {r['step_ms_without']:.3f} | {r['per_call_cost_us']:.2f} | "
+          f"{r['fills_per_step']:.2f} | {r['drops_per_step']:.2f} | "
+          f"{r['bytes_per_fill'] / 1e6:.2f} | {r.get('cost_per_fill_us', float('nan')):.1f} | "
+          f"{r.get('target_per_fill_us', float('nan')):.1f} |")
+ones = sorted((r for r in rows if r.get("one_tap")), key=order)
 if ones:
+    base = {tuple(r["shape"]): r["copy_us"] for r in ones if r["copy"] == "one_load"}
     print("\nOne tap alone on the stream (events around it, the ring drained first), medians: a "
-          "copied call against an unsampled one; the difference is the copy.\n")
-    print("| B,T,H,prefix | MB copied | copied us | unsampled us | copy us | target us |")
-    print("|---|---:|---:|---:|---:|---:|")
+          "copied call against an unsampled one; the difference is the copy. wide / one_load: "
+          "the copy's time with the wide copy over the default's, in this run.\n")
+    print("| B,T,H,prefix | copy | MB copied | copied us | unsampled us | copy us | target us | "
+          "wide / one_load |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for r in ones:
-        print(f"| {','.join(map(str, r['shape']))} | {r['bytes_per_fill'] / 1e6:.2f} | "
-              f"{r['copied_tap_us']:.1f} | {r['unsampled_tap_us']:.1f} | {r['copy_us']:.1f} | "
-              f"{r['target_per_fill_us']:.1f} |")
+        b = base.get(tuple(r["shape"]))
+        ratio = f"{r['copy_us'] / b:.2f}" if r["copy"] == "wide" and b else ""
+        print(f"| {','.join(map(str, r['shape']))} | {r['copy']} | "
+              f"{r['bytes_per_fill'] / 1e6:.2f} | {r['copied_tap_us']:.1f} | "
+              f"{r['unsampled_tap_us']:.1f} | {r['copy_us']:.1f} | {r['target_per_fill_us']:.1f} | "
+              f"{ratio} |")
 for r in rows:
     if r.get("stopped"):
         print(f"\nverifyd stopped (SIGSTOP), rate 100%: step {r['step_ms_stopped']:.3f} ms against "

@@ -7,20 +7,122 @@
 // returns; the last block counts the call and decides the next one. A sampled call copies q, the
 // stack's o, the pages it read and its layout into the decided slot, and the last block
 // publishes the fill (produced) after a system-wide fence, so that verifyd sees the slot whole.
+//
+// VERIFYD_TAP_COPY, set when the library is built, chooses how a sampled call is copied: the
+// loads each thread keeps in flight. 1 (libverifyd_tap.so, the default, measured on the H200 at
+// 670b2b0) copies one 16-byte vector at a time, the pages flattened into vectors. 4
+// (libverifyd_tap_wide.so) keeps four in flight with streaming loads and stores and copies the
+// pages token by token; it ships nowhere until bench/tap_bench.py has timed it beside the default.
+// Both read nothing past the pool: a page id past it sets `bad` and the fill is malformed.
 
 #include <cuda_runtime.h>
 
 #include "kernels/tap/tap_api.h"
 
+#ifndef VERIFYD_TAP_COPY
+#define VERIFYD_TAP_COPY 1
+#endif
+
 namespace verifyd::tap {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kRowVecs = 576 * 2 / 16;  // 16-byte vectors in a row of 576 bf16 (q, a KV token)
+
+// CopyVectors: n 16-byte vectors, thread `first` of `stride` taking every stride-th.
+// CopyPages: the pages a call read; token t of the slot's kv is token t % page_size of page
+// kv_indices[t / page_size] of the pool. Both are spread over every thread of the grid.
+#if VERIFYD_TAP_COPY == 1
 
 __device__ void CopyVectors(uint4* dst, const uint4* src, uint64_t n, uint64_t first,
                             uint64_t stride) {
   for (uint64_t i = first; i < n; i += stride) dst[i] = src[i];
 }
+
+// Flattened into 16-byte vectors: vector v of the slot's kv is vector v % per_page of page
+// kv_indices[v / per_page] of the pool.
+__device__ void CopyPages(uint4* out, const uint4* pool, const int32_t* kv_indices, uint64_t pages,
+                          uint32_t page_size, uint64_t pool_pages, uint32_t* bad) {
+  const uint64_t first = uint64_t{blockIdx.x} * kThreads + threadIdx.x;
+  const uint64_t stride = uint64_t{gridDim.x} * kThreads;
+  const uint64_t per_page = uint64_t{page_size} * kRowVecs;
+  for (uint64_t v = first; v < pages * per_page; v += stride) {
+    const int32_t id = kv_indices[v / per_page];
+    if (id < 0 || static_cast<uint64_t>(id) >= pool_pages) {
+      *bad = 1;  // every thread that sees it writes the same value
+      continue;
+    }
+    out[v] = pool[static_cast<uint64_t>(id) * per_page + v % per_page];
+  }
+}
+
+#elif VERIFYD_TAP_COPY == 4
+
+constexpr int kUnroll = 4;  // loads in flight per thread before their stores
+
+// Streaming (evict-first) loads and stores: neither side is read again soon on this GPU.
+__device__ void CopyVectors(uint4* __restrict__ dst, const uint4* __restrict__ src, uint64_t n,
+                            uint64_t first, uint64_t stride) {
+  uint64_t i = first;
+  for (; i + (kUnroll - 1) * stride < n; i += kUnroll * stride) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) v[k] = __ldcs(src + i + k * stride);
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) __stcs(dst + i + k * stride, v[k]);
+  }
+  for (; i < n; i += stride) __stcs(dst + i, __ldcs(src + i));
+}
+
+// Each warp copies kUnroll consecutive tokens at a time: one division per token rather than per
+// vector, and a token's 72 vectors in three loads per lane.
+__device__ void CopyPages(uint4* __restrict__ out, const uint4* __restrict__ pool,
+                          const int32_t* kv_indices, uint64_t pages, uint32_t page_size,
+                          uint64_t pool_pages, uint32_t* bad) {
+  const uint64_t tokens = pages * page_size;
+  const uint32_t lane = threadIdx.x & 31;
+  const uint64_t warp = (uint64_t{blockIdx.x} * kThreads + threadIdx.x) >> 5;
+  const uint64_t warps = (uint64_t{gridDim.x} * kThreads) >> 5;
+  for (uint64_t t0 = warp * kUnroll; t0 < tokens; t0 += warps * kUnroll) {
+    const uint4* src[kUnroll];
+    bool ok[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const uint64_t t = t0 + k;
+      ok[k] = t < tokens;
+      src[k] = pool;
+      if (!ok[k]) continue;
+      const int32_t id = kv_indices[t / page_size];
+      if (id < 0 || static_cast<uint64_t>(id) >= pool_pages) {
+        *bad = 1;  // every thread that sees it writes the same value
+        ok[k] = false;
+        continue;
+      }
+      src[k] = pool + (static_cast<uint64_t>(id) * page_size + t % page_size) * kRowVecs;
+    }
+    uint4 v[kUnroll][3];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+#pragma unroll
+      for (int j = 0; j < 3; ++j) {
+        const uint32_t x = lane + 32 * j;
+        if (ok[k] && x < kRowVecs) v[k][j] = __ldcs(src[k] + x);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+#pragma unroll
+      for (int j = 0; j < 3; ++j) {
+        const uint32_t x = lane + 32 * j;
+        if (ok[k] && x < kRowVecs) __stcs(out + (t0 + k) * kRowVecs + x, v[k][j]);
+      }
+    }
+  }
+}
+
+#else
+#error "VERIFYD_TAP_COPY: 1 (one load in flight per thread) or 4 (four)"
+#endif
 
 __global__ void __launch_bounds__(kThreads) TapKernel(VerifydTapArgs a) {
   auto* c = static_cast<TapControl*>(a.control);
@@ -47,24 +149,12 @@ __global__ void __launch_bounds__(kThreads) TapKernel(VerifydTapArgs a) {
         reinterpret_cast<int32_t*>(static_cast<char*>(a.records) + uint64_t{slot} * a.record_bytes);
     if (valid) {
       CopyVectors(reinterpret_cast<uint4*>(s), static_cast<const uint4*>(a.q),
-                  rows * a.heads * 576 * 2 / 16, first, stride);
+                  rows * a.heads * kRowVecs, first, stride);
       CopyVectors(reinterpret_cast<uint4*>(s + a.o_offset), static_cast<const uint4*>(a.o),
                   rows * a.heads * 512 * 2 / 16, first, stride);
-      // The pages, flattened into 16-byte vectors: vector v of the slot's kv is vector
-      // v % per_page of page kv_indices[v / per_page] of the pool.
-      const uint64_t pages = static_cast<uint32_t>(a.kv_indptr[batch]);
-      const uint64_t per_page = uint64_t{a.page_size} * 576 * 2 / 16;
-      auto* kv_out = reinterpret_cast<uint4*>(s + a.kv_offset);
-      const auto* pool = static_cast<const uint4*>(a.kv_pool);
-      for (uint64_t v = first; v < pages * per_page; v += stride) {
-        const uint64_t p = v / per_page;
-        const int32_t id = a.kv_indices[p];
-        if (id < 0 || static_cast<uint64_t>(id) >= a.pool_pages) {
-          c->bad = 1;  // every thread that sees it writes the same value
-          continue;
-        }
-        kv_out[v] = pool[static_cast<uint64_t>(id) * per_page + v % per_page];
-      }
+      CopyPages(reinterpret_cast<uint4*>(s + a.kv_offset), static_cast<const uint4*>(a.kv_pool),
+                a.kv_indices, static_cast<uint32_t>(a.kv_indptr[batch]), a.page_size, a.pool_pages,
+                &c->bad);
       if (blockIdx.x == 0) {  // the layout, into the host record
         const uint32_t words = 2 * a.max_batch + 1;
         for (uint32_t i = threadIdx.x; i <= batch; i += kThreads) {
