@@ -7,7 +7,8 @@ verifyd_client's VerifyStep (a doorbell channel; the layout set once per step). 
 graph and the same graph without the verify calls, and reports per step the medians of both,
 the served path's device time per call (the VerifyResponse's served_device_seconds, as verifyd
 measured it) x LAYERS, and the per-call overhead = (step - step without - device time) / LAYERS.
-Then the eager path (the same calls without a graph, each synchronised) per call.
+Then the eager path (the same calls without a graph, each synchronised) per call, unless
+--eager_calls is 0.
 
     VERIFYD_CLIENT_GEN=... python3 bench/stack_bench.py --data unix://... --admin unix://... \\
         --mps 0 --out rows.json
@@ -101,11 +102,15 @@ def bench_shape(args, client, shape, mode, device):
               for k in ("decode", "prepare", "served", "fetch", "total")}
     without_ms = median_ms(graphs[False].replay, args.reps)
     step.channel.check()
-    rows = [dict(graph=True, mps=bool(args.mps), mode=mode, shape=list(shape), layers=args.layers,
+    rows = [dict(graph=True, mps=bool(args.mps), verifyd=args.label, mode=mode, shape=list(shape),
+                 layers=args.layers,
                  step_ms=step_ms, step_ms_without=without_ms,
                  kernel_ms_per_call=device_ms, server_stages_us=stages,
                  per_call_overhead_us=(step_ms - without_ms - device_ms * args.layers) * 1e3
                  / args.layers)]
+    if args.eager_calls == 0:
+        step.close()
+        return rows
     # The eager path: the same call, one at a time, synchronised (as a caller outside a graph).
     lat = []
     step.set_layout(indptr, indices, lens, mask)
@@ -116,7 +121,8 @@ def bench_shape(args, client, shape, mode, device):
         torch.cuda.synchronize()
         lat.append(time.perf_counter() - t0)
     step.channel.check()
-    rows.append(dict(graph=False, mps=bool(args.mps), mode=mode, shape=list(shape),
+    rows.append(dict(graph=False, mps=bool(args.mps), verifyd=args.label, mode=mode,
+                     shape=list(shape),
                      eager_p50_us=statistics.median(lat) * 1e6,
                      kernel_ms_per_call=step.channel.last_response().timing
                      .served_device_seconds * 1e3))
@@ -133,6 +139,8 @@ def main():
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--eager_calls", type=int, default=200)
     ap.add_argument("--modes", default="shadow,custom")
+    ap.add_argument("--label", default="this",
+                    help="which verifyd build served the run (rows' `verifyd` field)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     device = torch.device("cuda", 0)

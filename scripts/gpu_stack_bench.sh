@@ -4,7 +4,9 @@
 # the eager Python path per call; and the C++ client (verifyctl send --transport cuda_ipc
 # --channel --resident) on the same shapes in the same run. Without MPS, then with verifyd and
 # the benchmark as clients of one MPS control daemon (quit in a trap).
-# Writes OUT/stack.json (one row per line) and OUT/stack.md.
+# With BASELINE_BIN (a folder holding an earlier verifyd), that build's graph rows are measured
+# right after this one's, in the same MPS setting and the same run, and the table sets them side
+# by side. Writes OUT/stack.json (one row per line) and OUT/stack.md.
 #
 #   gpu_stack_bench.sh PACK_DIR OUT_DIR     (STACK_BENCH_ARGS: more arguments for stack_bench.py)
 set -uo pipefail
@@ -22,9 +24,9 @@ quit_mps() { echo quit | "$mps_ctl" > /dev/null 2>&1 || true; }
 trap 'quit_mps; kill $(jobs -p) 2>/dev/null || true' EXIT
 status=0
 
-start_verifyd() {  # $1: a tag for the log
+start_verifyd() {  # $1: a tag for the log; $2: the folder of the verifyd to run (default: the pack's)
   rm -rf "$dir/state" "$dir"/*.sock
-  "$bin/verifyd" --engine=cuda --listen="unix:$dir/data.sock" \
+  "${2:-$bin}/verifyd" --engine=cuda --listen="unix:$dir/data.sock" \
     --admin_listen="unix:$dir/admin.sock" --metrics_address=127.0.0.1:0 \
     --state_dir="$dir/state" --capture_dir=off --shadow_threads=2 --shadow_queue=1024 \
     --log_level=warn > "$OUT/stack_verifyd_$1.log" 2>&1 &
@@ -59,13 +61,23 @@ for mps in 0 1; do
     --admin "unix://$dir/admin.sock" --mps "$mps" --out "$rows" ${STACK_BENCH_ARGS:-} > "$OUT/stack_mps$mps.txt" 2>&1 ||
     { echo "FAIL stack_bench.py (mps $mps): $(tail -3 "$OUT/stack_mps$mps.txt")"; status=1; }
   kill "$vpid"; wait "$vpid" 2>/dev/null
+  if [[ -n ${BASELINE_BIN:-} ]] && start_verifyd "baseline_mps$mps" "$BASELINE_BIN"; then
+    timeout 300 python3 "$PACK/py/bench/stack_bench.py" --data "unix://$dir/data.sock" \
+      --admin "unix://$dir/admin.sock" --mps "$mps" --out "$rows" --label baseline \
+      --eager_calls 0 ${STACK_BENCH_ARGS:-} > "$OUT/stack_baseline_mps$mps.txt" 2>&1 ||
+      { echo "FAIL stack_bench.py baseline (mps $mps): $(tail -3 "$OUT/stack_baseline_mps$mps.txt")"; status=1; }
+    kill "$vpid"; wait "$vpid" 2>/dev/null
+  fi
   [[ $mps == 1 ]] && quit_mps
 done
 
-python3 - "$rows" "$(cat "$PACK/COMMIT" 2>/dev/null)" > "$OUT/stack.md" <<'PY'
+python3 - "$rows" "$(cat "$PACK/COMMIT" 2>/dev/null)" \
+  "$( [[ -n ${BASELINE_BIN:-} ]] && "$BASELINE_BIN/verifyd" --version 2>/dev/null)" > "$OUT/stack.md" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 def key(r): return (r["mps"], r["mode"], tuple(r["shape"]))
+base = {key(r): r for r in rows if r.get("graph") and r.get("verifyd") == "baseline"}
+rows = [r for r in rows if r.get("verifyd", "this") != "baseline"]
 graph = [r for r in rows if r.get("graph")]
 eager = {key(r): r for r in rows if not r.get("graph") and "eager_p50_us" in r}
 cxx = {(r["mps"], tuple(r["shape"])): r for r in rows if r.get("client") == "c++"}
@@ -85,9 +97,22 @@ for r in graph:
           f"{r['step_ms']:.3f} | {r['step_ms_without']:.3f} | {r['kernel_ms_per_call']:.4f} | "
           f"{r['per_call_overhead_us']:.1f} | {fmt(ep)} | {fmt(cp)} | "
           f"{fmt(None if ep is None or cp is None else ep - cp)} |")
+if base:
+    print(f"\nAgainst the baseline build ({sys.argv[3]}), measured right after it in the same run "
+          "and MPS setting: overhead per call, microseconds.\n")
+    print("| MPS | mode | B,T,H,prefix | baseline us/call | this us/call | this / baseline |")
+    print("|---|---|---|---:|---:|---:|")
+    for r in graph:
+        b = base.get(key(r))
+        if b is None:
+            continue
+        print(f"| {'yes' if r['mps'] else 'no'} | {r['mode']} | {','.join(map(str, r['shape']))} | "
+              f"{b['per_call_overhead_us']:.1f} | {r['per_call_overhead_us']:.1f} | "
+              f"{r['per_call_overhead_us'] / b['per_call_overhead_us']:.2f} |")
 print("\nverifyd's host time in the last call of each step, microseconds (Timing: decode = "
-      "parse and validate, index tensors read back from the GPU included; prepare = staging; "
-      "served = starting the served path; fetch = waiting for it and writing o):\n")
+      "parse and validate; prepare = staging and the checks of page ids and mask; "
+      "served = the served path, for custom up to its output checked finite and written to o; "
+      "fetch = waiting for the reference and writing o):\n")
 print("| MPS | mode | B,T,H,prefix | decode | prepare | served | fetch | total |")
 print("|---|---|---|---:|---:|---:|---:|---:|")
 for r in graph:

@@ -26,11 +26,16 @@ struct BundleView {
   // the CUDA IPC region the CUDA engine reads them from in place.
   int q_device = -1;
   int kv_pool_device = -1;
+  // Where kv_indices and tree_mask are: -1 for host memory, whose contents ValidateBundle checks.
+  // Else the GPU whose memory holds both (CUDA IPC or VMM regions, with the pool on it too):
+  // ValidateBundle leaves their contents to the engine, which checks them on that GPU as it
+  // copies them (Engine::InputChecks says the outcome).
+  int indices_device = -1;
   // kv_pool is a registered region the client keeps writing: a copy of the bundle takes only the
   // pages kv_indices names (see OwnedBundle).
   bool kv_pool_shared = false;
 
-  bool on_host() const { return q_device < 0 && kv_pool_device < 0; }
+  bool on_host() const { return q_device < 0 && kv_pool_device < 0 && indices_device < 0; }
 
   int64_t rows() const { return int64_t{shape.batch} * shape.draft; }  // B*T
   int64_t q_elems() const { return rows() * shape.heads * kernels::kHeadDimQK; }

@@ -120,12 +120,27 @@ class TensorLocator {
       *device = r->device();
       return static_cast<const void*>(r->data);
     }
-    std::vector<char>& copy = out_->host_copies.emplace_back(std::max<size_t>(n, 1));
-    if (absl::Status rs = r->region->ReadToHost(r->offset, r->byte_size, copy.data()); !rs.ok()) {
-      return absl::Status(rs.code(),
-                          absl::StrCat(name, ": reading it from its region: ", rs.message()));
+    return HostCopy(name, *r);
+  }
+
+  // kv_indices or tree_mask: where a GPU's region holds them (*device: that GPU), left for the
+  // engine to check there; else as Locate() without `device` (host bytes, a region's copied).
+  absl::StatusOr<const void*> LocateChecked(const char* name, const v1::Tensor& t, v1::DType dtype,
+                                            int rank, int* device) {
+    VERIFYD_ASSIGN_OR_RETURN(const void* p, Locate(name, t, dtype, rank, device));
+    const bool region =
+        t.contents_case() == v1::Tensor::kShm || t.contents_case() == v1::Tensor::kCudaIpc;
+    if (*device >= 0 || !region) return p;
+    return HostCopy(name);
+  }
+
+  // The bytes of `name`'s region range (located before) copied into verifyd's memory: checked
+  // there, out of reach of the client that shares the region.
+  absl::StatusOr<const void*> HostCopy(const char* name) {
+    for (auto it = named_.rbegin(); it != named_.rend(); ++it) {
+      if (std::strcmp(it->name, name) == 0) return HostCopy(name, it->range);
     }
-    return static_cast<const void*>(copy.data());
+    return absl::InternalError(absl::StrCat(name, ": not located in a region"));
   }
 
   // An output target: a region tensor with the output's dtype and shape.
@@ -162,6 +177,15 @@ class TensorLocator {
   }
 
  private:
+  absl::StatusOr<const void*> HostCopy(const char* name, const RegionRange& r) {
+    std::vector<char>& copy = out_->host_copies.emplace_back(std::max<size_t>(r.byte_size, 1));
+    if (absl::Status rs = r.region->ReadToHost(r.offset, r.byte_size, copy.data()); !rs.ok()) {
+      return absl::Status(rs.code(),
+                          absl::StrCat(name, ": reading it from its region: ", rs.message()));
+    }
+    return static_cast<const void*>(copy.data());
+  }
+
   struct Named {  // a range of a region the call names
     const char* name;
     const std::string* region;
@@ -203,7 +227,9 @@ absl::Status DecodeRequest(const v1::VerifyRequest& req, const RegionRegistry* r
   VERIFYD_ASSIGN_OR_RETURN(p, at.Locate("kv_indptr", req.kv_indptr(), v1::DTYPE_I32, 1));
   v.kv_indptr = static_cast<const int32_t*>(p);
   VERIFYD_RETURN_IF_ERROR(DimIs("kv_indptr", req.kv_indptr(), 0, batch + 1, "B + 1"));
-  VERIFYD_ASSIGN_OR_RETURN(p, at.Locate("kv_indices", req.kv_indices(), v1::DTYPE_I32, 1));
+  int indices_device = -1, mask_device = -1;
+  VERIFYD_ASSIGN_OR_RETURN(
+      p, at.LocateChecked("kv_indices", req.kv_indices(), v1::DTYPE_I32, 1, &indices_device));
   v.kv_indices = static_cast<const int32_t*>(p);
 
   if (req.mask_format() != v1::MASK_FORMAT_BYTES && req.mask_format() != v1::MASK_FORMAT_BITS) {
@@ -212,7 +238,8 @@ absl::Status DecodeRequest(const v1::VerifyRequest& req, const RegionRegistry* r
   }
   const auto mask_format = req.mask_format() == v1::MASK_FORMAT_BITS ? kernels::MaskFormat::kBits
                                                                      : kernels::MaskFormat::kBytes;
-  VERIFYD_ASSIGN_OR_RETURN(p, at.Locate("tree_mask", req.tree_mask(), v1::DTYPE_U8, 3));
+  VERIFYD_ASSIGN_OR_RETURN(
+      p, at.LocateChecked("tree_mask", req.tree_mask(), v1::DTYPE_U8, 3, &mask_device));
   v.tree_mask = static_cast<const uint8_t*>(p);
   VERIFYD_RETURN_IF_ERROR(DimIs("tree_mask", req.tree_mask(), 0, batch, "B"));
   const int64_t draft = req.tree_mask().shape(1);
@@ -257,6 +284,21 @@ absl::Status DecodeRequest(const v1::VerifyRequest& req, const RegionRegistry* r
   if (page_size < 1 || page_size > kernels::kMaxPageSize) {
     return absl::InvalidArgumentError(
         absl::StrCat("kv_pool: page_size ", page_size, " is not a power of two in [1, 128]"));
+  }
+
+  // Page ids and mask are checked on the GPU when it holds them and the pool (all region tensors
+  // are on the request's device); otherwise here, from host copies.
+  if (indices_device >= 0 && mask_device >= 0 && v.kv_pool_device >= 0) {
+    v.indices_device = indices_device;
+  } else {
+    if (indices_device >= 0) {
+      VERIFYD_ASSIGN_OR_RETURN(p, at.HostCopy("kv_indices"));
+      v.kv_indices = static_cast<const int32_t*>(p);
+    }
+    if (mask_device >= 0) {
+      VERIFYD_ASSIGN_OR_RETURN(p, at.HostCopy("tree_mask"));
+      v.tree_mask = static_cast<const uint8_t*>(p);
+    }
   }
 
   v.shape.batch = static_cast<int>(batch);

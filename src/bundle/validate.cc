@@ -12,6 +12,22 @@ absl::Status Bad(const std::string& msg) { return absl::InvalidArgumentError(msg
 
 }  // namespace
 
+absl::Status BadPageId(int64_t i, int64_t page, int64_t num_pages) {
+  return Bad(absl::StrCat("kv_indices[", i, "]: page ", page, " is outside the pool's [0, ",
+                          num_pages, ")"));
+}
+
+absl::Status BadMaskByte(const kernels::ProblemShape& s, int64_t at, uint8_t byte) {
+  const int64_t row_bytes = kernels::MaskRowBytes(s.mask_format, s.draft);
+  const int64_t r = at / row_bytes;
+  const int64_t b = r / s.draft, i = r % s.draft;
+  if (s.mask_format == kernels::MaskFormat::kBytes) {
+    return Bad(absl::StrCat("tree_mask[", b, ",", i, ",", at % row_bytes, "]: ", int{byte},
+                            " is not 0 or 1"));
+  }
+  return Bad(absl::StrCat("tree_mask[", b, ",", i, "]: bits past T are set in the bit-packed row"));
+}
+
 absl::Status ValidateBundle(BundleView& v) {
   if (std::string why = kernels::CheckShape(v.shape); !why.empty()) return Bad(why);
   const auto& s = v.shape;
@@ -35,10 +51,11 @@ absl::Status ValidateBundle(BundleView& v) {
     return Bad(absl::StrCat("kv_indptr[", s.batch, "]: ", v.kv_indptr[s.batch],
                             " does not match the length of kv_indices (", s.num_indices, ")"));
   }
-  for (int64_t i = 0; i < s.num_indices; ++i) {
+  // Page ids and mask bytes in device memory are checked there (BundleView::indices_device).
+  const bool contents_here = v.indices_device < 0;
+  for (int64_t i = 0; contents_here && i < s.num_indices; ++i) {
     if (v.kv_indices[i] < 0 || v.kv_indices[i] >= s.num_pages) {
-      return Bad(absl::StrCat("kv_indices[", i, "]: page ", v.kv_indices[i],
-                              " is outside the pool's [0, ", s.num_pages, ")"));
+      return BadPageId(i, v.kv_indices[i], s.num_pages);
     }
   }
   int64_t max_len = 0, total = 0;
@@ -63,22 +80,15 @@ absl::Status ValidateBundle(BundleView& v) {
     total += len;
   }
   const int64_t row_bytes = kernels::MaskRowBytes(s.mask_format, s.draft);
-  for (int64_t r = 0; r < v.rows(); ++r) {
+  for (int64_t r = 0; contents_here && r < v.rows(); ++r) {
     const uint8_t* row = v.tree_mask + r * row_bytes;
-    const int b = static_cast<int>(r / s.draft), i = static_cast<int>(r % s.draft);
     if (s.mask_format == kernels::MaskFormat::kBytes) {
       for (int j = 0; j < s.draft; ++j) {
-        if (row[j] > 1) {
-          return Bad(
-              absl::StrCat("tree_mask[", b, ",", i, ",", j, "]: ", int{row[j]}, " is not 0 or 1"));
-        }
+        if (row[j] > 1) return BadMaskByte(s, r * row_bytes + j, row[j]);
       }
     } else if (s.draft % 8 != 0) {
       const uint8_t pad = static_cast<uint8_t>(0xffu << (s.draft % 8));
-      if (row[row_bytes - 1] & pad) {
-        return Bad(
-            absl::StrCat("tree_mask[", b, ",", i, "]: bits past T are set in the bit-packed row"));
-      }
+      if (row[row_bytes - 1] & pad) return BadMaskByte(s, r * row_bytes + row_bytes - 1, 0);
     }
   }
   v.max_kv_len = max_len;

@@ -97,8 +97,10 @@ absl::Status LaunchCustomPath(CudaPreparedBundle& b, const kernels::CustomConfig
   return w.Check(cudaEventRecord(out.done, s), where);
 }
 
+// `wait`: returns once the kernels are done, which ties an asynchronous fault of the custom
+// kernel to this run. Without it, the next wait on the shadow stream finds the fault.
 absl::Status RunCustom(CudaPreparedBundle& b, const kernels::CustomConfig& config,
-                       const CustomFault& fault) {
+                       const CustomFault& fault, bool wait) {
   if (fault.kind == CustomFault::Kind::kError) {
     return absl::InternalError("injected custom-path fault");
   }
@@ -110,8 +112,7 @@ absl::Status RunCustom(CudaPreparedBundle& b, const kernels::CustomConfig& confi
   absl::Status st = LaunchCustomPath(b, config, fault, out);
   if (absl::Status rec = b.RecordShadowUse(); st.ok()) st = rec;
   VERIFYD_RETURN_IF_ERROR(st);
-  // Waiting here ties an asynchronous fault of the custom kernel to this call.
-  VERIFYD_RETURN_IF_ERROR(w.Check(cudaEventSynchronize(out.done), where));
+  if (wait) VERIFYD_RETURN_IF_ERROR(w.Check(cudaEventSynchronize(out.done), where));
   b.MarkRan(Path::kCustom);
   return absl::OkStatus();
 }
@@ -131,6 +132,72 @@ absl::Status RunOracle(CudaPreparedBundle& b) {
   VERIFYD_RETURN_IF_ERROR(st);
   b.MarkRan(Path::kOracle);
   return absl::OkStatus();
+}
+
+// The stream a path's output was written on: the reference's is the served stream, the others'
+// the shadow stream.
+cudaStream_t PathStream(CudaPreparedBundle& b, Path path) {
+  return path == Path::kReference ? b.lane().served : b.lane().shadow;
+}
+
+// Queues the copy of a path's output (reference or custom) into registered regions on the path's
+// stream.
+absl::Status EnqueueDeliver(CudaPreparedBundle& b, Path path, const RegionRange& o,
+                            const RegionRange* lse, const std::string& where) {
+  if (path == Path::kOracle) return absl::InvalidArgumentError("o_out: the oracle is not served");
+  const DevicePathOutput st = b.State(path);
+  if (!st.ran) return NotRun(path);
+  const size_t o_bytes = size_t(b.o_elems()) * 2;
+  const size_t lse_bytes = size_t(b.lse_elems()) * 4;
+  if (o.byte_size != o_bytes || (lse != nullptr && lse->byte_size != lse_bytes)) {
+    return absl::InternalError("o_out: the output ranges do not match the bundle's outputs");
+  }
+  DeviceWorker& w = b.worker();
+  const cudaStream_t s = PathStream(b, path);
+  auto copy = [&](const RegionRange& to, const void* from, size_t bytes) {
+    return w.Check(
+        cudaMemcpyAsync(to.data, from, bytes,
+                        to.device() >= 0 ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost, s),
+        where);
+  };
+  absl::Status done = copy(o, st.o, o_bytes);
+  if (done.ok() && lse != nullptr) done = copy(*lse, st.lse, lse_bytes);
+  if (path != Path::kReference) {
+    if (absl::Status rec = b.RecordShadowUse(); done.ok()) done = rec;
+  }
+  return done;
+}
+
+// Queues the finite check of a path's output (reference or custom) on the path's stream: the
+// lane's flag cleared, set by the check, copied to the host before lane.finite_done. The caller
+// holds lane.finite_mu until it has read the flag.
+absl::Status EnqueueFiniteCheck(CudaPreparedBundle& b, Path path, const std::string& where)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(b.lane().finite_mu) {
+  if (path == Path::kOracle) {
+    return absl::InvalidArgumentError("finite check: only reference and custom outputs are served");
+  }
+  const DevicePathOutput out = b.State(path);
+  if (!out.ran) return NotRun(path);
+  DeviceWorker& w = b.worker();
+  Lane& lane = b.lane();
+  const cudaStream_t s = PathStream(b, path);
+  // The path's kernels ran on `s`: its output is complete in stream order.
+  absl::Status st = w.Check(cudaMemsetAsync(lane.finite_device, 0, sizeof(unsigned), s), where);
+  if (st.ok()) {
+    st = w.Check(kernels::LaunchFlagNonFinite(static_cast<const uint16_t*>(out.o), b.o_elems(),
+                                              out.lse, b.lse_elems(), lane.finite_device, s),
+                 where);
+  }
+  if (st.ok()) {
+    st = w.Check(cudaMemcpyAsync(lane.finite_host, lane.finite_device, sizeof(unsigned),
+                                 cudaMemcpyDeviceToHost, s),
+                 where);
+  }
+  if (st.ok()) st = w.Check(cudaEventRecord(lane.finite_done, s), where);
+  if (path != Path::kReference) {
+    if (absl::Status rec = b.RecordShadowUse(); st.ok()) st = rec;
+  }
+  return st;
 }
 
 }  // namespace
@@ -351,30 +418,25 @@ absl::Status CudaEngine::Deliver(Path path, PreparedBundle& pb, const RegionRang
   auto& b = static_cast<CudaPreparedBundle&>(pb);
   DeviceWorker& w = b.worker();
   VERIFYD_RETURN_IF_ERROR(w.Activate());
-  if (path == Path::kOracle) return absl::InvalidArgumentError("o_out: the oracle is not served");
-  const DevicePathOutput st = b.State(path);
-  if (!st.ran) return NotRun(path);
-  const size_t o_bytes = size_t(b.o_elems()) * 2;
-  const size_t lse_bytes = size_t(b.lse_elems()) * 4;
-  if (o.byte_size != o_bytes || (lse != nullptr && lse->byte_size != lse_bytes)) {
-    return absl::InternalError("o_out: the output ranges do not match the bundle's outputs");
-  }
-  const bool served = path == Path::kReference;
-  const cudaStream_t s = served ? b.lane().served : b.lane().shadow;
   const std::string where = absl::StrCat(PathName(path), " path (writing its output in place)");
-  auto copy = [&](const RegionRange& to, const void* from, size_t bytes) {
-    return w.Check(
-        cudaMemcpyAsync(to.data, from, bytes,
-                        to.device() >= 0 ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost, s),
-        where);
-  };
-  absl::Status done = copy(o, st.o, o_bytes);
-  if (done.ok() && lse != nullptr) done = copy(*lse, st.lse, lse_bytes);
-  if (!served) {
-    if (absl::Status rec = b.RecordShadowUse(); done.ok()) done = rec;
-  }
-  VERIFYD_RETURN_IF_ERROR(done);
-  return w.AwaitCritical(s, where);
+  VERIFYD_RETURN_IF_ERROR(EnqueueDeliver(b, path, o, lse, where));
+  return w.AwaitCritical(PathStream(b, path), where);
+}
+
+absl::StatusOr<bool> CudaEngine::DeliverIfFinite(Path path, PreparedBundle& pb,
+                                                 const RegionRange& o, const RegionRange* lse) {
+  auto& b = static_cast<CudaPreparedBundle&>(pb);
+  DeviceWorker& w = b.worker();
+  VERIFYD_RETURN_IF_ERROR(w.Activate());
+  const std::string where =
+      absl::StrCat(PathName(path), " path (checking its output is finite and writing it)");
+  Lane& lane = b.lane();
+  absl::MutexLock lock(&lane.finite_mu);
+  VERIFYD_RETURN_IF_ERROR(EnqueueFiniteCheck(b, path, where));
+  VERIFYD_RETURN_IF_ERROR(EnqueueDeliver(b, path, o, lse, where));
+  // Both on the path's stream: one wait for the flag and the output.
+  VERIFYD_RETURN_IF_ERROR(w.AwaitCritical(PathStream(b, path), where));
+  return *lane.finite_host == 0;
 }
 
 absl::Status CudaEngine::Run(Path path, PreparedBundle& pb) {
@@ -384,11 +446,19 @@ absl::Status CudaEngine::Run(Path path, PreparedBundle& pb) {
     case Path::kReference:
       return RunReference(b);
     case Path::kCustom:
-      return RunCustom(b, options_.custom, fault());
+      return RunCustom(b, options_.custom, fault(), /*wait=*/true);
     case Path::kOracle:
       return RunOracle(b);
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown path ", static_cast<int>(path)));
+}
+
+absl::Status CudaEngine::RunForCall(Path path, PreparedBundle& pb, const CallContext& call) {
+  VERIFYD_RETURN_IF_ERROR(call.Check());
+  if (path != Path::kCustom) return Run(path, pb);
+  auto& b = static_cast<CudaPreparedBundle&>(pb);
+  VERIFYD_RETURN_IF_ERROR(b.worker().Activate());
+  return RunCustom(b, options_.custom, fault(), /*wait=*/false);
 }
 
 absl::Status CudaEngine::Fetch(Path path, PreparedBundle& pb, PathOutput* out) {
@@ -452,35 +522,19 @@ absl::StatusOr<bool> CudaEngine::AllFinite(Path path, PreparedBundle& pb) {
   auto& b = static_cast<CudaPreparedBundle&>(pb);
   DeviceWorker& w = b.worker();
   VERIFYD_RETURN_IF_ERROR(w.Activate());
-  if (path == Path::kOracle) {
-    return absl::InvalidArgumentError("finite check: only reference and custom outputs are served");
-  }
-  const DevicePathOutput out = b.State(path);
-  if (!out.ran) return NotRun(path);
-  Lane& lane = b.lane();
-  const bool served = path == Path::kReference;
-  const cudaStream_t s = served ? lane.served : lane.shadow;
   const std::string where = absl::StrCat(PathName(path), " path (checking its output is finite)");
+  Lane& lane = b.lane();
   absl::MutexLock lock(&lane.finite_mu);
-  // The path's kernels ran on `s`: its output is complete in stream order.
-  absl::Status st = w.Check(cudaMemsetAsync(lane.finite_device, 0, sizeof(unsigned), s), where);
-  if (st.ok()) {
-    st = w.Check(kernels::LaunchFlagNonFinite(static_cast<const uint16_t*>(out.o), b.o_elems(),
-                                              out.lse, b.lse_elems(), lane.finite_device, s),
-                 where);
-  }
-  if (st.ok()) {
-    st = w.Check(cudaMemcpyAsync(lane.finite_host, lane.finite_device, sizeof(unsigned),
-                                 cudaMemcpyDeviceToHost, s),
-                 where);
-  }
-  if (st.ok()) st = w.Check(cudaEventRecord(lane.finite_done, s), where);
-  if (!served) {
-    if (absl::Status rec = b.RecordShadowUse(); st.ok()) st = rec;
-  }
-  VERIFYD_RETURN_IF_ERROR(st);
-  VERIFYD_RETURN_IF_ERROR(w.Check(cudaEventSynchronize(lane.finite_done), where));
+  VERIFYD_RETURN_IF_ERROR(EnqueueFiniteCheck(b, path, where));
+  // On the call's critical path when the custom path is served.
+  VERIFYD_RETURN_IF_ERROR(w.AwaitCritical(lane.finite_done, where));
   return *lane.finite_host == 0;
+}
+
+absl::Status CudaEngine::InputChecks(PreparedBundle& pb) {
+  auto& b = static_cast<CudaPreparedBundle&>(pb);
+  VERIFYD_RETURN_IF_ERROR(b.worker().Activate());
+  return b.InputChecks();
 }
 
 absl::StatusOr<DiffStats> CudaEngine::Compare(PreparedBundle& pb, Path test, Path ref,

@@ -50,6 +50,9 @@ class CudaEngine : public Engine {
   // stream and returns when it finished, so that its CUDA errors surface here; the oracle runs on
   // the shadow stream and returns once launched.
   absl::Status Run(Path path, PreparedBundle& b) override;
+  // A call's served custom path returns without waiting for its kernels: AllFinite, which
+  // RunServed calls next on the same stream, waits once for both.
+  absl::Status RunForCall(Path path, PreparedBundle& b, const CallContext& call) override;
   absl::Status Fetch(Path path, PreparedBundle& b, PathOutput* out) override;
   absl::StatusOr<double> PathSeconds(Path path, PreparedBundle& b) override;
   // A device-to-device copy into a CUDA IPC region (a device-to-host one into a shm region) on
@@ -68,6 +71,9 @@ class CudaEngine : public Engine {
   absl::StatusOr<std::function<void()>> PinHostMemory(void* base, uint64_t bytes) override;
   // One reduction kernel over o and lse on the path's own stream; a 4-byte flag comes back.
   absl::StatusOr<bool> AllFinite(Path path, PreparedBundle& b) override;
+  absl::StatusOr<bool> DeliverIfFinite(Path path, PreparedBundle& b, const RegionRange& o,
+                                       const RegionRange* lse) override;
+  absl::Status InputChecks(PreparedBundle& b) override;
   absl::StatusOr<DiffStats> Compare(PreparedBundle& b, Path test, Path ref,
                                     const Tolerance& tol) override;
   absl::StatusOr<std::shared_ptr<const OwnedBundle>> FetchInputs(PreparedBundle& b) override;

@@ -5,7 +5,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/reference/input_check_kernels.h"
 #include "kernels/reference/page_gather_kernels.h"
+#include "src/bundle/validate.h"
 
 namespace verifyd {
 namespace {
@@ -30,7 +32,7 @@ const void* DeviceReadable(const void* host) {
 
 // Host bytes go through the lane's pinned staging in one copy; bytes the GPU reads itself (q and
 // the pool or its pages, in pinned host memory or a CUDA IPC region) are copied after it.
-enum { kQ, kPool, kIndptr, kIndices, kLens, kMask, kSrcPages, kPieces };
+enum { kQ, kPool, kIndptr, kIndices, kLens, kMask, kSrcPages, kCheck, kPieces };
 struct Piece {
   const void* host = nullptr;  // staged from here; null: filled on the device (or absent)
   size_t bytes = 0;
@@ -45,6 +47,10 @@ struct UploadPlan {
   const void* q_src = nullptr;
   const void* pool_src = nullptr;
   bool gather_on_device = false, pool_direct = false, q_with_gather = false;
+  // kv_indices and tree_mask are in the GPU's memory (BundleView::indices_device): copied by the
+  // checked copy into the piece `checked_indices` names and kMask, its outcome in kCheck.
+  bool checked_on_device = false;
+  int checked_indices = kIndices;
   size_t page_bytes = 0, n_idx = 0, q_bytes = 0;
   std::vector<int32_t> renumbered;  // a compacted pool's kv_indices
   Piece pieces[kPieces];
@@ -73,6 +79,10 @@ void PlanUpload(const BundleView& v, bool detach, UploadPlan* plan) {
   // loads: one launch instead of two.
   u.q_with_gather =
       u.gather_on_device && u.q_src != nullptr && !u.q_in_place && kernels::CopyAligned(u.q_src);
+  // A pool on the device is read in place or gathered there, so the checked copy of its page ids
+  // is what the kernels or the gather read.
+  u.checked_on_device = v.indices_device >= 0 && v.kv_pool_device >= 0;
+  u.checked_indices = u.compact ? kSrcPages : kIndices;
   if (u.compact) {
     u.renumbered.resize(u.n_idx);
     for (size_t i = 0; i < u.n_idx; ++i) u.renumbered[i] = static_cast<int32_t>(i);
@@ -91,6 +101,12 @@ void PlanUpload(const BundleView& v, bool detach, UploadPlan* plan) {
   pieces[kLens] = {v.kv_lens, size_t(s.batch) * 4};
   pieces[kMask] = {v.tree_mask, size_t(v.mask_bytes())};
   if (u.gather_on_device) pieces[kSrcPages] = {v.kv_indices, u.n_idx * 4};
+  if (u.checked_on_device) {
+    pieces[u.checked_indices].host = nullptr;
+    pieces[kMask].host = nullptr;
+    static const kernels::InputCheckStatus kNothingBad{kernels::kNoBadEntry, kernels::kNoBadEntry};
+    pieces[kCheck] = {&kNothingBad, sizeof(kNothingBad)};
+  }
   // Staged pieces first, so that one copy moves them all.
   for (int pass = 0; pass < 2; ++pass) {
     for (Piece& p : pieces) {
@@ -136,11 +152,13 @@ void FillStaging(const UploadPlan& u, const BundleView& v, char* staging) {
   }
 }
 
-// On the served stream: the staged pieces in one copy (`copied` recorded after it), then q and the
-// pool or its pages from where the GPU reads them itself (`inputs_ready` recorded after all).
+// On the served stream: the staged pieces in one copy (`copied` recorded after it), the checked
+// copy of page ids and mask in device memory (its outcome copied to `check_host` when given),
+// then q and the pool or its pages from where the GPU reads them itself (`inputs_ready` recorded
+// after all).
 absl::Status CopyToDevice(const UploadPlan& u, const BundleView& v, DeviceWorker& worker,
                           Lane& lane, const char* staging, cudaEvent_t copied, char* dev,
-                          cudaEvent_t inputs_ready) {
+                          cudaEvent_t inputs_ready, kernels::InputCheckStatus* check_host) {
   const auto& pieces = u.pieces;
   absl::Status st;
   if (u.staged > 0) {
@@ -148,6 +166,21 @@ absl::Status CopyToDevice(const UploadPlan& u, const BundleView& v, DeviceWorker
                       kUploading);
   }
   if (st.ok()) st = worker.Check(cudaEventRecord(copied, lane.served), kUploading);
+  if (st.ok() && u.checked_on_device) {
+    auto* status = reinterpret_cast<kernels::InputCheckStatus*>(dev + pieces[kCheck].offset);
+    st = worker.Check(
+        kernels::LaunchCheckedInputCopy(
+            v.kv_indices, v.shape.num_indices, v.shape.num_pages,
+            reinterpret_cast<int32_t*>(dev + pieces[u.checked_indices].offset), v.tree_mask,
+            v.mask_bytes(), v.shape.mask_format, v.shape.draft,
+            reinterpret_cast<uint8_t*>(dev + pieces[kMask].offset), status, lane.served),
+        "checking kv_indices and tree_mask on the device");
+    if (st.ok() && check_host != nullptr) {
+      st = worker.Check(
+          cudaMemcpyAsync(check_host, status, sizeof(*status), cudaMemcpyDeviceToHost, lane.served),
+          "checking kv_indices and tree_mask on the device");
+    }
+  }
   if (st.ok() && u.q_src != nullptr && !u.q_in_place && !u.q_with_gather) {
     st = worker.Check(cudaMemcpyAsync(dev + pieces[kQ].offset, u.q_src, u.q_bytes,
                                       cudaMemcpyDefault, lane.served),
@@ -209,6 +242,13 @@ absl::Status CudaPreparedBundle::Upload(const BundleView& v, bool detach) {
   }
   char* dev = static_cast<char*>(inputs_);
   PointProblemAt(plan, v, dev, &problem_);
+  kernels::InputCheckStatus* check_host = nullptr;
+  if (plan.checked_on_device) {
+    absl::MutexLock lock(&mu_);
+    checks_on_device_ = true;
+    check_device_ = reinterpret_cast<kernels::InputCheckStatus*>(dev + plan.pieces[kCheck].offset);
+    check_host = check_host_ = worker_.check_slots().Acquire();
+  }
 
   Staging& in = lane_.input;
   absl::MutexLock lock(&in.mu);
@@ -222,7 +262,38 @@ absl::Status CudaPreparedBundle::Upload(const BundleView& v, bool detach) {
     return st;
   }
   FillStaging(plan, v, in.buffer.data());
-  return CopyToDevice(plan, v, worker_, lane_, in.buffer.data(), in.copied, dev, inputs_ready_);
+  return CopyToDevice(plan, v, worker_, lane_, in.buffer.data(), in.copied, dev, inputs_ready_,
+                      check_host);
+}
+
+absl::Status CudaPreparedBundle::InputChecks() {
+  absl::MutexLock lock(&mu_);
+  if (!checks_on_device_) return absl::OkStatus();
+  if (checks_) return *checks_;
+  const char* where = "reading the outcome of the checks on the device";
+  // The outcome was copied before inputs_ready, which the paths' kernels waited for.
+  kernels::InputCheckStatus status{};
+  absl::Status st = worker_.AwaitCritical(inputs_ready_, where);
+  if (st.ok() && check_host_ != nullptr) {
+    status = *check_host_;
+  } else if (st.ok()) {
+    st = worker_.Check(cudaMemcpy(&status, check_device_, sizeof(status), cudaMemcpyDeviceToHost),
+                       where);
+  }
+  worker_.check_slots().Release(check_host_);
+  check_host_ = nullptr;
+  if (!st.ok()) return st;  // not kept: a device error is the device's, not the call's
+  const kernels::ProblemShape& s = shape();
+  if (status.bad_index != kernels::kNoBadEntry) {
+    checks_ = BadPageId(static_cast<int64_t>(status.bad_index >> 32),
+                        static_cast<int32_t>(status.bad_index & 0xffffffffu), s.num_pages);
+  } else if (status.bad_mask != kernels::kNoBadEntry) {
+    checks_ = BadMaskByte(s, static_cast<int64_t>(status.bad_mask >> 32),
+                          static_cast<uint8_t>(status.bad_mask & 0xffu));
+  } else {
+    checks_ = absl::OkStatus();
+  }
+  return *checks_;
 }
 
 absl::StatusOr<DevicePathOutput> CudaPreparedBundle::Outputs(Path p, cudaStream_t stream) {
@@ -290,6 +361,10 @@ CudaPreparedBundle::~CudaPreparedBundle() {
     if (p.done != nullptr) cudaEventDestroy(p.done);
   }
   if (inputs_ != nullptr) cudaFreeAsync(inputs_, lane_.served);
+  if (check_host_ != nullptr) {  // its copy may still be in flight
+    cudaStreamSynchronize(lane_.served);
+    worker_.check_slots().Release(check_host_);
+  }
   if (inputs_ready_ != nullptr) cudaEventDestroy(inputs_ready_);
   if (shadow_last_ != nullptr) cudaEventDestroy(shadow_last_);
   cudaGetLastError();  // nothing to report from a destructor

@@ -6,10 +6,12 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <optional>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "kernels/reference/input_check_kernels.h"
 #include "kernels/verify_problem.h"
 #include "src/cuda_engine/device_worker.h"
 #include "src/engine/engine.h"
@@ -47,6 +49,9 @@ class CudaPreparedBundle : public PreparedBundle {
   // Whether the kernels read the pool where the client keeps it (problem().kv_pool is then the
   // client's whole pool).
   bool pool_in_place() const { return pool_in_place_; }
+  // The outcome of the checks Upload made on the device (Engine::InputChecks); OK when the
+  // bundle was checked on the host.
+  absl::Status InputChecks() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The path's output buffers and events, allocated on `stream` the first time.
   absl::StatusOr<DevicePathOutput> Outputs(Path p, cudaStream_t stream) ABSL_LOCKS_EXCLUDED(mu_);
@@ -67,6 +72,12 @@ class CudaPreparedBundle : public PreparedBundle {
 
   mutable absl::Mutex mu_;
   DevicePathOutput paths_[3] ABSL_GUARDED_BY(mu_);
+  // Page ids and mask checked on the device: the outcome in the device allocation, copied to a
+  // pinned slot (null: none was free; read with a copy of its own), and once read, kept.
+  bool checks_on_device_ ABSL_GUARDED_BY(mu_) = false;
+  kernels::InputCheckStatus* check_device_ ABSL_GUARDED_BY(mu_) = nullptr;
+  kernels::InputCheckStatus* check_host_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::optional<absl::Status> checks_ ABSL_GUARDED_BY(mu_);
   cudaEvent_t shadow_last_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 

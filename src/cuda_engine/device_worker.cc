@@ -63,6 +63,8 @@ absl::Status DeviceWorker::Init(size_t pool_bytes, int lanes) {
       !st.ok()) {
     return st;
   }
+  // Bundles between their upload and their call's answer: a few per lane at most.
+  if (absl::Status st = Check(check_slots_.Init(256), where); !st.ok()) return st;
   for (int i = 0; i < std::max(lanes, 1); ++i) {
     auto lane = std::make_unique<Lane>();
     Lane& l = *lane;

@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kernels/reference/compare_kernels.h"
+#include "src/cuda_engine/check_slots.h"
 #include "src/cuda_engine/pinned_buffer.h"
 #include "src/engine/engine.h"
 
@@ -68,6 +69,7 @@ class DeviceWorker {
   const cudaDeviceProp& props() const { return props_; }
   cudaMemPool_t pool() const { return pool_; }
   Lane& NextLane();
+  CheckSlots& check_slots() { return check_slots_; }
 
   // Makes this device current on the calling thread; DATA_LOSS once the context is lost.
   absl::Status Activate();
@@ -89,6 +91,7 @@ class DeviceWorker {
   cudaDeviceProp props_{};
   cudaMemPool_t pool_ = nullptr;
   std::vector<std::unique_ptr<Lane>> lanes_;
+  CheckSlots check_slots_;
   std::atomic<unsigned> next_lane_{0};
   std::atomic<bool> lost_{false};
   mutable absl::Mutex lost_mu_;

@@ -31,6 +31,14 @@ absl::Status Engine::Deliver(Path path, PreparedBundle& b, const RegionRange& o,
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> Engine::DeliverIfFinite(Path path, PreparedBundle& b, const RegionRange& o,
+                                             const RegionRange* lse) {
+  absl::StatusOr<bool> finite = AllFinite(path, b);
+  if (!finite.ok() || !*finite) return finite;
+  if (absl::Status st = Deliver(path, b, o, lse); !st.ok()) return st;
+  return true;
+}
+
 absl::Status Engine::ZeroFill(const RegionRange& r) {
   if (r.device() >= 0) {
     return absl::FailedPreconditionError(

@@ -151,6 +151,20 @@ class Engine {
   // no NaN or Inf in o, no NaN or +Inf in lse (-Inf is the lse of a row that sees no key).
   // Checked where the output lives; the CUDA engine brings back only a flag.
   virtual absl::StatusOr<bool> AllFinite(Path path, PreparedBundle& b) = 0;
+  // The outcome of the checks the engine made on the device (BundleView::indices_device: page
+  // ids and mask bytes in a GPU's memory, checked as they were copied; the paths read the copy,
+  // in which a bad page id reads page 0): OK, or INVALID_ARGUMENT naming the first bad entry as
+  // ValidateBundle would. Known once a path's output was delivered, fetched or compared; OK for
+  // a bundle checked on the host.
+  virtual absl::Status InputChecks(PreparedBundle& b) {
+    (void)b;
+    return absl::OkStatus();
+  }
+  // AllFinite, and when the output is finite, Deliver: one wait on a GPU for both. A path whose
+  // output is not finite may have been written into the regions already (the caller then
+  // delivers another path's output over it).
+  virtual absl::StatusOr<bool> DeliverIfFinite(Path path, PreparedBundle& b, const RegionRange& o,
+                                               const RegionRange* lse);
   // Diff of path `test` against path `ref` (both already run on `b`).
   virtual absl::StatusOr<DiffStats> Compare(PreparedBundle& b, Path test, Path ref,
                                             const Tolerance& tol) = 0;

@@ -170,8 +170,9 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
   const double prepare_s = Since(t1);
 
   Path served = plan.served;
+  bool delivered = false;
   t1 = Clock::now();
-  absl::Status st = RunServed(plan, b, call, &served);
+  absl::Status st = RunServed(plan, b, call, decoded, &served, &delivered);
   record.Served(served);
   if (!st.ok()) return record.Done(st);
   const double served_s = Since(t1);
@@ -179,7 +180,7 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
 
   t1 = Clock::now();
   PathOutput out;
-  if (st = call.Check(); st.ok()) {
+  if (st = call.Check(); st.ok() && !delivered) {
     st = decoded.o_out ? engine_->Deliver(served, b, *decoded.o_out,
                                           decoded.lse_out ? &*decoded.lse_out : nullptr)
                        : engine_->Fetch(served, b, &out);
@@ -187,6 +188,12 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
   // A region whose memory went while the call read it gave zeros, not the client's bytes.
   if (st.ok()) st = RegionsIntact(decoded.pins);
   if (!st.ok()) {
+    return record.Done(st);
+  }
+  // Page ids and mask checked on the device: the paths read page 0 for a bad page id, so a call
+  // that fails here leaves zeros in o_out, not that output.
+  if (st = engine_->InputChecks(b); !st.ok()) {
+    if (st.code() == absl::StatusCode::kInvalidArgument) ZeroOutputs(req);
     return record.Done(st);
   }
   const double fetch_s = Since(t1);
@@ -260,15 +267,21 @@ std::optional<ShadowRunner::Slot> VerifyHandler::ReserveComparison(Plan* plan) {
 }
 
 absl::Status VerifyHandler::RunServed(const Plan& plan, PreparedBundle& b, const CallContext& call,
-                                      Path* served) {
+                                      const DecodedRequest& decoded, Path* served,
+                                      bool* delivered) {
   *served = plan.served;
+  *delivered = false;
   absl::Status st = engine_->RunForCall(*served, b, call);
   // An abandoned call stops here: not the custom path's fault, nothing to serve.
   if (*served != Path::kCustom || call.Abandoned()) return st;
   if (st.ok()) {
     const auto t = Clock::now();
-    absl::StatusOr<bool> finite = engine_->AllFinite(Path::kCustom, b);
+    absl::StatusOr<bool> finite =
+        decoded.o_out ? engine_->DeliverIfFinite(Path::kCustom, b, *decoded.o_out,
+                                                 decoded.lse_out ? &*decoded.lse_out : nullptr)
+                      : engine_->AllFinite(Path::kCustom, b);
     metrics_->FiniteCheck(Since(t));
+    *delivered = finite.ok() && *finite && decoded.o_out;
     if (finite.ok() && *finite) return absl::OkStatus();
     if (finite.ok()) {
       spdlog::warn("custom output has non-finite values; serving the reference");

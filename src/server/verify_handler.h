@@ -13,6 +13,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "src/bundle/request_codec.h"
 #include "src/bundle/request_in_place.h"
 #include "src/capture/capturer.h"
 #include "src/compare/compare.h"
@@ -82,9 +83,10 @@ class VerifyHandler {
   std::optional<ShadowRunner::Slot> ReserveComparison(Plan* plan);
   // Runs the plan's served path into `*served`. A custom path that fails, or whose output is not
   // finite, is recorded as an outcome (error; breach with its comparison) and the reference
-  // serves the call instead: only a reference failure fails the call.
+  // serves the call instead: only a reference failure fails the call. `decoded`: a served custom
+  // output that is finite is written to its o_out (lse_out) at once, and *delivered set.
   absl::Status RunServed(const Plan& plan, PreparedBundle& b, const CallContext& call,
-                         Path* served);
+                         const DecodedRequest& decoded, Path* served, bool* delivered);
   // The breach of a custom output with NaN/Inf, compared against the reference run on `b`.
   Outcome NonFiniteOutcome(PreparedBundle& b, const Plan& plan);
   // Runs the non-served path on `b`, compares custom against reference, records the outcome.

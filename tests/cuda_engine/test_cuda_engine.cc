@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "src/bundle/random_bundle.h"
 #include "src/bundle/validate.h"
@@ -564,6 +565,140 @@ TEST(CudaEngine, ADetachedBundleOfDeviceInputsIsASnapshot) {
     pb->reset();
     cudaFree(q);
     cudaFree(kv);
+  }
+}
+
+// A bundle's tensors copied into device memory of their own, as a CUDA IPC or VMM region holds
+// them: q, the pool, and with `indices` the page ids and mask too (then checked on the device).
+class DeviceCopy {
+ public:
+  DeviceCopy(const BundleView& host, bool indices) : view_(host) {
+    view_.q = Copy(host.q, size_t(host.q_elems()) * 2);
+    view_.kv_pool = Copy(host.kv_pool, size_t(host.kv_elems()) * 2);
+    view_.q_device = view_.kv_pool_device = 0;
+    view_.kv_pool_shared = true;
+    if (indices) {
+      view_.kv_indices = Copy(host.kv_indices, size_t(host.shape.num_indices) * 4);
+      view_.tree_mask = Copy(host.tree_mask, size_t(host.mask_bytes()));
+      view_.indices_device = 0;
+    }
+  }
+  DeviceCopy(const DeviceCopy&) = delete;
+  DeviceCopy& operator=(const DeviceCopy&) = delete;
+  ~DeviceCopy() {
+    for (void* p : owned_) cudaFree(p);
+  }
+  const BundleView& view() const { return view_; }
+  // Writes `bytes` bytes at byte `at` of the device copy of `field` (a pointer of view()).
+  void Poke(const void* field, size_t at, const void* bytes, size_t n) {
+    ASSERT_EQ(cudaMemcpy(static_cast<char*>(const_cast<void*>(field)) + at, bytes, n,
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+
+ private:
+  template <typename T>
+  const T* Copy(const T* host, size_t bytes) {
+    void* d = nullptr;
+    EXPECT_EQ(cudaMalloc(&d, std::max<size_t>(bytes, 1)), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    owned_.push_back(d);
+    return static_cast<const T*>(d);
+  }
+  BundleView view_;
+  std::vector<void*> owned_;
+};
+
+struct Served {
+  absl::Status checks;
+  PathOutput reference, custom;
+};
+
+// Both served paths on `v`, as a call runs them, and the outcome of the device checks.
+Served ServeBoth(const BundleView& v, bool detach) {
+  Served out;
+  auto pb = Gpu()->Prepare(v, detach);
+  EXPECT_TRUE(pb.ok()) << pb.status();
+  if (!pb.ok()) return out;
+  EXPECT_TRUE(Gpu()->Run(Path::kReference, **pb).ok());
+  EXPECT_TRUE(Gpu()->Fetch(Path::kReference, **pb, &out.reference).ok());
+  EXPECT_TRUE(Gpu()->Run(Path::kCustom, **pb).ok());
+  EXPECT_TRUE(Gpu()->Fetch(Path::kCustom, **pb, &out.custom).ok());
+  out.checks = Gpu()->InputChecks(**pb);
+  return out;
+}
+
+// Page ids and masks in device memory are checked there as they are copied (no copy of them to
+// the host): a clean bundle serves exactly what the host-checked one does, in place and as a
+// snapshot; a bad page id (past the pool, negative) or mask byte fails the checks with the error
+// ValidateBundle gives for the same bytes on the host, the first bad entry named, while the paths
+// read page 0 instead (nothing outside the pool); the engine then serves the next bundle.
+TEST(CudaEngine, PageIdsAndMasksInDeviceMemoryAreCheckedOnTheDevice) {
+  REQUIRE_GPU_ENGINE();
+  for (MaskFormat format : {MaskFormat::kBytes, MaskFormat::kBits}) {
+    for (int page : {1, 64}) {
+      for (bool detach : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "page " << page << " detach " << detach << " bits "
+                                          << (format == MaskFormat::kBits));
+        RandomBundleSpec s;
+        s.batch = 3;
+        s.draft = 5;  // packed rows have pad bits
+        s.heads = 16;
+        s.page_size = page;
+        s.prefix = 203;
+        s.mask_format = format;
+        s.seed = 4100 + page + detach;
+        RandomBundle rb(s);
+        const BundleView host = rb.view();
+        const Served want = ServeBoth(host, detach);
+        ASSERT_TRUE(want.checks.ok());
+        {
+          DeviceCopy clean(host, /*indices=*/true);
+          const Served got = ServeBoth(clean.view(), detach);
+          EXPECT_TRUE(got.checks.ok()) << got.checks;
+          EXPECT_TRUE(got.reference.o == want.reference.o);
+          EXPECT_TRUE(got.custom.o == want.custom.o);
+        }
+        const int64_t n = host.shape.num_indices;
+        // Two bad page ids: the first is named. And one bad mask entry.
+        for (auto [at, page_id] :
+             {std::pair<int64_t, int32_t>{n - 2, int32_t(host.shape.num_pages)},
+              std::pair<int64_t, int32_t>{n / 2, -1}}) {
+          SCOPED_TRACE(::testing::Message() << "kv_indices[" << at << "] = " << page_id);
+          DeviceCopy bad(host, true);
+          std::vector<int32_t> ids(rb.kv_indices);
+          ids[at] = page_id;
+          ids[n - 1] = 1 << 30;
+          bad.Poke(bad.view().kv_indices, 0, ids.data(), ids.size() * 4);
+          BundleView on_host = host;
+          on_host.kv_indices = ids.data();
+          const absl::Status host_says = ValidateBundle(on_host);
+          const Served got = ServeBoth(bad.view(), detach);
+          EXPECT_EQ(got.checks, host_says);
+          EXPECT_NE(got.checks.message().find(absl::StrCat("kv_indices[", at, "]")),
+                    std::string::npos)
+              << got.checks;
+        }
+        {
+          DeviceCopy bad(host, true);
+          std::vector<uint8_t> mask(rb.tree_mask);
+          const int64_t row_bytes = kernels::MaskRowBytes(format, s.draft);
+          const int64_t at = 7 * row_bytes + row_bytes - 1;  // request 1, row 2, last byte
+          mask[at] = format == MaskFormat::kBytes ? 2 : static_cast<uint8_t>(mask[at] | 0x80);
+          bad.Poke(bad.view().tree_mask, 0, mask.data(), mask.size());
+          BundleView on_host = host;
+          on_host.tree_mask = mask.data();
+          const absl::Status host_says = ValidateBundle(on_host);
+          ASSERT_FALSE(host_says.ok());
+          const Served got = ServeBoth(bad.view(), detach);
+          EXPECT_EQ(got.checks, host_says);
+        }
+        DeviceCopy again(host, true);
+        const Served next = ServeBoth(again.view(), detach);
+        EXPECT_TRUE(next.checks.ok()) << next.checks;
+        EXPECT_TRUE(next.custom.o == want.custom.o);
+      }
+    }
   }
 }
 
