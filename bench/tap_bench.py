@@ -125,9 +125,9 @@ def main():
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--long_calls", type=int, default=100000)
-    ap.add_argument("--copy", choices=("one_load", "wide"), default="one_load",
+    ap.add_argument("--copy", choices=("wide", "one_load"), default="wide",
                     help="the copy of the library loaded (VERIFYD_TAP_LIB): libverifyd_tap.so "
-                         "one_load, libverifyd_tap_wide.so wide; recorded in each row")
+                         "wide, libverifyd_tap_one_load.so one_load; recorded in each row")
     ap.add_argument("--cost_only", action="store_true",
                     help="the step at each rate and one tap alone only: no run with verifyd "
                          "stopped, no long run")

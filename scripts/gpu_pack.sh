@@ -65,8 +65,8 @@ if [[ -n ${VERIFYD_PACK_MUTANTS:-} ]]; then
     "$PACK/mutation/"
 fi
 # The tap kernel's library, which the Python client loads (VERIFYD_TAP_LIB), when it was built,
-# and its variant with the wide copy, which gpu_tap_bench.sh times beside it.
-for lib in libverifyd_tap.so libverifyd_tap_wide.so; do
+# and its variant with the one-load copy, the baseline gpu_tap_bench.sh times it against.
+for lib in libverifyd_tap.so libverifyd_tap_one_load.so; do
   if [[ -e "$BUILD/kernels/tap/$lib" ]]; then
     cp "$BUILD/kernels/tap/$lib" "$PACK/lib/"
   fi

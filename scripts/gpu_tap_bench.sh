@@ -2,10 +2,11 @@
 # Shadow taps on the GPU machine: the graph test with a planted bug in the stack's own attention
 # (tests/python/gpu_tap_test.py), then the cost of taps to a captured 61-layer step at sample
 # rates 0, 1% and 100%, the step with verifyd stopped, and a long run in which every tap must be
-# accounted for (bench/tap_bench.py). When the pack has libverifyd_tap_wide.so (the tap kernel with
-# the copy that keeps four loads in flight per thread), the cost again with it, beside the default:
-# the rates and one tap alone only (under a minute more). Writes OUT/tap.json (one row per line, each
-# with its copy: one_load or wide), OUT/tap.md and the logs.
+# accounted for (bench/tap_bench.py), with the shipped libverifyd_tap.so (the copy that keeps four
+# loads in flight per thread). When the pack has libverifyd_tap_one_load.so (the copy before it,
+# one load in flight), the cost again with that one, beside it: the rates and one tap alone only
+# (under a minute more). Writes OUT/tap.json (one row per line, each with its copy: wide or
+# one_load), OUT/tap.md and the logs.
 #
 #   gpu_tap_bench.sh PACK_DIR OUT_DIR     (TAP_BENCH_ARGS: more arguments for tap_bench.py)
 set -uo pipefail
@@ -42,12 +43,12 @@ if start_verifyd bench; then
     > "$OUT/tap_bench.txt" 2>&1 || { echo "FAIL tap_bench.py: $(tail -3 "$OUT/tap_bench.txt")"; status=1; }
   kill "$vpid"; wait "$vpid" 2>/dev/null
 fi
-wide=$PACK/lib/libverifyd_tap_wide.so
-if [[ -e $wide ]] && start_verifyd bench_wide; then
-  VERIFYD_TAP_LIB=$wide timeout 120 python3 "$PACK/py/bench/tap_bench.py" \
+one_load=$PACK/lib/libverifyd_tap_one_load.so
+if [[ -e $one_load ]] && start_verifyd bench_one_load; then
+  VERIFYD_TAP_LIB=$one_load timeout 120 python3 "$PACK/py/bench/tap_bench.py" \
     --data "unix://$dir/data.sock" --admin "unix://$dir/admin.sock" --verifyd_pid "$vpid" \
-    --out "$rows" --copy wide --cost_only ${TAP_BENCH_ARGS:-} > "$OUT/tap_bench_wide.txt" 2>&1 ||
-    { echo "FAIL tap_bench.py (wide): $(tail -3 "$OUT/tap_bench_wide.txt")"; status=1; }
+    --out "$rows" --copy one_load --cost_only ${TAP_BENCH_ARGS:-} > "$OUT/tap_bench_one_load.txt" 2>&1 ||
+    { echo "FAIL tap_bench.py (one_load): $(tail -3 "$OUT/tap_bench_one_load.txt")"; status=1; }
   kill "$vpid"; wait "$vpid" 2>/dev/null
 fi
 
@@ -55,7 +56,7 @@ python3 - "$rows" "$(cat "$PACK/COMMIT" 2>/dev/null)" > "$OUT/tap.md" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 for r in rows:
-    r.setdefault("copy", "one_load")
+    r.setdefault("copy", "wide")
 shapes = list(dict.fromkeys(tuple(r["shape"]) for r in rows))
 def order(r):  # a shape's rows by rate, the copies of each side by side (the sort is stable)
     return shapes.index(tuple(r["shape"])), r.get("sample_rate", 0)
@@ -64,9 +65,10 @@ print("Captured CUDA graph of a 61-layer step (stand-in GEMM + one tap per layer
       "the replays. per call = (step - step without taps) / 61. At 100% the ring (4 slots) takes "
       "what verifyd has handed back; the other sampled calls are dropped. per copied call = "
       "(step - step at rate 0) / fills per step, where fills outnumber drops; target 10 us + "
-      "bytes / 3 TB/s. The copy alone is measured below. copy: one_load is libverifyd_tap.so (one "
-      "16-byte load in flight per thread), wide libverifyd_tap_wide.so (four in flight, streaming "
-      "loads and stores, a warp per four tokens), each timed with its own verifyd.\n")
+      "bytes / 3 TB/s. The copy alone is measured below. copy: wide is the shipped "
+      "libverifyd_tap.so (four 16-byte loads in flight per thread, streaming loads and stores, a "
+      "warp per four tokens), one_load the baseline libverifyd_tap_one_load.so (one in flight), "
+      "each timed with its own verifyd.\n")
 print("| B,T,H,prefix | copy | sample rate | step ms | without ms | per call us | fills/step | "
       "drops/step | MB/fill | per copied call us | target us |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -81,7 +83,7 @@ if ones:
     base = {tuple(r["shape"]): r["copy_us"] for r in ones if r["copy"] == "one_load"}
     print("\nOne tap alone on the stream (events around it, the ring drained first), medians: a "
           "copied call against an unsampled one; the difference is the copy. wide / one_load: "
-          "the copy's time with the wide copy over the default's, in this run.\n")
+          "the shipped copy's time over the baseline's, in this run.\n")
     print("| B,T,H,prefix | copy | MB copied | copied us | unsampled us | copy us | target us | "
           "wide / one_load |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")

@@ -9,10 +9,10 @@
 // publishes the fill (produced) after a system-wide fence, so that verifyd sees the slot whole.
 //
 // VERIFYD_TAP_COPY, set when the library is built, chooses how a sampled call is copied: the
-// loads each thread keeps in flight. 1 (libverifyd_tap.so, the default, measured on the H200 at
-// 670b2b0) copies one 16-byte vector at a time, the pages flattened into vectors. 4
-// (libverifyd_tap_wide.so) keeps four in flight with streaming loads and stores and copies the
-// pages token by token; it ships nowhere until bench/tap_bench.py has timed it beside the default.
+// loads each thread keeps in flight. 4 (libverifyd_tap.so, the default) keeps four in flight with
+// streaming loads and stores and copies the pages token by token: 0.28-0.34x the time of 1 on the
+// H200 at 71634307b1ae. 1 (libverifyd_tap_one_load.so, the benchmark's baseline) copies one
+// 16-byte vector at a time, the pages flattened into vectors.
 // Both read nothing past the pool: a page id past it sets `bad` and the fill is malformed.
 
 #include <cuda_runtime.h>
@@ -20,7 +20,7 @@
 #include "kernels/tap/tap_api.h"
 
 #ifndef VERIFYD_TAP_COPY
-#define VERIFYD_TAP_COPY 1
+#define VERIFYD_TAP_COPY 4
 #endif
 
 namespace verifyd::tap {
@@ -92,13 +92,17 @@ __device__ void CopyPages(uint4* __restrict__ out, const uint4* __restrict__ poo
       ok[k] = t < tokens;
       src[k] = pool;
       if (!ok[k]) continue;
-      const int32_t id = kv_indices[t / page_size];
+      // 32-bit division: a slot's kv holds fewer than 2^32 tokens (2^32 x 1152 bytes would not
+      // fit a GPU), and the 64-bit one spills on sm_120. The token within its page stays below
+      // page_size and the page id is checked, so no truncation could read outside the pool.
+      const uint32_t t32 = static_cast<uint32_t>(t);
+      const int32_t id = kv_indices[t32 / page_size];
       if (id < 0 || static_cast<uint64_t>(id) >= pool_pages) {
         *bad = 1;  // every thread that sees it writes the same value
         ok[k] = false;
         continue;
       }
-      src[k] = pool + (static_cast<uint64_t>(id) * page_size + t % page_size) * kRowVecs;
+      src[k] = pool + (static_cast<uint64_t>(id) * page_size + t32 % page_size) * kRowVecs;
     }
     uint4 v[kUnroll][3];
 #pragma unroll
