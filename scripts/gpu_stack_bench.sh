@@ -4,9 +4,10 @@
 # the eager Python path per call; and the C++ client (verifyctl send --transport cuda_ipc
 # --channel --resident) on the same shapes in the same run. Without MPS, then with verifyd and
 # the benchmark as clients of one MPS control daemon (quit in a trap).
-# With BASELINE_BIN (a folder holding an earlier verifyd), that build's graph rows are measured
-# right after this one's, in the same MPS setting and the same run, and the table sets them side
-# by side. Writes OUT/stack.json (one row per line) and OUT/stack.md.
+# With BASELINE_BIN (a folder holding an earlier verifyd; BASELINE_NAME names it in the table, by
+# default its --version), that build's graph rows are measured right after this one's, in the
+# same MPS setting and the same run, and the table sets them side by side. Writes OUT/stack.json
+# (one row per line) and OUT/stack.md.
 #
 #   gpu_stack_bench.sh PACK_DIR OUT_DIR     (STACK_BENCH_ARGS: more arguments for stack_bench.py)
 set -uo pipefail
@@ -72,7 +73,7 @@ for mps in 0 1; do
 done
 
 python3 - "$rows" "$(cat "$PACK/COMMIT" 2>/dev/null)" \
-  "$( [[ -n ${BASELINE_BIN:-} ]] && "$BASELINE_BIN/verifyd" --version 2>/dev/null)" > "$OUT/stack.md" <<'PY'
+  "${BASELINE_NAME:-$( [[ -n ${BASELINE_BIN:-} ]] && "$BASELINE_BIN/verifyd" --version 2>/dev/null)}" > "$OUT/stack.md" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 def key(r): return (r["mps"], r["mode"], tuple(r["shape"]))

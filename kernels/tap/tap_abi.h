@@ -1,6 +1,6 @@
 #pragma once
 // The shadow tap's memory, shared by the tap kernel (tap_kernel.cu, in the serving stack's
-// process) and verifyd (src/transport/tap_layout.h). Plain C++: nvcc and the host compilers
+// process) and verifyd (src/channel/tap_layout.h). Plain C++: nvcc and the host compilers
 // both read it.
 //
 // The slots region (a device allocation the client registers with verifyd) holds a TapControl

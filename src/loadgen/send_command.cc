@@ -20,10 +20,10 @@
 #include "fmt/format.h"
 #include "src/bundle/random_bundle.h"
 #include "src/bundle/request_codec.h"
+#include "src/channel/channel_client.h"
 #include "src/cli/cli_common.h"
 #include "src/loadgen/pieces_call.h"
 #include "src/loadgen/send_regions.h"
-#include "src/transport/channel_client.h"
 #include "src/transport/request_bytes.h"
 #include "verifyd/v1/verify.grpc.pb.h"
 

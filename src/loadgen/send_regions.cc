@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "fmt/format.h"
-#include "src/transport/shm_object.h"
+#include "src/channel/shm_object.h"
 
 #ifdef VERIFYD_HAVE_CUDA
 #include <cuda_runtime.h>

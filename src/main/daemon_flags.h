@@ -4,7 +4,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "src/server/daemon.h"
+#include "src/daemon/daemon.h"
 
 namespace verifyd {
 

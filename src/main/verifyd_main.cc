@@ -9,8 +9,8 @@
 
 #include "spdlog/spdlog.h"
 #include "src/common/malloc_arenas.h"
+#include "src/daemon/daemon.h"
 #include "src/main/daemon_flags.h"
-#include "src/server/daemon.h"
 
 int main(int argc, char** argv) {
   verifyd::BoundMallocArenas();

@@ -11,13 +11,13 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "src/capture/capturer.h"
+#include "src/channel/channel_server.h"
 #include "src/control/mode_controller.h"
 #include "src/engine/engine.h"
 #include "src/metrics/metrics.h"
 #include "src/probe/probe_scheduler.h"
 #include "src/region/region_registry.h"
 #include "src/server/runtime_facts.h"
-#include "src/transport/channel_server.h"
 #include "verifyd/v1/admin.grpc.pb.h"
 
 namespace verifyd {

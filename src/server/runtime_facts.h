@@ -1,6 +1,7 @@
 #pragma once
 // What the daemon runs with, as GetStatus reports it: the settings it was started with (fault
-// injection, tolerances, rollback thresholds, sampling), its addresses and its start time.
+// injection, tolerances, rollback thresholds, sampling), its addresses and its start time
+// (filled from the daemon's options by RuntimeFactsOf, src/daemon/daemon.h).
 
 #include <chrono>
 #include <cstdint>
@@ -10,8 +11,6 @@
 #include "src/compare/compare.h"
 
 namespace verifyd {
-
-struct DaemonOptions;
 
 struct RuntimeFacts {
   std::string inject_custom_fault;  // empty: none
@@ -28,9 +27,5 @@ struct RuntimeFacts {
   std::chrono::system_clock::time_point started = std::chrono::system_clock::now();
   std::chrono::steady_clock::time_point started_steady = std::chrono::steady_clock::now();
 };
-
-// The facts of `o`, with the addresses as bound; started = now.
-RuntimeFacts RuntimeFactsOf(const DaemonOptions& o, std::vector<std::string> listen,
-                            std::string metrics_address);
 
 }  // namespace verifyd

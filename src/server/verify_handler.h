@@ -16,12 +16,13 @@
 #include "src/bundle/request_codec.h"
 #include "src/bundle/request_in_place.h"
 #include "src/capture/capturer.h"
+#include "src/channel/channel_server.h"
 #include "src/compare/compare.h"
 #include "src/control/mode_controller.h"
 #include "src/engine/engine.h"
 #include "src/metrics/metrics.h"
+#include "src/server/bundle_releaser.h"
 #include "src/server/shadow_runner.h"
-#include "src/transport/channel_server.h"
 #include "verifyd/v1/admin.pb.h"
 #include "verifyd/v1/verify.pb.h"
 
@@ -125,6 +126,7 @@ class VerifyHandler {
   std::atomic<int64_t> match_{0}, breach_{0}, error_{0}, skipped_{0};
   mutable absl::Mutex mu_;
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
+  BundleReleaser releaser_;  // answer-first calls' bundles (CallContext::answer_first)
 };
 
 }  // namespace verifyd

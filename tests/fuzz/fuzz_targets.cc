@@ -14,12 +14,12 @@
 #include "src/bundle/request_codec.h"
 #include "src/bundle/request_in_place.h"
 #include "src/bundle/validate.h"
+#include "src/channel/channel_layout.h"
+#include "src/channel/doorbell_layout.h"
+#include "src/channel/tap_layout.h"
 #include "src/control/state_store.h"
 #include "src/io/bundle_file.h"
 #include "src/io/safetensors.h"
-#include "src/transport/channel_layout.h"
-#include "src/transport/doorbell_layout.h"
-#include "src/transport/tap_layout.h"
 #include "src/transport/vmm_fd_payload.h"
 
 namespace verifyd::fuzz {

@@ -29,7 +29,7 @@ absl::Status State(const uint8_t* data, size_t size);
 // Request(). INTERNAL when it is not inside the request area.
 absl::Status Channel(const uint8_t* data, size_t size);
 absl::Status Audit(const uint8_t* data, size_t size);
-// A doorbell call (src/transport/doorbell_layout.h) as verifyd builds it from two fixed
+// A doorbell call (src/channel/doorbell_layout.h) as verifyd builds it from two fixed
 // descriptors: the input's first 4 bytes are the doorbell word, the rest the request area with
 // its layout slots. INTERNAL when the built call leaves the descriptor's ranges or disagrees with
 // its own layout.
@@ -40,7 +40,7 @@ absl::Status Doorbell(const uint8_t* data, size_t size);
 // breaks its bounds or does not write back to the same payload.
 absl::Status VmmFds(const uint8_t* data, size_t size);
 
-// A tap slot's record (src/transport/tap_layout.h) as verifyd builds a call from it: the input
+// A tap slot's record (src/channel/tap_layout.h) as verifyd builds a call from it: the input
 // is the record. INTERNAL when the built call leaves the slot's ranges or disagrees with itself.
 absl::Status Tap(const uint8_t* data, size_t size);
 

@@ -104,7 +104,7 @@ def safetensors(tensors, sm_scale=0.0417):
 
 
 def channel_frame(req, claimed=None):
-    # A call channel's shared memory as a client leaves it (src/transport/channel_layout.h): the
+    # A call channel's shared memory as a client leaves it (src/channel/channel_layout.h): the
     # header page (magic, version, capacity; request_seq at 64, request_bytes at 68) and the
     # request at 4096.
     header = bytearray(4096)
@@ -114,7 +114,7 @@ def channel_frame(req, claimed=None):
 
 
 def doorbell_input(word, batch, indptr, lens, max_batch=3, slot_bytes=64):
-    # The doorbell word, then the request area: layout slot 0 (src/transport/doorbell_layout.h).
+    # The doorbell word, then the request area: layout slot 0 (src/channel/doorbell_layout.h).
     words = [batch, 0] + indptr + [0] * (max_batch + 1 - len(indptr)) + lens + \
         [0] * (max_batch - len(lens))
     area = struct.pack(f"<{len(words)}i", *words)

@@ -17,7 +17,7 @@
 #include "httplib.h"
 #include "src/bundle/random_bundle.h"
 #include "src/bundle/request_codec.h"
-#include "src/server/daemon.h"
+#include "src/daemon/daemon.h"
 #include "verifyd/v1/admin.grpc.pb.h"
 #include "verifyd/v1/verify.grpc.pb.h"
 

@@ -14,9 +14,9 @@
 #include <filesystem>
 #include <thread>
 
-#include "src/transport/channel_client.h"
-#include "src/transport/channel_layout.h"
-#include "src/transport/futex_word.h"
+#include "src/channel/channel_client.h"
+#include "src/channel/channel_layout.h"
+#include "src/channel/futex_word.h"
 #include "tests/service/daemon_fixture.h"
 #include "tests/service/shm_region_fixture.h"
 

@@ -1,4 +1,4 @@
-// Doorbell channels (src/transport/doorbell_layout.h) end to end over a Unix socket, with the
+// Doorbell channels (src/channel/doorbell_layout.h) end to end over a Unix socket, with the
 // test thread standing in for the client's GPU: it writes the same shared-memory words that
 // cuStreamWriteValue32 and a device-to-host copy write, and waits on the done word as
 // cuStreamWaitValue32 does. A call built from a descriptor and a layout slot gives the unary
@@ -14,8 +14,8 @@
 #include <filesystem>
 #include <thread>
 
-#include "src/transport/channel_layout.h"
-#include "src/transport/doorbell_layout.h"
+#include "src/channel/channel_layout.h"
+#include "src/channel/doorbell_layout.h"
 #include "tests/service/daemon_fixture.h"
 #include "tests/service/shm_region_fixture.h"
 

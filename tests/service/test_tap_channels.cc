@@ -1,4 +1,4 @@
-// Tap channels (src/transport/tap_layout.h) end to end over a Unix socket, with the test thread
+// Tap channels (src/channel/tap_layout.h) end to end over a Unix socket, with the test thread
 // standing in for the tap kernel (kernels/tap/tap_kernel.cu): HostTap writes the same slot,
 // record and header words, follows the same decision and ring rules, and never waits. Sampled
 // calls are compared three ways, and a planted bug in the stack's output shows as a
@@ -15,9 +15,9 @@
 
 #include "kernels/tap/tap_abi.h"
 #include "src/bundle/validate.h"
+#include "src/channel/channel_layout.h"
 #include "src/common/bf16.h"
 #include "src/io/bundle_file.h"
-#include "src/transport/channel_layout.h"
 #include "tests/service/daemon_fixture.h"
 #include "tests/service/shm_region_fixture.h"
 

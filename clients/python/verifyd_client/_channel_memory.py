@@ -1,7 +1,7 @@
 """A channel's shared-memory object, as every kind of channel (call, doorbell, tap) holds it:
 created for verifyd at the target, its 4 KiB header as 32-bit words, optionally registered with
 CUDA so that a GPU stream can write it, and opened and closed at verifyd
-(src/transport/channel_layout.h)."""
+(src/channel/channel_layout.h)."""
 
 import grpc
 import numpy as np

@@ -1,6 +1,6 @@
 """Calls through a call channel: a shared-memory request slot with a futex doorbell, so a call
 needs no gRPC round trip (verify.proto, OpenChannel; the layout is
-src/transport/channel_layout.h).
+src/channel/channel_layout.h).
 
 The client creates a POSIX shared-memory object, opens it as a channel, then for each call writes
 the serialized VerifyRequest into the request area and its size into the header, increments the

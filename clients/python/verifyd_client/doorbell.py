@@ -1,5 +1,5 @@
 """Doorbell channels: verify calls that a CUDA stream makes, so that a CUDA graph can capture them
-(verify.proto, OpenChannelRequest.descriptors; the layout is src/transport/doorbell_layout.h).
+(verify.proto, OpenChannelRequest.descriptors; the layout is src/channel/doorbell_layout.h).
 
 Once, at setup: each call's fixed part is named as a descriptor (the q, KV pool, kv_indices,
 tree mask and o buffers at their largest shapes, CUDA tensors in allocations registered through
@@ -39,7 +39,7 @@ from .bundle import HEAD_DIM_QK, HEAD_DIM_V
 from .errors import InvalidBundleError, VerifydError, status_code
 from .regions import OFFSET_GRID, ref
 
-# Byte offsets of the header's doorbell-mode words (src/transport/channel_layout.h).
+# Byte offsets of the header's doorbell-mode words (src/channel/channel_layout.h).
 _STATE_AT, _DOORBELL_AT, _DONE_AT, _FAILED_AT = 192, 256, 320, 384
 _RESPONSE_BYTES_AT = 132
 _STATE_OPEN = 1

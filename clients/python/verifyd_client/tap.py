@@ -1,5 +1,5 @@
 """Shadow taps: verify the serving stack's own attention on live traffic without ever being
-waited for (verify.proto, OpenChannelRequest.tap; src/transport/tap_layout.h).
+waited for (verify.proto, OpenChannelRequest.tap; src/channel/tap_layout.h).
 
 ``client.tap_channel(backend, ...)`` allocates the slots region on the GPU (a control block and a
 ring of slots, each with room for one call at the largest shapes), registers it, and opens a tap
@@ -29,7 +29,7 @@ from ._proto import verify_pb2
 from .bundle import HEAD_DIM_QK, HEAD_DIM_V
 from .errors import InvalidBundleError, VerifydError
 
-# Byte offsets of the header's tap words (src/transport/channel_layout.h, static_asserts there).
+# Byte offsets of the header's tap words (src/channel/channel_layout.h, static_asserts there).
 _PRODUCED_AT, _CONSUMED_AT = 448, 512
 _names = itertools.count()
 _LIBRARY_PATHS = ("/usr/lib/verifyd/libverifyd_tap.so", "/usr/local/lib/libverifyd_tap.so")

@@ -1,4 +1,4 @@
-#include "src/transport/tap_layout.h"
+#include "src/channel/tap_layout.h"
 
 #include <cmath>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "src/transport/doorbell_layout.h"
+#include "src/channel/doorbell_layout.h"
 
 #include <cstring>
 #include <string>

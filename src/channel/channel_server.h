@@ -1,5 +1,5 @@
 #pragma once
-// The open call channels (verify.proto, OpenChannel; layout in src/transport/channel_layout.h).
+// The open call channels (verify.proto, OpenChannel; layout in src/channel/channel_layout.h).
 // Each channel is a client's shared-memory object, mapped read-write as shm regions are (only
 // the caller's own, guarded against a client that shrinks it), and one thread that waits on its
 // request word and serves each call through `serve`: the same path as a Verify RPC's message.
@@ -25,10 +25,10 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "google/protobuf/repeated_ptr_field.h"
+#include "src/channel/channel_layout.h"
+#include "src/channel/doorbell_layout.h"
+#include "src/channel/tap_layout.h"
 #include "src/region/region_registry.h"
-#include "src/transport/channel_layout.h"
-#include "src/transport/doorbell_layout.h"
-#include "src/transport/tap_layout.h"
 #include "verifyd/v1/verify.pb.h"
 
 namespace verifyd {

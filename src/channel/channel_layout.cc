@@ -1,4 +1,4 @@
-#include "src/transport/channel_layout.h"
+#include "src/channel/channel_layout.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "src/transport/channel_client.h"
+#include "src/channel/channel_client.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -11,8 +11,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "src/transport/futex_word.h"
-#include "src/transport/shm_object.h"
+#include "src/channel/futex_word.h"
+#include "src/channel/shm_object.h"
 
 namespace verifyd::channel {
 namespace {

@@ -1,4 +1,4 @@
-#include "src/server/state_dir_lock.h"
+#include "src/daemon/state_dir_lock.h"
 
 #include <fcntl.h>
 #include <sys/file.h>

@@ -1,7 +1,5 @@
-#include "src/server/runtime_facts.h"
-
 #include "absl/strings/str_cat.h"
-#include "src/server/daemon.h"
+#include "src/daemon/daemon.h"
 
 namespace verifyd {
 namespace {

@@ -1,4 +1,4 @@
-#include "src/server/daemon.h"
+#include "src/daemon/daemon.h"
 
 #include <sys/stat.h>
 

@@ -1,4 +1,4 @@
-#include "src/transport/futex_word.h"
+#include "src/channel/futex_word.h"
 
 #include <linux/futex.h>
 #include <sys/syscall.h>

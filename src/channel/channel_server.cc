@@ -1,4 +1,4 @@
-#include "src/transport/channel_server.h"
+#include "src/channel/channel_server.h"
 
 #include <poll.h>
 #include <sys/prctl.h>
@@ -13,9 +13,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
+#include "src/channel/futex_word.h"
 #include "src/region/host_pinning.h"
 #include "src/region/shm_mapping.h"
-#include "src/transport/futex_word.h"
 #include "src/transport/in_band_error.h"
 
 namespace verifyd {

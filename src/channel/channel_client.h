@@ -11,7 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/client_context.h"
-#include "src/transport/channel_layout.h"
+#include "src/channel/channel_layout.h"
 #include "verifyd/v1/verify.grpc.pb.h"
 
 namespace verifyd::channel {

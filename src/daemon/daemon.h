@@ -9,20 +9,21 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "src/channel/channel_server.h"
 #include "src/common/admin_address.h"
 #include "src/common/malloc_arenas.h"
 #include "src/compare/compare.h"
 #include "src/control/mode_controller.h"
+#include "src/daemon/state_dir_lock.h"
 #include "src/engine/engine.h"
 #include "src/engine/engine_factory.h"
 #include "src/metrics/metrics.h"
 #include "src/probe/probe_scheduler.h"
 #include "src/region/region_registry.h"
+#include "src/server/runtime_facts.h"
 #include "src/server/shadow_runner.h"
-#include "src/server/state_dir_lock.h"
 #include "src/server/verify_handler.h"
 #include "src/server/verify_service.h"
-#include "src/transport/channel_server.h"
 #include "src/transport/unix_socket_acceptor.h"
 #include "src/transport/vmm_fd_inbox.h"
 #include "src/transport/vmm_fd_socket.h"
@@ -85,6 +86,10 @@ struct DaemonOptions {
   CustomFault inject_custom_fault;  // test only
   ProbeOptions probe;               // probe.at_start off: no start-up probe, the gate needs none
 };
+
+// What GetStatus reports of `o` (RuntimeFacts), with the addresses as bound; started = now.
+RuntimeFacts RuntimeFactsOf(const DaemonOptions& o, std::vector<std::string> listen,
+                            std::string metrics_address);
 
 class Daemon {
  public:
