@@ -51,16 +51,10 @@ class CallContext {
   }
   bool Abandoned() const { return !Check().ok(); }
 
-  // Whether the call's answer goes out before its cleanup: a doorbell call, whose client's GPU
-  // stream waits for the answer, leaves its prepared bundle to be released on another thread.
-  bool answer_first() const { return answer_first_; }
-  void set_answer_first(bool v) { answer_first_ = v; }
-
  private:
   std::function<bool()> cancelled_;
   Clock::time_point deadline_ = Clock::time_point::max();
   mutable std::atomic<int> abandoned_{0};  // an absl::StatusCode once abandoned
-  bool answer_first_ = false;
 };
 
 }  // namespace verifyd

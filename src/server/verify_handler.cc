@@ -247,7 +247,6 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
   if (served_device_s.ok()) timing->set_served_device_seconds(*served_device_s);
   timing->set_total_seconds(Since(t0));
   ++(served == Path::kCustom ? served_custom_ : served_reference_);
-  if (call.answer_first()) releaser_.Release(std::move(*prepared));
   return record.Done(absl::OkStatus());
 }
 

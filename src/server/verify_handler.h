@@ -21,7 +21,6 @@
 #include "src/control/mode_controller.h"
 #include "src/engine/engine.h"
 #include "src/metrics/metrics.h"
-#include "src/server/bundle_releaser.h"
 #include "src/server/shadow_runner.h"
 #include "verifyd/v1/admin.pb.h"
 #include "verifyd/v1/verify.pb.h"
@@ -126,7 +125,6 @@ class VerifyHandler {
   std::atomic<int64_t> match_{0}, breach_{0}, error_{0}, skipped_{0};
   mutable absl::Mutex mu_;
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
-  BundleReleaser releaser_;  // answer-first calls' bundles (CallContext::answer_first)
 };
 
 }  // namespace verifyd

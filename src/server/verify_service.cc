@@ -259,9 +259,7 @@ void VerifyServiceImpl::ServeDoorbellCall(const absl::StatusOr<v1::VerifyRequest
   const auto t0 = std::chrono::steady_clock::now();
   // No bytes arrive with the call (its tensors are in regions): nothing to admit or parse.
   const v1::VerifyRequest& req = call.ok() ? *call : v1::VerifyRequest::default_instance();
-  CallContext ctx;
-  ctx.set_answer_first(true);  // the client's stream waits for the done word
-  absl::Status st = Handle(call.status(), t0, 0, req, resp, ctx, nullptr);
+  absl::Status st = Handle(call.status(), t0, 0, req, resp, CallContext(), nullptr);
   if (st.ok()) return;
   ErrorInResponse(st, req.request_id(), resp);
   if (descriptor != nullptr) handler_->ZeroOutputs(*descriptor);
