@@ -1,7 +1,7 @@
 #pragma once
 // The checks of a call's page ids and tree mask where they lie in device memory (a CUDA IPC or
 // VMM region): one pass that copies them into verifyd's own allocation, so that the kernels read
-// a snapshot the client can no longer change, and records the first bad entry of each. Only eight
+// a snapshot the client can no longer change, and records the first bad entry of each. Only 16
 // bytes come back to the host, instead of the tensors.
 
 #include <cuda_runtime.h>

@@ -20,10 +20,12 @@ struct DecodedRequest {
   // The regions the call reads or writes, pinned until the call ends.
   std::vector<RegionPin> pins;
   // Small tensors named in a region (indices, lengths, mask), copied into verifyd's memory:
-  // verifyd checks their contents there, out of reach of the client's later writes.
+  // verifyd checks their contents there, out of reach of the client's later writes. Page ids and
+  // mask that a GPU holds with the pool stay there (BundleView::indices_device).
   std::vector<std::vector<char>> host_copies;
   // Where the served output goes instead of the response (o_out, lse_out).
   std::optional<RegionRange> o_out, lse_out;
+  const RegionRange* lse_out_range() const { return lse_out ? &*lse_out : nullptr; }
 };
 
 // Tensors may be inline bytes or ranges of regions registered in `regions` (null: none are).

@@ -277,11 +277,16 @@ absl::StatusOr<std::shared_ptr<PreparedBundle>> CudaEngine::PrepareOn(int device
     return absl::InvalidArgumentError(
         "bundle: max_kv_len/total_kv_len are not filled in (the bundle was not validated)");
   }
-  for (int d : {bundle.q_device, bundle.kv_pool_device}) {
+  for (int d : {bundle.q_device, bundle.kv_pool_device, bundle.indices_device}) {
     if (d >= 0 && d != device_index) {
       return absl::InvalidArgumentError(absl::StrCat(
           "device: the bundle's CUDA IPC tensors are on device ", d, ", not ", device_index));
     }
+  }
+  // Page ids checked on the device are checked as they are copied for a pool read there.
+  if (bundle.indices_device >= 0 && bundle.kv_pool_device < 0) {
+    return absl::InvalidArgumentError(
+        "kv_indices: in device memory while kv_pool is not (both or neither)");
   }
   DeviceWorker& w = *workers_[device_index];
   VERIFYD_RETURN_IF_ERROR(w.Activate());

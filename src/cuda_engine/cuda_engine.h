@@ -50,8 +50,8 @@ class CudaEngine : public Engine {
   // stream and returns when it finished, so that its CUDA errors surface here; the oracle runs on
   // the shadow stream and returns once launched.
   absl::Status Run(Path path, PreparedBundle& b) override;
-  // A call's served custom path returns without waiting for its kernels: AllFinite, which
-  // RunServed calls next on the same stream, waits once for both.
+  // A call's served custom path returns without waiting for its kernels: AllFinite or
+  // DeliverIfFinite, which RunServed calls next on the same stream, waits once for both.
   absl::Status RunForCall(Path path, PreparedBundle& b, const CallContext& call) override;
   absl::Status Fetch(Path path, PreparedBundle& b, PathOutput* out) override;
   absl::StatusOr<double> PathSeconds(Path path, PreparedBundle& b) override;

@@ -79,9 +79,9 @@ void PlanUpload(const BundleView& v, bool detach, UploadPlan* plan) {
   // loads: one launch instead of two.
   u.q_with_gather =
       u.gather_on_device && u.q_src != nullptr && !u.q_in_place && kernels::CopyAligned(u.q_src);
-  // A pool on the device is read in place or gathered there, so the checked copy of its page ids
-  // is what the kernels or the gather read.
-  u.checked_on_device = v.indices_device >= 0 && v.kv_pool_device >= 0;
+  // The pool is then on the device too (PrepareOn), read in place or gathered there, so the
+  // checked copy of its page ids is what the kernels or the gather read.
+  u.checked_on_device = v.indices_device >= 0;
   u.checked_indices = u.compact ? kSrcPages : kIndices;
   if (u.compact) {
     u.renumbered.resize(u.n_idx);
@@ -361,8 +361,8 @@ CudaPreparedBundle::~CudaPreparedBundle() {
     if (p.done != nullptr) cudaEventDestroy(p.done);
   }
   if (inputs_ != nullptr) cudaFreeAsync(inputs_, lane_.served);
-  if (check_host_ != nullptr) {  // its copy may still be in flight
-    cudaStreamSynchronize(lane_.served);
+  if (check_host_ != nullptr) {  // its copy, before inputs_ready, may still be in flight
+    cudaEventSynchronize(inputs_ready_);
     worker_.check_slots().Release(check_host_);
   }
   if (inputs_ready_ != nullptr) cudaEventDestroy(inputs_ready_);

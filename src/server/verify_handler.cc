@@ -181,8 +181,7 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
   t1 = Clock::now();
   PathOutput out;
   if (st = call.Check(); st.ok() && !delivered) {
-    st = decoded.o_out ? engine_->Deliver(served, b, *decoded.o_out,
-                                          decoded.lse_out ? &*decoded.lse_out : nullptr)
+    st = decoded.o_out ? engine_->Deliver(served, b, *decoded.o_out, decoded.lse_out_range())
                        : engine_->Fetch(served, b, &out);
   }
   // A region whose memory went while the call read it gave zeros, not the client's bytes.
@@ -277,9 +276,9 @@ absl::Status VerifyHandler::RunServed(const Plan& plan, PreparedBundle& b, const
   if (st.ok()) {
     const auto t = Clock::now();
     absl::StatusOr<bool> finite =
-        decoded.o_out ? engine_->DeliverIfFinite(Path::kCustom, b, *decoded.o_out,
-                                                 decoded.lse_out ? &*decoded.lse_out : nullptr)
-                      : engine_->AllFinite(Path::kCustom, b);
+        decoded.o_out
+            ? engine_->DeliverIfFinite(Path::kCustom, b, *decoded.o_out, decoded.lse_out_range())
+            : engine_->AllFinite(Path::kCustom, b);
     metrics_->FiniteCheck(Since(t));
     *delivered = finite.ok() && *finite && decoded.o_out;
     if (finite.ok() && *finite) return absl::OkStatus();

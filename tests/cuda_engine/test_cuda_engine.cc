@@ -658,6 +658,15 @@ TEST(CudaEngine, PageIdsAndMasksInDeviceMemoryAreCheckedOnTheDevice) {
           EXPECT_TRUE(got.checks.ok()) << got.checks;
           EXPECT_TRUE(got.reference.o == want.reference.o);
           EXPECT_TRUE(got.custom.o == want.custom.o);
+          // Page ids on the device are checked as they are copied for a pool read there: with
+          // the pool said to be elsewhere, the bundle is refused, naming the field.
+          BundleView split = clean.view();
+          split.kv_pool_device = -1;
+          auto refused = Gpu()->Prepare(split, detach);
+          ASSERT_FALSE(refused.ok());
+          EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+          EXPECT_NE(refused.status().message().find("kv_indices"), std::string::npos)
+              << refused.status();
         }
         const int64_t n = host.shape.num_indices;
         // Two bad page ids: the first is named. And one bad mask entry.
