@@ -34,6 +34,11 @@ struct BundleView {
   // kv_pool is a registered region the client keeps writing: a copy of the bundle takes only the
   // pages kv_indices names (see OwnedBundle).
   bool kv_pool_shared = false;
+  // Names the call's layout (kv_indptr, kv_lens, kv_indices and tree_mask), 0 for none: calls
+  // with the same nonzero key and the same layout tensors say that their layouts are the same, so
+  // an engine that copied and checked one on a GPU (indices_device) may let later calls read that
+  // copy. Doorbell channels set it from a layout slot's generation (doorbell_layout.h).
+  uint64_t layout_key = 0;
 
   bool on_host() const { return q_device < 0 && kv_pool_device < 0 && indices_device < 0; }
 

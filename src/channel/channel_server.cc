@@ -269,14 +269,16 @@ class ChannelServer::Channel {
       const channel::Ring ring = channel::DecodeRing(word);
       resp.Clear();
       if (!call.ok()) call = v1::VerifyRequest();
+      uint32_t generation = 0;
       absl::Status built = channel::BuildDoorbellCall(descriptors_, summary_.plan, ring,
-                                                      base + g.request_offset, &*call);
+                                                      base + g.request_offset, &*call, &generation);
       if (!built.ok()) call = built;
       const v1::VerifyRequest* descriptor =
           ring.descriptor < static_cast<uint32_t>(descriptors_.size())
               ? &descriptors_[static_cast<int>(ring.descriptor)]
               : nullptr;
-      serve_built_(call, descriptor, &resp);
+      serve_built_(call, descriptor,
+                   built.ok() ? channel::LayoutKey(serial_, ring.slot, generation) : 0, &resp);
       if (Shrank()) return;
       if (resp.error_code() != 0) {
         const int64_t failed = failed_.fetch_add(1) + 1;
@@ -367,6 +369,9 @@ class ChannelServer::Channel {
   mutable std::mutex tap_mu_;
   TapCounts tap_counts_;  // guarded by tap_mu_
   const int pidfd_;       // readable once the client exited; -1: not watched
+  // Its number among the channels this process opened (its calls' layout keys: LayoutKey).
+  const uint32_t serial_ = next_serial_.fetch_add(1, std::memory_order_relaxed) + 1;
+  static inline std::atomic<uint32_t> next_serial_{0};
   std::atomic<bool> stop_{false}, stopped_{false}, orphaned_{false};
   std::atomic<int64_t> calls_{0}, failed_{0};
   std::thread thread_;

@@ -108,10 +108,10 @@ class ChannelServer {
   // Serves one doorbell call, built from its descriptor and layout slot (or the error that kept
   // it from being built), into `resp`; on any error it zero-fills the output ranges that
   // `descriptor` names (null: the doorbell named no descriptor), so the client reads zeros, not
-  // stale values.
-  using ServeBuilt =
-      std::function<void(const absl::StatusOr<v1::VerifyRequest>& call,
-                         const v1::VerifyRequest* descriptor, v1::VerifyResponse* resp)>;
+  // stale values. `layout_key`: the call's layout for reuse (BundleView::layout_key), 0 for none.
+  using ServeBuilt = std::function<void(const absl::StatusOr<v1::VerifyRequest>& call,
+                                        const v1::VerifyRequest* descriptor, uint64_t layout_key,
+                                        v1::VerifyResponse* resp)>;
   using Descriptors = google::protobuf::RepeatedPtrField<v1::VerifyRequest>;
   // Sees the channel count after every change (metrics).
   using Observer = std::function<void(int64_t channels)>;

@@ -99,7 +99,8 @@ absl::StatusOr<DoorbellPlan> PlanDoorbell(
 
 absl::Status BuildDoorbellCall(
     const google::protobuf::RepeatedPtrField<v1::VerifyRequest>& descriptors,
-    const DoorbellPlan& plan, Ring ring, const char* request_area, v1::VerifyRequest* call) {
+    const DoorbellPlan& plan, Ring ring, const char* request_area, v1::VerifyRequest* call,
+    uint32_t* generation) {
   if (ring.descriptor >= static_cast<uint32_t>(descriptors.size())) {
     return absl::InvalidArgumentError(absl::StrCat("doorbell: descriptor ", ring.descriptor,
                                                    ", the channel has ", descriptors.size()));
@@ -111,6 +112,7 @@ absl::Status BuildDoorbellCall(
   const int64_t max_batch = plan.max_batch;
   std::vector<int32_t> w(3 + 2 * static_cast<size_t>(max_batch));
   std::memcpy(w.data(), request_area + uint64_t{ring.slot} * plan.slot_bytes, w.size() * 4);
+  if (generation != nullptr) *generation = static_cast<uint32_t>(w[1]);
   const int64_t batch = w[0];
   if (batch < 1 || batch > max_batch) {
     return absl::InvalidArgumentError(absl::StrCat("batch: ", batch, " in layout slot ", ring.slot,

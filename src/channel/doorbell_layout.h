@@ -6,9 +6,17 @@
 // tensors are region ranges at their largest shapes). The request area then holds layout slots:
 // the dynamic part of a call, written by the client (a device-to-host copy on its stream):
 //
-//   int32 words: [0] batch (1 to max_batch), [1] 0,
+//   int32 words: [0] batch (1 to max_batch), [1] generation,
 //                [2, 3 + max_batch)            kv_indptr[0..max_batch] (the first batch+1 used)
 //                [3 + max_batch, 3 + 2*max_batch) kv_lens[0..max_batch)  (the first batch used)
+//
+// The generation says when the layout changes. 0: verifyd reads (copies and checks) the page ids
+// and mask that the call's descriptor names at every call. Otherwise the client writes a new
+// generation whenever it writes the slot or the page ids or mask its calls name (once per
+// forward pass), and verifyd reads them at the first call of a generation, on each of its lanes:
+// later calls with the same slot, generation, kv_indptr, kv_lens and tensors read that checked
+// copy (LayoutKey, BundleView::layout_key). A client that changes its page ids without a new
+// generation is served the ones read before.
 //
 // One call, on the client's stream:
 //   1. ring: write the header's doorbell word = kRung | slot << 16 | descriptor
@@ -47,6 +55,12 @@ inline uint32_t RingWord(Ring r) {
 }
 inline Ring DecodeRing(uint32_t word) { return Ring{word & 0xffffu, (word >> 16) & 0x7fffu}; }
 inline uint32_t DoneWord(int code) { return kDone | (static_cast<uint32_t>(code) & 0xffu) << 8; }
+// The layout key of a call from channel `channel` (a number no other open channel has) with
+// layout slot `slot` (below kMaxLayoutSlots) of generation `generation`: 0 when the generation is.
+inline uint64_t LayoutKey(uint32_t channel, uint32_t slot, uint32_t generation) {
+  if (generation == 0) return 0;
+  return uint64_t{channel & 0xffffffu} << 40 | uint64_t{slot & 0xffu} << 32 | generation;
+}
 
 // What every descriptor of a channel shares, checked at open.
 struct DoorbellPlan {
@@ -67,9 +81,10 @@ absl::StatusOr<DoorbellPlan> PlanDoorbell(
 // client can write at any time: the slot is copied out once, first. INVALID_ARGUMENT naming the
 // field: an unknown descriptor or slot, a batch outside 1 to max_batch, or kv_indptr[batch]
 // outside 1 to the descriptor's kv_indices. The contents are checked afterwards as in any call
-// (ValidateBundle).
+// (ValidateBundle). `generation` (optional): the slot's generation, from the same copy.
 absl::Status BuildDoorbellCall(
     const google::protobuf::RepeatedPtrField<v1::VerifyRequest>& descriptors,
-    const DoorbellPlan& plan, Ring ring, const char* request_area, v1::VerifyRequest* call);
+    const DoorbellPlan& plan, Ring ring, const char* request_area, v1::VerifyRequest* call,
+    uint32_t* generation = nullptr);
 
 }  // namespace verifyd::channel

@@ -200,6 +200,35 @@ absl::Status EnqueueFiniteCheck(CudaPreparedBundle& b, Path path, const std::str
   return st;
 }
 
+// Queues, on the path's stream, one kernel that copies a path's output (reference or custom) into
+// registered device memory and checks it is finite as it goes, leaving the flag in the lane's
+// mapped host word. The caller holds lane.finite_mu until it has read the flag.
+absl::Status EnqueueCheckedCopy(CudaPreparedBundle& b, Path path, const RegionRange& o,
+                                const RegionRange* lse, const std::string& where)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(b.lane().finite_mu) {
+  if (path == Path::kOracle) return absl::InvalidArgumentError("o_out: the oracle is not served");
+  const DevicePathOutput out = b.State(path);
+  if (!out.ran) return NotRun(path);
+  if (o.byte_size != size_t(b.o_elems()) * 2 ||
+      (lse != nullptr && lse->byte_size != size_t(b.lse_elems()) * 4)) {
+    return absl::InternalError("o_out: the output ranges do not match the bundle's outputs");
+  }
+  DeviceWorker& w = b.worker();
+  Lane& lane = b.lane();
+  // The lane's last check was read before finite_mu was let go: nothing writes the word now.
+  *lane.finite_host = 0;
+  absl::Status st = w.Check(
+      kernels::LaunchFlagNonFiniteAndCopy(
+          static_cast<const uint16_t*>(out.o), reinterpret_cast<uint16_t*>(o.data), b.o_elems(),
+          out.lse, lse != nullptr ? reinterpret_cast<float*>(lse->data) : nullptr, b.lse_elems(),
+          lane.finite_mapped, PathStream(b, path)),
+      where);
+  if (path != Path::kReference) {
+    if (absl::Status rec = b.RecordShadowUse(); st.ok()) st = rec;
+  }
+  return st;
+}
+
 }  // namespace
 
 int VisibleCudaDevices() {
@@ -437,9 +466,15 @@ absl::StatusOr<bool> CudaEngine::DeliverIfFinite(Path path, PreparedBundle& pb,
       absl::StrCat(PathName(path), " path (checking its output is finite and writing it)");
   Lane& lane = b.lane();
   absl::MutexLock lock(&lane.finite_mu);
-  VERIFYD_RETURN_IF_ERROR(EnqueueFiniteCheck(b, path, where));
-  VERIFYD_RETURN_IF_ERROR(EnqueueDeliver(b, path, o, lse, where));
-  // Both on the path's stream: one wait for the flag and the output.
+  // Into this GPU's own memory a kernel writes it; elsewhere a copy does.
+  const int here = w.device();
+  if (o.device() == here && (lse == nullptr || lse->device() == here)) {
+    VERIFYD_RETURN_IF_ERROR(EnqueueCheckedCopy(b, path, o, lse, where));
+  } else {
+    VERIFYD_RETURN_IF_ERROR(EnqueueFiniteCheck(b, path, where));
+    VERIFYD_RETURN_IF_ERROR(EnqueueDeliver(b, path, o, lse, where));
+  }
+  // On the path's stream: one wait for the flag and the output.
   VERIFYD_RETURN_IF_ERROR(w.AwaitCritical(PathStream(b, path), where));
   return *lane.finite_host == 0;
 }

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/reference/input_check_kernels.h"
 #include "kernels/reference/page_gather_kernels.h"
-#include "src/bundle/validate.h"
+#include "src/common/status_macros.h"
 
 namespace verifyd {
 namespace {
@@ -37,10 +37,18 @@ struct Piece {
   const void* host = nullptr;  // staged from here; null: filled on the device (or absent)
   size_t bytes = 0;
   size_t offset = 0;
+  char* at = nullptr;  // its device address
 };
+
+// Which pieces one allocation holds: all of them; or, when the page ids are checked on the device,
+// the layout's (kv_indptr, kv_lens, the checked page ids, the mask and the checks' outcome: a
+// DeviceLayout) apart from the rest (q and the pool when they are copied, a compacted pool's
+// renumbered page ids).
+enum class Group { kWhole, kLayout, kRest };
 
 // Where each input of one upload comes from, and where it lies in the device allocation.
 struct UploadPlan {
+  Group group = Group::kWhole;
   bool q_in_place = false, pool_in_place = false;
   bool compact = false;  // a copied shared pool keeps only the pages the call names
   // Sources the GPU reads itself, else null.
@@ -57,9 +65,15 @@ struct UploadPlan {
   size_t staged = 0, total = 0;  // bytes of the staged pieces, and of all of them
 };
 
-void PlanUpload(const BundleView& v, bool detach, UploadPlan* plan) {
+bool InLayout(const UploadPlan& u, int piece) {
+  return piece == kIndptr || piece == kLens || piece == u.checked_indices || piece == kMask ||
+         piece == kCheck;
+}
+
+void PlanUpload(const BundleView& v, bool detach, Group group, UploadPlan* plan) {
   const auto& s = v.shape;
   UploadPlan& u = *plan;
+  u.group = group;
   u.page_bytes = size_t(s.page_size) * kernels::kHeadDimQK * 2;
   u.n_idx = size_t(s.num_indices);
   // In place: q and the pool are read where the client keeps them (a CUDA IPC region), for a
@@ -83,7 +97,7 @@ void PlanUpload(const BundleView& v, bool detach, UploadPlan* plan) {
   // checked copy of its page ids is what the kernels or the gather read.
   u.checked_on_device = v.indices_device >= 0;
   u.checked_indices = u.compact ? kSrcPages : kIndices;
-  if (u.compact) {
+  if (u.compact && group != Group::kLayout) {
     u.renumbered.resize(u.n_idx);
     for (size_t i = 0; i < u.n_idx; ++i) u.renumbered[i] = static_cast<int32_t>(i);
   }
@@ -107,6 +121,12 @@ void PlanUpload(const BundleView& v, bool detach, UploadPlan* plan) {
     static const kernels::InputCheckStatus kNothingBad{kernels::kNoBadEntry, kernels::kNoBadEntry};
     pieces[kCheck] = {&kNothingBad, sizeof(kNothingBad)};
   }
+  // The other group's pieces are another allocation's.
+  if (group != Group::kWhole) {
+    for (int i = 0; i < kPieces; ++i) {
+      if (InLayout(u, i) != (group == Group::kLayout)) pieces[i] = Piece{};
+    }
+  }
   // Staged pieces first, so that one copy moves them all.
   for (int pass = 0; pass < 2; ++pass) {
     for (Piece& p : pieces) {
@@ -119,17 +139,23 @@ void PlanUpload(const BundleView& v, bool detach, UploadPlan* plan) {
   }
 }
 
-// The kernels' input pointers: into the device allocation `dev`, or where the client keeps them.
-void PointProblemAt(const UploadPlan& u, const BundleView& v, char* dev,
-                    kernels::VerifyProblem* problem) {
+// The device addresses of the plan's own pieces in allocation `dev`.
+void PlaceAt(char* dev, UploadPlan* u) {
+  for (Piece& p : u->pieces) {
+    if (p.bytes > 0) p.at = dev + p.offset;
+  }
+}
+
+// The kernels' input pointers: into the device allocations, or where the client keeps them.
+void PointProblemAt(const UploadPlan& u, const BundleView& v, kernels::VerifyProblem* problem) {
   const auto& pieces = u.pieces;
-  problem->q = u.q_in_place ? v.q : reinterpret_cast<const uint16_t*>(dev + pieces[kQ].offset);
+  problem->q = u.q_in_place ? v.q : reinterpret_cast<const uint16_t*>(pieces[kQ].at);
   problem->kv_pool =
-      u.pool_in_place ? v.kv_pool : reinterpret_cast<const uint16_t*>(dev + pieces[kPool].offset);
-  problem->kv_indptr = reinterpret_cast<const int32_t*>(dev + pieces[kIndptr].offset);
-  problem->kv_indices = reinterpret_cast<const int32_t*>(dev + pieces[kIndices].offset);
-  problem->kv_lens = reinterpret_cast<const int32_t*>(dev + pieces[kLens].offset);
-  problem->tree_mask = reinterpret_cast<const uint8_t*>(dev + pieces[kMask].offset);
+      u.pool_in_place ? v.kv_pool : reinterpret_cast<const uint16_t*>(pieces[kPool].at);
+  problem->kv_indptr = reinterpret_cast<const int32_t*>(pieces[kIndptr].at);
+  problem->kv_indices = reinterpret_cast<const int32_t*>(pieces[kIndices].at);
+  problem->kv_lens = reinterpret_cast<const int32_t*>(pieces[kLens].at);
+  problem->tree_mask = reinterpret_cast<const uint8_t*>(pieces[kMask].at);
   if (u.compact) problem->shape.num_pages = v.shape.num_indices;
 }
 
@@ -152,58 +178,93 @@ void FillStaging(const UploadPlan& u, const BundleView& v, char* staging) {
   }
 }
 
-// On the served stream: the staged pieces in one copy (`copied` recorded after it), the checked
-// copy of page ids and mask in device memory (its outcome copied to `check_host` when given),
-// then q and the pool or its pages from where the GPU reads them itself (`inputs_ready` recorded
+// On the served stream: the staged pieces in one copy to `dev` (`copied` recorded after it), the
+// checked copy of page ids and mask in device memory (its outcome copied to `check_host` when
+// given), then q and the pool or its pages from where the GPU reads them itself (`done` recorded
 // after all).
 absl::Status CopyToDevice(const UploadPlan& u, const BundleView& v, DeviceWorker& worker,
                           Lane& lane, const char* staging, cudaEvent_t copied, char* dev,
-                          cudaEvent_t inputs_ready, kernels::InputCheckStatus* check_host) {
+                          cudaEvent_t done, kernels::InputCheckStatus* check_host) {
   const auto& pieces = u.pieces;
   absl::Status st;
   if (u.staged > 0) {
     st = worker.Check(cudaMemcpyAsync(dev, staging, u.staged, cudaMemcpyHostToDevice, lane.served),
                       kUploading);
+    if (st.ok()) st = worker.Check(cudaEventRecord(copied, lane.served), kUploading);
   }
-  if (st.ok()) st = worker.Check(cudaEventRecord(copied, lane.served), kUploading);
-  if (st.ok() && u.checked_on_device) {
-    auto* status = reinterpret_cast<kernels::InputCheckStatus*>(dev + pieces[kCheck].offset);
-    st = worker.Check(
-        kernels::LaunchCheckedInputCopy(
-            v.kv_indices, v.shape.num_indices, v.shape.num_pages,
-            reinterpret_cast<int32_t*>(dev + pieces[u.checked_indices].offset), v.tree_mask,
-            v.mask_bytes(), v.shape.mask_format, v.shape.draft,
-            reinterpret_cast<uint8_t*>(dev + pieces[kMask].offset), status, lane.served),
-        "checking kv_indices and tree_mask on the device");
+  if (st.ok() && u.checked_on_device && u.group != Group::kRest) {
+    auto* status = reinterpret_cast<kernels::InputCheckStatus*>(pieces[kCheck].at);
+    st = worker.Check(kernels::LaunchCheckedInputCopy(
+                          v.kv_indices, v.shape.num_indices, v.shape.num_pages,
+                          reinterpret_cast<int32_t*>(pieces[u.checked_indices].at), v.tree_mask,
+                          v.mask_bytes(), v.shape.mask_format, v.shape.draft,
+                          reinterpret_cast<uint8_t*>(pieces[kMask].at), status, lane.served),
+                      "checking kv_indices and tree_mask on the device");
     if (st.ok() && check_host != nullptr) {
       st = worker.Check(
           cudaMemcpyAsync(check_host, status, sizeof(*status), cudaMemcpyDeviceToHost, lane.served),
           "checking kv_indices and tree_mask on the device");
     }
   }
+  if (u.group == Group::kLayout) {
+    return st.ok() ? worker.Check(cudaEventRecord(done, lane.served), kUploading) : st;
+  }
   if (st.ok() && u.q_src != nullptr && !u.q_in_place && !u.q_with_gather) {
-    st = worker.Check(cudaMemcpyAsync(dev + pieces[kQ].offset, u.q_src, u.q_bytes,
-                                      cudaMemcpyDefault, lane.served),
-                      "copying q");
+    st = worker.Check(
+        cudaMemcpyAsync(pieces[kQ].at, u.q_src, u.q_bytes, cudaMemcpyDefault, lane.served),
+        "copying q");
   }
   if (st.ok() && u.pool_direct && !u.pool_in_place) {
-    st = worker.Check(cudaMemcpyAsync(dev + pieces[kPool].offset, u.pool_src, pieces[kPool].bytes,
+    st = worker.Check(cudaMemcpyAsync(pieces[kPool].at, u.pool_src, pieces[kPool].bytes,
                                       cudaMemcpyDefault, lane.served),
                       "copying kv_pool");
   }
   if (st.ok() && u.gather_on_device) {
     kernels::CopyRange q_range;
-    if (u.q_with_gather) {
-      q_range = {u.q_src, dev + pieces[kQ].offset, static_cast<int64_t>(u.q_bytes)};
-    }
+    if (u.q_with_gather) q_range = {u.q_src, pieces[kQ].at, static_cast<int64_t>(u.q_bytes)};
     st = worker.Check(
-        kernels::LaunchGatherPages(u.pool_src,
-                                   reinterpret_cast<const int32_t*>(dev + pieces[kSrcPages].offset),
-                                   v.shape.num_indices, static_cast<int64_t>(u.page_bytes),
-                                   dev + pieces[kPool].offset, lane.served, q_range),
+        kernels::LaunchGatherPages(
+            u.pool_src, reinterpret_cast<const int32_t*>(pieces[kSrcPages].at), v.shape.num_indices,
+            static_cast<int64_t>(u.page_bytes), pieces[kPool].at, lane.served, q_range),
         "snapshotting the KV pages");
   }
-  if (st.ok()) st = worker.Check(cudaEventRecord(inputs_ready, lane.served), kUploading);
+  if (st.ok()) st = worker.Check(cudaEventRecord(done, lane.served), kUploading);
+  return st;
+}
+
+// Allocates the plan's pieces from the worker's pool (none when it has none), places them, and
+// queues their copies on the lane's served stream through its pinned staging (`done` recorded
+// after them).
+absl::Status Send(const BundleView& v, DeviceWorker& worker, Lane& lane, UploadPlan* u,
+                  void** allocation, cudaEvent_t done, kernels::InputCheckStatus* check_host) {
+  if (u->total > 0) {
+    if (absl::Status st = worker.Check(
+            cudaMallocFromPoolAsync(allocation, u->total, worker.pool(), lane.served), kUploading);
+        !st.ok()) {
+      *allocation = nullptr;
+      return st;
+    }
+  }
+  char* dev = static_cast<char*>(*allocation);
+  PlaceAt(dev, u);
+  Staging& in = lane.input;
+  absl::MutexLock lock(&in.mu);
+  if (u->staged > 0) {
+    // The previous upload through this buffer must have left it before it is overwritten.
+    if (absl::Status st = worker.Check(cudaEventSynchronize(in.copied), kUploading); !st.ok()) {
+      return st;
+    }
+    if (absl::Status st = worker.Check(in.buffer.Reserve(u->staged), kUploading); !st.ok()) {
+      return st;
+    }
+    FillStaging(*u, v, in.buffer.data());
+  }
+  return CopyToDevice(*u, v, worker, lane, in.buffer.data(), in.copied, dev, done, check_host);
+}
+
+absl::Status CreateEvent(DeviceWorker& worker, cudaEvent_t* e) {
+  absl::Status st = worker.Check(cudaEventCreateWithFlags(e, cudaEventDisableTiming), kUploading);
+  if (!st.ok()) *e = nullptr;
   return st;
 }
 
@@ -221,79 +282,61 @@ CudaPreparedBundle::CudaPreparedBundle(DeviceWorker& worker, Lane& lane, const B
   problem_.total_kv_len = v.total_kv_len;
 }
 
+absl::StatusOr<std::shared_ptr<DeviceLayout>> CudaPreparedBundle::UploadLayout(const BundleView& v,
+                                                                               bool detach) {
+  auto l = std::make_shared<DeviceLayout>(worker_, lane_, v);
+  UploadPlan u;
+  PlanUpload(v, detach, Group::kLayout, &u);
+  VERIFYD_RETURN_IF_ERROR(CreateEvent(worker_, &l->ready));
+  l->check_host = worker_.check_slots().Acquire();
+  VERIFYD_RETURN_IF_ERROR(Send(v, worker_, lane_, &u, &l->allocation, l->ready, l->check_host));
+  const Piece* p = u.pieces;
+  l->indptr = reinterpret_cast<const int32_t*>(p[kIndptr].at);
+  l->lens = reinterpret_cast<const int32_t*>(p[kLens].at);
+  l->indices = reinterpret_cast<const int32_t*>(p[u.checked_indices].at);
+  l->mask = reinterpret_cast<const uint8_t*>(p[kMask].at);
+  l->check_device = reinterpret_cast<kernels::InputCheckStatus*>(p[kCheck].at);
+  return l;
+}
+
 absl::Status CudaPreparedBundle::Upload(const BundleView& v, bool detach) {
   UploadPlan plan;
-  PlanUpload(v, detach, &plan);
+  if (v.indices_device < 0) {
+    PlanUpload(v, detach, Group::kWhole, &plan);
+  } else {
+    // The layout: one this lane kept for the call's layout key, or uploaded and checked now.
+    if (v.layout_key != 0) layout_ = lane_.layouts->Find(v);
+    if (layout_ == nullptr) {
+      VERIFYD_ASSIGN_OR_RETURN(layout_, UploadLayout(v, detach));
+      if (v.layout_key != 0) lane_.layouts->Keep(layout_);
+    }
+    PlanUpload(v, detach, Group::kRest, &plan);
+    Piece* p = plan.pieces;
+    p[kIndptr].at = reinterpret_cast<char*>(const_cast<int32_t*>(layout_->indptr));
+    p[kLens].at = reinterpret_cast<char*>(const_cast<int32_t*>(layout_->lens));
+    p[plan.checked_indices].at = reinterpret_cast<char*>(const_cast<int32_t*>(layout_->indices));
+    p[kMask].at = reinterpret_cast<char*>(const_cast<uint8_t*>(layout_->mask));
+    p[kCheck].at = reinterpret_cast<char*>(layout_->check_device);
+    // Nothing more to copy: the layout's copies, earlier on the same stream, are all it waits for.
+    if (plan.total == 0) inputs_ready_ = layout_->ready;
+  }
   q_in_place_ = plan.q_in_place;
   pool_in_place_ = plan.pool_in_place;
-
-  if (absl::Status st = worker_.Check(
-          cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming), kUploading);
-      !st.ok()) {
-    return st;
+  if (inputs_ready_ == nullptr) {
+    VERIFYD_RETURN_IF_ERROR(CreateEvent(worker_, &inputs_ready_));
+    owns_inputs_ready_ = true;
   }
-  if (absl::Status st =
-          worker_.Check(cudaMallocFromPoolAsync(&inputs_, std::max<size_t>(plan.total, kAlign),
-                                                worker_.pool(), lane_.served),
-                        kUploading);
-      !st.ok()) {
-    inputs_ = nullptr;
-    return st;
+  if (plan.total == 0 && layout_ != nullptr) {
+    PointProblemAt(plan, v, &problem_);
+    return absl::OkStatus();
   }
-  char* dev = static_cast<char*>(inputs_);
-  PointProblemAt(plan, v, dev, &problem_);
-  kernels::InputCheckStatus* check_host = nullptr;
-  if (plan.checked_on_device) {
-    absl::MutexLock lock(&mu_);
-    checks_on_device_ = true;
-    check_device_ = reinterpret_cast<kernels::InputCheckStatus*>(dev + plan.pieces[kCheck].offset);
-    check_host = check_host_ = worker_.check_slots().Acquire();
-  }
-
-  Staging& in = lane_.input;
-  absl::MutexLock lock(&in.mu);
-  // The previous upload through this buffer must have left it before it is overwritten.
-  if (absl::Status st = worker_.Check(cudaEventSynchronize(in.copied), kUploading); !st.ok()) {
-    return st;
-  }
-  if (absl::Status st =
-          worker_.Check(in.buffer.Reserve(std::max<size_t>(plan.staged, 1)), kUploading);
-      !st.ok()) {
-    return st;
-  }
-  FillStaging(plan, v, in.buffer.data());
-  return CopyToDevice(plan, v, worker_, lane_, in.buffer.data(), in.copied, dev, inputs_ready_,
-                      check_host);
+  absl::Status st = Send(v, worker_, lane_, &plan, &inputs_, inputs_ready_, nullptr);
+  PointProblemAt(plan, v, &problem_);
+  return st;
 }
 
 absl::Status CudaPreparedBundle::InputChecks() {
-  absl::MutexLock lock(&mu_);
-  if (!checks_on_device_) return absl::OkStatus();
-  if (checks_) return *checks_;
-  const char* where = "reading the outcome of the checks on the device";
-  // The outcome was copied before inputs_ready, which the paths' kernels waited for.
-  kernels::InputCheckStatus status{};
-  absl::Status st = worker_.AwaitCritical(inputs_ready_, where);
-  if (st.ok() && check_host_ != nullptr) {
-    status = *check_host_;
-  } else if (st.ok()) {
-    st = worker_.Check(cudaMemcpy(&status, check_device_, sizeof(status), cudaMemcpyDeviceToHost),
-                       where);
-  }
-  worker_.check_slots().Release(check_host_);
-  check_host_ = nullptr;
-  if (!st.ok()) return st;  // not kept: a device error is the device's, not the call's
-  const kernels::ProblemShape& s = shape();
-  if (status.bad_index != kernels::kNoBadEntry) {
-    checks_ = BadPageId(static_cast<int64_t>(status.bad_index >> 32),
-                        static_cast<int32_t>(status.bad_index & 0xffffffffu), s.num_pages);
-  } else if (status.bad_mask != kernels::kNoBadEntry) {
-    checks_ = BadMaskByte(s, static_cast<int64_t>(status.bad_mask >> 32),
-                          static_cast<uint8_t>(status.bad_mask & 0xffu));
-  } else {
-    checks_ = absl::OkStatus();
-  }
-  return *checks_;
+  return layout_ != nullptr ? layout_->Checks() : absl::OkStatus();
 }
 
 absl::StatusOr<DevicePathOutput> CudaPreparedBundle::Outputs(Path p, cudaStream_t stream) {
@@ -361,11 +404,7 @@ CudaPreparedBundle::~CudaPreparedBundle() {
     if (p.done != nullptr) cudaEventDestroy(p.done);
   }
   if (inputs_ != nullptr) cudaFreeAsync(inputs_, lane_.served);
-  if (check_host_ != nullptr) {  // its copy, before inputs_ready, may still be in flight
-    cudaEventSynchronize(inputs_ready_);
-    worker_.check_slots().Release(check_host_);
-  }
-  if (inputs_ready_ != nullptr) cudaEventDestroy(inputs_ready_);
+  if (owns_inputs_ready_) cudaEventDestroy(inputs_ready_);
   if (shadow_last_ != nullptr) cudaEventDestroy(shadow_last_);
   cudaGetLastError();  // nothing to report from a destructor
 }

@@ -6,13 +6,15 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
-#include <optional>
+#include <memory>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/reference/input_check_kernels.h"
 #include "kernels/verify_problem.h"
+#include "src/cuda_engine/device_layout.h"
 #include "src/cuda_engine/device_worker.h"
 #include "src/engine/engine.h"
 
@@ -45,13 +47,15 @@ class CudaPreparedBundle : public PreparedBundle {
   // CUDA IPC region are read in place, or with `detach` (work after the response) snapshotted
   // on the device: q copied, the pool's named pages gathered. A shared pool that is copied keeps
   // only the pages the bundle names (problem().shape.num_pages is then num_indices).
+  // Page ids in device memory are checked as they are copied, with kv_indptr, kv_lens and the
+  // mask, into a DeviceLayout, which the lane keeps for later calls of the same layout_key.
   absl::Status Upload(const BundleView& v, bool detach);
   // Whether the kernels read the pool where the client keeps it (problem().kv_pool is then the
   // client's whole pool).
   bool pool_in_place() const { return pool_in_place_; }
   // The outcome of the checks Upload made on the device (Engine::InputChecks); OK when the
   // bundle was checked on the host.
-  absl::Status InputChecks() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status InputChecks();
 
   // The path's output buffers and events, allocated on `stream` the first time.
   absl::StatusOr<DevicePathOutput> Outputs(Path p, cudaStream_t stream) ABSL_LOCKS_EXCLUDED(mu_);
@@ -62,6 +66,8 @@ class CudaPreparedBundle : public PreparedBundle {
   absl::Status RecordShadowUse() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  absl::StatusOr<std::shared_ptr<DeviceLayout>> UploadLayout(const BundleView& v, bool detach);
+
   DeviceWorker& worker_;
   Lane& lane_;
   kernels::VerifyProblem problem_;
@@ -70,14 +76,12 @@ class CudaPreparedBundle : public PreparedBundle {
   cudaEvent_t inputs_ready_ = nullptr;
   bool q_in_place_ = false, pool_in_place_ = false;
 
+  // The layout, when its page ids are in device memory (checked there).
+  std::shared_ptr<DeviceLayout> layout_;
+  bool owns_inputs_ready_ = false;  // else it is layout_'s
+
   mutable absl::Mutex mu_;
   DevicePathOutput paths_[3] ABSL_GUARDED_BY(mu_);
-  // Page ids and mask checked on the device: the outcome in the device allocation, copied to a
-  // pinned slot (null: none was free; read with a copy of its own), and once read, kept.
-  bool checks_on_device_ ABSL_GUARDED_BY(mu_) = false;
-  kernels::InputCheckStatus* check_device_ ABSL_GUARDED_BY(mu_) = nullptr;
-  kernels::InputCheckStatus* check_host_ ABSL_GUARDED_BY(mu_) = nullptr;
-  std::optional<absl::Status> checks_ ABSL_GUARDED_BY(mu_);
   cudaEvent_t shadow_last_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 

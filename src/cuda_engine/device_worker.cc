@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "src/cuda_engine/cuda_status.h"
+#include "src/cuda_engine/device_layout.h"
 
 namespace verifyd {
 namespace {
@@ -68,6 +69,7 @@ absl::Status DeviceWorker::Init(size_t pool_bytes, int lanes) {
   for (int i = 0; i < std::max(lanes, 1); ++i) {
     auto lane = std::make_unique<Lane>();
     Lane& l = *lane;
+    l.layouts = std::make_unique<LayoutCache>();
     lanes_.push_back(std::move(lane));  // owned from here on, so the destructor frees it
     absl::Status st =
         Check(cudaStreamCreateWithPriority(&l.served, cudaStreamNonBlocking, greatest), where);
@@ -100,8 +102,13 @@ absl::Status DeviceWorker::Init(size_t pool_bytes, int lanes) {
     }
     if (st.ok()) {
       st = Check(cudaHostAlloc(reinterpret_cast<void**>(&l.finite_host), sizeof(unsigned),
-                               cudaHostAllocDefault),
+                               cudaHostAllocMapped),
                  where);
+    }
+    if (st.ok()) {
+      st = Check(
+          cudaHostGetDevicePointer(reinterpret_cast<void**>(&l.finite_mapped), l.finite_host, 0),
+          where);
     }
     if (!st.ok()) return st;
   }
@@ -114,6 +121,7 @@ DeviceWorker::~DeviceWorker() {
     Lane& l = *lane;
     if (l.served != nullptr) cudaStreamSynchronize(l.served);
     if (l.shadow != nullptr) cudaStreamSynchronize(l.shadow);
+    if (l.layouts != nullptr) l.layouts->Clear();  // frees on l.served
     {
       absl::MutexLock lock(&l.blas_mu);
       if (l.blas != nullptr) cublasDestroy(l.blas);

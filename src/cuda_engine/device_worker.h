@@ -25,6 +25,8 @@
 
 namespace verifyd {
 
+class LayoutCache;  // device_layout.h
+
 // A pinned buffer and the event after which the last copy through it is done.
 struct Staging {
   absl::Mutex mu;
@@ -53,8 +55,12 @@ struct Lane {
 
   absl::Mutex finite_mu;  // one finite check at a time per lane: shared flag
   unsigned* finite_device ABSL_GUARDED_BY(finite_mu) = nullptr;
-  unsigned* finite_host ABSL_GUARDED_BY(finite_mu) = nullptr;  // pinned
+  unsigned* finite_host ABSL_GUARDED_BY(finite_mu) = nullptr;    // pinned, mapped
+  unsigned* finite_mapped ABSL_GUARDED_BY(finite_mu) = nullptr;  // finite_host, as the GPU sees it
   cudaEvent_t finite_done = nullptr;
+
+  // Layouts that later calls on this lane may read again (BundleView::layout_key).
+  std::unique_ptr<LayoutCache> layouts;
 };
 
 class DeviceWorker {

@@ -119,9 +119,10 @@ void VerifyHandler::ZeroOutputs(const v1::VerifyRequest& req) {
 }
 
 absl::Status VerifyHandler::Handle(const v1::VerifyRequest& req, v1::VerifyResponse* resp,
-                                   const CallContext& call, const InPlaceTensors* in_place) {
+                                   const CallContext& call, const InPlaceTensors* in_place,
+                                   uint64_t layout_key) {
   ++requests_;
-  absl::Status st = Serve(req, resp, call, in_place);
+  absl::Status st = Serve(req, resp, call, in_place, layout_key);
   if (!st.ok()) ++request_errors_;
   return st;
 }
@@ -138,7 +139,8 @@ absl::Status VerifyHandler::CheckWork(const BundleView& v) const {
 }
 
 absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyResponse* resp,
-                                  const CallContext& call, const InPlaceTensors* in_place) {
+                                  const CallContext& call, const InPlaceTensors* in_place,
+                                  uint64_t layout_key) {
   const auto t0 = Clock::now();
   CallRecord record(metrics_, t0);
   // Holds the regions the call names until it returns; work that outlives the call has its own
@@ -146,6 +148,7 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
   DecodedRequest decoded;
   absl::Status bad = DecodeRequest(req, regions_, &decoded, in_place);
   if (absl::Status lost = RegionsIntact(decoded.pins); !lost.ok()) bad = lost;  // read as zeros
+  decoded.view.layout_key = layout_key;
   const BundleView* view = &decoded.view;
   if (bad.ok()) bad = CheckWork(*view);
   if (bad.ok()) bad = call.Check();

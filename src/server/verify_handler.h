@@ -53,9 +53,10 @@ class VerifyHandler {
   // (and, on the CPU engine, within it) and returns CANCELLED or DEADLINE_EXCEEDED.
   // `in_place`: where q's and kv_pool's inline bytes are when `req` does not hold them
   // (ParseRequestInPlace); they must stay there until Handle returns.
+  // `layout_key`: names the call's layout for reuse (BundleView::layout_key), 0 for none.
   absl::Status Handle(const v1::VerifyRequest& req, v1::VerifyResponse* resp,
                       const CallContext& call = CallContext(),
-                      const InPlaceTensors* in_place = nullptr);
+                      const InPlaceTensors* in_place = nullptr, uint64_t layout_key = 0);
   // Zero-fills the ranges `req` names in o_out and lse_out (a doorbell call that failed: its
   // client reads them without an answer). Failures are logged.
   void ZeroOutputs(const v1::VerifyRequest& req);
@@ -73,7 +74,7 @@ class VerifyHandler {
 
  private:
   absl::Status Serve(const v1::VerifyRequest& req, v1::VerifyResponse* resp,
-                     const CallContext& call, const InPlaceTensors* in_place);
+                     const CallContext& call, const InPlaceTensors* in_place, uint64_t layout_key);
   // RESOURCE_EXHAUSTED naming --max_call_work when the request asks for more.
   absl::Status CheckWork(const BundleView& v) const;
   // For a call whose comparison runs off the critical path: its place in the shadow queue, taken

@@ -82,7 +82,8 @@ VerifyServiceImpl::VerifyServiceImpl(VerifyHandler* handler, Metrics* metrics,
           opts.channels,
           [this](absl::string_view r, v1::VerifyResponse* resp) { ServeChannelCall(r, resp); },
           [this](const absl::StatusOr<v1::VerifyRequest>& call, const v1::VerifyRequest* d,
-                 v1::VerifyResponse* resp) { ServeDoorbellCall(call, d, resp); },
+                 uint64_t layout_key,
+                 v1::VerifyResponse* resp) { ServeDoorbellCall(call, d, layout_key, resp); },
           opts.pin_host) {
   channels_.SetTapServer(this);
   // The unary call reads its message itself (a streamed unary handler is, to the server, a
@@ -201,12 +202,12 @@ absl::Status VerifyServiceImpl::Parse(absl::string_view wire, v1::VerifyRequest*
 absl::Status VerifyServiceImpl::Handle(absl::Status read, std::chrono::steady_clock::time_point t0,
                                        double parse_s, const v1::VerifyRequest& req,
                                        v1::VerifyResponse* resp, const CallContext& call,
-                                       const InPlaceTensors* in_place) {
+                                       const InPlaceTensors* in_place, uint64_t layout_key) {
   if (!read.ok()) {
     metrics_->Request("none", read.code(), Since(t0));
     return read;
   }
-  absl::Status st = handler_->Handle(req, resp, call, in_place);
+  absl::Status st = handler_->Handle(req, resp, call, in_place, layout_key);
   if (st.ok()) resp->mutable_timing()->set_parse_seconds(parse_s);
   return st;
 }
@@ -254,12 +255,12 @@ void VerifyServiceImpl::ServeChannelCall(absl::string_view request, v1::VerifyRe
 }
 
 void VerifyServiceImpl::ServeDoorbellCall(const absl::StatusOr<v1::VerifyRequest>& call,
-                                          const v1::VerifyRequest* descriptor,
+                                          const v1::VerifyRequest* descriptor, uint64_t layout_key,
                                           v1::VerifyResponse* resp) {
   const auto t0 = std::chrono::steady_clock::now();
   // No bytes arrive with the call (its tensors are in regions): nothing to admit or parse.
   const v1::VerifyRequest& req = call.ok() ? *call : v1::VerifyRequest::default_instance();
-  absl::Status st = Handle(call.status(), t0, 0, req, resp, CallContext(), nullptr);
+  absl::Status st = Handle(call.status(), t0, 0, req, resp, CallContext(), nullptr, layout_key);
   if (st.ok()) return;
   ErrorInResponse(st, req.request_id(), resp);
   if (descriptor != nullptr) handler_->ZeroOutputs(*descriptor);

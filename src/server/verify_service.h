@@ -81,12 +81,14 @@ class VerifyServiceImpl final : public grpc::Service, private TapServer {
   // A doorbell channel's call (ChannelServer::ServeBuilt): served as a Verify call; on an error
   // the descriptor's outputs are zero-filled.
   void ServeDoorbellCall(const absl::StatusOr<v1::VerifyRequest>& call,
-                         const v1::VerifyRequest* descriptor, v1::VerifyResponse* resp);
+                         const v1::VerifyRequest* descriptor, uint64_t layout_key,
+                         v1::VerifyResponse* resp);
   // What every call does once its message is read: a message refused before the handler saw it
   // (`read`, not OK) is counted here (path "none"); otherwise the handler runs it.
   absl::Status Handle(absl::Status read, std::chrono::steady_clock::time_point t0, double parse_s,
                       const v1::VerifyRequest& req, v1::VerifyResponse* resp,
-                      const CallContext& call, const InPlaceTensors* in_place = nullptr);
+                      const CallContext& call, const InPlaceTensors* in_place = nullptr,
+                      uint64_t layout_key = 0);
   absl::Status Admit(int64_t bytes, MemoryBudget::Admission* admitted);
   // The size a unary call declared in its metadata (`declared`, nullopt when none), admitted like
   // a message of that size: INVALID_ARGUMENT for a malformed declaration, RESOURCE_EXHAUSTED

@@ -711,6 +711,77 @@ TEST(CudaEngine, PageIdsAndMasksInDeviceMemoryAreCheckedOnTheDevice) {
   }
 }
 
+// Calls that name the same layout (BundleView::layout_key) read it once per lane: after the first
+// call on each lane, page ids changed in device memory are not read again for that key (those
+// calls serve exactly the first read's outputs, and a bad page id read once is reported by each);
+// a new key, a key of 0 or other tensors read them afresh.
+TEST(CudaEngine, ALayoutKeyIsReadOncePerLane) {
+  REQUIRE_GPU_ENGINE();
+  constexpr int kLanes = 4;  // CudaEngineOptions::lanes_per_device
+  for (bool detach : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << "detach " << detach);
+    RandomBundleSpec s;
+    s.batch = 3;
+    s.draft = 7;
+    s.heads = 16;
+    s.page_size = 16;
+    s.prefix = 301;
+    s.seed = 4200 + detach;
+    RandomBundle rb(s);
+    const BundleView host = rb.view();
+    const Served first = ServeBoth(host, detach);
+    std::vector<int32_t> reversed(rb.kv_indices.rbegin(), rb.kv_indices.rend());
+    BundleView moved_host = host;
+    moved_host.kv_indices = reversed.data();
+    const Served moved = ServeBoth(moved_host, detach);
+    ASSERT_FALSE(moved.custom.o == first.custom.o);  // the test can tell the two apart
+
+    DeviceCopy dev(host, /*indices=*/true);
+    BundleView keyed = dev.view();
+    keyed.layout_key = (uint64_t{7} << 32) + 1 + detach;
+    for (int i = 0; i < kLanes; ++i) {
+      const Served got = ServeBoth(keyed, detach);
+      EXPECT_TRUE(got.checks.ok()) << got.checks;
+      EXPECT_TRUE(got.custom.o == first.custom.o);
+    }
+    dev.Poke(keyed.kv_indices, 0, reversed.data(), reversed.size() * 4);
+    for (int i = 0; i < 2 * kLanes; ++i) {  // every lane serves the layout it read
+      const Served got = ServeBoth(keyed, detach);
+      EXPECT_TRUE(got.reference.o == first.reference.o) << "call " << i;
+      EXPECT_TRUE(got.custom.o == first.custom.o) << "call " << i;
+    }
+    BundleView unkeyed = keyed;
+    unkeyed.layout_key = 0;
+    BundleView next = keyed;
+    next.layout_key += 16;
+    for (const BundleView* v : {&unkeyed, &next}) {
+      const Served got = ServeBoth(*v, detach);
+      EXPECT_TRUE(got.reference.o == moved.reference.o);
+      EXPECT_TRUE(got.custom.o == moved.custom.o);
+    }
+    {  // the same key over other tensors
+      DeviceCopy other(moved_host, true);
+      BundleView same_key = other.view();
+      same_key.layout_key = keyed.layout_key;
+      EXPECT_TRUE(ServeBoth(same_key, detach).custom.o == moved.custom.o);
+    }
+    // A bad page id read under a key fails every call of that key, named as on the host.
+    std::vector<int32_t> bad_ids(rb.kv_indices);
+    bad_ids[5] = int32_t(host.shape.num_pages) + 3;
+    BundleView bad_host = host;
+    bad_host.kv_indices = bad_ids.data();
+    const absl::Status host_says = ValidateBundle(bad_host);
+    ASSERT_FALSE(host_says.ok());
+    DeviceCopy bad(bad_host, true);
+    BundleView bad_keyed = bad.view();
+    bad_keyed.layout_key = keyed.layout_key + 32;
+    for (int i = 0; i < kLanes + 1; ++i) {
+      if (i == kLanes) bad.Poke(bad_keyed.kv_indices, 0, rb.kv_indices.data(), bad_ids.size() * 4);
+      EXPECT_EQ(ServeBoth(bad_keyed, detach).checks, host_says) << "call " << i;
+    }
+  }
+}
+
 // Many gRPC threads share one engine: every thread's results equal the single-threaded ones.
 TEST(CudaEngine, ConcurrentCallsGiveTheSameResults) {
   REQUIRE_GPU_ENGINE();

@@ -50,12 +50,12 @@ v1::VerifyResponse LastResponse(const char* base, const v1::OpenChannelResponse&
 
 // Layout slot `slot`: batch, kv_indptr[0..batch], kv_lens[0..batch).
 void WriteSlot(char* base, const v1::OpenChannelResponse& g, uint32_t slot, int32_t batch,
-               const int32_t* indptr, const int32_t* lens) {
+               const int32_t* indptr, const int32_t* lens, int32_t generation = 0) {
   auto* w = reinterpret_cast<int32_t*>(base + g.request_offset() + slot * g.layout_slot_bytes());
   const int64_t max_batch = g.max_batch();
   std::memset(w, 0x5a, g.layout_slot_bytes());  // what the call must not read
   w[0] = batch;
-  w[1] = 0;
+  w[1] = generation;
   if (batch >= 0 && batch <= max_batch) {
     std::memcpy(w + 2, indptr, (batch + 1) * 4);
     std::memcpy(w + 3 + max_batch, lens, batch * 4);
@@ -208,6 +208,41 @@ TEST_F(DoorbellTest, CallsMatchTheUnaryRpcForTheSameBatch) {
     v1::CloseChannelResponse closed;
     grpc::ClientContext ctx;
     ASSERT_TRUE(unix_->CloseChannel(&ctx, close, &closed).ok());
+  }
+}
+
+// A layout slot's generation (word 1) is read from the same copy as its layout, and names the
+// layout per channel and slot: 0 for none (read at every call), else a key no other channel,
+// slot or generation has. Calls with a generation serve what calls without one do.
+TEST_F(DoorbellTest, ASlotsGenerationNamesItsLayout) {
+  PutBundle(63u, 16, 5, 77);
+  ShmObject obj("chan_gen", 1 << 16);
+  v1::OpenChannelResponse g;
+  ASSERT_TRUE(Open("db", obj, descriptors_, 2, &g).ok());
+  absl::StatusOr<channel::DoorbellPlan> plan = channel::PlanDoorbell(descriptors_, 2, 1 << 12);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  for (int32_t generation : {0, 1, -2}) {
+    WriteSlot(obj.data(), g, 1, 3, indptr(), lens(), generation);
+    v1::VerifyRequest call;
+    uint32_t read = 12345;
+    ASSERT_TRUE(channel::BuildDoorbellCall(descriptors_, *plan, channel::Ring{0, 1},
+                                           obj.data() + g.request_offset(), &call, &read)
+                    .ok());
+    EXPECT_EQ(read, static_cast<uint32_t>(generation));
+    const uint64_t key = channel::LayoutKey(9, 1, read);
+    EXPECT_EQ(key == 0, generation == 0);
+    if (generation != 0) {
+      EXPECT_NE(key, channel::LayoutKey(10, 1, read));
+      EXPECT_NE(key, channel::LayoutKey(9, 0, read));
+      EXPECT_NE(key, channel::LayoutKey(9, 1, read + 1));
+    }
+    v1::VerifyResponse want;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(unix_->Verify(&ctx, FirstRequests(inline_, 3, 5), &want).ok());
+    const uint32_t done = Ring(obj.data(), channel::Ring{0, 1});
+    ASSERT_NE(done, kTimedOut) << "no answer";
+    ASSERT_EQ(DoneCode(done), 0) << LastResponse(obj.data(), g).error_message();
+    EXPECT_EQ(OutputO(0, 15), want.o().raw_contents()) << "generation " << generation;
   }
 }
 

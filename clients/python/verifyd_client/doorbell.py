@@ -169,11 +169,17 @@ class DoorbellChannel:
 
     # On the stream ------------------------------------------------------------------------
 
-    def set_layout(self, kv_indptr, kv_lens, batch=None, slot=0):
+    def set_layout(self, kv_indptr, kv_lens, batch=None, slot=0, reuse=True):
         """Enqueues the layout of the next calls into ``slot``: kv_indptr [B+1] and kv_lens [B]
         (integer tensors on the channel's device), B <= max_batch. ``batch``: the batch the
         calls serve when it is less than B (an int, or a device int32 tensor of one element,
-        e.g. the real batch within a CUDA-graph bucket)."""
+        e.g. the real batch within a CUDA-graph bucket).
+
+        ``reuse``: the slot gets a new generation (each replay of a captured graph too), and
+        verifyd reads the page ids and mask that the calls' descriptors name once per
+        generation, at its first call on each of its lanes; so write them before
+        ``set_layout``, and call it again after changing them. False: they are read at every
+        call."""
         torch = _torch()
         b = int(kv_lens.shape[0])
         if not 1 <= b <= self.max_batch:
@@ -191,6 +197,10 @@ class DoorbellChannel:
             s[0:1].copy_(batch.reshape(1))
         else:
             s[0].fill_(int(batch))
+        if reuse:
+            s[1:2].add_(1)  # int32: wraps, through 0 (read at every call) once in 2^32
+        else:
+            s[1].fill_(0)
         s[2:3 + b].copy_(kv_indptr)
         s[3 + self.max_batch:3 + self.max_batch + b].copy_(kv_lens)
         stream = torch.cuda.current_stream(self.device).cuda_stream
