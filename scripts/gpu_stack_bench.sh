@@ -6,8 +6,10 @@
 # the benchmark as clients of one MPS control daemon (quit in a trap).
 # With BASELINE_BIN (a folder holding an earlier verifyd; BASELINE_NAME names it in the table, by
 # default its --version), that build's graph rows are measured right after this one's, in the
-# same MPS setting and the same run, and the table sets them side by side. Writes OUT/stack.json
-# (one row per line) and OUT/stack.md.
+# same MPS setting and the same run, and the table sets them side by side. More than one:
+# BASELINE_BIN="DIR1 DIR2" and BASELINE_NAME="NAME1|NAME2", measured in that order (their rows
+# carry verifyd: baseline, baseline2, ...). Writes OUT/stack.json (one row per line) and
+# OUT/stack.md.
 #
 #   gpu_stack_bench.sh PACK_DIR OUT_DIR     (STACK_BENCH_ARGS: more arguments for stack_bench.py)
 set -uo pipefail
@@ -62,23 +64,33 @@ for mps in 0 1; do
     --admin "unix://$dir/admin.sock" --mps "$mps" --out "$rows" ${STACK_BENCH_ARGS:-} > "$OUT/stack_mps$mps.txt" 2>&1 ||
     { echo "FAIL stack_bench.py (mps $mps): $(tail -3 "$OUT/stack_mps$mps.txt")"; status=1; }
   kill "$vpid"; wait "$vpid" 2>/dev/null
-  if [[ -n ${BASELINE_BIN:-} ]] && start_verifyd "baseline_mps$mps" "$BASELINE_BIN"; then
+  i=0
+  for base_bin in ${BASELINE_BIN:-}; do
+    i=$((i + 1)); label=baseline; [[ $i -gt 1 ]] && label=baseline$i
+    start_verifyd "${label}_mps$mps" "$base_bin" || continue
     timeout 300 python3 "$PACK/py/bench/stack_bench.py" --data "unix://$dir/data.sock" \
-      --admin "unix://$dir/admin.sock" --mps "$mps" --out "$rows" --label baseline \
-      --eager_calls 0 ${STACK_BENCH_ARGS:-} > "$OUT/stack_baseline_mps$mps.txt" 2>&1 ||
-      { echo "FAIL stack_bench.py baseline (mps $mps): $(tail -3 "$OUT/stack_baseline_mps$mps.txt")"; status=1; }
+      --admin "unix://$dir/admin.sock" --mps "$mps" --out "$rows" --label "$label" \
+      --eager_calls 0 ${STACK_BENCH_ARGS:-} > "$OUT/stack_${label}_mps$mps.txt" 2>&1 ||
+      { echo "FAIL stack_bench.py $label (mps $mps): $(tail -3 "$OUT/stack_${label}_mps$mps.txt")"; status=1; }
     kill "$vpid"; wait "$vpid" 2>/dev/null
-  fi
+  done
   [[ $mps == 1 ]] && quit_mps
 done
 
-python3 - "$rows" "$(cat "$PACK/COMMIT" 2>/dev/null)" \
-  "${BASELINE_NAME:-$( [[ -n ${BASELINE_BIN:-} ]] && "$BASELINE_BIN/verifyd" --version 2>/dev/null)}" > "$OUT/stack.md" <<'PY'
+names=${BASELINE_NAME:-}
+if [[ -z $names ]]; then
+  for base_bin in ${BASELINE_BIN:-}; do
+    names+="${names:+|}$("$base_bin/verifyd" --version 2>/dev/null | head -1)"
+  done
+fi
+python3 - "$rows" "$(cat "$PACK/COMMIT" 2>/dev/null)" "$names" > "$OUT/stack.md" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 def key(r): return (r["mps"], r["mode"], tuple(r["shape"]))
-base = {key(r): r for r in rows if r.get("graph") and r.get("verifyd") == "baseline"}
-rows = [r for r in rows if r.get("verifyd", "this") != "baseline"]
+names = [n for n in sys.argv[3].split("|") if n]
+labels = ["baseline"] + [f"baseline{i}" for i in range(2, len(names) + 1)]
+bases = [{key(r): r for r in rows if r.get("graph") and r.get("verifyd") == l} for l in labels]
+rows = [r for r in rows if r.get("verifyd", "this") == "this"]
 graph = [r for r in rows if r.get("graph")]
 eager = {key(r): r for r in rows if not r.get("graph") and "eager_p50_us" in r}
 cxx = {(r["mps"], tuple(r["shape"])): r for r in rows if r.get("client") == "c++"}
@@ -98,18 +110,24 @@ for r in graph:
           f"{r['step_ms']:.3f} | {r['step_ms_without']:.3f} | {r['kernel_ms_per_call']:.4f} | "
           f"{r['per_call_overhead_us']:.1f} | {fmt(ep)} | {fmt(cp)} | "
           f"{fmt(None if ep is None or cp is None else ep - cp)} |")
-if base:
-    print(f"\nAgainst the baseline build ({sys.argv[3]}), measured right after it in the same run "
-          "and MPS setting: overhead per call, microseconds.\n")
-    print("| MPS | mode | B,T,H,prefix | baseline us/call | this us/call | this / baseline |")
-    print("|---|---|---|---:|---:|---:|")
+if any(bases):
+    print("\nAgainst the baseline builds, each measured right after this one in the same run and "
+          "MPS setting: overhead per call, microseconds.\n")
+    for i, n in enumerate(names):
+        print(f"- baseline {i + 1}: {n}")
+    print("\n| MPS | mode | B,T,H,prefix | this us/call | "
+          + " | ".join(f"baseline {i + 1} us/call | this / baseline {i + 1}" for i in range(len(names)))
+          + " |")
+    print("|---|---|---|---:|" + "---:|---:|" * len(names))
     for r in graph:
-        b = base.get(key(r))
-        if b is None:
-            continue
+        cells = []
+        for b in bases:
+            o = b.get(key(r))
+            cells += ["-", "-"] if o is None else [
+                f"{o['per_call_overhead_us']:.1f}",
+                f"{r['per_call_overhead_us'] / o['per_call_overhead_us']:.2f}"]
         print(f"| {'yes' if r['mps'] else 'no'} | {r['mode']} | {','.join(map(str, r['shape']))} | "
-              f"{b['per_call_overhead_us']:.1f} | {r['per_call_overhead_us']:.1f} | "
-              f"{r['per_call_overhead_us'] / b['per_call_overhead_us']:.2f} |")
+              f"{r['per_call_overhead_us']:.1f} | " + " | ".join(cells) + " |")
 print("\nverifyd's host time in the last call of each step, microseconds (Timing: decode = "
       "parse and validate; prepare = staging and the checks of page ids and mask; "
       "served = the served path, for custom up to its output checked finite and written to o; "

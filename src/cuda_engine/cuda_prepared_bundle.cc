@@ -262,10 +262,8 @@ absl::Status Send(const BundleView& v, DeviceWorker& worker, Lane& lane, UploadP
   return CopyToDevice(*u, v, worker, lane, in.buffer.data(), in.copied, dev, done, check_host);
 }
 
-absl::Status CreateEvent(DeviceWorker& worker, cudaEvent_t* e) {
-  absl::Status st = worker.Check(cudaEventCreateWithFlags(e, cudaEventDisableTiming), kUploading);
-  if (!st.ok()) *e = nullptr;
-  return st;
+absl::Status TakeEvent(DeviceWorker& worker, Lane& lane, cudaEvent_t* e) {
+  return worker.Check(lane.events.Take(EventPool::Kind::kOrdering, e), kUploading);
 }
 
 }  // namespace
@@ -287,7 +285,7 @@ absl::StatusOr<std::shared_ptr<DeviceLayout>> CudaPreparedBundle::UploadLayout(c
   auto l = std::make_shared<DeviceLayout>(worker_, lane_, v);
   UploadPlan u;
   PlanUpload(v, detach, Group::kLayout, &u);
-  VERIFYD_RETURN_IF_ERROR(CreateEvent(worker_, &l->ready));
+  VERIFYD_RETURN_IF_ERROR(TakeEvent(worker_, lane_, &l->ready));
   l->check_host = worker_.check_slots().Acquire();
   VERIFYD_RETURN_IF_ERROR(Send(v, worker_, lane_, &u, &l->allocation, l->ready, l->check_host));
   const Piece* p = u.pieces;
@@ -323,7 +321,7 @@ absl::Status CudaPreparedBundle::Upload(const BundleView& v, bool detach) {
   q_in_place_ = plan.q_in_place;
   pool_in_place_ = plan.pool_in_place;
   if (inputs_ready_ == nullptr) {
-    VERIFYD_RETURN_IF_ERROR(CreateEvent(worker_, &inputs_ready_));
+    VERIFYD_RETURN_IF_ERROR(TakeEvent(worker_, lane_, &inputs_ready_));
     owns_inputs_ready_ = true;
   }
   if (plan.total == 0 && layout_ != nullptr) {
@@ -348,21 +346,19 @@ absl::StatusOr<DevicePathOutput> CudaPreparedBundle::Outputs(Path p, cudaStream_
   const size_t lse_bytes = size_t(lse_elems_) * 4;
   // Each piece is kept as soon as it exists, so that a retry after a failure leaks nothing.
   absl::Status st;
-  if (out.start == nullptr) st = worker_.Check(cudaEventCreate(&out.start), where);
-  if (!st.ok()) out.start = nullptr;
+  constexpr EventPool::Kind kTiming = EventPool::Kind::kTiming;
+  if (out.start == nullptr) st = worker_.Check(lane_.events.Take(kTiming, &out.start), where);
   if (st.ok() && out.done == nullptr) {
-    st = worker_.Check(cudaEventCreate(&out.done), where);
-    if (!st.ok()) out.done = nullptr;
+    st = worker_.Check(lane_.events.Take(kTiming, &out.done), where);
   }
-  if (st.ok() && out.lse == nullptr) {
-    void* lse = nullptr;
-    st = worker_.Check(cudaMallocFromPoolAsync(&lse, lse_bytes, worker_.pool(), stream), where);
-    if (st.ok()) out.lse = static_cast<float*>(lse);
-  }
-  if (st.ok()) {
+  if (st.ok()) {  // o, then lse, in one allocation
     void* o = nullptr;
-    st = worker_.Check(cudaMallocFromPoolAsync(&o, o_bytes, worker_.pool(), stream), where);
-    if (st.ok()) out.o = o;
+    st = worker_.Check(
+        cudaMallocFromPoolAsync(&o, AlignUp(o_bytes) + lse_bytes, worker_.pool(), stream), where);
+    if (st.ok()) {
+      out.o = o;
+      out.lse = reinterpret_cast<float*>(static_cast<char*>(o) + AlignUp(o_bytes));
+    }
   }
   if (!st.ok()) return st;
   return out;
@@ -383,9 +379,8 @@ absl::Status CudaPreparedBundle::RecordShadowUse() {
   const char* where = "recording the shadow stream's use of a bundle";
   if (shadow_last_ == nullptr) {
     if (absl::Status st =
-            worker_.Check(cudaEventCreateWithFlags(&shadow_last_, cudaEventDisableTiming), where);
+            worker_.Check(lane_.events.Take(EventPool::Kind::kOrdering, &shadow_last_), where);
         !st.ok()) {
-      shadow_last_ = nullptr;
       return st;
     }
   }
@@ -398,14 +393,13 @@ CudaPreparedBundle::~CudaPreparedBundle() {
   // Freed in order on the served stream, after whatever the shadow stream still does with it.
   if (shadow_last_ != nullptr) cudaStreamWaitEvent(lane_.served, shadow_last_, 0);
   for (DevicePathOutput& p : paths_) {
-    if (p.o != nullptr) cudaFreeAsync(p.o, lane_.served);
-    if (p.lse != nullptr) cudaFreeAsync(p.lse, lane_.served);
-    if (p.start != nullptr) cudaEventDestroy(p.start);
-    if (p.done != nullptr) cudaEventDestroy(p.done);
+    if (p.o != nullptr) cudaFreeAsync(p.o, lane_.served);  // lse lies in the same allocation
+    lane_.events.Give(EventPool::Kind::kTiming, p.start);
+    lane_.events.Give(EventPool::Kind::kTiming, p.done);
   }
   if (inputs_ != nullptr) cudaFreeAsync(inputs_, lane_.served);
-  if (owns_inputs_ready_) cudaEventDestroy(inputs_ready_);
-  if (shadow_last_ != nullptr) cudaEventDestroy(shadow_last_);
+  if (owns_inputs_ready_) lane_.events.Give(EventPool::Kind::kOrdering, inputs_ready_);
+  lane_.events.Give(EventPool::Kind::kOrdering, shadow_last_);
   cudaGetLastError();  // nothing to report from a destructor
 }
 

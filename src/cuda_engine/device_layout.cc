@@ -23,7 +23,7 @@ DeviceLayout::~DeviceLayout() {
     cudaEventSynchronize(ready);
     worker_.check_slots().Release(check_host);
   }
-  if (ready != nullptr) cudaEventDestroy(ready);
+  lane_.events.Give(EventPool::Kind::kOrdering, ready);
   cudaGetLastError();  // nothing to report from a destructor
 }
 

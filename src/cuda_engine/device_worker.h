@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "kernels/reference/compare_kernels.h"
 #include "src/cuda_engine/check_slots.h"
+#include "src/cuda_engine/event_pool.h"
 #include "src/cuda_engine/pinned_buffer.h"
 #include "src/engine/engine.h"
 
@@ -59,6 +60,7 @@ struct Lane {
   unsigned* finite_mapped ABSL_GUARDED_BY(finite_mu) = nullptr;  // finite_host, as the GPU sees it
   cudaEvent_t finite_done = nullptr;
 
+  EventPool events;  // the events its calls record
   // Layouts that later calls on this lane may read again (BundleView::layout_key).
   std::unique_ptr<LayoutCache> layouts;
 };
@@ -84,7 +86,8 @@ class DeviceWorker {
   // CudaStatus(e, where) that also remembers a lost context, failing every later call.
   absl::Status Check(cudaError_t e, absl::string_view where);
   // Waits for `s`'s work (or `e`) on the call's critical path: polls for the worker's sync spin,
-  // then blocks (the device's waits block: cudaDeviceScheduleBlockingSync).
+  // then between naps that grow with the wait, then blocks (the device's waits block:
+  // cudaDeviceScheduleBlockingSync); with no sync spin, blocks at once.
   absl::Status AwaitCritical(cudaStream_t s, absl::string_view where);
   absl::Status AwaitCritical(cudaEvent_t e, absl::string_view where);
 
