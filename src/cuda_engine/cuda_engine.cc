@@ -107,7 +107,7 @@ absl::Status RunCustom(CudaPreparedBundle& b, const kernels::CustomConfig& confi
   DeviceWorker& w = b.worker();
   const cudaStream_t s = b.lane().shadow;
   const char* where = "custom path";
-  VERIFYD_RETURN_IF_ERROR(w.Check(cudaStreamWaitEvent(s, b.inputs_ready(), 0), where));
+  VERIFYD_RETURN_IF_ERROR(b.AwaitInputsOn(s, where));
   VERIFYD_ASSIGN_OR_RETURN(const DevicePathOutput out, b.Outputs(Path::kCustom, s));
   absl::Status st = LaunchCustomPath(b, config, fault, out);
   if (absl::Status rec = b.RecordShadowUse(); st.ok()) st = rec;
@@ -121,7 +121,7 @@ absl::Status RunOracle(CudaPreparedBundle& b) {
   DeviceWorker& w = b.worker();
   const cudaStream_t s = b.lane().shadow;
   const char* where = "oracle path";
-  VERIFYD_RETURN_IF_ERROR(w.Check(cudaStreamWaitEvent(s, b.inputs_ready(), 0), where));
+  VERIFYD_RETURN_IF_ERROR(b.AwaitInputsOn(s, where));
   VERIFYD_ASSIGN_OR_RETURN(const DevicePathOutput out, b.Outputs(Path::kOracle, s));
   absl::Status st = w.Check(cudaEventRecord(out.start, s), where);
   if (st.ok()) {
@@ -340,7 +340,7 @@ absl::StatusOr<std::shared_ptr<const OwnedBundle>> CudaEngine::FetchInputs(Prepa
   const BundleView& o = owned->view();
   const cudaStream_t s = b.lane().shadow;
   const char* where = "fetching the bundle's inputs";
-  VERIFYD_RETURN_IF_ERROR(w.Check(cudaStreamWaitEvent(s, b.inputs_ready(), 0), where));
+  VERIFYD_RETURN_IF_ERROR(b.AwaitInputsOn(s, where));
   const void* pool = p.kv_pool;
   ScopedWorkspace gathered(s);
   if (b.pool_in_place()) {

@@ -316,7 +316,10 @@ absl::Status CudaPreparedBundle::Upload(const BundleView& v, bool detach) {
     p[kMask].at = reinterpret_cast<char*>(const_cast<uint8_t*>(layout_->mask));
     p[kCheck].at = reinterpret_cast<char*>(layout_->check_device);
     // Nothing more to copy: the layout's copies, earlier on the same stream, are all it waits for.
-    if (plan.total == 0) inputs_ready_ = layout_->ready;
+    if (plan.total == 0) {
+      inputs_ready_ = layout_->ready;
+      inputs_done_ = layout_->Read();
+    }
   }
   q_in_place_ = plan.q_in_place;
   pool_in_place_ = plan.pool_in_place;
@@ -331,6 +334,11 @@ absl::Status CudaPreparedBundle::Upload(const BundleView& v, bool detach) {
   absl::Status st = Send(v, worker_, lane_, &plan, &inputs_, inputs_ready_, nullptr);
   PointProblemAt(plan, v, &problem_);
   return st;
+}
+
+absl::Status CudaPreparedBundle::AwaitInputsOn(cudaStream_t s, absl::string_view where) {
+  if (inputs_done_) return absl::OkStatus();
+  return worker_.Check(cudaStreamWaitEvent(s, inputs_ready_, 0), where);
 }
 
 absl::Status CudaPreparedBundle::InputChecks() {

@@ -11,6 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/reference/input_check_kernels.h"
 #include "kernels/verify_problem.h"
@@ -39,6 +40,9 @@ class CudaPreparedBundle : public PreparedBundle {
   // Device pointers of the inputs; o and lse are left null for each path to fill in.
   const kernels::VerifyProblem& problem() const { return problem_; }
   cudaEvent_t inputs_ready() const { return inputs_ready_; }
+  // Makes `s`'s later work wait for the inputs (none when they are known to be there already: a
+  // layout read earlier, and nothing else to copy).
+  absl::Status AwaitInputsOn(cudaStream_t s, absl::string_view where);
   int64_t o_elems() const { return o_elems_; }
   int64_t lse_elems() const { return lse_elems_; }
 
@@ -79,6 +83,7 @@ class CudaPreparedBundle : public PreparedBundle {
   // The layout, when its page ids are in device memory (checked there).
   std::shared_ptr<DeviceLayout> layout_;
   bool owns_inputs_ready_ = false;  // else it is layout_'s
+  bool inputs_done_ = false;        // inputs_ready_ is known to have completed
 
   mutable absl::Mutex mu_;
   DevicePathOutput paths_[3] ABSL_GUARDED_BY(mu_);

@@ -65,6 +65,11 @@ absl::Status DeviceLayout::Checks() {
   return *checks_;
 }
 
+bool DeviceLayout::Read() {
+  absl::MutexLock lock(&mu_);
+  return checks_.has_value();
+}
+
 std::shared_ptr<DeviceLayout> LayoutCache::Find(const BundleView& v) {
   absl::MutexLock lock(&mu_);
   for (size_t i = 0; i < kept_.size(); ++i) {

@@ -52,6 +52,8 @@ class DeviceLayout {
   // The checks' outcome: INVALID_ARGUMENT naming the first bad entry, as ValidateBundle would.
   // Waits for ready() the first time, and keeps what it read.
   absl::Status Checks() ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether Checks() has read the outcome: then `ready` has completed.
+  bool Read() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   DeviceWorker& worker_;

@@ -189,15 +189,15 @@ absl::Status DeviceWorker::Check(cudaError_t e, absl::string_view where) {
 namespace {
 
 // Polls `query` until it stops answering cudaErrorNotReady: back to back for `spin`, then
-// between naps that grow with the time waited (an eighth of it, 5 to 250 us), so that a wait of t
-// ends within about t/8 of the GPU being done without keeping a core busy; past kNapFor, or with
+// between naps that grow with the time waited (a 32nd of it, 2 to 50 us), so that a wait of t
+// ends within about t/32 of the GPU being done without keeping a core busy; past kNapFor, or with
 // no spin at all, `block` sleeps in the driver, which wakes tens of microseconds after the GPU.
 template <typename Query, typename Block>
 cudaError_t PollThenBlock(absl::Duration spin, Query query, Block block) {
   using Clock = std::chrono::steady_clock;
   constexpr auto kNapFor = std::chrono::milliseconds(50);
-  constexpr auto kFirstNap = std::chrono::microseconds(5),
-                 kLongestNap = std::chrono::microseconds(250);
+  constexpr auto kFirstNap = std::chrono::microseconds(2),
+                 kLongestNap = std::chrono::microseconds(50);
   if (spin <= absl::ZeroDuration()) return block();
   const auto start = Clock::now();
   const auto end = start + absl::ToChronoNanoseconds(spin);
@@ -212,7 +212,7 @@ cudaError_t PollThenBlock(absl::Duration spin, Query query, Block block) {
     slack_set = true;
   }
   for (auto now = Clock::now(); now - start < kNapFor; now = Clock::now()) {
-    const auto nap = std::clamp<Clock::duration>((now - start) / 8, kFirstNap, kLongestNap);
+    const auto nap = std::clamp<Clock::duration>((now - start) / 32, kFirstNap, kLongestNap);
     std::this_thread::sleep_for(nap);
     const cudaError_t e = query();
     if (e != cudaErrorNotReady) return e;

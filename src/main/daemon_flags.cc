@@ -64,8 +64,8 @@ ABSL_FLAG(int64_t, cuda_pool_mb, Mb(Defaults().engine.cuda_pool_bytes),
           "CUDA memory pool per device, MiB");
 ABSL_FLAG(int64_t, cuda_sync_spin_us, Defaults().engine.cuda_sync_spin_us,
           "CUDA engine: how long the wait for a call's served output polls the GPU back to back, "
-          "microseconds; it then polls between naps of an eighth of the time waited (5 to 250 "
-          "us) for up to 50 ms, then sleeps in the driver, which wakes tens of microseconds after "
+          "microseconds; it then polls between naps of a 32nd of the time waited (2 to 50 us) "
+          "for up to 50 ms, then sleeps in the driver, which wakes tens of microseconds after "
           "the GPU is done; 0 = always sleep in the driver (no core kept busy)");
 ABSL_FLAG(int64_t, max_message_mb, Mb(Defaults().max_message_bytes),
           "Largest gRPC message accepted or sent, MiB");
