@@ -95,6 +95,7 @@ if [[ -d "$PACK/py" ]]; then
   # Doorbell channels from a captured CUDA graph: 10,000 calls per client, two client processes.
   VERIFYD_CLIENT_GEN=$gen timeout 400 python3 "$PACK/py/tests/python/gpu_doorbell_test.py" \
     --data "unix://$dir/data.sock" --admin "unix://$dir/admin.sock" --replays 2500 --clients 2 --verifyd "$bin/verifyd" \
+    --custom_replays 500 \
     > "$OUT/python_doorbell.txt" 2>&1
   rc=$?
   if [[ $rc == 0 ]]; then

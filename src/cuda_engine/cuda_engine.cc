@@ -1,5 +1,6 @@
 #include "src/cuda_engine/cuda_engine.h"
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -466,9 +467,11 @@ absl::StatusOr<bool> CudaEngine::DeliverIfFinite(Path path, PreparedBundle& pb,
       absl::StrCat(PathName(path), " path (checking its output is finite and writing it)");
   Lane& lane = b.lane();
   absl::MutexLock lock(&lane.finite_mu);
-  // Into this GPU's own memory a kernel writes it; elsewhere a copy does.
+  // Into this GPU's own memory a kernel writes it (lse at float alignment, as regions give it:
+  // kRegionAlign); elsewhere a copy does.
   const int here = w.device();
-  if (o.device() == here && (lse == nullptr || lse->device() == here)) {
+  if (o.device() == here && (lse == nullptr || (lse->device() == here &&
+                                                reinterpret_cast<uintptr_t>(lse->data) % 4 == 0))) {
     VERIFYD_RETURN_IF_ERROR(EnqueueCheckedCopy(b, path, o, lse, where));
   } else {
     VERIFYD_RETURN_IF_ERROR(EnqueueFiniteCheck(b, path, where));

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -20,7 +21,10 @@
 #include "src/compare/compare.h"
 #include "src/cpu_engine/cpu_engine.h"
 #include "src/cuda_engine/cuda_engine.h"
+#include "src/engine/call_context.h"
 #include "src/io/bundle_file.h"
+#include "src/region/mapped_region.h"
+#include "src/region/region_registry.h"
 #include "tests/common/gpu_test_support.h"
 
 namespace verifyd {
@@ -455,6 +459,74 @@ TEST_F(FaultInjection, TheDeviceFiniteCheckCatchesANanInTheServedOutput) {
   EXPECT_TRUE(*finite);  // the flag is cleared between checks
   EXPECT_EQ(Gpu()->AllFinite(Path::kOracle, *pb_).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Device memory of this GPU as a region (what a CUDA IPC or VMM registration maps).
+class DeviceMemoryRegion : public MappedRegion {
+ public:
+  explicit DeviceMemoryRegion(size_t bytes) : bytes_(bytes) {
+    EXPECT_EQ(cudaMalloc(&base_, bytes), cudaSuccess);
+    EXPECT_EQ(cudaMemset(base_, 0xAB, bytes), cudaSuccess);
+  }
+  ~DeviceMemoryRegion() override { cudaFree(base_); }
+  char* base() const override { return static_cast<char*>(base_); }
+  uint64_t byte_size() const override { return bytes_; }
+  int device() const override { return 0; }
+  absl::Status ReadToHost(uint64_t offset, uint64_t bytes, void* dst) const override {
+    return cudaMemcpy(dst, base() + offset, bytes, cudaMemcpyDeviceToHost) == cudaSuccess
+               ? absl::OkStatus()
+               : absl::InternalError("cudaMemcpy");
+  }
+
+ private:
+  void* base_ = nullptr;
+  size_t bytes_;
+};
+
+// A served custom output bound for this GPU's memory is checked finite by the kernel that copies
+// it there: the bytes that land are Fetch's, with lse or without, at a 16-byte-aligned offset (the
+// vector copy) or 2 bytes past one (the scalar copy), and not a byte past the range; a NaN in the
+// output is flagged (the bytes are still copied), and the flag is cleared for the next call.
+TEST_F(FaultInjection, ADeliveryIntoDeviceMemoryIsCheckedAsItIsCopied) {
+  const int64_t o_bytes = static_cast<int64_t>(rb_->view().o_elems()) * 2;
+  const int64_t lse_bytes = static_cast<int64_t>(rb_->view().lse_elems()) * 4;
+  for (bool nan : {false, true, false}) {
+    for (uint64_t skew : {0, 2}) {
+      for (bool with_lse : {true, false}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "nan " << nan << " skew " << skew << " lse " << with_lse);
+        CustomFault f;
+        if (nan) f.kind = CustomFault::Kind::kNan;
+        Gpu()->InjectCustomFault(f);
+        ASSERT_TRUE(Gpu()->RunForCall(Path::kCustom, *pb_, CallContext()).ok());
+        PathOutput want;
+        ASSERT_TRUE(Gpu()->Fetch(Path::kCustom, *pb_, &want).ok());
+        DeviceMemoryRegion region(static_cast<size_t>(o_bytes + lse_bytes) + 64);
+        RegionRange o, lse;
+        o.region = lse.region = &region;
+        o.offset = 16 + skew;
+        o.data = region.base() + o.offset;
+        o.byte_size = static_cast<uint64_t>(o_bytes);
+        lse.offset = (o.offset + o.byte_size + 31) / 16 * 16;  // regions' tensors: 16-aligned
+        lse.data = region.base() + lse.offset;
+        lse.byte_size = static_cast<uint64_t>(lse_bytes);
+        absl::StatusOr<bool> finite =
+            Gpu()->DeliverIfFinite(Path::kCustom, *pb_, o, with_lse ? &lse : nullptr);
+        ASSERT_TRUE(finite.ok()) << finite.status();
+        EXPECT_EQ(*finite, !nan);
+        std::vector<char> got(region.byte_size());
+        ASSERT_TRUE(region.ReadToHost(0, got.size(), got.data()).ok());
+        EXPECT_EQ(std::memcmp(got.data() + o.offset, want.o.data(), o.byte_size), 0);
+        EXPECT_EQ(static_cast<uint8_t>(got[o.offset - 1]), 0xAB);
+        EXPECT_EQ(static_cast<uint8_t>(got[o.offset + o.byte_size]), 0xAB);
+        if (with_lse) {
+          EXPECT_EQ(std::memcmp(got.data() + lse.offset, want.lse.data(), lse.byte_size), 0);
+        } else {
+          EXPECT_EQ(static_cast<uint8_t>(got[lse.offset]), 0xAB);
+        }
+      }
+    }
+  }
 }
 
 // Warm device times of the paths (events around each path's kernels), median of 10 after two

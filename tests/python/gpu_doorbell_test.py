@@ -11,7 +11,9 @@ scribbled over. Every layer's output of every replay is checked against an fp32 
 implementation written here (rel-L2 <= 5e-3). Then: the shadow comparisons of those calls are all
 clean; a bad page id in the page table gives a zero-filled o, a counted failure and an error
 naming kv_indices, and the graph goes on; two client processes at once (--clients 2) both pass;
-with --verifyd, a private verifyd killed under a captured graph does not hang the next replay.
+with --verifyd, a private verifyd killed under a captured graph does not hang the next replay; with
+--custom_replays, the same replays with the custom output served (checked finite as it is copied
+into o) are checked against fp32 torch too.
 Exit status: 0 passed, 1 a check failed, 2 the setup failed.
 """
 
@@ -112,7 +114,8 @@ def capture(step, p):
     return graph
 
 
-def run_replays(args, device, seed):
+def run_replays(args, device, seed, replays=None, label=""):
+    replays = args.replays if replays is None else replays
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     p = Pass(gen, device)
@@ -121,7 +124,7 @@ def run_replays(args, device, seed):
         step = client.verify_step(p.pools, MAX_BATCH, DRAFT, HEADS, p.indices.shape[0], SCALE)
         p.rewrite()
         graph = capture(step, p)
-        for i in range(args.replays):
+        for i in range(replays):
             p.rewrite()
             want = [reference(p.q[layer].view(-1, HEADS, 576), p.pools[layer], p.indptr,
                               p.indices, p.lens, p.mask) for layer in range(LAYERS)]
@@ -155,8 +158,8 @@ def run_replays(args, device, seed):
         torch.cuda.synchronize()
         step.channel.check()
         took = time.monotonic() - t0
-        calls = (args.replays + 2) * LAYERS
-        print(f"ok   {args.replays} graph replays x {LAYERS} layers: every output within "
+        calls = (replays + 2) * LAYERS
+        print(f"ok   {replays} graph replays x {LAYERS} layers{label}: every output within "
               f"rel-L2 5e-3 of fp32 torch (worst {worst:.2e}); a bad page id zero-filled o and "
               f"failed naming kv_indices; {calls} calls in {took:.1f} s", flush=True)
 
@@ -221,6 +224,9 @@ def main():
     ap.add_argument("--clients", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--verifyd", help="a verifyd binary: also kill a private one under a graph")
+    ap.add_argument("--custom_replays", type=int, default=0,
+                    help="then this many replays with verifyd flipped to custom mode (the custom "
+                         "output is served, checked finite as it is copied into o), then back")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("SETUP FAILED: torch sees no CUDA device")
@@ -259,6 +265,16 @@ def main():
             status = 1
         if status == 0:
             print(f"ok   {args.clients} client processes on one daemon", flush=True)
+    if args.custom_replays > 0:
+        with AdminClient(args.admin) as admin:
+            admin.flip("custom", "doorbell graph test, custom mode", force=True)
+            try:
+                run_replays(args, device, args.seed + 100, args.custom_replays, " in custom mode")
+            except Exception as e:  # noqa: BLE001
+                print(f"FAIL custom mode: {type(e).__name__}: {e}", flush=True)
+                status = 1
+            finally:
+                admin.flip("shadow", "doorbell graph test done", force=True)
     return status
 
 
