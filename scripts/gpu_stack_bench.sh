@@ -15,17 +15,11 @@
 set -uo pipefail
 PACK=$1 OUT=$2
 bin=$PACK/bin
-dir=$(mktemp -d)
+# shellcheck source=gpu_stack_env.sh
+source "$(dirname "$0")/gpu_stack_env.sh"
 mkdir -p "$OUT"
 rows=$OUT/stack.json
 : > "$rows"
-export VERIFYD_CLIENT_GEN=$PACK/py/gen
-export LD_LIBRARY_PATH="$PACK/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export CUDA_MPS_PIPE_DIRECTORY=$dir/mps-pipe CUDA_MPS_LOG_DIRECTORY=$dir/mps-log
-mps_ctl=$(command -v nvidia-cuda-mps-control || echo /usr/local/nvidia/bin/nvidia-cuda-mps-control)
-quit_mps() { echo quit | "$mps_ctl" > /dev/null 2>&1 || true; }
-trap 'quit_mps; kill $(jobs -p) 2>/dev/null || true' EXIT
-status=0
 
 start_verifyd() {  # $1: a tag for the log; $2: the folder of the verifyd to run (default: the pack's)
   rm -rf "$dir/state" "$dir"/*.sock

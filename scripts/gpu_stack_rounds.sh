@@ -10,17 +10,11 @@
 set -uo pipefail
 PACK=$1 OUT=$2
 shift 2
-dir=$(mktemp -d)
+# shellcheck source=gpu_stack_env.sh
+source "$(dirname "$0")/gpu_stack_env.sh"
 mkdir -p "$OUT"
 rows=$OUT/rounds.json
 : > "$rows"
-export VERIFYD_CLIENT_GEN=$PACK/py/gen
-export LD_LIBRARY_PATH="$PACK/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export CUDA_MPS_PIPE_DIRECTORY=$dir/mps-pipe CUDA_MPS_LOG_DIRECTORY=$dir/mps-log
-mps_ctl=$(command -v nvidia-cuda-mps-control || echo /usr/local/nvidia/bin/nvidia-cuda-mps-control)
-quit_mps() { echo quit | "$mps_ctl" > /dev/null 2>&1 || true; }
-trap 'quit_mps; kill $(jobs -p) 2>/dev/null || true' EXIT
-status=0
 
 run() {  # $1: label, $2: folder of its verifyd, $3: mps 0/1, $4: round
   rm -rf "$dir/state" "$dir"/*.sock
