@@ -141,18 +141,24 @@ cudaStream_t PathStream(CudaPreparedBundle& b, Path path) {
   return path == Path::kReference ? b.lane().served : b.lane().shadow;
 }
 
+// A served path's output (reference or custom) that may go to ranges `o` and `lse` (null: none).
+absl::StatusOr<DevicePathOutput> DeliverableOutput(CudaPreparedBundle& b, Path path,
+                                                   const RegionRange& o, const RegionRange* lse) {
+  if (path == Path::kOracle) return absl::InvalidArgumentError("o_out: the oracle is not served");
+  const DevicePathOutput out = b.State(path);
+  if (!out.ran) return NotRun(path);
+  if (o.byte_size != size_t(b.o_elems()) * 2 ||
+      (lse != nullptr && lse->byte_size != size_t(b.lse_elems()) * 4)) {
+    return absl::InternalError("o_out: the output ranges do not match the bundle's outputs");
+  }
+  return out;
+}
+
 // Queues the copy of a path's output (reference or custom) into registered regions on the path's
 // stream.
 absl::Status EnqueueDeliver(CudaPreparedBundle& b, Path path, const RegionRange& o,
                             const RegionRange* lse, const std::string& where) {
-  if (path == Path::kOracle) return absl::InvalidArgumentError("o_out: the oracle is not served");
-  const DevicePathOutput st = b.State(path);
-  if (!st.ran) return NotRun(path);
-  const size_t o_bytes = size_t(b.o_elems()) * 2;
-  const size_t lse_bytes = size_t(b.lse_elems()) * 4;
-  if (o.byte_size != o_bytes || (lse != nullptr && lse->byte_size != lse_bytes)) {
-    return absl::InternalError("o_out: the output ranges do not match the bundle's outputs");
-  }
+  VERIFYD_ASSIGN_OR_RETURN(const DevicePathOutput st, DeliverableOutput(b, path, o, lse));
   DeviceWorker& w = b.worker();
   const cudaStream_t s = PathStream(b, path);
   auto copy = [&](const RegionRange& to, const void* from, size_t bytes) {
@@ -161,8 +167,8 @@ absl::Status EnqueueDeliver(CudaPreparedBundle& b, Path path, const RegionRange&
                         to.device() >= 0 ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost, s),
         where);
   };
-  absl::Status done = copy(o, st.o, o_bytes);
-  if (done.ok() && lse != nullptr) done = copy(*lse, st.lse, lse_bytes);
+  absl::Status done = copy(o, st.o, o.byte_size);
+  if (done.ok() && lse != nullptr) done = copy(*lse, st.lse, lse->byte_size);
   if (path != Path::kReference) {
     if (absl::Status rec = b.RecordShadowUse(); done.ok()) done = rec;
   }
@@ -207,13 +213,7 @@ absl::Status EnqueueFiniteCheck(CudaPreparedBundle& b, Path path, const std::str
 absl::Status EnqueueCheckedCopy(CudaPreparedBundle& b, Path path, const RegionRange& o,
                                 const RegionRange* lse, const std::string& where)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(b.lane().finite_mu) {
-  if (path == Path::kOracle) return absl::InvalidArgumentError("o_out: the oracle is not served");
-  const DevicePathOutput out = b.State(path);
-  if (!out.ran) return NotRun(path);
-  if (o.byte_size != size_t(b.o_elems()) * 2 ||
-      (lse != nullptr && lse->byte_size != size_t(b.lse_elems()) * 4)) {
-    return absl::InternalError("o_out: the output ranges do not match the bundle's outputs");
-  }
+  VERIFYD_ASSIGN_OR_RETURN(const DevicePathOutput out, DeliverableOutput(b, path, o, lse));
   DeviceWorker& w = b.worker();
   Lane& lane = b.lane();
   // The lane's last check was read before finite_mu was let go: nothing writes the word now.

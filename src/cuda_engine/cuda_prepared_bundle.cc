@@ -327,11 +327,10 @@ absl::Status CudaPreparedBundle::Upload(const BundleView& v, bool detach) {
     VERIFYD_RETURN_IF_ERROR(TakeEvent(worker_, lane_, &inputs_ready_));
     owns_inputs_ready_ = true;
   }
-  if (plan.total == 0 && layout_ != nullptr) {
-    PointProblemAt(plan, v, &problem_);
-    return absl::OkStatus();
-  }
-  absl::Status st = Send(v, worker_, lane_, &plan, &inputs_, inputs_ready_, nullptr);
+  // A borrowed inputs_ready_ (the layout's) is not recorded again: nothing was left to copy.
+  absl::Status st = owns_inputs_ready_
+                        ? Send(v, worker_, lane_, &plan, &inputs_, inputs_ready_, nullptr)
+                        : absl::OkStatus();
   PointProblemAt(plan, v, &problem_);
   return st;
 }
