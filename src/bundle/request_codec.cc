@@ -54,8 +54,9 @@ int64_t ShapeBytes(const char* name, const v1::Tensor& t, v1::DType dtype, int r
 // Where a request's tensors are: inline bytes or a range of a registered region.
 class TensorLocator {
  public:
-  TensorLocator(const v1::VerifyRequest& req, const RegionRegistry* regions, DecodedRequest* out)
-      : req_(req), regions_(regions), out_(out) {}
+  TensorLocator(const v1::VerifyRequest& req, const RegionRegistry* regions, const Peer& caller,
+                DecodedRequest* out)
+      : req_(req), regions_(regions), caller_(caller), out_(out) {}
 
   // The range a region tensor names, checked and pinned; the region on the request's device
   // when it is a GPU's.
@@ -75,8 +76,9 @@ class TensorLocator {
       return absl::NotFoundError(absl::StrCat(name, ": region '", region,
                                               "' is not registered (no regions are served here)"));
     }
-    absl::StatusOr<RegionRange> r = regions_->Resolve(
-        name, shm ? RegionKind::kShm : RegionKind::kCudaIpc, which, offset, size, &out_->pins);
+    absl::StatusOr<RegionRange> r =
+        regions_->Resolve(name, shm ? RegionKind::kShm : RegionKind::kCudaIpc, which, offset, size,
+                          &out_->pins, caller_);
     if (!r.ok()) return r.status();
     named_.push_back({name, r->label, *r});
     if (r->device() >= 0 && r->device() != req_.device()) {
@@ -194,6 +196,7 @@ class TensorLocator {
 
   const v1::VerifyRequest& req_;
   const RegionRegistry* regions_;
+  const Peer& caller_;
   DecodedRequest* out_;
   std::vector<Named> named_;
 };
@@ -211,9 +214,10 @@ absl::Status DimIs(const char* name, const v1::Tensor& t, int axis, int64_t want
 }  // namespace
 
 absl::Status DecodeRequest(const v1::VerifyRequest& req, const RegionRegistry* regions,
-                           DecodedRequest* out, const InPlaceTensors* in_place) {
+                           const Peer& caller, DecodedRequest* out,
+                           const InPlaceTensors* in_place) {
   *out = DecodedRequest();
-  TensorLocator at(req, regions, out);
+  TensorLocator at(req, regions, caller, out);
   BundleView& v = out->view;
   const void* p;
   // kv_lens fixes B; tree_mask fixes T; q fixes H; kv_pool fixes the pool.
@@ -334,7 +338,7 @@ absl::Status DecodeRequest(const v1::VerifyRequest& req, const RegionRegistry* r
 
 absl::StatusOr<BundleView> DecodeRequest(const v1::VerifyRequest& req) {
   DecodedRequest d;
-  if (absl::Status st = DecodeRequest(req, nullptr, &d); !st.ok()) return st;
+  if (absl::Status st = DecodeRequest(req, nullptr, Peer(), &d); !st.ok()) return st;
   if (!d.host_copies.empty() || d.o_out) {
     return absl::FailedPreconditionError("request: names regions; decode it with a registry");
   }

@@ -28,13 +28,15 @@ struct DecodedRequest {
   const RegionRange* lse_out_range() const { return lse_out ? &*lse_out : nullptr; }
 };
 
-// Tensors may be inline bytes or ranges of regions registered in `regions` (null: none are).
+// Tensors may be inline bytes or ranges of regions registered in `regions` (null: none are) that
+// `caller` may use (RegionRegistry::Resolve).
 // Checks each tensor's dtype, shape and byte size, where it is (a CUDA IPC region must be on the
 // request's device), then the contents (ValidateBundle). `in_place` (ParseRequestInPlace): where
 // the inline bytes of q and kv_pool are when the message does not hold them; the view then points
 // there.
 absl::Status DecodeRequest(const v1::VerifyRequest& req, const RegionRegistry* regions,
-                           DecodedRequest* out, const InPlaceTensors* in_place = nullptr);
+                           const Peer& caller, DecodedRequest* out,
+                           const InPlaceTensors* in_place = nullptr);
 // Inline tensors only.
 absl::StatusOr<BundleView> DecodeRequest(const v1::VerifyRequest& req);
 

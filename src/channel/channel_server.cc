@@ -22,26 +22,6 @@ namespace verifyd {
 
 using channel::HeaderOf;
 
-namespace {
-
-// A descriptor that becomes readable when process `pid` exits; -1 when the kernel has no pidfds
-// (before Linux 5.3) or the process is gone already.
-int WatchProcess(int pid) {
-#ifdef SYS_pidfd_open
-  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-#else
-  (void)pid;
-  return -1;
-#endif
-}
-
-bool Exited(int pidfd) {
-  pollfd p{pidfd, POLLIN, 0};
-  return pidfd >= 0 && ::poll(&p, 1, 0) > 0;
-}
-
-}  // namespace
-
 // One open channel: its mapping and the thread that serves it.
 class ChannelServer::Channel {
  public:
@@ -57,7 +37,7 @@ class ChannelServer::Channel {
         descriptors_(descriptors),
         tap_(std::move(tap)),
         tap_server_(tap_server),
-        pidfd_(summary_.client_pid > 0 ? WatchProcess(summary_.client_pid) : -1) {
+        client_(summary_.client_pid) {
     channel::InitHeader(map_->base(), summary_.geometry);
     if (tap_) tap_counts_.backend = tap_->plan.spec.backend();
     thread_ = std::thread([this] {
@@ -74,7 +54,6 @@ class ChannelServer::Channel {
     stop_.store(true);
     channel::FutexWake(&HeaderOf(map_->base())->request_seq);  // a sleeping Loop looks again
     thread_.join();
-    if (pidfd_ >= 0) ::close(pidfd_);
     channel::Header* h = HeaderOf(map_->base());
     h->state.store(channel::kStateClosed, std::memory_order_release);
     channel::FutexWake(&h->response_seq);  // a client waiting for an answer sees the close
@@ -82,6 +61,8 @@ class ChannelServer::Channel {
 
   // The client that opened it exited, and the channel serves no more.
   bool orphaned() const { return orphaned_.load(); }
+  // What does not change while it is open (its name, owner, plan).
+  const ChannelSummary& summary_ref() const { return summary_; }
 
   ChannelSummary summary() const {
     ChannelSummary s = summary_;
@@ -115,7 +96,7 @@ class ChannelServer::Channel {
   // The client exited (and the channel closes), or it is being closed: the loop returns.
   bool Ended() {
     if (stop_.load()) return true;
-    if (!Exited(pidfd_)) return false;
+    if (!client_.gone()) return false;
     spdlog::info("channel '{}': its client (pid {}) exited without closing it; closing it",
                  summary_.name, summary_.client_pid);
     orphaned_.store(true);
@@ -157,7 +138,7 @@ class ChannelServer::Channel {
   // handed back), one 16-byte write. A failure is logged once.
   void WriteVerifydWords(uint32_t ppm, uint32_t consumed) {
     const tap::TapVerifydWords w{ppm, consumed, {0, 0}};
-    absl::Status st = tap_server_->WriteControl(tap_->plan, 0, &w, sizeof(w));
+    absl::Status st = tap_server_->WriteControl(summary_.by, tap_->plan, 0, &w, sizeof(w));
     if (st.ok()) {
       sample_ppm_ = ppm;
     } else if (!control_failed_) {
@@ -220,7 +201,7 @@ class ChannelServer::Channel {
           plan, tap_->slot_calls[slot], records + uint64_t{slot} * plan.geometry.record_bytes,
           &*call, &number);
       if (!built.ok()) call = built;
-      const TapResult r = tap_server_->Serve(summary_.name, plan, call);
+      const TapResult r = tap_server_->Serve(summary_.name, summary_.by, plan, call);
       if (Shrank()) return;
       ++consumed;
       WriteVerifydWords(sample_ppm_, consumed);
@@ -277,7 +258,7 @@ class ChannelServer::Channel {
           ring.descriptor < static_cast<uint32_t>(descriptors_.size())
               ? &descriptors_[static_cast<int>(ring.descriptor)]
               : nullptr;
-      serve_built_(call, descriptor,
+      serve_built_(summary_.by, call, descriptor,
                    built.ok() ? channel::LayoutKey(serial_, ring.slot, generation) : 0, &resp);
       if (Shrank()) return;
       if (resp.error_code() != 0) {
@@ -319,7 +300,7 @@ class ChannelServer::Channel {
       const uint32_t seq = channel::AwaitChange(
           &h->request_seq, served,
           channel::AdaptiveSpin(last_gap, ChannelLimits::kSpinFloor, spin_),
-          absl::Milliseconds(100), [this] { return stop_.load() || Exited(pidfd_); });
+          absl::Milliseconds(100), [this] { return stop_.load() || client_.gone(); });
       if (seq == served) {  // asked to stop, or the client is gone
         if (!stop_.load() && Ended()) return;
         continue;
@@ -329,7 +310,7 @@ class ChannelServer::Channel {
       resp.Clear();
       absl::StatusOr<absl::string_view> request = channel::RequestIn(base, g);
       if (request.ok()) {
-        serve_(*request, &resp);
+        serve_(summary_.by, *request, &resp);
       } else {
         ErrorInResponse(request.status(), "", &resp);  // no request was parsed: no request id
       }
@@ -367,8 +348,8 @@ class ChannelServer::Channel {
   bool control_failed_ = false;        // tap mode: a control write failed (logged once)
   uint32_t gpu_seen_[3] = {0, 0, 0};   // tap mode: the GPU's counts last reported
   mutable std::mutex tap_mu_;
-  TapCounts tap_counts_;  // guarded by tap_mu_
-  const int pidfd_;       // readable once the client exited; -1: not watched
+  TapCounts tap_counts_;       // guarded by tap_mu_
+  const ProcessWatch client_;  // the process that opened it (pid 0: none is watched)
   // Its number among the channels this process opened (its calls' layout keys: LayoutKey).
   const uint32_t serial_ = next_serial_.fetch_add(1, std::memory_order_relaxed) + 1;
   static inline std::atomic<uint32_t> next_serial_{0};
@@ -437,10 +418,11 @@ void ChannelServer::Notify() {
   if (o) o(n);
 }
 
-absl::StatusOr<ChannelSummary> ChannelServer::Open(
-    const std::string& name, const std::string& key, uint64_t byte_size, const std::string& client,
-    std::optional<uint32_t> caller_uid, std::optional<int> caller_pid,
-    const Descriptors& descriptors, uint32_t layout_slots, std::optional<TapOpen> tap) {
+absl::StatusOr<ChannelSummary> ChannelServer::Open(const std::string& name, const std::string& key,
+                                                   uint64_t byte_size, const std::string& client,
+                                                   const Peer& by, const Descriptors& descriptors,
+                                                   uint32_t layout_slots,
+                                                   std::optional<TapOpen> tap) {
   if (limits_.max_channels == 0) {
     return absl::FailedPreconditionError(
         "OpenChannel: this verifyd serves no call channels (--max_channels=0)");
@@ -475,13 +457,21 @@ absl::StatusOr<ChannelSummary> ChannelServer::Open(
       return absl::ResourceExhaustedError(absl::StrCat(
           "name: ", channels_.size(), " channels are open, the most --max_channels allows"));
     }
+    int64_t mine = 0;
+    for (const auto& [n, c] : channels_) mine += c->summary_ref().owner == by.label ? 1 : 0;
+    if (mine >= limits_.max_channels_per_client) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("name: client ", by.label, " has ", mine,
+                       " channels open, the most --max_channels_per_client (",
+                       limits_.max_channels_per_client, ") allows (close one first)"));
+    }
     return absl::OkStatus();
   };
   {
     std::lock_guard<std::mutex> l(mu_);
     if (absl::Status st = check_room(); !st.ok()) return st;
   }
-  absl::StatusOr<std::unique_ptr<MappedRegion>> m = MapShm(key, 0, byte_size, caller_uid);
+  absl::StatusOr<std::unique_ptr<MappedRegion>> m = MapShm(key, 0, byte_size, by.uid);
   if (!m.ok()) return m.status();
   // The areas only: the header's futex words stay ordinary pages.
   PinnedHost pinned =
@@ -494,7 +484,9 @@ absl::StatusOr<ChannelSummary> ChannelServer::Open(
   s.client = client;
   s.byte_size = byte_size;
   s.geometry = *g;
-  s.client_pid = caller_pid.value_or(0);
+  s.client_pid = by.pid.value_or(0);
+  s.owner = by.label;
+  s.by = by;
   s.descriptors = descriptors.size();
   s.plan = plan;
   const std::string tap_note =
@@ -521,7 +513,8 @@ absl::StatusOr<ChannelSummary> ChannelServer::Open(
 }
 
 absl::StatusOr<std::vector<std::string>> ChannelServer::Close(const std::string& name,
-                                                              const std::string& client) {
+                                                              const std::string& client,
+                                                              const Peer& caller) {
   std::vector<std::unique_ptr<Channel>> closing;
   std::vector<std::string> names;
   {
@@ -531,12 +524,28 @@ absl::StatusOr<std::vector<std::string>> ChannelServer::Close(const std::string&
       if (it == channels_.end()) {
         return absl::NotFoundError(absl::StrCat("name: no open channel '", name, "'"));
       }
+      const ChannelSummary& s = it->second->summary_ref();
+      if (!MayUse(limits_.sharing, s.by, caller)) {
+        if (on_denial_) {
+          on_denial_(
+              Denial{"channel", absl::StrCat("channel '", name, "'"), "close", &caller, s.owner});
+        }
+        return absl::PermissionDeniedError(
+            absl::StrCat("name: channel '", name, "' belongs to ", s.owner, ", not to the caller (",
+                         caller.label.empty() ? "unverified" : caller.label,
+                         "); --region_sharing=", SharingName(limits_.sharing), " lets ",
+                         limits_.sharing == Sharing::kProcess ? "only the process that opened it"
+                                                              : "only its uid",
+                         " close it"));
+      }
       names.push_back(name);
       closing.push_back(std::move(it->second));
       channels_.erase(it);
     } else {
       for (auto it = channels_.begin(); it != channels_.end();) {
-        if (it->second->summary().client != client) {
+        // Another peer's channels of that client name are not the caller's: left alone.
+        const ChannelSummary& s = it->second->summary_ref();
+        if (s.client != client || !MayUse(limits_.sharing, s.by, caller)) {
           ++it;
           continue;
         }

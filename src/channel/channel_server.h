@@ -5,6 +5,9 @@
 // request word and serves each call through `serve`: the same path as a Verify RPC's message.
 // A channel opened over a Unix socket watches the process that opened it (a pidfd): when that
 // process exits without closing the channel, the channel is closed within about a second.
+// A channel belongs to the peer that opened it (src/common/peer.h): another peer may close it
+// only as --region_sharing allows, and its calls name regions as that peer (the owner's rights,
+// not more). Each process may hold --max_channels_per_client channels.
 // A channel opened with call descriptors is in doorbell mode (doorbell_layout.h): its thread
 // polls the doorbell word that the client's GPU writes, and serves each call through
 // `serve_built`. A channel opened with a tap is in tap mode (tap_layout.h): its thread polls the
@@ -28,6 +31,8 @@
 #include "src/channel/channel_layout.h"
 #include "src/channel/doorbell_layout.h"
 #include "src/channel/tap_layout.h"
+#include "src/common/peer.h"
+#include "src/common/process_watch.h"
 #include "src/region/region_registry.h"
 #include "verifyd/v1/verify.pb.h"
 
@@ -35,6 +40,8 @@ namespace verifyd {
 
 struct ChannelLimits {
   int max_channels = 16;                      // --max_channels; 0: no channels
+  int max_channels_per_client = 4;            // --max_channels_per_client (per process)
+  Sharing sharing = Sharing::kUid;            // --region_sharing: who may close a channel
   uint64_t max_capacity = uint64_t{1} << 30;  // an area's bytes at most (--max_message_mb)
   // After a call, the most the channel's thread spins for the next one before it sleeps
   // (--channel_spin_us): twice the last gap between calls when that gap was within this,
@@ -66,13 +73,15 @@ struct TapResult {
 class TapServer {
  public:
   virtual ~TapServer() = default;
-  // Compares one fill (or counts the error that kept it from being built) of channel `channel`.
-  virtual TapResult Serve(const std::string& channel, const channel::TapPlan& plan,
+  // Compares one fill (or counts the error that kept it from being built) of channel `channel`,
+  // opened by `owner` (whose regions the fill names).
+  virtual TapResult Serve(const std::string& channel, const Peer& owner,
+                          const channel::TapPlan& plan,
                           const absl::StatusOr<v1::VerifyRequest>& call) = 0;
   // Writes `bytes` bytes at `offset` of the tap's slots region (the TapControl words verifyd
-  // owns).
-  virtual absl::Status WriteControl(const channel::TapPlan& plan, uint64_t offset, const void* src,
-                                    uint64_t bytes) = 0;
+  // owns), a region of the channel's `owner`.
+  virtual absl::Status WriteControl(const Peer& owner, const channel::TapPlan& plan,
+                                    uint64_t offset, const void* src, uint64_t bytes) = 0;
   // The fraction of calls to sample now (--shadow_sample_rate, followed live).
   virtual double SampleRate() = 0;
   // What the tap kernel counted since the last report: calls, sampled calls, drops.
@@ -88,6 +97,8 @@ struct TapOpen {
 
 struct ChannelSummary {
   std::string name, key, client;
+  std::string owner;  // the peer that opened it (Peer::label)
+  Peer by;
   uint64_t byte_size = 0;
   channel::Geometry geometry;
   int64_t calls = 0;
@@ -103,15 +114,17 @@ class ChannelServer {
  public:
   // Serves one call from its serialized VerifyRequest, which is in the channel's request area
   // where the client can write it (ParseRequestInPlace copies out what is checked); fills `resp`
-  // (errors in its error_code and error_message).
-  using Serve = std::function<void(absl::string_view request, v1::VerifyResponse* resp)>;
+  // (errors in its error_code and error_message). `owner`: the peer that opened the channel, as
+  // whom the call names regions.
+  using Serve =
+      std::function<void(const Peer& owner, absl::string_view request, v1::VerifyResponse* resp)>;
   // Serves one doorbell call, built from its descriptor and layout slot (or the error that kept
   // it from being built), into `resp`; on any error it zero-fills the output ranges that
   // `descriptor` names (null: the doorbell named no descriptor), so the client reads zeros, not
   // stale values. `layout_key`: the call's layout for reuse (BundleView::layout_key), 0 for none.
-  using ServeBuilt = std::function<void(const absl::StatusOr<v1::VerifyRequest>& call,
-                                        const v1::VerifyRequest* descriptor, uint64_t layout_key,
-                                        v1::VerifyResponse* resp)>;
+  using ServeBuilt = std::function<void(
+      const Peer& owner, const absl::StatusOr<v1::VerifyRequest>& call,
+      const v1::VerifyRequest* descriptor, uint64_t layout_key, v1::VerifyResponse* resp)>;
   using Descriptors = google::protobuf::RepeatedPtrField<v1::VerifyRequest>;
   // Sees the channel count after every change (metrics).
   using Observer = std::function<void(int64_t channels)>;
@@ -127,26 +140,28 @@ class ChannelServer {
   // Serves tap channels (null: Open refuses a tap). Set before the first Open; outlives the
   // server's channels.
   void SetTapServer(TapServer* t) { tap_server_ = t; }
+  // Sees each refused close of another peer's channel (metrics, audit). Set before serving.
+  void SetDenialObserver(DenialObserver o) { on_denial_ = std::move(o); }
 
-  // Maps `key` (the caller's own object when `caller_uid` is known; MapShm), writes the header
+  // Maps `key` (the caller's own object when its uid is known; MapShm), writes the header
   // and starts serving. ALREADY_EXISTS for a name in use, RESOURCE_EXHAUSTED past
-  // --max_channels, INVALID_ARGUMENT naming the field for a bad name or size.
-  // `caller_pid`: the process whose exit closes the channel (nullopt: none is watched).
+  // --max_channels or --max_channels_per_client, INVALID_ARGUMENT naming the field for a bad
+  // name or size. `by`: the opening peer, which owns the channel; its pid is the process whose
+  // exit closes the channel (none: none is watched).
   // `descriptors` (non-empty: doorbell mode) and `layout_slots` as in OpenChannelRequest; bad
   // ones are INVALID_ARGUMENT naming the field (PlanDoorbell). `tap`: tap mode (the caller
   // planned it with PlanTap against limits() and checked its region).
   absl::StatusOr<ChannelSummary> Open(const std::string& name, const std::string& key,
-                                      uint64_t byte_size, const std::string& client,
-                                      std::optional<uint32_t> caller_uid,
-                                      std::optional<int> caller_pid = std::nullopt,
+                                      uint64_t byte_size, const std::string& client, const Peer& by,
                                       const Descriptors& descriptors = Descriptors(),
                                       uint32_t layout_slots = 0,
                                       std::optional<TapOpen> tap = std::nullopt);
   const ChannelLimits& limits() const { return limits_; }
-  // Closes `name`, or with an empty name every channel of `client`; a call in progress finishes
-  // first. The client sees state closed. NOT_FOUND for an unknown name.
-  absl::StatusOr<std::vector<std::string>> Close(const std::string& name,
-                                                 const std::string& client);
+  // Closes `name`, or with an empty name every channel of `client` that `caller` may close; a
+  // call in progress finishes first. The client sees state closed. NOT_FOUND for an unknown name,
+  // PERMISSION_DENIED naming it for another peer's channel.
+  absl::StatusOr<std::vector<std::string>> Close(const std::string& name, const std::string& client,
+                                                 const Peer& caller);
   std::vector<ChannelSummary> List() const;
 
  private:
@@ -160,6 +175,7 @@ class ChannelServer {
   ServeBuilt serve_built_;
   RegionRegistry::HostPinner pin_host_;
   TapServer* tap_server_ = nullptr;
+  DenialObserver on_denial_;
   Observer observer_;
   mutable std::mutex mu_;
   std::map<std::string, std::unique_ptr<Channel>> channels_;  // guarded by mu_

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -530,6 +531,34 @@ absl::Status ModeController::SetSampleRateLocked(const SampleRateChange& c, Audi
   return absl::OkStatus();
 }
 
+void ModeController::AuditDenial(const std::string& caller, const std::string& what) {
+  constexpr size_t kKept = 4096;  // distinct (caller, what) pairs remembered
+  const absl::Time now = absl::Now();
+  AuditEntry e;
+  {
+    absl::MutexLock l(&mu_);
+    absl::Time& last = denials_audited_[absl::StrCat(caller, "\n", what)];
+    if (now - last < absl::Minutes(1)) return;
+    last = now;
+    if (denials_audited_.size() > kKept) {
+      for (auto it = denials_audited_.begin(); it != denials_audited_.end();) {
+        it = now - it->second >= absl::Minutes(1) ? denials_audited_.erase(it) : std::next(it);
+      }
+    }
+    e.from = e.to = state_.mode;
+  }
+  e.time = Now();
+  e.action = AuditAction::kDenied;
+  e.origin = AuditOrigin::kDaemon;
+  e.who = "verifyd";
+  e.peer = caller;
+  e.reason = what;
+  e.build = opts_.build;
+  if (absl::Status st = store_.AppendAudit(e); !st.ok()) {
+    spdlog::error("audit append failed: {}", st.ToString());
+  }
+}
+
 absl::Status ModeController::SetSampleRate(const SampleRateChange& c) {
   absl::MutexLock l(&mu_);
   return SetSampleRateLocked(c, AuditOrigin::kClient);
@@ -617,18 +646,24 @@ void ModeController::NoteMalformed(const StateStore::AuditLog& log) const {
 }
 
 std::vector<AuditEntry> ModeController::RecentAudit(size_t limit) const {
-  absl::StatusOr<StateStore::AuditLog> log = store_.ReadAuditLog(limit);
+  std::deque<AuditEntry> changes;
+  absl::StatusOr<StateStore::AuditLog> log = store_.ReadAuditLog(0, [&](const AuditEntry& e) {
+    if (e.action == AuditAction::kDenied) return;
+    changes.push_back(e);
+    if (changes.size() > limit) changes.pop_front();
+  });
   if (!log.ok()) {
     spdlog::warn("audit log: {}", log.status().ToString());
     return {};
   }
   NoteMalformed(*log);
-  return std::move(log->entries);
+  return {std::make_move_iterator(changes.begin()), std::make_move_iterator(changes.end())};
 }
 
 void ModeController::AnnounceLastChanges() {
   std::optional<AuditEntry> mode, sample_rate;
   absl::StatusOr<StateStore::AuditLog> log = store_.ReadAuditLog(0, [&](const AuditEntry& e) {
+    if (e.action == AuditAction::kDenied) return;
     (e.action == AuditAction::kSampleRate ? sample_rate : mode) = e;
   });
   if (!log.ok()) {

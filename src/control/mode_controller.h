@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -187,13 +188,18 @@ class ModeController {
   // A rate given by a start-up flag: audited (origin "daemon", who "flag") when it changes the
   // persisted rate.
   absl::Status ApplySampleRateFlag(Mode mode, double rate);
+  // A peer refused another's region or channel: audited (action "denied", origin "daemon",
+  // peer `caller`, reason `what`), at most once a minute for each caller and thing, so that a
+  // peer that keeps asking cannot fill the log. Changes nothing.
+  void AuditDenial(const std::string& caller, const std::string& what);
   // A sticky custom-path fault: persist it and fall back to shadow before the process exits.
   absl::Status MarkCustomFaulted(const std::string& reason);
   // Saves the gate's evidence if it changed since the last save (on clean shutdown).
   absl::Status Flush();
 
   ControllerSnapshot Snapshot() const;
-  // The last `limit` audit entries; malformed lines are skipped, counted and warned about.
+  // The last `limit` changes in the audit log (refusals, kDenied, stay in the file); malformed
+  // lines are skipped, counted and warned about.
   std::vector<AuditEntry> RecentAudit(size_t limit) const;
   int64_t MalformedAuditLines() const;
   Mode mode() const;
@@ -243,6 +249,8 @@ class ModeController {
   const ControllerOptions opts_;
   mutable absl::Mutex mu_;
   PersistedState state_ ABSL_GUARDED_BY(mu_);
+  // When each (caller, what) refusal was last audited (AuditDenial).
+  std::map<std::string, absl::Time> denials_audited_ ABSL_GUARDED_BY(mu_);
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
   // state_.gate is the live evidence; these say when it was last saved.
   bool evidence_dirty_ ABSL_GUARDED_BY(mu_) = false;

@@ -178,6 +178,8 @@ const char* AuditActionName(AuditAction a) {
       return "mode";
     case AuditAction::kSampleRate:
       return "sample_rate";
+    case AuditAction::kDenied:
+      return "denied";
   }
   return "unknown";
 }
@@ -209,6 +211,8 @@ absl::StatusOr<AuditEntry> ParseAuditLine(std::string_view line) {
     e.action = AuditAction::kMode;
   } else if (action == "sample_rate") {
     e.action = AuditAction::kSampleRate;
+  } else if (action == "denied") {
+    e.action = AuditAction::kDenied;
   } else {
     return absl::InvalidArgumentError(absl::StrCat("action: unknown action \"", action, "\""));
   }

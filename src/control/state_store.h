@@ -54,8 +54,10 @@ std::string SerializeState(const PersistedState& s);
 enum class AuditOrigin { kUnknown, kClient, kDaemon };
 const char* AuditOriginName(AuditOrigin o);  // "unknown", "client", "daemon"
 
-enum class AuditAction { kMode, kSampleRate };
-const char* AuditActionName(AuditAction a);  // "mode", "sample_rate"
+// kDenied: a peer was refused another peer's region or channel (from == to == the mode; `peer`
+// the refused caller, `reason` what it asked for and whose it is).
+enum class AuditAction { kMode, kSampleRate, kDenied };
+const char* AuditActionName(AuditAction a);  // "mode", "sample_rate", "denied"
 
 struct AuditEntry {
   std::string time;  // RFC 3339 UTC

@@ -253,9 +253,19 @@ absl::Status Daemon::StartCalls() {
     });
     regions_->SetObserver(
         [m = metrics_.get()](int64_t n, uint64_t bytes) { m->SetRegions(n, bytes); });
+    regions_->SetDenialObserver(DenialReporter());
     handler_->SetRegions(regions_.get());
   }
   return absl::OkStatus();
+}
+
+DenialObserver Daemon::DenialReporter() const {
+  return [m = metrics_.get(), c = controller_.get()](const Denial& d) {
+    m->TenancyRefusal(d.resource, "not_owner");
+    const std::string what = absl::StrCat(d.action, " ", d.what, " of ", d.owner);
+    spdlog::warn("refused: {} asked to {}", d.caller->label, what);
+    c->AuditDenial(d.caller->label, what);
+  };
 }
 
 RegionRegistry::HostPinner Daemon::HostPinner() const {
@@ -271,6 +281,7 @@ absl::Status Daemon::StartDataPlane() {
   VerifyServiceOptions vopts;
   vopts.max_message_bytes = opts.max_message_bytes;
   vopts.max_inflight_bytes = opts.max_inflight_bytes;
+  vopts.inflight_peer_share = opts.inflight_peer_share;
   vopts.regions = regions_.get();
   const bool vmm_socket =
       regions_ != nullptr &&
@@ -287,6 +298,7 @@ absl::Status Daemon::StartDataPlane() {
   verify_service_ =
       std::make_unique<VerifyServiceImpl>(handler_.get(), metrics_.get(), std::move(vopts));
   verify_service_->channels().SetObserver([m = metrics_.get()](int64_t n) { m->SetChannels(n); });
+  verify_service_->channels().SetDenialObserver(DenialReporter());
   verify_service_->receive_buffers().SetObserver(
       [m = metrics_.get()](const ReceiveBuffers::Stats& s) {
         m->SetReceiveBuffers(s.bytes, s.pinned_bytes);

@@ -71,6 +71,7 @@ struct DaemonOptions {
   // timeout.
   StreamLimits streams;
   int64_t max_inflight_bytes = VerifyServiceOptions{}.max_inflight_bytes;  // 0 = no budget
+  double inflight_peer_share = VerifyServiceOptions{}.inflight_peer_share;
   uint64_t pinned_receive_bytes = VerifyServiceOptions{}.receive_keep_bytes;
   int64_t keep_freed_bytes = kDefaultKeepFreedMb << 20;  // KeepFreedMemory() (main applies it)
   ControllerOptions controller;
@@ -126,6 +127,8 @@ class Daemon {
   void LogStarted() const;
   // Makes host memory readable by the engine's devices (regions, channels, receive buffers).
   RegionRegistry::HostPinner HostPinner() const;
+  // Counts, logs and audits a peer refused another's region or channel.
+  DenialObserver DenialReporter() const;
 
   DaemonOptions opts_;
   EngineInfo info_;

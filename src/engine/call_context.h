@@ -1,7 +1,7 @@
 #pragma once
 // Whether the client of a call still waits for it: its deadline and its cancellation, polled
 // before each path and, on the CPU engine, between tiles and KV chunks, so that an abandoned call
-// stops using the engine.
+// stops using the engine. And who the client is (the regions it may name).
 
 #include <atomic>
 #include <chrono>
@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "src/common/peer.h"
 
 namespace verifyd {
 
@@ -16,9 +17,10 @@ class CallContext {
  public:
   using Clock = std::chrono::system_clock;  // gRPC's deadline clock
 
-  CallContext() = default;  // a call nobody abandons
-  CallContext(std::function<bool()> cancelled, Clock::time_point deadline)
-      : cancelled_(std::move(cancelled)), deadline_(deadline) {}
+  // A call nobody abandons, from `peer` (by default nobody verified: it may name no region).
+  explicit CallContext(Peer peer = Peer()) : peer_(std::move(peer)) {}
+  CallContext(std::function<bool()> cancelled, Clock::time_point deadline, Peer peer = Peer())
+      : cancelled_(std::move(cancelled)), deadline_(deadline), peer_(std::move(peer)) {}
   CallContext(const CallContext&) = delete;
   CallContext& operator=(const CallContext&) = delete;
 
@@ -50,10 +52,12 @@ class CallContext {
                : absl::CancelledError("the client cancelled the call; it was stopped");
   }
   bool Abandoned() const { return !Check().ok(); }
+  const Peer& peer() const { return peer_; }
 
  private:
   std::function<bool()> cancelled_;
   Clock::time_point deadline_ = Clock::time_point::max();
+  Peer peer_;
   mutable std::atomic<int> abandoned_{0};  // an absl::StatusCode once abandoned
 };
 

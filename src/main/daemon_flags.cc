@@ -76,6 +76,20 @@ ABSL_FLAG(int, grpc_max_streams, Defaults().streams.max_streams,
           "rest of --grpc_max_threads serve unary calls. Must be below --grpc_max_threads");
 ABSL_FLAG(double, stream_idle_timeout_s, absl::ToDoubleSeconds(Defaults().streams.idle_timeout),
           "A data-plane stream that sends nothing for this long is cancelled, seconds; 0 = never");
+ABSL_FLAG(int, grpc_max_streams_per_peer, Defaults().streams.max_streams_per_peer,
+          "Of --grpc_max_streams, the streams one peer (a uid on the Unix socket, a host over "
+          "TCP) may hold open");
+ABSL_FLAG(int, grpc_max_waiting_calls_per_peer, Defaults().streams.max_waiting_calls_per_peer,
+          "Unary Verify calls one peer (a uid on the Unix socket, a host over TCP) may have "
+          "waiting for their message; each holds a server thread until it arrives");
+ABSL_FLAG(int64_t, request_body_timeout_ms,
+          absl::ToInt64Milliseconds(Defaults().streams.body_timeout),
+          "A unary Verify call whose message has not arrived this long after its headers is "
+          "cancelled, whatever the client's deadline, and what it held (a thread, its declared "
+          "size's budget) goes back; 0 = never");
+ABSL_FLAG(double, max_inflight_peer_share, Defaults().inflight_peer_share,
+          "Of --max_inflight_mb, the part one peer (a uid on the Unix socket, a host over TCP) "
+          "may hold, in (0, 1]");
 ABSL_FLAG(int, grpc_max_concurrent_streams, Defaults().grpc_max_concurrent_streams,
           "Concurrent data-plane streams per connection");
 ABSL_FLAG(int64_t, max_inflight_mb, Mb(Defaults().max_inflight_bytes),
@@ -94,6 +108,16 @@ ABSL_FLAG(int64_t, max_regions, Defaults().regions.max_regions,
 ABSL_FLAG(int64_t, max_regions_per_client, Defaults().regions.max_regions_per_client,
           "Regions one client may register, set members included; a client is the process the "
           "kernel names on the Unix socket (uid and pid), over TCP the request's client name");
+ABSL_FLAG(int64_t, max_regions_per_uid, Defaults().regions.max_regions_per_uid,
+          "Regions all processes of one uid may register together, set members included, so "
+          "that no one user fills --max_regions");
+ABSL_FLAG(std::string, region_sharing, SharingName(Defaults().regions.sharing),
+          "Who may use, list and unregister a region or region set, and close a call channel, "
+          "besides the process that registered or opened it: uid (the processes of its uid), "
+          "process (none), all (every peer that can reach the data socket: one tenant)");
+ABSL_FLAG(int64_t, max_channels_per_client, Defaults().channels.max_channels_per_client,
+          "Call channels one process (the uid and pid the kernel names on the Unix socket) may "
+          "hold open");
 ABSL_FLAG(int64_t, max_region_mb, Mb(Defaults().regions.max_total_bytes),
           "Sum of the registered regions' sizes, MiB (regions are the clients' memory, mapped)");
 ABSL_FLAG(bool, allow_region_tcp, false,
@@ -332,6 +356,21 @@ absl::Status ParseGrpcLimits(DaemonOptions* o) {
   const double idle_s = absl::GetFlag(FLAGS_stream_idle_timeout_s);
   if (!(idle_s >= 0)) return absl::InvalidArgumentError("stream_idle_timeout_s: must be >= 0");
   o->streams.idle_timeout = absl::Seconds(idle_s);
+  o->streams.max_streams_per_peer = absl::GetFlag(FLAGS_grpc_max_streams_per_peer);
+  if (o->streams.max_streams_per_peer < 1) {
+    return absl::InvalidArgumentError("grpc_max_streams_per_peer: must be >= 1");
+  }
+  o->streams.max_waiting_calls_per_peer = absl::GetFlag(FLAGS_grpc_max_waiting_calls_per_peer);
+  if (o->streams.max_waiting_calls_per_peer < 1) {
+    return absl::InvalidArgumentError("grpc_max_waiting_calls_per_peer: must be >= 1");
+  }
+  const int64_t body_ms = absl::GetFlag(FLAGS_request_body_timeout_ms);
+  if (body_ms < 0) return absl::InvalidArgumentError("request_body_timeout_ms: must be >= 0");
+  o->streams.body_timeout = absl::Milliseconds(body_ms);
+  o->inflight_peer_share = absl::GetFlag(FLAGS_max_inflight_peer_share);
+  if (!(o->inflight_peer_share > 0 && o->inflight_peer_share <= 1)) {
+    return absl::InvalidArgumentError("max_inflight_peer_share: must be in (0, 1]");
+  }
   if (o->grpc_max_concurrent_streams < 1) {
     return absl::InvalidArgumentError("grpc_max_concurrent_streams: must be >= 1");
   }
@@ -362,6 +401,13 @@ absl::Status ParseRegionsAndChannels(DaemonOptions* o) {
   if (o->regions.max_regions_per_client < 1 || o->regions.max_regions_per_client > 3072) {
     return absl::InvalidArgumentError("max_regions_per_client: must be in [1, 3072]");
   }
+  o->regions.max_regions_per_uid = absl::GetFlag(FLAGS_max_regions_per_uid);
+  if (o->regions.max_regions_per_uid < 1 || o->regions.max_regions_per_uid > 3072) {
+    return absl::InvalidArgumentError("max_regions_per_uid: must be in [1, 3072]");
+  }
+  absl::StatusOr<Sharing> sharing = ParseSharing(absl::GetFlag(FLAGS_region_sharing));
+  if (!sharing.ok()) return sharing.status();
+  o->regions.sharing = o->channels.sharing = *sharing;
   const int64_t region_mb = absl::GetFlag(FLAGS_max_region_mb);
   if (region_mb < 1 || region_mb > (int64_t{1} << 40)) {
     return absl::InvalidArgumentError("max_region_mb: must be in [1, 2^40]");
@@ -373,6 +419,11 @@ absl::Status ParseRegionsAndChannels(DaemonOptions* o) {
     return absl::InvalidArgumentError("max_channels: must be in [0, 1024]");
   }
   o->channels.max_channels = static_cast<int>(max_channels);
+  const int64_t per_client = absl::GetFlag(FLAGS_max_channels_per_client);
+  if (per_client < 1 || per_client > 1024) {
+    return absl::InvalidArgumentError("max_channels_per_client: must be in [1, 1024]");
+  }
+  o->channels.max_channels_per_client = static_cast<int>(per_client);
   const int64_t spin_us = absl::GetFlag(FLAGS_channel_spin_us);
   if (spin_us < 0 || spin_us > 1000000) {
     return absl::InvalidArgumentError("channel_spin_us: must be in [0, 1000000]");

@@ -361,6 +361,14 @@ Metrics::Metrics(const BuildInfo& info) : registry_(std::make_shared<prometheus:
   DeclareClientMetrics(r, &admin_auth_failures_, &regions_, &region_bytes_, &channels_,
                        &receive_buffer_bytes_, &receive_buffer_pinned_bytes_);
   DeclareShadowMetrics(r, &shadow_queue_depth_, &canary_shed_);
+  tenancy_refusals_ = &prometheus::BuildCounter()
+                           .Name("verifyd_tenancy_refusals_total")
+                           .Help(
+                               "Calls refused to keep one peer from another's regions and "
+                               "channels (reason not_owner) or from more than its share of "
+                               "streams, calls and the memory budget (peer_share), and calls "
+                               "whose message did not arrive in time (body_timeout)")
+                           .Register(r);
   DeclareCaptureMetrics(r, &captures_);
   DeclareTapMetrics(r, &tap_events_, &tap_diff_rel_l2_, &tap_breaches_);
   DeclareBuildInfo(r, info);
@@ -440,6 +448,7 @@ void Metrics::SetGate(const GateStatus& g) {
 }
 
 void Metrics::LastChange(const AuditEntry& e) {
+  if (e.action == AuditAction::kDenied) return;  // not a change (verifyd_tenancy_refusals_total)
   const bool sample_rate = e.action == AuditAction::kSampleRate;
   absl::MutexLock l(&last_change_mu_);
   prometheus::Gauge*& series = sample_rate ? last_sample_rate_change_ : last_mode_change_;
@@ -450,6 +459,11 @@ void Metrics::LastChange(const AuditEntry& e) {
 }
 
 void Metrics::AdminAuthFailure() { admin_auth_failures_->Increment(); }
+
+void Metrics::TenancyRefusal(std::string_view resource, std::string_view reason) {
+  tenancy_refusals_->Add({{"resource", std::string(resource)}, {"reason", std::string(reason)}})
+      .Increment();
+}
 
 void Metrics::Drift(const DriftReading& r, bool new_breach) {
   drift_ratio_->Set(std::isfinite(r.ratio) ? r.ratio : 0);

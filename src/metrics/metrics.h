@@ -58,6 +58,10 @@ class Metrics {
   // Registered regions and the sum of their byte sizes.
   void SetRegions(int64_t regions, uint64_t bytes);
   void SetChannels(int64_t channels);
+  // One refusal that keeps a peer from another's resources or from more than its share:
+  // `resource` region, channel, stream, call or budget; `reason` not_owner, peer_share or
+  // body_timeout.
+  void TenancyRefusal(std::string_view resource, std::string_view reason);
   // Host memory gRPC messages are received into (in use or kept for later calls), and how much
   // of it is pinned.
   void SetReceiveBuffers(uint64_t bytes, uint64_t pinned_bytes);
@@ -73,6 +77,7 @@ class Metrics {
  private:
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>* requests_;
+  prometheus::Family<prometheus::Counter>* tenancy_refusals_;
   prometheus::Family<prometheus::Histogram>* request_seconds_;
   prometheus::Family<prometheus::Histogram>* path_seconds_;
   prometheus::Histogram* shadow_overhead_seconds_;

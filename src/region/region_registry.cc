@@ -48,11 +48,13 @@ absl::Status CheckOffset(uint64_t offset) {
 
 struct RegionRegistry::Set {
   RegionSetSummary info;  // in_use, calls and lost are the members'
+  Peer by;                // the owner
   std::vector<std::shared_ptr<Entry>> members;
 };
 
 struct RegionRegistry::Entry {
   RegionSummary info;  // in_use and calls are kept below
+  Peer by;             // the owner
   std::unique_ptr<MappedRegion> mapping;
   std::atomic<int64_t> in_use{0};
   std::atomic<int64_t> calls{0};
@@ -107,11 +109,100 @@ absl::Status RegionsIntact(const std::vector<RegionPin>& pins) {
 const char* RegionKindName(RegionKind k) { return k == RegionKind::kShm ? "shm" : "cuda_ipc"; }
 
 RegionRegistry::RegionRegistry(RegionLimits limits, CudaOpener cuda_opener, HostPinner host_pinner)
-    : limits_(limits), cuda_opener_(std::move(cuda_opener)), host_pinner_(std::move(host_pinner)) {}
+    : limits_(limits),
+      cuda_opener_(std::move(cuda_opener)),
+      host_pinner_(std::move(host_pinner)),
+      reaper_([this] { ReapLoop(); }) {}
 
 RegionRegistry::~RegionRegistry() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stopping_ = true;
+  }
+  reap_cv_.notify_all();
+  reaper_.join();
   std::lock_guard<std::mutex> l(mu_);
   regions_.clear();
+  sets_.clear();
+}
+
+void RegionRegistry::SetDenialObserver(DenialObserver o) { on_denial_ = std::move(o); }
+
+absl::Status RegionRegistry::Permit(const std::string& field, const std::string& what,
+                                    const char* action, const Peer& owner,
+                                    const Peer& caller) const {
+  if (MayUse(limits_.sharing, owner, caller)) return absl::OkStatus();
+  if (on_denial_) on_denial_(Denial{"region", what, action, &caller, owner.label});
+  return absl::PermissionDeniedError(absl::StrCat(
+      field, field.empty() ? "" : ": ", what, " belongs to ", owner.label, ", not to the caller (",
+      caller.label.empty() ? "unverified" : caller.label,
+      "); --region_sharing=", SharingName(limits_.sharing), " lets ",
+      limits_.sharing == Sharing::kProcess ? "only the registering process" : "only its uid",
+      " use, list or unregister it"));
+}
+
+void RegionRegistry::ReapLoop() {
+  std::unique_lock<std::mutex> l(mu_);
+  while (!reap_cv_.wait_for(l, absl::ToChronoNanoseconds(limits_.reap_every),
+                            [this] { return stopping_; })) {
+    std::vector<int> exited;
+    for (const auto& [pid, w] : watches_) {
+      if (w.gone()) exited.push_back(pid);
+    }
+    if (exited.empty()) continue;
+    std::vector<std::shared_ptr<Entry>> gone;
+    std::vector<std::string> names;
+    auto exited_pid = [&](const Peer& by) {
+      return by.pid && absl::c_linear_search(exited, *by.pid);
+    };
+    for (auto it = regions_.begin(); it != regions_.end();) {
+      if (!exited_pid(it->second->by)) {
+        ++it;
+        continue;
+      }
+      gone.push_back(it->second);
+      names.push_back(absl::StrCat("region '", it->first, "'"));
+      it = regions_.erase(it);
+    }
+    for (auto it = sets_.begin(); it != sets_.end();) {
+      if (!exited_pid(it->second->by)) {
+        ++it;
+        continue;
+      }
+      for (const auto& m : it->second->members) gone.push_back(m);
+      names.push_back(absl::StrCat("region set '", it->first, "'"));
+      it = sets_.erase(it);
+    }
+    for (int pid : exited) watches_.erase(pid);
+    ForgetLocked(gone);
+    // The mappings go when the calls that pinned them end; nothing waits for them here.
+    l.unlock();
+    for (const std::string& n : names) {
+      spdlog::info("{} unregistered: the process that registered it exited", n);
+    }
+    gone.clear();
+    l.lock();
+  }
+}
+
+void RegionRegistry::ForgetLocked(const std::vector<std::shared_ptr<Entry>>& gone) {
+  for (const auto& e : gone) {
+    total_bytes_ -= e->info.byte_size;
+    --count_;
+    auto oc = owner_counts_.find(e->info.owner);
+    if (oc != owner_counts_.end() && --oc->second <= 0) owner_counts_.erase(oc);
+    if (e->by.uid) {
+      auto uc = uid_counts_.find(*e->by.uid);
+      if (uc != uid_counts_.end() && --uc->second <= 0) uid_counts_.erase(uc);
+    }
+  }
+  if (observer_) observer_(count_, total_bytes_);
+}
+
+int64_t RegionRegistry::count_of_uid(uint32_t uid) const {
+  std::lock_guard<std::mutex> l(mu_);
+  const auto it = uid_counts_.find(uid);
+  return it == uid_counts_.end() ? 0 : it->second;
 }
 
 void RegionRegistry::SetObserver(Observer o) {
@@ -148,7 +239,8 @@ RegionSetSummary RegionRegistry::Summarize(const Set& set) {
 }
 
 absl::Status RegionRegistry::CheckLimitsLocked(uint64_t byte_size, int64_t n,
-                                               const std::string& owner) const {
+                                               const Peer& by) const {
+  const std::string& owner = by.label;
   if (count_ + n > limits_.max_regions) {
     return absl::ResourceExhaustedError(
         n == 1 ? absl::StrCat("name: ", count_,
@@ -167,6 +259,17 @@ absl::Status RegionRegistry::CheckLimitsLocked(uint64_t byte_size, int64_t n,
         n == 1 ? "" : absl::StrCat(" and this set adds ", n),
         ", the most --max_regions_per_client (", limits_.max_regions_per_client, ") allows"));
   }
+  if (by.uid) {
+    const auto uc = uid_counts_.find(*by.uid);
+    const int64_t ours = uc == uid_counts_.end() ? 0 : uc->second;
+    if (ours + n > limits_.max_regions_per_uid) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "name: uid ", *by.uid, " has ", ours,
+          " regions registered by all its processes (set members included)",
+          n == 1 ? "" : absl::StrCat(" and this set adds ", n),
+          ", the most --max_regions_per_uid (", limits_.max_regions_per_uid, ") allows"));
+    }
+  }
   if (byte_size > limits_.max_total_bytes - std::min(total_bytes_, limits_.max_total_bytes)) {
     return absl::ResourceExhaustedError(
         absl::StrCat("byte_size: ", byte_size, " more bytes would exceed --max_region_mb (",
@@ -176,7 +279,7 @@ absl::Status RegionRegistry::CheckLimitsLocked(uint64_t byte_size, int64_t n,
 }
 
 absl::Status RegionRegistry::CheckNew(const std::string& name, uint64_t byte_size, int64_t n,
-                                      const std::string& owner) const {
+                                      const Peer& owner) const {
   if (name.empty() || name.size() > 128) {
     return absl::InvalidArgumentError("name: must have 1 to 128 characters");
   }
@@ -198,8 +301,9 @@ absl::Status RegionRegistry::Add(const std::string& name, std::shared_ptr<Entry>
   }
   const int64_t n = set ? static_cast<int64_t>(set->members.size()) : 1;
   const uint64_t bytes = set ? set->info.byte_size : single->info.byte_size;
-  const std::string& owner = set ? set->info.owner : single->info.owner;
-  if (absl::Status st = CheckLimitsLocked(bytes, n, owner); !st.ok()) {
+  const Peer& by = set ? set->by : single->by;
+  const std::string& owner = by.label;
+  if (absl::Status st = CheckLimitsLocked(bytes, n, by); !st.ok()) {
     return absl::Status(st.code(), absl::StrCat(st.message(), " (reached meanwhile)"));
   }
   if (set) {
@@ -215,6 +319,8 @@ absl::Status RegionRegistry::Add(const std::string& name, std::shared_ptr<Entry>
   }
   count_ += n;
   owner_counts_[owner] += n;
+  if (by.uid) uid_counts_[*by.uid] += n;
+  if (by.pid && watches_.count(*by.pid) == 0) watches_.emplace(*by.pid, ProcessWatch(*by.pid));
   total_bytes_ += bytes;
   if (observer_) observer_(count_, total_bytes_);
   return absl::OkStatus();
@@ -222,22 +328,24 @@ absl::Status RegionRegistry::Add(const std::string& name, std::shared_ptr<Entry>
 
 absl::StatusOr<std::unique_ptr<MappedRegion>> RegionRegistry::MapShmChecked(
     const std::string& field, const std::string& label, const std::string& key, uint64_t offset,
-    uint64_t byte_size, std::optional<uint32_t> caller_uid) {
+    uint64_t byte_size, const Peer& by) {
   if (byte_size == 0) return Prefixed(field, absl::InvalidArgumentError("byte_size: must be > 0"));
   if (absl::Status st = CheckOffset(offset); !st.ok()) return Prefixed(field, st);
-  absl::StatusOr<std::unique_ptr<MappedRegion>> m = MapShm(key, offset, byte_size, caller_uid);
+  absl::StatusOr<std::unique_ptr<MappedRegion>> m = MapShm(key, offset, byte_size, by.uid);
   if (!m.ok()) return Prefixed(field, m.status());
   PinnedHost pinned = PinHost(host_pinner_, (*m)->base(), byte_size, label);
   if (pinned.unpin) (*m)->SetBeforeUnmap(std::move(pinned.unpin));
   return m;
 }
 
-absl::StatusOr<RegionSummary> RegionRegistry::RegisterShm(
-    const std::string& name, const std::string& key, uint64_t offset, uint64_t byte_size,
-    const std::string& client, std::optional<uint32_t> caller_uid, const std::string& owner) {
-  if (absl::Status st = CheckNew(name, byte_size, 1, owner); !st.ok()) return st;
+absl::StatusOr<RegionSummary> RegionRegistry::RegisterShm(const std::string& name,
+                                                          const std::string& key, uint64_t offset,
+                                                          uint64_t byte_size,
+                                                          const std::string& client,
+                                                          const Peer& by) {
+  if (absl::Status st = CheckNew(name, byte_size, 1, by); !st.ok()) return st;
   absl::StatusOr<std::unique_ptr<MappedRegion>> m =
-      MapShmChecked("", absl::StrCat("region '", name, "'"), key, offset, byte_size, caller_uid);
+      MapShmChecked("", absl::StrCat("region '", name, "'"), key, offset, byte_size, by);
   if (!m.ok()) return m.status();
   auto e = std::make_shared<Entry>();
   e->info.name = name;
@@ -246,7 +354,8 @@ absl::StatusOr<RegionSummary> RegionRegistry::RegisterShm(
   e->info.shm_offset = offset;
   e->info.byte_size = byte_size;
   e->info.client = client;
-  e->info.owner = owner;
+  e->info.owner = by.label;
+  e->by = by;
   e->mapping = std::move(*m);
   if (absl::Status st = Add(name, e, nullptr); !st.ok()) return st;
   return Summarize(*e);
@@ -254,7 +363,7 @@ absl::StatusOr<RegionSummary> RegionRegistry::RegisterShm(
 
 absl::StatusOr<RegionSetSummary> RegionRegistry::RegisterSet(RegionSetSummary set_info,
                                                              std::vector<RegionSummary> infos,
-                                                             const MapMember& map) {
+                                                             const Peer& by, const MapMember& map) {
   const std::string name = set_info.name;
   if (infos.empty()) {
     return absl::InvalidArgumentError("members: a region set needs at least one member");
@@ -263,12 +372,13 @@ absl::StatusOr<RegionSetSummary> RegionRegistry::RegisterSet(RegionSetSummary se
   for (const RegionSummary& m : infos) {
     if (__builtin_add_overflow(bytes, m.byte_size, &bytes)) bytes = UINT64_MAX;
   }
-  if (absl::Status st = CheckNew(name, bytes, static_cast<int64_t>(infos.size()), set_info.owner);
-      !st.ok()) {
+  if (absl::Status st = CheckNew(name, bytes, static_cast<int64_t>(infos.size()), by); !st.ok()) {
     return st;
   }
   auto set = std::make_shared<Set>();
   set->info = std::move(set_info);
+  set->info.owner = by.label;
+  set->by = by;
   set->info.members = static_cast<uint32_t>(infos.size());
   set->info.byte_size = bytes;
   for (size_t i = 0; i < infos.size(); ++i) {
@@ -281,6 +391,7 @@ absl::StatusOr<RegionSetSummary> RegionRegistry::RegisterSet(RegionSetSummary se
     e->info.kind = set->info.kind;
     e->info.client = set->info.client;
     e->info.owner = set->info.owner;
+    e->by = by;
     e->member = true;
     e->mapping = std::move(*mapped);
     set->members.push_back(std::move(e));
@@ -291,35 +402,33 @@ absl::StatusOr<RegionSetSummary> RegionRegistry::RegisterSet(RegionSetSummary se
 
 absl::StatusOr<RegionSetSummary> RegionRegistry::RegisterShmSet(
     const std::string& name, const std::vector<ShmSetMember>& members, const std::string& client,
-    std::optional<uint32_t> caller_uid, const std::string& owner) {
+    const Peer& by) {
   RegionSetSummary set;
   set.name = name;
   set.kind = RegionKind::kShm;
   set.client = client;
-  set.owner = owner;
   std::vector<RegionSummary> infos(members.size());
   for (size_t i = 0; i < members.size(); ++i) {
     infos[i].shm_key = members[i].key;
     infos[i].shm_offset = members[i].offset;
     infos[i].byte_size = members[i].byte_size;
   }
-  return RegisterSet(std::move(set), std::move(infos), [&](size_t i) {
+  return RegisterSet(std::move(set), std::move(infos), by, [&](size_t i) {
     const ShmSetMember& m = members[i];
     return MapShmChecked(absl::StrCat("members[", i, "]."),
                          absl::StrCat("region '", name, "[", i, "]'"), m.key, m.offset, m.byte_size,
-                         caller_uid);
+                         by);
   });
 }
 
 absl::StatusOr<RegionSetSummary> RegionRegistry::RegisterCudaSet(
     const std::string& name, const std::vector<CudaSetMember>& members, int device,
-    const std::string& client, const std::string& owner) {
+    const std::string& client, const Peer& by) {
   RegionSetSummary set;
   set.name = name;
   set.kind = RegionKind::kCudaIpc;
   set.device = device;
   set.client = client;
-  set.owner = owner;
   std::vector<RegionSummary> infos(members.size());
   // Members in one CUDA IPC allocation share one opened handle, opened once with the largest
   // extent any of them names (by that member: its field is the one an error names).
@@ -356,7 +465,7 @@ absl::StatusOr<RegionSetSummary> RegionRegistry::RegisterCudaSet(
     if (extent > h.extent) h = {i, extent, nullptr};
   }
   return RegisterSet(
-      std::move(set), std::move(infos),
+      std::move(set), std::move(infos), by,
       [&](size_t i) -> absl::StatusOr<std::unique_ptr<MappedRegion>> {
         const CudaSetMember& m = members[i];
         if (m.ipc_handle.empty()) {
@@ -436,9 +545,9 @@ absl::StatusOr<RegionSummary> RegionRegistry::RegisterCuda(const std::string& na
                                                            const std::string& handle, int device,
                                                            uint64_t byte_size,
                                                            const std::string& client,
-                                                           const std::string& owner) {
+                                                           const Peer& by) {
   if (byte_size == 0) return absl::InvalidArgumentError("byte_size: must be > 0");
-  if (absl::Status st = CheckNew(name, byte_size, 1, owner); !st.ok()) return st;
+  if (absl::Status st = CheckNew(name, byte_size, 1, by); !st.ok()) return st;
   absl::StatusOr<std::unique_ptr<MappedRegion>> m = OpenCudaChecked("", handle, device, byte_size);
   if (!m.ok()) return m.status();
   auto e = std::make_shared<Entry>();
@@ -447,7 +556,8 @@ absl::StatusOr<RegionSummary> RegionRegistry::RegisterCuda(const std::string& na
   e->info.device = device;
   e->info.byte_size = byte_size;
   e->info.client = client;
-  e->info.owner = owner;
+  e->info.owner = by.label;
+  e->by = by;
   e->mapping = std::move(*m);
   if (absl::Status st = Add(name, e, nullptr); !st.ok()) return st;
   return Summarize(*e);
@@ -455,10 +565,9 @@ absl::StatusOr<RegionSummary> RegionRegistry::RegisterCuda(const std::string& na
 
 absl::StatusOr<RegionSummary> RegionRegistry::RegisterCudaVmm(
     const std::string& name, const std::vector<int>& fds, const std::vector<uint64_t>& chunk_bytes,
-    int device, uint64_t offset, uint64_t byte_size, const std::string& client,
-    const std::string& owner) {
+    int device, uint64_t offset, uint64_t byte_size, const std::string& client, const Peer& by) {
   if (byte_size == 0) return absl::InvalidArgumentError("byte_size: must be > 0");
-  if (absl::Status st = CheckNew(name, byte_size, 1, owner); !st.ok()) return st;
+  if (absl::Status st = CheckNew(name, byte_size, 1, by); !st.ok()) return st;
   absl::StatusOr<std::unique_ptr<MappedRegion>> m =
       ImportVmmChecked("", fds, chunk_bytes, device, offset, byte_size);
   if (!m.ok()) return m.status();
@@ -468,14 +577,16 @@ absl::StatusOr<RegionSummary> RegionRegistry::RegisterCudaVmm(
   e->info.device = device;
   e->info.byte_size = byte_size;
   e->info.client = client;
-  e->info.owner = owner;
+  e->info.owner = by.label;
+  e->by = by;
   e->mapping = std::move(*m);
   if (absl::Status st = Add(name, e, nullptr); !st.ok()) return st;
   return Summarize(*e);
 }
 
 absl::StatusOr<std::vector<std::string>> RegionRegistry::Unregister(const std::string& name,
-                                                                    const std::string& client) {
+                                                                    const std::string& client,
+                                                                    const Peer& caller) {
   std::unique_lock<std::mutex> l(mu_);
   std::vector<std::shared_ptr<Entry>> gone;
   std::vector<std::string> names;
@@ -489,10 +600,20 @@ absl::StatusOr<std::vector<std::string>> RegionRegistry::Unregister(const std::s
     auto it = regions_.find(name);
     auto sit = sets_.find(name);
     if (it != regions_.end()) {
+      if (absl::Status st = Permit("name", absl::StrCat("region '", name, "'"), "unregister",
+                                   it->second->by, caller);
+          !st.ok()) {
+        return st;
+      }
       gone.push_back(it->second);
       names.push_back(name);
       regions_.erase(it);
     } else if (sit != sets_.end()) {
+      if (absl::Status st = Permit("name", absl::StrCat("region set '", name, "'"), "unregister",
+                                   sit->second->by, caller);
+          !st.ok()) {
+        return st;
+      }
       drop_set(sit->second);
       sets_.erase(sit);
     } else {
@@ -500,8 +621,11 @@ absl::StatusOr<std::vector<std::string>> RegionRegistry::Unregister(const std::s
           absl::StrCat("name: no region or region set '", name, "' is registered"));
     }
   } else {
+    // Another peer's regions of that client name are not the caller's: left alone, unreported
+    // (a client name is anyone's to choose).
+    auto mine = [&](const Peer& by) { return MayUse(limits_.sharing, by, caller); };
     for (auto it = regions_.begin(); it != regions_.end();) {
-      if (it->second->info.client == client) {
+      if (it->second->info.client == client && mine(it->second->by)) {
         gone.push_back(it->second);
         names.push_back(it->first);
         it = regions_.erase(it);
@@ -510,7 +634,7 @@ absl::StatusOr<std::vector<std::string>> RegionRegistry::Unregister(const std::s
       }
     }
     for (auto it = sets_.begin(); it != sets_.end();) {
-      if (it->second->info.client == client) {
+      if (it->second->info.client == client && mine(it->second->by)) {
         drop_set(it->second);
         it = sets_.erase(it);
       } else {
@@ -518,13 +642,7 @@ absl::StatusOr<std::vector<std::string>> RegionRegistry::Unregister(const std::s
       }
     }
   }
-  for (const auto& e : gone) {
-    total_bytes_ -= e->info.byte_size;
-    --count_;
-    auto oc = owner_counts_.find(e->info.owner);
-    if (oc != owner_counts_.end() && --oc->second <= 0) owner_counts_.erase(oc);
-  }
-  if (observer_) observer_(count_, total_bytes_);
+  ForgetLocked(gone);
   auto busy = [&gone] {
     int64_t n = 0;
     for (const auto& e : gone) n += e->in_use.load();
@@ -546,17 +664,25 @@ absl::StatusOr<std::vector<std::string>> RegionRegistry::Unregister(const std::s
   return names;
 }
 
-std::vector<RegionSummary> RegionRegistry::List() const {
+std::vector<RegionSummary> RegionRegistry::List(const Peer* visible_to) const {
   std::lock_guard<std::mutex> l(mu_);
   std::vector<RegionSummary> out;
-  for (const auto& [n, e] : regions_) out.push_back(Summarize(*e));
+  for (const auto& [n, e] : regions_) {
+    if (visible_to == nullptr || MayUse(limits_.sharing, e->by, *visible_to)) {
+      out.push_back(Summarize(*e));
+    }
+  }
   return out;
 }
 
-std::vector<RegionSetSummary> RegionRegistry::ListSets() const {
+std::vector<RegionSetSummary> RegionRegistry::ListSets(const Peer* visible_to) const {
   std::lock_guard<std::mutex> l(mu_);
   std::vector<RegionSetSummary> out;
-  for (const auto& [n, s] : sets_) out.push_back(Summarize(*s));
+  for (const auto& [n, s] : sets_) {
+    if (visible_to == nullptr || MayUse(limits_.sharing, s->by, *visible_to)) {
+      out.push_back(Summarize(*s));
+    }
+  }
   return out;
 }
 
@@ -573,7 +699,8 @@ uint64_t RegionRegistry::total_bytes() const {
 absl::StatusOr<RegionRange> RegionRegistry::Resolve(const std::string& field, RegionKind kind,
                                                     const RegionName& which, uint64_t offset,
                                                     uint64_t byte_size,
-                                                    std::vector<RegionPin>* call_pins) const {
+                                                    std::vector<RegionPin>* call_pins,
+                                                    const Peer& caller) const {
   std::shared_ptr<Entry> e;
   const std::string& name = which.set.empty() ? which.name : which.set;
   if (which.set.empty()) {
@@ -589,6 +716,12 @@ absl::StatusOr<RegionRange> RegionRegistry::Resolve(const std::string& field, Re
     std::lock_guard<std::mutex> l(mu_);
     auto it = sets_.find(which.set);
     if (it != sets_.end() && it->second->info.kind == kind) {
+      // Another peer's set is refused before anything about it (its members) is told.
+      if (absl::Status st = Permit(field, absl::StrCat("region set '", which.set, "'"), "use",
+                                   it->second->by, caller);
+          !st.ok()) {
+        return st;
+      }
       const std::vector<std::shared_ptr<Entry>>& members = it->second->members;
       if (which.index >= members.size()) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -607,6 +740,10 @@ absl::StatusOr<RegionRange> RegionRegistry::Resolve(const std::string& field, Re
   const std::string what =
       which.set.empty() ? absl::StrCat("region '", name, "'")
                         : absl::StrCat("member ", which.index, " of region set '", name, "'");
+  // Another peer's region is refused before anything about it (its size) is told.
+  if (which.set.empty()) {
+    if (absl::Status st = Permit(field, what, "use", e->by, caller); !st.ok()) return st;
+  }
   const uint64_t size = e->info.byte_size;
   if (offset > size || byte_size > size - offset) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": offset ", offset, " + byte_size ",

@@ -11,10 +11,17 @@
 // own kind registered alone would be, and counts as one region against the limits; the set is
 // registered whole or not at all, listed as one entry and unregistered as one.
 //
-// The limits count regions daemon-wide (--max_regions) and per owner (--max_regions_per_client).
-// The owner is what the transport verified about the caller ("uid 1000 pid 4242" from
-// SO_PEERCRED on a Unix socket), not the client name the request carries, which anyone can
-// choose.
+// A region and a set belong to the peer that registered them (src/common/peer.h): what the
+// transport verified about the caller ("uid 1000 pid 4242" from SO_PEERCRED on a Unix socket),
+// not the client name the request carries, which anyone can choose. Another peer may use, list or
+// unregister them only as --region_sharing allows (by default, the processes of the same uid);
+// any other is refused PERMISSION_DENIED naming the region, and each refusal is reported to the
+// denial observer (metrics, audit). When the registering process exits, its regions and sets are
+// unregistered within about `reap_every` (a pidfd per process), as its channels are closed.
+//
+// The limits count regions daemon-wide (--max_regions), per registering process
+// (--max_regions_per_client) and per uid (--max_regions_per_uid, so that no one user fills the
+// daemon).
 
 #include <condition_variable>
 #include <cstdint>
@@ -24,11 +31,14 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "src/common/peer.h"
+#include "src/common/process_watch.h"
 #include "src/region/host_pinning.h"
 #include "src/region/mapped_region.h"
 
@@ -44,9 +54,13 @@ const char* RegionKindName(RegionKind k);
 struct RegionLimits {
   // Eight ranks of a DeepSeek-V3 / Kimi K2 server register a KV pool per layer: 8 x 61 = 488.
   int64_t max_regions = 1024;                          // --max_regions
-  int64_t max_regions_per_client = 128;                // --max_regions_per_client (per owner)
+  int64_t max_regions_per_client = 128;                // --max_regions_per_client (per process)
+  int64_t max_regions_per_uid = 512;                   // --max_regions_per_uid
   uint64_t max_total_bytes = uint64_t{1} << 40;        // --max_region_mb (sum of byte_size)
   absl::Duration unregister_wait = absl::Seconds(30);  // how long an unregister waits for calls
+  Sharing sharing = Sharing::kUid;                     // --region_sharing
+  // How often the registering processes are looked at for their exit.
+  absl::Duration reap_every = absl::Milliseconds(250);
 };
 
 struct RegionSummary {
@@ -57,7 +71,7 @@ struct RegionSummary {
   int device = -1;
   uint64_t byte_size = 0;
   std::string client;
-  std::string owner;  // the verified caller, as RegionRegistry::RegisterShm got it
+  std::string owner;  // the verified caller that registered it (Peer::label)
   int64_t in_use = 0;
   int64_t calls = 0;
   bool lost = false;  // MappedRegion::intact() went false
@@ -147,18 +161,17 @@ class RegionRegistry {
   void SetVmmImporter(VmmImporter importer) { vmm_importer_ = std::move(importer); }
   const RegionLimits& limits() const { return limits_; }
 
-  // `caller_uid`: the registering client's kernel-verified uid, which must own the object
-  // (MapShm); nullopt where verifyd cannot know it (TCP with --allow_region_tcp). `owner`: who
-  // the transport says the caller is (RegionOwner), counted against max_regions_per_client.
+  // Sees each refused use, unregister or listing of another peer's region (metrics, audit).
+  void SetDenialObserver(DenialObserver o);
+
+  // `by`: the registering peer, which owns the region. Its kernel-verified uid must own a shm
+  // object (MapShm); over TCP (--allow_region_tcp) verifyd cannot know it and maps any.
   absl::StatusOr<RegionSummary> RegisterShm(const std::string& name, const std::string& key,
                                             uint64_t offset, uint64_t byte_size,
-                                            const std::string& client,
-                                            std::optional<uint32_t> caller_uid,
-                                            const std::string& owner = "");
+                                            const std::string& client, const Peer& by);
   absl::StatusOr<RegionSummary> RegisterCuda(const std::string& name, const std::string& handle,
                                              int device, uint64_t byte_size,
-                                             const std::string& client,
-                                             const std::string& owner = "");
+                                             const std::string& client, const Peer& by);
   // A cuda_ipc region over the chunks of a CUDA VMM allocation (`fds`, one per chunk, of
   // `chunk_bytes` each), which calls name as any cuda_ipc region: it starts `offset` bytes into
   // the first chunk (a multiple of 16) and has `byte_size` bytes, within the chunks. Errors name
@@ -167,15 +180,12 @@ class RegionRegistry {
                                                 const std::vector<int>& fds,
                                                 const std::vector<uint64_t>& chunk_bytes,
                                                 int device, uint64_t offset, uint64_t byte_size,
-                                                const std::string& client,
-                                                const std::string& owner = "");
+                                                const std::string& client, const Peer& by);
   // Registers every member as RegisterShm would, or none: errors name the member
   // (`members[3].key: ...`). Counts members.size() regions against the limits.
   absl::StatusOr<RegionSetSummary> RegisterShmSet(const std::string& name,
                                                   const std::vector<ShmSetMember>& members,
-                                                  const std::string& client,
-                                                  std::optional<uint32_t> caller_uid,
-                                                  const std::string& owner = "");
+                                                  const std::string& client, const Peer& by);
   // Registers every member on `device` as RegisterCuda (an IPC member) or RegisterCudaVmm (a
   // VMM member) would, or none: errors name the member (`members[3].byte_size: ...`). Members
   // that name one IPC allocation share one opened handle. Counts members.size() regions against
@@ -183,16 +193,19 @@ class RegionRegistry {
   absl::StatusOr<RegionSetSummary> RegisterCudaSet(const std::string& name,
                                                    const std::vector<CudaSetMember>& members,
                                                    int device, const std::string& client,
-                                                   const std::string& owner = "");
-  // Unregisters region or set `name`, or with an empty name every region and set of `client`.
-  // Returns the names (a set's once).
+                                                   const Peer& by);
+  // Unregisters region or set `name`, or with an empty name every region and set of `client`
+  // that `caller` may use (others of that name are left alone). Returns the names (a set's once).
+  // PERMISSION_DENIED naming the region when `caller` may not use region or set `name`.
   // Waits up to limits().unregister_wait for the calls that use them; past that, UNAVAILABLE
   // (the regions are unregistered all the same and unmapped when those calls end).
   absl::StatusOr<std::vector<std::string>> Unregister(const std::string& name,
-                                                      const std::string& client);
-  // The regions registered alone; sets are in ListSets().
-  std::vector<RegionSummary> List() const;
-  std::vector<RegionSetSummary> ListSets() const;
+                                                      const std::string& client,
+                                                      const Peer& caller);
+  // The regions registered alone; sets are in ListSets(). With `visible_to`, only those that peer
+  // may use; without, all of them (the operator's view).
+  std::vector<RegionSummary> List(const Peer* visible_to = nullptr) const;
+  std::vector<RegionSetSummary> ListSets(const Peer* visible_to = nullptr) const;
   uint64_t total_bytes() const;
   // Regions counted against max_regions: set members included.
   int64_t count() const;
@@ -203,15 +216,18 @@ class RegionRegistry {
   // INVALID_ARGUMENT for a range past its end, FAILED_PRECONDITION for a region whose memory
   // was lost (RegionsIntact).
   // With `which.set`: member `which.index` of that set (INVALID_ARGUMENT naming `field` when the
-  // set has no such member).
+  // set has no such member). PERMISSION_DENIED naming `field` and the region when `caller` may
+  // not use it.
   absl::StatusOr<RegionRange> Resolve(const std::string& field, RegionKind kind,
                                       const RegionName& which, uint64_t offset, uint64_t byte_size,
-                                      std::vector<RegionPin>* call_pins) const;
+                                      std::vector<RegionPin>* call_pins, const Peer& caller) const;
   absl::StatusOr<RegionRange> Resolve(const std::string& field, RegionKind kind,
                                       const std::string& name, uint64_t offset, uint64_t byte_size,
-                                      std::vector<RegionPin>* call_pins) const {
-    return Resolve(field, kind, RegionName{name, "", 0}, offset, byte_size, call_pins);
+                                      std::vector<RegionPin>* call_pins, const Peer& caller) const {
+    return Resolve(field, kind, RegionName{name, "", 0}, offset, byte_size, call_pins, caller);
   }
+  // Regions counted against max_regions_per_uid for `uid`.
+  int64_t count_of_uid(uint32_t uid) const;
 
  private:
   struct Entry;
@@ -222,14 +238,23 @@ class RegionRegistry {
                    std::shared_ptr<Set> set);
   // `n`: how many regions the registration adds; `owner`: whose count they go to.
   absl::Status CheckNew(const std::string& name, uint64_t byte_size, int64_t n,
-                        const std::string& owner) const;
-  absl::Status CheckLimitsLocked(uint64_t byte_size, int64_t n, const std::string& owner) const;
+                        const Peer& owner) const;
+  absl::Status CheckLimitsLocked(uint64_t byte_size, int64_t n, const Peer& owner) const;
+  // Takes the regions in `gone` (set members included) out of the counts (under mu_).
+  void ForgetLocked(const std::vector<std::shared_ptr<Entry>>& gone);
+  // PERMISSION_DENIED naming `field` (when not empty) and `what`, reported to the denial
+  // observer, when `caller` may not use what `owner` registered; OK otherwise.
+  absl::Status Permit(const std::string& field, const std::string& what, const char* action,
+                      const Peer& owner, const Peer& caller) const;
+  // Unregisters the regions and sets of processes that exited, every reap_every, until the
+  // registry goes.
+  void ReapLoop();
   // A set's members, described by `infos` (name, kind, sizes; client and owner are set here),
   // mapped by `map(i)`: the logic every kind of set shares (the name, the limits for
   // infos.size() regions, all or nothing).
   using MapMember = std::function<absl::StatusOr<std::unique_ptr<MappedRegion>>(size_t i)>;
   absl::StatusOr<RegionSetSummary> RegisterSet(RegionSetSummary set,
-                                               std::vector<RegionSummary> infos,
+                                               std::vector<RegionSummary> infos, const Peer& by,
                                                const MapMember& map);
   // Each kind's checks and mapping, for a region alone and a set's member alike. `field`
   // prefixes the errors' field names ("" or "members[3].").
@@ -243,7 +268,7 @@ class RegionRegistry {
                                                               const std::string& label,
                                                               const std::string& key,
                                                               uint64_t offset, uint64_t byte_size,
-                                                              std::optional<uint32_t> caller_uid);
+                                                              const Peer& by);
   static RegionSummary Summarize(const Entry& e);
   static RegionSetSummary Summarize(const Set& s);
   // OK, or FAILED_PRECONDITION naming `field` (when not empty) and the region: its memory was lost.
@@ -261,7 +286,14 @@ class RegionRegistry {
   std::map<std::string, std::shared_ptr<Set>> sets_;       // guarded by mu_
   int64_t count_ = 0;                                      // guarded by mu_; members included
   std::map<std::string, int64_t> owner_counts_;            // guarded by mu_
+  std::map<uint32_t, int64_t> uid_counts_;                 // guarded by mu_
   uint64_t total_bytes_ = 0;                               // guarded by mu_
+  DenialObserver on_denial_;                               // set before serving
+  // The processes that registered what is registered, by pid (guarded by mu_).
+  std::map<int, ProcessWatch> watches_;
+  std::condition_variable reap_cv_;
+  bool stopping_ = false;  // guarded by mu_
+  std::thread reaper_;     // last: runs ReapLoop over the members above
 };
 
 }  // namespace verifyd

@@ -31,13 +31,16 @@ absl::Status LocalTransportOnly(const grpc::ServerContext& ctx, bool allow_tcp, 
       "--target=unix:PATH), where the kernel tells verifyd who the caller is"));
 }
 
-std::string RegionOwner(const grpc::ServerContext& ctx, const std::string& client) {
+Peer CallerOf(const grpc::ServerContext& ctx, const std::string& client) {
   const std::string peer = ctx.peer();
+  if (!absl::StartsWith(peer, "fd:")) return Peer::Tcp(client);
   const std::optional<uint32_t> uid = UnixPeerUid(peer);
-  const std::optional<int> pid = UnixPeerPid(peer);
-  if (uid && pid) return absl::StrCat("uid ", *uid, " pid ", *pid);
-  if (uid) return absl::StrCat("uid ", *uid);
-  return absl::StrCat("tcp client '", client, "'");
+  if (!uid) {
+    Peer nobody;  // the kernel did not say who it is: it may use nothing
+    nobody.label = "an unverified Unix-socket peer";
+    return nobody;
+  }
+  return Peer::Unix(*uid, UnixPeerPid(peer));
 }
 
 absl::Status RegionRpcs::CheckTransport(const grpc::ServerContext& ctx, const char* what) const {
@@ -56,7 +59,7 @@ absl::Status RegionRpcs::RegisterShm(const grpc::ServerContext& ctx,
   // over TCP (--allow_region_tcp) nobody is known and the operator has vouched for the callers.
   absl::StatusOr<RegionSummary> s =
       regions_->RegisterShm(req.name(), req.key(), req.offset(), req.byte_size(), req.client(),
-                            UnixPeerUid(ctx.peer()), RegionOwner(ctx, req.client()));
+                            CallerOf(ctx, req.client()));
   if (!s.ok()) return s.status();
   ToProto(*s, resp->mutable_region());
   return absl::OkStatus();
@@ -71,8 +74,8 @@ absl::Status RegionRpcs::RegisterShmSet(const grpc::ServerContext& ctx,
   for (const v1::ShmRegionSetMember& m : req.members()) {
     members.push_back({m.key(), m.offset(), m.byte_size()});
   }
-  absl::StatusOr<RegionSetSummary> s = regions_->RegisterShmSet(
-      req.name(), members, req.client(), UnixPeerUid(ctx.peer()), RegionOwner(ctx, req.client()));
+  absl::StatusOr<RegionSetSummary> s =
+      regions_->RegisterShmSet(req.name(), members, req.client(), CallerOf(ctx, req.client()));
   if (!s.ok()) return s.status();
   ToProto(*s, resp->mutable_set());
   return absl::OkStatus();
@@ -84,7 +87,7 @@ absl::Status RegionRpcs::RegisterCuda(const grpc::ServerContext& ctx,
   if (absl::Status st = CheckTransport(ctx, "RegisterCudaRegion"); !st.ok()) return st;
   absl::StatusOr<RegionSummary> s =
       regions_->RegisterCuda(req.name(), req.ipc_handle(), req.device(), req.byte_size(),
-                             req.client(), RegionOwner(ctx, req.client()));
+                             req.client(), CallerOf(ctx, req.client()));
   if (!s.ok()) return s.status();
   ToProto(*s, resp->mutable_region());
   return absl::OkStatus();
@@ -123,7 +126,7 @@ absl::Status RegionRpcs::RegisterCudaVmm(const grpc::ServerContext& ctx,
   // The descriptors close when this returns: an imported chunk holds its memory without them.
   absl::StatusOr<RegionSummary> s =
       regions_->RegisterCudaVmm(req.name(), borrowed, chunks, req.device(), req.offset(),
-                                req.byte_size(), req.client(), RegionOwner(ctx, req.client()));
+                                req.byte_size(), req.client(), CallerOf(ctx, req.client()));
   if (!s.ok()) return s.status();
   ToProto(*s, resp->mutable_region());
   return absl::OkStatus();
@@ -162,7 +165,7 @@ absl::Status RegionRpcs::RegisterCudaSet(const grpc::ServerContext& ctx,
     for (size_t c = 0; c < m.chunk_bytes.size(); ++c) m.fds.push_back(fds[next++].get());
   }
   absl::StatusOr<RegionSetSummary> s = regions_->RegisterCudaSet(
-      req.name(), members, req.device(), req.client(), RegionOwner(ctx, req.client()));
+      req.name(), members, req.device(), req.client(), CallerOf(ctx, req.client()));
   if (!s.ok()) return s.status();
   ToProto(*s, resp->mutable_set());
   return absl::OkStatus();
@@ -172,22 +175,28 @@ absl::Status RegionRpcs::Unregister(const grpc::ServerContext& ctx,
                                     const v1::UnregisterRegionRequest& req,
                                     v1::UnregisterRegionResponse* resp) {
   if (absl::Status st = CheckTransport(ctx, "UnregisterRegion"); !st.ok()) return st;
-  absl::StatusOr<std::vector<std::string>> names = regions_->Unregister(req.name(), req.client());
+  absl::StatusOr<std::vector<std::string>> names =
+      regions_->Unregister(req.name(), req.client(), CallerOf(ctx, req.client()));
   if (!names.ok()) return names.status();
   for (const std::string& n : *names) resp->add_unregistered(n);
   return absl::OkStatus();
 }
 
 absl::Status RegionRpcs::List(const grpc::ServerContext& ctx, v1::ListRegionsResponse* resp) {
-  (void)ctx;  // listing shows no memory: served on every transport
+  // Listing shows no memory: served on every transport, each caller the regions it may use (the
+  // operator sees them all in verifyctl status). The counts are the daemon's.
   if (regions_ == nullptr) return absl::OkStatus();
-  for (const RegionSummary& s : regions_->List()) ToProto(s, resp->add_regions());
-  for (const RegionSetSummary& s : regions_->ListSets()) ToProto(s, resp->add_sets());
+  const Peer caller = CallerOf(ctx, "");
+  for (const RegionSummary& s : regions_->List(&caller)) ToProto(s, resp->add_regions());
+  for (const RegionSetSummary& s : regions_->ListSets(&caller)) ToProto(s, resp->add_sets());
   resp->set_total_bytes(regions_->total_bytes());
   resp->set_region_count(regions_->count());
   resp->set_max_regions(regions_->limits().max_regions);
   resp->set_max_regions_per_client(regions_->limits().max_regions_per_client);
   resp->set_max_total_bytes(regions_->limits().max_total_bytes);
+  resp->set_max_regions_per_uid(regions_->limits().max_regions_per_uid);
+  if (caller.uid) resp->set_uid_region_count(regions_->count_of_uid(*caller.uid));
+  resp->set_region_sharing(SharingName(regions_->limits().sharing));
   return absl::OkStatus();
 }
 

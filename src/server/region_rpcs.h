@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "grpcpp/server_context.h"
+#include "src/common/peer.h"
 #include "src/region/region_registry.h"
 #include "src/transport/vmm_fd_inbox.h"
 #include "verifyd/v1/admin.pb.h"
@@ -24,11 +25,11 @@ namespace verifyd {
 // channels are served only there.
 absl::Status LocalTransportOnly(const grpc::ServerContext& ctx, bool allow_tcp, const char* what);
 
-// Who registers a region, as --max_regions_per_client counts them: on a Unix socket the peer
-// credentials the kernel gave verifyd ("uid 1000 pid 4242": a process cannot claim another's);
-// over TCP (--allow_region_tcp, which vouches for every TCP caller) the client name the request
-// carries ("tcp client 'NAME'").
-std::string RegionOwner(const grpc::ServerContext& ctx, const std::string& client);
+// Who calls (src/common/peer.h): on a Unix socket the peer credentials the kernel gave verifyd
+// ("uid 1000 pid 4242": a process cannot claim another's); over TCP (--allow_region_tcp, which
+// vouches for every TCP caller) one TCP tenant, labelled by the client name the request carries
+// ("tcp client 'NAME'"), which --max_regions_per_client counts by.
+Peer CallerOf(const grpc::ServerContext& ctx, const std::string& client);
 
 class RegionRpcs {
  public:

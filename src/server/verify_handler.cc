@@ -92,7 +92,7 @@ void VerifyHandler::Record(const Outcome& o) {
   controller_->Record(o);
 }
 
-void VerifyHandler::ZeroOutputs(const v1::VerifyRequest& req) {
+void VerifyHandler::ZeroOutputs(const v1::VerifyRequest& req, const Peer& caller) {
   if (regions_ == nullptr) return;
   for (const auto& [field, t] : {std::pair<const char*, const v1::Tensor*>{"o_out", &req.o_out()},
                                  {"lse_out", &req.lse_out()}}) {
@@ -112,7 +112,8 @@ void VerifyHandler::ZeroOutputs(const v1::VerifyRequest& req) {
       continue;
     }
     std::vector<RegionPin> pins;
-    absl::StatusOr<RegionRange> r = regions_->Resolve(field, kind, which, offset, bytes, &pins);
+    absl::StatusOr<RegionRange> r =
+        regions_->Resolve(field, kind, which, offset, bytes, &pins, caller);
     absl::Status st = r.ok() ? engine_->ZeroFill(*r) : r.status();
     if (!st.ok()) spdlog::warn("zero-filling a failed call's {}: {}", field, st.ToString());
   }
@@ -146,7 +147,7 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
   // Holds the regions the call names until it returns; work that outlives the call has its own
   // copy of the inputs (Prepare with detach).
   DecodedRequest decoded;
-  absl::Status bad = DecodeRequest(req, regions_, &decoded, in_place);
+  absl::Status bad = DecodeRequest(req, regions_, call.peer(), &decoded, in_place);
   if (absl::Status lost = RegionsIntact(decoded.pins); !lost.ok()) bad = lost;  // read as zeros
   decoded.view.layout_key = layout_key;
   const BundleView* view = &decoded.view;
@@ -195,7 +196,7 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
   // Page ids and mask checked on the device: the paths read page 0 for a bad page id, so a call
   // that fails here leaves zeros in o_out, not that output.
   if (st = engine_->InputChecks(b); !st.ok()) {
-    if (st.code() == absl::StatusCode::kInvalidArgument) ZeroOutputs(req);
+    if (st.code() == absl::StatusCode::kInvalidArgument) ZeroOutputs(req, call.peer());
     return record.Done(st);
   }
   const double fetch_s = Since(t1);

@@ -49,7 +49,8 @@ class VerifyHandler {
   void SetRegions(const RegionRegistry* r) { regions_ = r; }
   // Captures breaching (and requested) comparisons; null turns capture off.
   void SetCapturer(Capturer* c) { capturer_ = c; }
-  // `call`: the client's deadline and cancellation. An abandoned call stops before its next path
+  // `call`: the client's deadline and cancellation, and who it is (the regions it may name;
+  // RegionRegistry::Resolve). An abandoned call stops before its next path
   // (and, on the CPU engine, within it) and returns CANCELLED or DEADLINE_EXCEEDED.
   // `in_place`: where q's and kv_pool's inline bytes are when `req` does not hold them
   // (ParseRequestInPlace); they must stay there until Handle returns.
@@ -57,16 +58,18 @@ class VerifyHandler {
   absl::Status Handle(const v1::VerifyRequest& req, v1::VerifyResponse* resp,
                       const CallContext& call = CallContext(),
                       const InPlaceTensors* in_place = nullptr, uint64_t layout_key = 0);
-  // Zero-fills the ranges `req` names in o_out and lse_out (a doorbell call that failed: its
-  // client reads them without an answer). Failures are logged.
-  void ZeroOutputs(const v1::VerifyRequest& req);
+  // Zero-fills the ranges `req` names in o_out and lse_out, regions `caller` may use (a doorbell
+  // call that failed: its client reads them without an answer). Failures are logged.
+  void ZeroOutputs(const v1::VerifyRequest& req, const Peer& caller);
   // A shadow tap's fill (verify_handler_tap.cc): runs the reference and the custom path on the
   // slot's call, whose o_out holds the serving stack's own output, and compares the three pairs.
   // The custom-vs-reference outcome feeds the gate and the rollback window as any comparison.
-  TapResult ServeTap(const v1::VerifyRequest& call, const std::string& backend);
-  // Writes `bytes` bytes from `src` at `offset` of region `region` (a shadow tap's control words).
-  absl::Status WriteRegion(RegionKind kind, const std::string& region, uint64_t offset,
-                           const void* src, uint64_t bytes);
+  // `owner`: the peer that opened the tap, whose regions the call names.
+  TapResult ServeTap(const v1::VerifyRequest& call, const std::string& backend, const Peer& owner);
+  // Writes `bytes` bytes from `src` at `offset` of region `region`, which `owner` may use (a
+  // shadow tap's control words).
+  absl::Status WriteRegion(const Peer& owner, RegionKind kind, const std::string& region,
+                           uint64_t offset, const void* src, uint64_t bytes);
   double TapSampleRate() const { return controller_->shadow_sample_rate(); }
   const HandlerOptions& options() const { return opts_; }
   // Totals since start, for the admin status.

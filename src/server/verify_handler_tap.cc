@@ -20,12 +20,13 @@ TapResult Refused(const absl::Status& st) {
 
 }  // namespace
 
-absl::Status VerifyHandler::WriteRegion(RegionKind kind, const std::string& region, uint64_t offset,
-                                        const void* src, uint64_t bytes) {
+absl::Status VerifyHandler::WriteRegion(const Peer& owner, RegionKind kind,
+                                        const std::string& region, uint64_t offset, const void* src,
+                                        uint64_t bytes) {
   if (regions_ == nullptr) return absl::FailedPreconditionError("tap.region: no regions served");
   std::vector<RegionPin> pins;
   absl::StatusOr<RegionRange> r =
-      regions_->Resolve("tap.region", kind, region, offset, bytes, &pins);
+      regions_->Resolve("tap.region", kind, region, offset, bytes, &pins, owner);
   if (!r.ok()) return r.status();
   return engine_->WriteRange(*r, src);
 }
@@ -53,9 +54,10 @@ bool VerifyHandler::TapOracle(PreparedBundle& b, const std::vector<uint16_t>& st
   return true;
 }
 
-TapResult VerifyHandler::ServeTap(const v1::VerifyRequest& call, const std::string& backend) {
+TapResult VerifyHandler::ServeTap(const v1::VerifyRequest& call, const std::string& backend,
+                                  const Peer& owner) {
   DecodedRequest decoded;
-  absl::Status st = DecodeRequest(call, regions_, &decoded);
+  absl::Status st = DecodeRequest(call, regions_, owner, &decoded);
   if (st.ok()) st = RegionsIntact(decoded.pins);
   if (st.ok()) st = CheckWork(decoded.view);
   if (st.ok() && !decoded.o_out) st = absl::InvalidArgumentError("o_out: the stack's output");

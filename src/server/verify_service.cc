@@ -71,19 +71,25 @@ VerifyServiceImpl::VerifyServiceImpl(VerifyHandler* handler, Metrics* metrics,
       metrics_(metrics),
       opts_(opts),
       region_rpcs_(opts.regions, opts.allow_region_tcp),
-      budget_(opts.max_inflight_bytes, "--max_inflight_mb",
-              [this](int64_t peak) { trimmer_.Idle(peak); }),
+      budget_(
+          opts.max_inflight_bytes, "--max_inflight_mb",
+          [this](int64_t peak) { trimmer_.Idle(peak); }, opts.inflight_peer_share),
       trimmer_(opts.heap_trim, [this] { return budget_.in_flight() == 0; }),
       receive_(opts.receive_keep_bytes, opts.pin_host),
-      streams_(opts.streams),
+      streams_(opts.streams,
+               [metrics](const char* resource, const char* reason) {
+                 metrics->TenancyRefusal(resource, reason);
+               }),
       verify_method_(MethodName("Verify")),
       stream_method_(MethodName("VerifyStream")),
       channels_(
           opts.channels,
-          [this](absl::string_view r, v1::VerifyResponse* resp) { ServeChannelCall(r, resp); },
-          [this](const absl::StatusOr<v1::VerifyRequest>& call, const v1::VerifyRequest* d,
-                 uint64_t layout_key,
-                 v1::VerifyResponse* resp) { ServeDoorbellCall(call, d, layout_key, resp); },
+          [this](const Peer& owner, absl::string_view r, v1::VerifyResponse* resp) {
+            ServeChannelCall(owner, r, resp);
+          },
+          [this](const Peer& owner, const absl::StatusOr<v1::VerifyRequest>& call,
+                 const v1::VerifyRequest* d, uint64_t layout_key,
+                 v1::VerifyResponse* resp) { ServeDoorbellCall(owner, call, d, layout_key, resp); },
           opts.pin_host) {
   channels_.SetTapServer(this);
   // The unary call reads its message itself (a streamed unary handler is, to the server, a
@@ -164,14 +170,20 @@ void VerifyServiceImpl::AddUnary(const char* method,
           this)));
 }
 
-absl::Status VerifyServiceImpl::Admit(int64_t bytes, MemoryBudget::Admission* admitted) {
+absl::Status VerifyServiceImpl::Admit(int64_t bytes, MemoryBudget::Admission* admitted,
+                                      const std::string& peer) {
   if (bytes > opts_.max_message_bytes) {
     return absl::ResourceExhaustedError(
         absl::StrCat("message of ", bytes, " bytes exceeds the limit of ",
                      opts_.max_message_bytes >> 20, " MiB (--max_message_mb)"));
   }
-  absl::StatusOr<MemoryBudget::Admission> a = budget_.Admit(bytes);
-  if (!a.ok()) return a.status();
+  absl::StatusOr<MemoryBudget::Admission> a = budget_.Admit(bytes, peer);
+  if (!a.ok()) {
+    if (!peer.empty() && a.status().message().find("share") != absl::string_view::npos) {
+      metrics_->TenancyRefusal("budget", "peer_share");
+    }
+    return a.status();
+  }
   *admitted = std::move(*a);
   return absl::OkStatus();
 }
@@ -183,7 +195,7 @@ absl::Status VerifyServiceImpl::AdmitDeclared(const grpc::ServerContext& ctx,
   if (!d.ok()) return d.status();
   *declared = *d;
   if (!declared->has_value()) return absl::OkStatus();
-  absl::Status st = Admit(**declared, admitted);
+  absl::Status st = Admit(**declared, admitted, ShareKey(ctx.peer()));
   if (!st.ok()) {
     return absl::Status(st.code(), absl::StrCat(kRequestBytesKey, ": ", st.message()));
   }
@@ -220,7 +232,7 @@ absl::Status VerifyServiceImpl::Serve(grpc::ServerContext* ctx, Raw& in,
   const int64_t size = static_cast<int64_t>(in.Length());
   absl::Status st;
   if (!declared) {
-    st = Admit(size, admitted);
+    st = Admit(size, admitted, ShareKey(ctx->peer()));
   } else if (size > *declared) {
     st = absl::InvalidArgumentError(absl::StrCat(kRequestBytesKey, ": the message has ", size,
                                                  " bytes, more than the ", *declared,
@@ -238,35 +250,41 @@ absl::Status VerifyServiceImpl::Serve(grpc::ServerContext* ctx, Raw& in,
   in.Clear();
   const double parse_s = Since(t0);
   if (st.ok()) st = region_rpcs_.CheckRequest(*ctx, *req);
-  const CallContext call([ctx] { return ctx->IsCancelled(); }, ctx->deadline());
+  const CallContext call([ctx] { return ctx->IsCancelled(); }, ctx->deadline(), CallerOf(*ctx, ""));
   return Handle(st, t0, parse_s, *req, resp, call, &in_place);
 }
 
-void VerifyServiceImpl::ServeChannelCall(absl::string_view request, v1::VerifyResponse* resp) {
+void VerifyServiceImpl::ServeChannelCall(const Peer& owner, absl::string_view request,
+                                         v1::VerifyResponse* resp) {
   const auto t0 = std::chrono::steady_clock::now();
   MemoryBudget::Admission admitted;
   v1::VerifyRequest req;
   InPlaceTensors in_place;
-  absl::Status st = Admit(static_cast<int64_t>(request.size()), &admitted);
+  absl::Status st = Admit(static_cast<int64_t>(request.size()), &admitted,
+                          owner.uid ? UidShareKey(*owner.uid) : std::string());
   if (st.ok()) st = Parse(request, &req, &in_place);
-  // The channel was opened over a transport regions are served on: its calls may name them.
-  st = Handle(st, t0, Since(t0), req, resp, CallContext(), &in_place);
+  // The channel was opened over a transport regions are served on: its calls may name the
+  // regions its owner may.
+  st = Handle(st, t0, Since(t0), req, resp, CallContext(owner), &in_place);
   if (!st.ok()) ErrorInResponse(st, req.request_id(), resp);
 }
 
-void VerifyServiceImpl::ServeDoorbellCall(const absl::StatusOr<v1::VerifyRequest>& call,
+void VerifyServiceImpl::ServeDoorbellCall(const Peer& owner,
+                                          const absl::StatusOr<v1::VerifyRequest>& call,
                                           const v1::VerifyRequest* descriptor, uint64_t layout_key,
                                           v1::VerifyResponse* resp) {
   const auto t0 = std::chrono::steady_clock::now();
   // No bytes arrive with the call (its tensors are in regions): nothing to admit or parse.
   const v1::VerifyRequest& req = call.ok() ? *call : v1::VerifyRequest::default_instance();
-  absl::Status st = Handle(call.status(), t0, 0, req, resp, CallContext(), nullptr, layout_key);
+  absl::Status st =
+      Handle(call.status(), t0, 0, req, resp, CallContext(owner), nullptr, layout_key);
   if (st.ok()) return;
   ErrorInResponse(st, req.request_id(), resp);
-  if (descriptor != nullptr) handler_->ZeroOutputs(*descriptor);
+  if (descriptor != nullptr) handler_->ZeroOutputs(*descriptor, owner);
 }
 
-absl::StatusOr<TapOpen> VerifyServiceImpl::PlanTapChannel(const v1::OpenChannelRequest& req) const {
+absl::StatusOr<TapOpen> VerifyServiceImpl::PlanTapChannel(const v1::OpenChannelRequest& req,
+                                                          const Peer& caller) const {
   absl::StatusOr<channel::Geometry> g =
       channel::GeometryFor(req.byte_size(), channels_.limits().max_capacity);
   if (!g.ok()) return g.status();
@@ -279,9 +297,10 @@ absl::StatusOr<TapOpen> VerifyServiceImpl::PlanTapChannel(const v1::OpenChannelR
   std::vector<RegionPin> pins;
   const uint64_t at = req.tap().region_offset();
   absl::StatusOr<RegionRange> r = opts_.regions->Resolve("tap.region", RegionKind::kCudaIpc, name,
-                                                         at, plan->region_bytes, &pins);
+                                                         at, plan->region_bytes, &pins, caller);
   if (absl::IsNotFound(r.status())) {
-    r = opts_.regions->Resolve("tap.region", RegionKind::kShm, name, at, plan->region_bytes, &pins);
+    r = opts_.regions->Resolve("tap.region", RegionKind::kShm, name, at, plan->region_bytes, &pins,
+                               caller);
     plan->shm_region = true;
   }
   if (!r.ok()) {
@@ -302,13 +321,14 @@ absl::StatusOr<TapOpen> VerifyServiceImpl::PlanTapChannel(const v1::OpenChannelR
   return open;
 }
 
-TapResult VerifyServiceImpl::Serve(const std::string& channel, const channel::TapPlan& plan,
+TapResult VerifyServiceImpl::Serve(const std::string& channel, const Peer& owner,
+                                   const channel::TapPlan& plan,
                                    const absl::StatusOr<v1::VerifyRequest>& call) {
   (void)channel;
   const std::string& backend = plan.spec.backend();
   TapResult r;
   if (call.ok()) {
-    r = handler_->ServeTap(*call, backend);
+    r = handler_->ServeTap(*call, backend, owner);
   } else {
     r.error = call.status().ToString();
   }
@@ -316,9 +336,9 @@ TapResult VerifyServiceImpl::Serve(const std::string& channel, const channel::Ta
   return r;
 }
 
-absl::Status VerifyServiceImpl::WriteControl(const channel::TapPlan& plan, uint64_t offset,
-                                             const void* src, uint64_t bytes) {
-  return handler_->WriteRegion(plan.shm_region ? RegionKind::kShm : RegionKind::kCudaIpc,
+absl::Status VerifyServiceImpl::WriteControl(const Peer& owner, const channel::TapPlan& plan,
+                                             uint64_t offset, const void* src, uint64_t bytes) {
+  return handler_->WriteRegion(owner, plan.shm_region ? RegionKind::kShm : RegionKind::kCudaIpc,
                                plan.spec.region(), plan.spec.region_offset() + offset, src, bytes);
 }
 
@@ -335,15 +355,16 @@ absl::Status VerifyServiceImpl::OpenChannel(const grpc::ServerContext& ctx,
   if (absl::Status st = LocalTransportOnly(ctx, opts_.allow_region_tcp, "OpenChannel"); !st.ok()) {
     return st;
   }
+  const Peer caller = CallerOf(ctx, req.client());
   std::optional<TapOpen> tap;
   if (req.has_tap()) {
-    absl::StatusOr<TapOpen> t = PlanTapChannel(req);
+    absl::StatusOr<TapOpen> t = PlanTapChannel(req, caller);
     if (!t.ok()) return t.status();
     tap = std::move(*t);
   }
   absl::StatusOr<ChannelSummary> s =
-      channels_.Open(req.name(), req.key(), req.byte_size(), req.client(), UnixPeerUid(ctx.peer()),
-                     UnixPeerPid(ctx.peer()), req.descriptors(), req.layout_slots(), tap);
+      channels_.Open(req.name(), req.key(), req.byte_size(), req.client(), caller,
+                     req.descriptors(), req.layout_slots(), tap);
   if (!s.ok()) return s.status();
   if (tap) {
     const tap::TapSlotGeometry& tg = tap->plan.geometry;
@@ -372,7 +393,8 @@ absl::Status VerifyServiceImpl::CloseChannel(const grpc::ServerContext& ctx,
   if (absl::Status st = LocalTransportOnly(ctx, opts_.allow_region_tcp, "CloseChannel"); !st.ok()) {
     return st;
   }
-  absl::StatusOr<std::vector<std::string>> names = channels_.Close(req.name(), req.client());
+  absl::StatusOr<std::vector<std::string>> names =
+      channels_.Close(req.name(), req.client(), CallerOf(ctx, req.client()));
   if (!names.ok()) return names.status();
   for (const std::string& n : *names) resp->add_closed(n);
   return absl::OkStatus();
@@ -380,8 +402,19 @@ absl::Status VerifyServiceImpl::CloseChannel(const grpc::ServerContext& ctx,
 
 grpc::Status VerifyServiceImpl::Verify(grpc::ServerContext* ctx, RawUnary* call) {
   // A declared size is judged before the message is received: a call that cannot be admitted is
-  // refused without its bytes being read.
+  // refused without its bytes being read. The call holds a thread (and its declaration's budget)
+  // until its message arrives: no longer than the body timeout, and no more calls than the
+  // peer's share.
   const auto t0 = std::chrono::steady_clock::now();
+  if (absl::Status st = streams_.BeginCall(ctx); !st.ok()) {
+    metrics_->Request("none", st.code(), Since(t0));
+    return ToGrpc(st);
+  }
+  struct Ender {
+    StreamLimiter& limiter;
+    grpc::ServerContext* ctx;
+    ~Ender() { limiter.EndCall(ctx); }
+  } ender{streams_, ctx};
   std::optional<int64_t> declared;
   MemoryBudget::Admission admitted;
   if (absl::Status st = AdmitDeclared(*ctx, &declared, &admitted); !st.ok()) {
@@ -389,7 +422,12 @@ grpc::Status VerifyServiceImpl::Verify(grpc::ServerContext* ctx, RawUnary* call)
     return ToGrpc(st);
   }
   Raw in;
-  if (!call->Read(&in)) return grpc::Status(grpc::StatusCode::INTERNAL, "no request message");
+  if (!call->Read(&in)) {
+    return grpc::Status(grpc::StatusCode::CANCELLED,
+                        "no request message arrived (cancelled, or not within "
+                        "--request_body_timeout_ms)");
+  }
+  streams_.Arrived(ctx);
   v1::VerifyRequest req;
   v1::VerifyResponse resp;
   if (absl::Status st = Serve(ctx, in, declared, &admitted, &req, &resp); !st.ok()) {

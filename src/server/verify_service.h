@@ -46,7 +46,11 @@ struct VerifyServiceOptions {
   ChannelLimits channels;
   // Receive buffers kept (and pinned) between calls, bytes (--pinned_receive_mb).
   uint64_t receive_keep_bytes = uint64_t{1} << 30;
-  StreamLimits streams;  // --grpc_max_streams, --stream_idle_timeout_s
+  // --grpc_max_streams(_per_peer), --grpc_max_waiting_calls_per_peer, --stream_idle_timeout_s,
+  // --request_body_timeout_ms
+  StreamLimits streams;
+  // The part of max_inflight_bytes one peer may hold (--max_inflight_peer_share).
+  double inflight_peer_share = 0.5;
   // Returning freed heap memory after a burst (HeapTrimmer); after_bytes <= 0: never.
   HeapTrimmer::Options heap_trim;
 };
@@ -57,6 +61,7 @@ class VerifyServiceImpl final : public grpc::Service, private TapServer {
   ChannelServer& channels() { return channels_; }
   ReceiveBuffers& receive_buffers() { return receive_; }
   const MemoryBudget& budget() const { return budget_; }
+  const StreamLimiter& streams() const { return streams_; }
   const HeapTrimmer& trimmer() const { return trimmer_; }
 
   grpc::Status Verify(grpc::ServerContext* ctx,
@@ -77,10 +82,10 @@ class VerifyServiceImpl final : public grpc::Service, private TapServer {
   // One call from a channel: its serialized request, in the channel's area, parsed in place
   // (ParseRequestInPlace); errors in the response's error_code and error_message, as on the
   // stream.
-  void ServeChannelCall(absl::string_view request, v1::VerifyResponse* resp);
+  void ServeChannelCall(const Peer& owner, absl::string_view request, v1::VerifyResponse* resp);
   // A doorbell channel's call (ChannelServer::ServeBuilt): served as a Verify call; on an error
   // the descriptor's outputs are zero-filled.
-  void ServeDoorbellCall(const absl::StatusOr<v1::VerifyRequest>& call,
+  void ServeDoorbellCall(const Peer& owner, const absl::StatusOr<v1::VerifyRequest>& call,
                          const v1::VerifyRequest* descriptor, uint64_t layout_key,
                          v1::VerifyResponse* resp);
   // What every call does once its message is read: a message refused before the handler saw it
@@ -89,7 +94,8 @@ class VerifyServiceImpl final : public grpc::Service, private TapServer {
                       const v1::VerifyRequest& req, v1::VerifyResponse* resp,
                       const CallContext& call, const InPlaceTensors* in_place = nullptr,
                       uint64_t layout_key = 0);
-  absl::Status Admit(int64_t bytes, MemoryBudget::Admission* admitted);
+  // `peer`: whose share of the budget it counts against (ShareKey; empty: none).
+  absl::Status Admit(int64_t bytes, MemoryBudget::Admission* admitted, const std::string& peer);
   // The size a unary call declared in its metadata (`declared`, nullopt when none), admitted like
   // a message of that size: INVALID_ARGUMENT for a malformed declaration, RESOURCE_EXHAUSTED
   // when it does not fit; both name the key.
@@ -102,12 +108,14 @@ class VerifyServiceImpl final : public grpc::Service, private TapServer {
                            v1::OpenChannelResponse* resp);
   // A tap channel's plan and slot calls: PlanTap against the channel's request area, and its
   // slots region registered (shm or cuda_ipc), large enough and on the spec's device.
-  absl::StatusOr<TapOpen> PlanTapChannel(const v1::OpenChannelRequest& req) const;
+  // The region is one `caller` may use.
+  absl::StatusOr<TapOpen> PlanTapChannel(const v1::OpenChannelRequest& req,
+                                         const Peer& caller) const;
   // TapServer: tap channels' fills go to the handler (ServeTap).
-  TapResult Serve(const std::string& channel, const channel::TapPlan& plan,
+  TapResult Serve(const std::string& channel, const Peer& owner, const channel::TapPlan& plan,
                   const absl::StatusOr<v1::VerifyRequest>& call) override;
-  absl::Status WriteControl(const channel::TapPlan& plan, uint64_t offset, const void* src,
-                            uint64_t bytes) override;
+  absl::Status WriteControl(const Peer& owner, const channel::TapPlan& plan, uint64_t offset,
+                            const void* src, uint64_t bytes) override;
   double SampleRate() override { return handler_->TapSampleRate(); }
   void GpuCounts(const std::string& backend, int64_t calls, int64_t taps, int64_t dropped) override;
   absl::Status CloseChannel(const grpc::ServerContext& ctx, const v1::CloseChannelRequest& req,

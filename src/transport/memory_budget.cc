@@ -19,6 +19,7 @@ MemoryBudget::Admission& MemoryBudget::Admission::operator=(Admission&& o) noexc
     Release();
     budget_ = o.budget_;
     bytes_ = o.bytes_;
+    peer_ = std::move(o.peer_);
     o.budget_ = nullptr;
   }
   return *this;
@@ -28,29 +29,34 @@ void MemoryBudget::Admission::Release() {
   if (!budget_) return;
   MemoryBudget* b = budget_;
   budget_ = nullptr;
-  b->GiveBack(bytes_);
+  b->GiveBack(bytes_, peer_);
 }
 
 void MemoryBudget::Admission::ShrinkTo(int64_t bytes) {
   if (!budget_ || bytes >= bytes_) return;
   const int64_t excess = bytes_ - std::max<int64_t>(bytes, 0);
   bytes_ -= excess;
-  budget_->GiveBack(excess);
+  budget_->GiveBack(excess, peer_);
 }
 
-void MemoryBudget::GiveBack(int64_t bytes) {
+void MemoryBudget::GiveBack(int64_t bytes, const std::string& peer) {
   if (bytes == 0) return;
   int64_t peak = 0;
   {
     absl::MutexLock l(&mu_);
     in_flight_ -= bytes;
+    if (!peer.empty()) {
+      auto it = by_peer_.find(peer);
+      if (it != by_peer_.end() && (it->second -= bytes) <= 0) by_peer_.erase(it);
+    }
     if (in_flight_ != 0) return;
     peak = std::exchange(peak_, 0);
   }
   if (on_idle_) on_idle_(peak);
 }
 
-absl::StatusOr<MemoryBudget::Admission> MemoryBudget::Admit(int64_t bytes) {
+absl::StatusOr<MemoryBudget::Admission> MemoryBudget::Admit(int64_t bytes,
+                                                            const std::string& peer) {
   absl::MutexLock l(&mu_);
   if (limit_ > 0 && bytes > limit_) {
     return absl::ResourceExhaustedError(absl::StrCat("request of ", MiB(bytes),
@@ -62,9 +68,25 @@ absl::StatusOr<MemoryBudget::Admission> MemoryBudget::Admit(int64_t bytes) {
         "request of ", MiB(bytes), " does not fit the memory budget now: ", MiB(in_flight_), " of ",
         MiB(limit_), " held by requests in flight (", flag_, ")"));
   }
+  if (limit_ > 0 && !peer.empty() && peer_limit_ < limit_) {
+    const auto it = by_peer_.find(peer);
+    const int64_t held = it == by_peer_.end() ? 0 : it->second;
+    if (bytes > peer_limit_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "request of ", MiB(bytes), " exceeds one peer's share of the memory budget, ",
+          MiB(peer_limit_), " (", flag_, " x --max_inflight_peer_share)"));
+    }
+    if (held + bytes > peer_limit_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "request of ", MiB(bytes), " does not fit ", peer,
+          "'s share of the memory budget now: ", MiB(held), " of its ", MiB(peer_limit_),
+          " held by its requests in flight (", flag_, " x --max_inflight_peer_share)"));
+    }
+  }
   in_flight_ += bytes;
   peak_ = std::max(peak_, in_flight_);
-  return Admission(this, bytes);
+  if (!peer.empty()) by_peer_[peer] += bytes;
+  return Admission(this, bytes, peer);
 }
 
 int64_t MemoryBudget::in_flight() const {

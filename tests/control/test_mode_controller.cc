@@ -248,6 +248,27 @@ TEST_F(ModeControllerTest, ACrashWhileWritingStateLeavesTheOldState) {
   EXPECT_EQ(c->RecentAudit(10).size(), 1u);
 }
 
+// A refused use of another peer's region goes to the audit file, once a minute per caller and
+// object; the recent changes (verifyctl status) stay the mode's.
+TEST_F(ModeControllerTest, DenialsAreAuditedOnceAMinuteAndKeptOutOfTheRecentChanges) {
+  auto c = Make();
+  ASSERT_TRUE(c->SetMode(MC(Mode::kReference, 0, "flip", false, "t")).ok());
+  for (int i = 0; i < 5; ++i) c->AuditDenial("uid 65534 pid 7", "use region 'pool' of uid 0");
+  c->AuditDenial("uid 65534 pid 7", "close channel 'a' of uid 0");
+  c->AuditDenial("uid 65533 pid 8", "use region 'pool' of uid 0");
+  std::ifstream in(dir_ / "audit.jsonl");
+  std::string line;
+  int denied = 0;
+  while (std::getline(in, line)) {
+    if (line.find("\"action\":\"denied\"") != std::string::npos) ++denied;
+  }
+  EXPECT_EQ(denied, 3);
+  const std::vector<AuditEntry> recent = c->RecentAudit(10);
+  ASSERT_EQ(recent.size(), 1u);
+  EXPECT_EQ(recent[0].reason, "flip");
+  EXPECT_EQ(c->mode(), Mode::kReference);
+}
+
 TEST_F(ModeControllerTest, AnUnreadableStateFileRefusesToStart) {
   std::filesystem::create_directories(dir_);
   std::ofstream(dir_ / "state.json") << "not json";

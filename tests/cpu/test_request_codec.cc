@@ -48,7 +48,7 @@ using verifyd::testing::ShmObject;
 TEST(RequestCodec, ShmIndicesAreCheckedCopiesAndValuesAreReadInPlace) {
   ShmObject shm("codec", 1 << 20);
   RegionRegistry regions(RegionLimits{}, nullptr);
-  ASSERT_TRUE(regions.RegisterShm("r", shm.key(), 0, shm.size(), "test", std::nullopt).ok());
+  ASSERT_TRUE(regions.RegisterShm("r", shm.key(), 0, shm.size(), "test", Peer::Tcp("test")).ok());
   RandomBundle b(GoodSpec());
   const ShmLayout l = ShmLayout::Of(b.view());
   ASSERT_LE(l.end, shm.size());
@@ -56,7 +56,7 @@ TEST(RequestCodec, ShmIndicesAreCheckedCopiesAndValuesAreReadInPlace) {
   EncodeRequest(b.view(), &req);
   PutInShm(b.view(), l, shm.data(), "r", &req);
   DecodedRequest d;
-  ASSERT_TRUE(DecodeRequest(req, &regions, &d).ok());
+  ASSERT_TRUE(DecodeRequest(req, &regions, Peer::Tcp("test"), &d).ok());
   const BundleView& v = d.view;
   const auto& s = b.view().shape;
   // Values are read where they are: the client's writes show (it must finish them first).

@@ -83,7 +83,7 @@ TEST(RequestInPlace, RandomRequestsLeaveOnlyTheBulkInPlace) {
 
     // What the checks read is verifyd's own copy; the view reads q and the pool in place.
     DecodedRequest d;
-    ASSERT_TRUE(DecodeRequest(req, nullptr, &d, &bulk).ok());
+    ASSERT_TRUE(DecodeRequest(req, nullptr, Peer(), &d, &bulk).ok());
     EXPECT_TRUE(Inside(wire, d.view.q));
     EXPECT_TRUE(Inside(wire, d.view.kv_pool));
     for (const void* checked :
@@ -239,7 +239,7 @@ TEST(RequestInPlace, ARequestSerializedAroundItsBulkParsesAsTheWholeRequest) {
     EXPECT_EQ(*found.q, *bulk.q);
     EXPECT_EQ(*found.kv_pool, *bulk.kv_pool);
     DecodedRequest d;
-    ASSERT_TRUE(DecodeRequest(req, nullptr, &d, &found).ok());
+    ASSERT_TRUE(DecodeRequest(req, nullptr, Peer(), &d, &found).ok());
     EXPECT_EQ(d.view.shape.num_pages, b.view().shape.num_pages);
   }
 }
@@ -280,7 +280,7 @@ TEST(RequestInPlace, BulkOfTheWrongSizeIsRefusedNamingTheTensor) {
   InPlaceTensors bulk;
   ASSERT_TRUE(ParseRequestInPlace(wire, &req, &bulk));
   DecodedRequest d;
-  const absl::Status st = DecodeRequest(req, nullptr, &d, &bulk);
+  const absl::Status st = DecodeRequest(req, nullptr, Peer(), &d, &bulk);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(st.message().rfind("q: ", 0), 0u) << st;
 }

@@ -66,7 +66,7 @@ const RegionRegistry& FuzzRegions() {
     const std::string key = absl::StrCat("/verifyd-fuzz-", getpid());
     const int fd = shm_open(key.c_str(), O_CREAT | O_RDWR, 0600);
     if (fd >= 0 && ftruncate(fd, 1 << 20) == 0) {
-      r->RegisterShm("r", key, 0, 1 << 20, "fuzz", std::nullopt).IgnoreError();
+      r->RegisterShm("r", key, 0, 1 << 20, "fuzz", Peer::Tcp("fuzz")).IgnoreError();
     }
     if (fd >= 0) close(fd);
     shm_unlink(key.c_str());  // the mapping keeps it
@@ -118,7 +118,8 @@ absl::Status Request(const uint8_t* data, size_t size) {
     return absl::InternalError("SerializeRequestAround does not give the request back");
   }
   DecodedRequest d;
-  if (absl::Status st = DecodeRequest(req, &FuzzRegions(), &d, &bulk); !st.ok()) return st;
+  if (absl::Status st = DecodeRequest(req, &FuzzRegions(), Peer::Tcp("fuzz"), &d, &bulk); !st.ok())
+    return st;
   sink = Touch(d.view);
   for (const auto& out : {d.o_out, d.lse_out}) {  // every byte of an output range is writable
     if (out) {

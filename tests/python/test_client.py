@@ -282,6 +282,41 @@ class DeclaredSizeTest(unittest.TestCase):
             daemon.stop()
 
 
+class ChannelRefusalTest(unittest.TestCase):
+    """A channel verifyd refuses to open: the caller sees verifyd's status and message, and the
+    shared-memory object the client made for it is gone."""
+
+    @staticmethod
+    def shm_objects():
+        return {e for e in os.listdir("/dev/shm") if e.startswith("psm_")}
+
+    def test_a_refused_channel_raises_verifyds_error_and_leaves_no_object(self):
+        daemon = Daemon("--max_channels_per_client=2")
+        try:
+            with VerifyClient(daemon.data, timeout=30) as client:
+                before = self.shm_objects()
+                first, second = client.channel(byte_size=1 << 20), client.channel(byte_size=1 << 20)
+                self.assertEqual(len(self.shm_objects() - before), 2)
+                for _ in range(3):
+                    with self.assertRaises(VerifydError) as cm:
+                        client.channel(byte_size=1 << 20)
+                    self.assertEqual(cm.exception.code, grpc.StatusCode.RESOURCE_EXHAUSTED)
+                    self.assertIn("--max_channels_per_client", str(cm.exception))
+                    self.assertEqual(len(self.shm_objects() - before), 2)
+                # A size the client refuses itself leaves nothing either.
+                second.close()
+                with self.assertRaises(ValueError):
+                    client.channel(byte_size=16)
+                self.assertEqual(len(self.shm_objects() - before), 1)
+                b = random_bundle(rng_for(self, 23), batch=1, draft=2, heads=2, page_size=4,
+                                  prefixes=[9])
+                first.verify(**b)
+                first.close()
+                self.assertEqual(self.shm_objects() - before, set())
+        finally:
+            daemon.stop()
+
+
 class AdminTest(unittest.TestCase):
     """Admin service over its unix socket: status, the gate, forced flips, rollback."""
 

@@ -19,35 +19,25 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "src/region/region_registry.h"
+#include "tests/region/fake_device_memory.h"
 
 namespace verifyd {
 namespace {
+
+// A process of this test's uid as the kernel names it (shm objects must be the caller's own),
+// without its pid watched (no process exits here).
+Peer Process(int pid) {
+  Peer p = Peer::Unix(::geteuid(), std::nullopt);
+  p.label = "uid " + std::to_string(::geteuid()) + " pid " + std::to_string(pid);
+  return p;
+}
+// The peer that registers the sets.
+const Peer kOwner = Process(7);
 
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
 constexpr uint64_t kAllocation = 1 << 16;  // every fake CUDA IPC allocation's size
-
-// Host memory posing as a GPU allocation; counts the live ones.
-class FakeDeviceMemory final : public MappedRegion {
- public:
-  FakeDeviceMemory(int device, uint64_t bytes, int* live)
-      : device_(device), mem_(bytes), live_(live) {
-    ++*live_;
-  }
-  ~FakeDeviceMemory() override { --*live_; }
-  char* base() const override { return const_cast<char*>(mem_.data()); }
-  uint64_t byte_size() const override { return mem_.size(); }
-  int device() const override { return device_; }
-  absl::Status ReadToHost(uint64_t, uint64_t, void*) const override { return absl::OkStatus(); }
-
- private:
-  int device_;
-  std::vector<char> mem_;
-  int* live_;
-};
-
-std::string Handle(int i) { return std::string(63, 'h') + static_cast<char>('0' + i); }
 
 struct Engine {
   int live = 0;
@@ -119,14 +109,13 @@ std::vector<CudaSetMember> Layers(int n = 61) {
 TEST(CudaRegionSet, RegistersEveryMemberAsOneEntryCountedMemberByMember) {
   Engine engine;
   auto reg = Registry(engine);
-  absl::StatusOr<RegionSetSummary> s =
-      reg->RegisterCudaSet("layers", Layers(), 1, "rank0", "uid 1000 pid 7");
+  absl::StatusOr<RegionSetSummary> s = reg->RegisterCudaSet("layers", Layers(), 1, "rank0", kOwner);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->members, 61u);
   EXPECT_EQ(s->vmm_members, 30u);
   EXPECT_EQ(s->device, 1);
   EXPECT_EQ(s->kind, RegionKind::kCudaIpc);
-  EXPECT_EQ(s->owner, "uid 1000 pid 7");
+  EXPECT_EQ(s->owner, kOwner.label);
   EXPECT_EQ(s->byte_size, 31u * 4096 + 30u * 8192);
   EXPECT_EQ(reg->count(), 61);
   EXPECT_EQ(reg->total_bytes(), s->byte_size);
@@ -138,7 +127,7 @@ TEST(CudaRegionSet, RegistersEveryMemberAsOneEntryCountedMemberByMember) {
   EXPECT_EQ(engine.imported[0], (std::vector<int>{102, 103}));
   EXPECT_EQ(engine.imported[29], (std::vector<int>{218, 219}));
 
-  absl::StatusOr<std::vector<std::string>> gone = reg->Unregister("layers", "");
+  absl::StatusOr<std::vector<std::string>> gone = reg->Unregister("layers", "", kOwner);
   ASSERT_TRUE(gone.ok()) << gone.status();
   EXPECT_EQ(*gone, std::vector<std::string>{"layers"});
   EXPECT_EQ(reg->count(), 0);
@@ -193,7 +182,7 @@ TEST(CudaRegionSet, AMemberThatFailsRegistersNothingAndIsNamedByItsField) {
     auto reg = Registry(engine);
     std::vector<CudaSetMember> members = Layers(10);
     members[c.index] = c.member;
-    absl::StatusOr<RegionSetSummary> s = reg->RegisterCudaSet("layers", members, 0, "c", "o");
+    absl::StatusOr<RegionSetSummary> s = reg->RegisterCudaSet("layers", members, 0, "c", kOwner);
     ASSERT_FALSE(s.ok()) << c.error;
     EXPECT_EQ(s.status().code(), c.code) << s.status();
     EXPECT_THAT(std::string(s.status().message()), StartsWith(c.error));
@@ -202,18 +191,18 @@ TEST(CudaRegionSet, AMemberThatFailsRegistersNothingAndIsNamedByItsField) {
     EXPECT_TRUE(reg->ListSets().empty()) << c.error;
     EXPECT_EQ(engine.live, 0) << c.error << ": the members opened before it stay open";
     // The name is free again.
-    EXPECT_TRUE(reg->RegisterCudaSet("layers", Layers(10), 0, "c", "o").ok()) << c.error;
+    EXPECT_TRUE(reg->RegisterCudaSet("layers", Layers(10), 0, "c", kOwner).ok()) << c.error;
   }
 }
 
 TEST(CudaRegionSet, WithoutEngineHooksEveryKindOfMemberIsRefusedByName) {
   RegionRegistry reg(RegionLimits{}, nullptr);
   absl::StatusOr<RegionSetSummary> s =
-      reg.RegisterCudaSet("layers", {Vmm(3, 1, 0, 64), Ipc(1, 0, 64)}, 0, "c", "o");
+      reg.RegisterCudaSet("layers", {Vmm(3, 1, 0, 64), Ipc(1, 0, 64)}, 0, "c", kOwner);
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(s.status().message()), StartsWith("members[0].chunks: this engine"));
-  s = reg.RegisterCudaSet("layers", {Ipc(1, 0, 64)}, 0, "c", "o");
+  s = reg.RegisterCudaSet("layers", {Ipc(1, 0, 64)}, 0, "c", kOwner);
   EXPECT_THAT(std::string(s.status().message()), StartsWith("members[0].ipc_handle: this engine"));
   EXPECT_EQ(reg.count(), 0);
 }
@@ -224,7 +213,7 @@ TEST(CudaRegionSet, MembersInOneAllocationOpenItsHandleOnceAtTheWidestExtent) {
   // Four layer pools of 4096 bytes, side by side in one cudaMalloc block, listed out of order.
   std::vector<CudaSetMember> members = {Ipc(1, 8192, 4096), Ipc(1, 0, 4096), Ipc(1, 12288, 4096),
                                         Ipc(1, 4096, 4096), Ipc(2, 0, 256)};
-  ASSERT_TRUE(reg->RegisterCudaSet("layers", members, 0, "c", "o").ok());
+  ASSERT_TRUE(reg->RegisterCudaSet("layers", members, 0, "c", kOwner).ok());
   EXPECT_EQ(engine.opened[Handle(1)], 1);
   EXPECT_EQ(engine.opened[Handle(2)], 1);
   EXPECT_EQ(engine.extents, (std::vector<uint64_t>{16384, 256}));
@@ -234,8 +223,8 @@ TEST(CudaRegionSet, MembersInOneAllocationOpenItsHandleOnceAtTheWidestExtent) {
   std::vector<RegionPin> pins;
   std::vector<char*> at;
   for (uint32_t i = 0; i < 4; ++i) {
-    absl::StatusOr<RegionRange> r =
-        reg->Resolve("kv_pool", RegionKind::kCudaIpc, RegionName{"", "layers", i}, 16, 64, &pins);
+    absl::StatusOr<RegionRange> r = reg->Resolve(
+        "kv_pool", RegionKind::kCudaIpc, RegionName{"", "layers", i}, 16, 64, &pins, kOwner);
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->device(), 0);
     EXPECT_EQ(r->region->byte_size(), 4096u);
@@ -245,37 +234,40 @@ TEST(CudaRegionSet, MembersInOneAllocationOpenItsHandleOnceAtTheWidestExtent) {
   EXPECT_EQ(at[3] + 4096, at[0]);
   EXPECT_EQ(at[0] + 4096, at[2]);
   pins.clear();
-  ASSERT_TRUE(reg->Unregister("layers", "").ok());
+  ASSERT_TRUE(reg->Unregister("layers", "", kOwner).ok());
   EXPECT_EQ(engine.live, 0);
 }
 
 TEST(CudaRegionSet, CallsNameAMemberBySetAndIndexWithItsBoundsChecked) {
   Engine engine;
   auto reg = Registry(engine);
-  ASSERT_TRUE(reg->RegisterCudaSet("layers", Layers(), 0, "c", "o").ok());
+  ASSERT_TRUE(reg->RegisterCudaSet("layers", Layers(), 0, "c", kOwner).ok());
   std::vector<RegionPin> pins;
-  absl::StatusOr<RegionRange> r =
-      reg->Resolve("kv_pool", RegionKind::kCudaIpc, RegionName{"", "layers", 60}, 0, 4096, &pins);
+  absl::StatusOr<RegionRange> r = reg->Resolve(
+      "kv_pool", RegionKind::kCudaIpc, RegionName{"", "layers", 60}, 0, 4096, &pins, kOwner);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(*r->label, "layers[60]");
   EXPECT_EQ(reg->ListSets()[0].in_use, 1);
 
-  r = reg->Resolve("kv_pool", RegionKind::kCudaIpc, RegionName{"", "layers", 61}, 0, 64, &pins);
+  r = reg->Resolve("kv_pool", RegionKind::kCudaIpc, RegionName{"", "layers", 61}, 0, 64, &pins,
+                   kOwner);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(r.status().message(),
             "kv_pool: index 61 is out of range for region set 'layers' (61 members, 0 to 60)");
-  r = reg->Resolve("q", RegionKind::kCudaIpc, RegionName{"", "layers", 1}, 4096, 8192, &pins);
+  r = reg->Resolve("q", RegionKind::kCudaIpc, RegionName{"", "layers", 1}, 4096, 8192, &pins,
+                   kOwner);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(r.status().message(),
             "q: offset 4096 + byte_size 8192 is past the end of member 1 of region set 'layers' "
             "(8192 bytes)");
-  r = reg->Resolve("q", RegionKind::kCudaIpc, RegionName{"", "layers", 1}, 8, 16, &pins);
+  r = reg->Resolve("q", RegionKind::kCudaIpc, RegionName{"", "layers", 1}, 8, 16, &pins, kOwner);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("is not a multiple of 16"));
   // A cuda_ipc set is not found as shm, nor as a region alone.
-  r = reg->Resolve("kv_pool", RegionKind::kShm, RegionName{"", "layers", 0}, 0, 64, &pins);
+  r = reg->Resolve("kv_pool", RegionKind::kShm, RegionName{"", "layers", 0}, 0, 64, &pins, kOwner);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
-  r = reg->Resolve("kv_pool", RegionKind::kCudaIpc, RegionName{"layers", "", 0}, 0, 64, &pins);
+  r = reg->Resolve("kv_pool", RegionKind::kCudaIpc, RegionName{"layers", "", 0}, 0, 64, &pins,
+                   kOwner);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
 }
 
@@ -285,21 +277,22 @@ TEST(CudaRegionSet, EveryMemberCountsAgainstBothLimits) {
   limits.max_regions = 130;
   limits.max_regions_per_client = 64;
   auto reg = Registry(engine, limits);
-  ASSERT_TRUE(reg->RegisterCudaSet("rank0", Layers(), 0, "c0", "uid 1 pid 10").ok());
+  ASSERT_TRUE(reg->RegisterCudaSet("rank0", Layers(), 0, "c0", Process(10)).ok());
   // The same process: 61 + 61 > 64.
   absl::StatusOr<RegionSetSummary> s =
-      reg->RegisterCudaSet("rank0b", Layers(), 0, "c0", "uid 1 pid 10");
+      reg->RegisterCudaSet("rank0b", Layers(), 0, "c0", Process(10));
   EXPECT_EQ(s.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(s.status().message(),
-            "name: client uid 1 pid 10 has 61 regions registered (set members included) and "
-            "this set adds 61, the most --max_regions_per_client (64) allows");
+            "name: client " + Process(10).label +
+                " has 61 regions registered (set members included) and "
+                "this set adds 61, the most --max_regions_per_client (64) allows");
   // Up to the limit, counted with a shm region of the same owner: 61 + 3 = 64.
-  EXPECT_TRUE(reg->RegisterCudaSet("rank0c", Layers(3), 0, "c0", "uid 1 pid 10").ok());
-  s = reg->RegisterCudaSet("rank0d", Layers(1), 0, "c0", "uid 1 pid 10");
+  EXPECT_TRUE(reg->RegisterCudaSet("rank0c", Layers(3), 0, "c0", Process(10)).ok());
+  s = reg->RegisterCudaSet("rank0d", Layers(1), 0, "c0", Process(10));
   EXPECT_EQ(s.status().code(), absl::StatusCode::kResourceExhausted);
   // Another process has room of its own, until the daemon-wide limit: 64 + 61 + 6 > 130.
-  ASSERT_TRUE(reg->RegisterCudaSet("rank1", Layers(), 0, "c1", "uid 1 pid 11").ok());
-  s = reg->RegisterCudaSet("rank2", Layers(6), 0, "c2", "uid 1 pid 12");
+  ASSERT_TRUE(reg->RegisterCudaSet("rank1", Layers(), 0, "c1", Process(11)).ok());
+  s = reg->RegisterCudaSet("rank2", Layers(6), 0, "c2", Process(12));
   EXPECT_EQ(s.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(s.status().message()),
               HasSubstr("125 regions are registered (set members included) and this set adds 6, "
@@ -307,23 +300,23 @@ TEST(CudaRegionSet, EveryMemberCountsAgainstBothLimits) {
   EXPECT_EQ(reg->count(), 125);
   EXPECT_EQ(engine.live, 125);
   // Unregistering by client frees that client's members.
-  ASSERT_TRUE(reg->Unregister("", "c0").ok());
+  ASSERT_TRUE(reg->Unregister("", "c0", kOwner).ok());
   EXPECT_EQ(reg->count(), 61);
-  EXPECT_TRUE(reg->RegisterCudaSet("rank2", Layers(6), 0, "c2", "uid 1 pid 12").ok());
+  EXPECT_TRUE(reg->RegisterCudaSet("rank2", Layers(6), 0, "c2", Process(12)).ok());
 }
 
 TEST(CudaRegionSet, ASetAndARegionShareOneNamespace) {
   Engine engine;
   auto reg = Registry(engine);
-  ASSERT_TRUE(reg->RegisterCuda("pool", Handle(1), 0, 4096, "c", "o").ok());
-  absl::StatusOr<RegionSetSummary> s = reg->RegisterCudaSet("pool", Layers(2), 0, "c", "o");
+  ASSERT_TRUE(reg->RegisterCuda("pool", Handle(1), 0, 4096, "c", kOwner).ok());
+  absl::StatusOr<RegionSetSummary> s = reg->RegisterCudaSet("pool", Layers(2), 0, "c", kOwner);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kAlreadyExists);
-  ASSERT_TRUE(reg->RegisterCudaSet("layers", Layers(2), 0, "c", "o").ok());
-  EXPECT_EQ(reg->RegisterCuda("layers", Handle(1), 0, 4096, "c", "o").status().code(),
+  ASSERT_TRUE(reg->RegisterCudaSet("layers", Layers(2), 0, "c", kOwner).ok());
+  EXPECT_EQ(reg->RegisterCuda("layers", Handle(1), 0, 4096, "c", kOwner).status().code(),
             absl::StatusCode::kAlreadyExists);
-  s = reg->RegisterCudaSet("", Layers(2), 0, "c", "o");
+  s = reg->RegisterCudaSet("", Layers(2), 0, "c", kOwner);
   EXPECT_EQ(s.status().message(), "name: must have 1 to 128 characters");
-  s = reg->RegisterCudaSet("empty", {}, 0, "c", "o");
+  s = reg->RegisterCudaSet("empty", {}, 0, "c", kOwner);
   EXPECT_EQ(s.status().message(), "members: a region set needs at least one member");
 }
 
@@ -336,15 +329,15 @@ TEST(ShmRegionSet, AMemberThatFailsRegistersNothingAndIsNamedByItsField) {
   ::close(fd);
   RegionRegistry reg(RegionLimits{}, nullptr);
   std::vector<ShmSetMember> members = {{key, 0, 4096}, {key, 4096, 4096}, {key, 8, 64}};
-  absl::StatusOr<RegionSetSummary> s = reg.RegisterShmSet("layers", members, "c", std::nullopt);
+  absl::StatusOr<RegionSetSummary> s = reg.RegisterShmSet("layers", members, "c", kOwner);
   EXPECT_THAT(std::string(s.status().message()), StartsWith("members[2].offset: 8 is not"));
   members[2] = {key, 4096, 8192};
-  s = reg.RegisterShmSet("layers", members, "c", std::nullopt);
+  s = reg.RegisterShmSet("layers", members, "c", kOwner);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.status().message()), StartsWith("members[2].byte_size: "));
   EXPECT_EQ(reg.count(), 0);
   members.pop_back();
-  s = reg.RegisterShmSet("layers", members, "c", std::nullopt);
+  s = reg.RegisterShmSet("layers", members, "c", kOwner);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->device, -1);
   EXPECT_EQ(reg.count(), 2);

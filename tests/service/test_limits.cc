@@ -70,9 +70,8 @@ struct OpenStream {
   std::unique_ptr<Stream> stream;
 };
 
-// Whether the daemon refuses one more stream (its ceiling is reached): the stream's first call
-// ends with RESOURCE_EXHAUSTED naming --grpc_max_streams, instead of an answer.
-bool StreamRefused(v1::VerifyService::Stub* stub) {
+// The status of a new stream that sends one call and closes.
+grpc::Status OneCallOnANewStream(v1::VerifyService::Stub* stub) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   auto s = stub->VerifyStream(&ctx);
@@ -81,7 +80,13 @@ bool StreamRefused(v1::VerifyService::Stub* stub) {
   v1::VerifyResponse resp;
   while (s->Read(&resp)) {
   }
-  const grpc::Status st = s->Finish();
+  return s->Finish();
+}
+
+// Whether the daemon refuses one more stream (its ceiling is reached): the stream's first call
+// ends with RESOURCE_EXHAUSTED naming --grpc_max_streams, instead of an answer.
+bool StreamRefused(v1::VerifyService::Stub* stub) {
+  const grpc::Status st = OneCallOnANewStream(stub);
   return st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
          st.error_message().find("--grpc_max_streams") != std::string::npos;
 }
@@ -122,6 +127,49 @@ TEST_F(SmallThreadCeilingTest, StreamsBeyondTheirCeilingAreRefusedAndUnaryCallsA
   }
   for (auto& o : open) o->ctx.TryCancel();
   for (auto& o : open) (void)o->stream->Finish();
+}
+
+class PerPeerStreamsTest : public LimitsTest {
+ protected:
+  DaemonOptions Options() override {
+    DaemonOptions o = LimitsTest::Options();
+    o.streams.max_streams = 8;
+    o.streams.max_streams_per_peer = 3;
+    return o;
+  }
+};
+
+// One peer (the TCP host here) holds at most its share of the streams, however many it opens;
+// another peer (the Unix socket's uid) still gets one and is answered on it.
+TEST_F(PerPeerStreamsTest, OnePeerHoldsAtMostItsShareAndAnotherStillGetsAStream) {
+  std::vector<std::unique_ptr<OpenStream>> open;
+  for (int i = 0; i < 10; ++i) {
+    auto o = std::make_unique<OpenStream>();
+    o->stream = verify_->VerifyStream(&o->ctx);
+    open.push_back(std::move(o));
+  }
+  ASSERT_TRUE(WaitUntilStreamsAreFull(verify_.get()));
+  const grpc::Status st = OneCallOnANewStream(verify_.get());
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+  EXPECT_NE(st.error_message().find("ipv4:127.0.0.1 has 3 streams open, the most "
+                                    "--grpc_max_streams_per_peer=3 allows"),
+            std::string::npos)
+      << st.error_message();
+  auto other = v1::VerifyService::NewStub(testing::Channel(daemon_->listen_addresses()[1]));
+  v1::VerifyResponse resp;
+  OpenStream mine;
+  mine.ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  mine.stream = other->VerifyStream(&mine.ctx);
+  ASSERT_TRUE(mine.stream->Write(testing::SmallRequest(2)));
+  ASSERT_TRUE(mine.stream->Read(&resp));
+  EXPECT_EQ(resp.error_code(), 0) << resp.error_message();
+  mine.stream->WritesDone();
+  EXPECT_TRUE(mine.stream->Finish().ok());
+  for (auto& o : open) o->ctx.TryCancel();
+  for (auto& o : open) (void)o->stream->Finish();
+  const std::string m = testing::Scrape(daemon_->metrics_port());
+  EXPECT_NE(m.find("verifyd_tenancy_refusals_total{reason=\"peer_share\",resource=\"stream\"}"),
+            std::string::npos);
 }
 
 class IdleTimeoutTest : public LimitsTest {

@@ -68,15 +68,15 @@ grpc::Status DeclaredCall(const std::string& target, const std::vector<std::stri
   return st;
 }
 
-// A unary Verify call that declares `declared` bytes and sends none of them: it waits for the
-// message until its status comes or `cancel` is set.
+// A unary Verify call that declares `declared` bytes (nothing when empty) and sends none of
+// them: it waits for the message until its status comes or it is cancelled.
 class BodilessCall {
  public:
   BodilessCall(const std::string& target, const std::string& declared, double deadline_s)
       : channel_(testing::Channel(target)) {
     ctx_.set_deadline(std::chrono::system_clock::now() +
                       std::chrono::milliseconds(static_cast<int64_t>(deadline_s * 1000)));
-    ctx_.AddMetadata(kRequestBytesKey, declared);
+    if (!declared.empty()) ctx_.AddMetadata(kRequestBytesKey, declared);
     stream_.reset(
         grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
             channel_.get(),
@@ -113,6 +113,7 @@ TEST_F(MemoryBudgetTest, ARequestThatDoesNotFitNextToOneInFlightIsRefusedAtOnce)
   const int64_t slow_bytes = static_cast<int64_t>(slow.ByteSizeLong());
   DaemonOptions o = testing::TestOptions(testing::TestDir("budget"));
   o.max_inflight_bytes = slow_bytes + slow_bytes / 2;
+  o.inflight_peer_share = 1;  // one client here: the whole budget is its share
   StartDaemon(o);
 
   // Larger than the whole budget: refused whatever is in flight.
@@ -162,6 +163,7 @@ TEST_F(MemoryBudgetTest, ADeclaredSizeOverTheBudgetIsRefusedBeforeTheMessage) {
   DaemonOptions o = testing::TestOptions(testing::TestDir("budget"));
   o.max_inflight_bytes = 64 * kMiB;
   o.max_message_bytes = 256 * kMiB;
+  o.inflight_peer_share = 1;
   StartDaemon(o);
   std::mt19937_64 rng(41);
   struct Case {
@@ -215,6 +217,111 @@ TEST_F(MemoryBudgetTest, ADeclaredSizeOverTheBudgetIsRefusedBeforeTheMessage) {
                    std::to_string(cases.size() + 1)),
             std::string::npos)
       << m;
+}
+
+// A declared size whose message never comes holds its bytes only until the body timeout, whatever
+// the client's own deadline: then the call is cancelled, counted, and the bytes are back.
+TEST_F(MemoryBudgetTest, ADeclaredSizeThatNeverArrivesIsReleasedAtTheBodyTimeout) {
+  DaemonOptions o = testing::TestOptions(testing::TestDir("budget"));
+  o.max_inflight_bytes = 64 * kMiB;
+  o.inflight_peer_share = 1;
+  o.streams.body_timeout = absl::Milliseconds(600);
+  StartDaemon(o);
+  const MemoryBudget& budget = daemon_->verify_service().budget();
+  const auto t0 = std::chrono::steady_clock::now();
+  BodilessCall holder(tcp_, std::to_string(60 * kMiB), /*deadline_s=*/120);
+  ASSERT_TRUE(WaitFor([&] { return budget.in_flight() == 60 * kMiB; }));
+  const v1::VerifyRequest req = testing::SmallRequest(47);
+  v1::VerifyResponse resp;
+  grpc::Status st = DeclaredCall(tcp_, {std::to_string(8 * kMiB)}, req.SerializeAsString(), &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+  st = holder.Finish();
+  const double held_s = Since(t0);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::CANCELLED) << st.error_message();
+  EXPECT_GE(held_s, 0.5);
+  EXPECT_LT(held_s, 5.0) << "the body timeout did not end the call";
+  ASSERT_TRUE(WaitFor([&] { return budget.in_flight() == 0; }));
+  st = DeclaredCall(tcp_, {std::to_string(8 * kMiB)}, req.SerializeAsString(), &resp);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  const std::string m = testing::Scrape(daemon_->metrics_port());
+  EXPECT_NE(m.find("verifyd_tenancy_refusals_total{reason=\"body_timeout\",resource=\"call\"} 1"),
+            std::string::npos)
+      << m;
+}
+
+// No one peer holds more than --max_inflight_peer_share of the budget: the TCP host is one peer,
+// the Unix socket's uid another.
+TEST_F(MemoryBudgetTest, OnePeerHoldsNoMoreThanItsShareOfTheBudget) {
+  DaemonOptions o = testing::TestOptions(testing::TestDir("budget"));
+  o.max_inflight_bytes = 64 * kMiB;
+  o.inflight_peer_share = 0.5;
+  StartDaemon(o);
+  const MemoryBudget& budget = daemon_->verify_service().budget();
+  EXPECT_EQ(budget.peer_limit(), 32 * kMiB);
+  auto first = std::make_unique<BodilessCall>(tcp_, std::to_string(24 * kMiB), 30);
+  ASSERT_TRUE(WaitFor([&] { return budget.in_flight() == 24 * kMiB; }));
+  BodilessCall second(tcp_, std::to_string(24 * kMiB), 10);
+  grpc::Status st = second.Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+  EXPECT_NE(st.error_message().find("--max_inflight_peer_share"), std::string::npos)
+      << st.error_message();
+  EXPECT_NE(st.error_message().find("ipv4:127.0.0.1"), std::string::npos) << st.error_message();
+  // Another peer fits beside it.
+  const v1::VerifyRequest req = testing::SmallRequest(48);
+  v1::VerifyResponse resp;
+  st = DeclaredCall(daemon_->listen_addresses()[1], {std::to_string(24 * kMiB)},
+                    req.SerializeAsString(), &resp);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  first->Cancel();
+  first->Finish();
+  first.reset();
+  ASSERT_TRUE(WaitFor([&] { return budget.in_flight() == 0; }));
+  st = DeclaredCall(tcp_, {std::to_string(24 * kMiB)}, req.SerializeAsString(), &resp);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  const std::string m = testing::Scrape(daemon_->metrics_port());
+  EXPECT_NE(m.find("verifyd_tenancy_refusals_total{reason=\"peer_share\",resource=\"budget\"} 1"),
+            std::string::npos)
+      << m;
+}
+
+// Calls that send headers and nothing else hold a thread each until their message comes: one
+// peer gets --grpc_max_waiting_calls_per_peer of them, is refused past that at once, and loses
+// them at the body timeout. Another peer is served throughout; then the first is again.
+TEST_F(MemoryBudgetTest, HeaderOnlyCallsTakeAPeersShareOfThreadsAndEndAtTheBodyTimeout) {
+  DaemonOptions o = testing::TestOptions(testing::TestDir("budget"));
+  o.streams.max_waiting_calls_per_peer = 4;
+  o.streams.body_timeout = absl::Seconds(2);
+  StartDaemon(o);
+  std::vector<std::unique_ptr<BodilessCall>> calls;
+  for (int i = 0; i < 140; ++i) calls.push_back(std::make_unique<BodilessCall>(tcp_, "", 60));
+  const v1::VerifyRequest req = testing::SmallRequest(49);
+  auto unix_stub = v1::VerifyService::NewStub(testing::Channel(daemon_->listen_addresses()[1]));
+  for (int i = 0; i < 3; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::VerifyResponse resp;
+    const grpc::Status st = unix_stub->Verify(&ctx, req, &resp);
+    EXPECT_TRUE(st.ok()) << "call " << i << " from another peer: " << st.error_message();
+  }
+  int refused = 0, cancelled = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto& c : calls) {
+    const grpc::Status st = c->Finish();
+    if (st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+        st.error_message().find("--grpc_max_waiting_calls_per_peer=4") != std::string::npos) {
+      ++refused;
+    } else if (st.error_code() == grpc::StatusCode::CANCELLED) {
+      ++cancelled;
+    } else {
+      ADD_FAILURE() << st.error_code() << ": " << st.error_message();
+    }
+  }
+  EXPECT_EQ(refused, 136);
+  EXPECT_EQ(cancelled, 4);
+  EXPECT_LT(Since(t0), 10.0);
+  v1::VerifyResponse resp;
+  EXPECT_TRUE(Verify(req, &resp).ok());
+  EXPECT_EQ(daemon_->verify_service().streams().body_cancelled(), 4);
 }
 
 TEST_F(MemoryBudgetTest, AMessageLargerThanDeclaredIsRefusedNamingTheKey) {

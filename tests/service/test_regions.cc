@@ -24,6 +24,7 @@
 #include "grpcpp/create_channel_posix.h"
 #include "src/region/shm_mapping.h"
 #include "tests/service/daemon_fixture.h"
+#include "tests/service/peer_process.h"
 #include "tests/service/shm_region_fixture.h"
 
 namespace verifyd::testing {
@@ -592,29 +593,6 @@ TEST_F(RegionTest, UnregisterWaitsForTheCallInFlight) {
   EXPECT_EQ(VerifyUnix(req, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
-// A connection to verifyd's Unix socket made by a child process: the kernel records who called
-// connect() (SO_PEERCRED), so verifyd sees the child's pid on it, as it would another rank's. The
-// child only connects the socket the parent created, and exits; the parent speaks gRPC over it.
-std::unique_ptr<v1::VerifyService::Stub> StubAsAnotherProcess(const std::string& target) {
-  const std::string path = target.substr(target.find(':') + 1);
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  EXPECT_GE(fd, 0) << std::strerror(errno);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  const pid_t child = ::fork();
-  if (child == 0) {
-    _exit(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 ? 0 : 1);
-  }
-  int status = 0;
-  EXPECT_EQ(::waitpid(child, &status, 0), child);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child could not connect";
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(INT32_MAX);
-  args.SetMaxSendMessageSize(INT32_MAX);
-  return v1::VerifyService::NewStub(grpc::CreateCustomInsecureChannelFromFd(target, fd, args));
-}
-
 // Names member `index` of region set `set` instead of a region.
 void SetMember(v1::Tensor* t, const std::string& set, uint32_t index) {
   t->mutable_shm()->clear_region();
@@ -837,16 +815,17 @@ TEST_F(RegionTest, PerClientLimitRefusesTheNextRegionAndLeavesOthersTheirs) {
   EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
 
   // Another process: its own four.
-  auto other = StubAsAnotherProcess(daemon_->listen_addresses()[1]);
+  auto other = PeerProcess::Connect(daemon_->listen_addresses()[1]);
+  ASSERT_NE(other, nullptr);
   v1::RegisterRegionSetResponse reg;
-  st = RegisterSet("theirs", {{shm.key(), 16384, 4096}, {shm.key(), 20480, 4096}}, "", other.get(),
-                   &reg);
+  st = RegisterSet("theirs", {{shm.key(), 16384, 4096}, {shm.key(), 20480, 4096}}, "",
+                   other->stub(), &reg);
   ASSERT_TRUE(st.ok()) << st.error_message();
   EXPECT_NE(reg.set().owner(), me);
   EXPECT_EQ(reg.set().owner().rfind("uid " + std::to_string(::getuid()) + " pid ", 0), 0u);
   st = RegisterSet("theirs2",
                    {{shm.key(), 24576, 4096}, {shm.key(), 28672, 4096}, {shm.key(), 32768, 4096}},
-                   "", other.get());
+                   "", other->stub());
   EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
   EXPECT_NE(st.error_message().find(" has 2 regions registered (set members included) and this "
                                     "set adds 3, the most --max_regions_per_client (4) allows"),
@@ -871,16 +850,19 @@ TEST_F(RegionTest, DefaultsAdmitEightRanksOf61Layers) {
   ShmObject shm("ranks", 61 * 4096);
   std::vector<std::tuple<std::string, uint64_t, uint64_t>> pools;
   for (int i = 0; i < 61; ++i) pools.emplace_back(shm.key(), i * 4096, 4096);
+  std::vector<std::unique_ptr<PeerProcess>> ranks;  // each rank's process lives on
   for (int rank = 0; rank < 8; ++rank) {
-    auto stub = StubAsAnotherProcess(daemon_->listen_addresses()[1]);
+    ranks.push_back(PeerProcess::Connect(daemon_->listen_addresses()[1]));
+    ASSERT_NE(ranks.back(), nullptr);
+    v1::VerifyService::Stub* stub = ranks.back()->stub();
     const std::string client = "rank" + std::to_string(rank);
     if (rank % 2 == 0) {
-      grpc::Status st = RegisterSet(client, pools, client, stub.get());
+      grpc::Status st = RegisterSet(client, pools, client, stub);
       ASSERT_TRUE(st.ok()) << client << ": " << st.error_message();
     } else {
       for (int i = 0; i < 61; ++i) {
-        grpc::Status st = RegisterShm(client + "/layer" + std::to_string(i), shm, i * 4096, 4096,
-                                      client, stub.get());
+        grpc::Status st =
+            RegisterShm(client + "/layer" + std::to_string(i), shm, i * 4096, 4096, client, stub);
         ASSERT_TRUE(st.ok()) << client << " layer " << i << ": " << st.error_message();
       }
     }
@@ -909,8 +891,9 @@ TEST_F(RegionTest, DaemonLimitCountsSetMembersAndUnregisteringFreesThem) {
   EXPECT_EQ(st.error_message(),
             "name: 10 regions are registered (set members included), the most --max_regions "
             "allows");
-  auto other = StubAsAnotherProcess(daemon_->listen_addresses()[1]);
-  st = RegisterSet("two", {{shm.key(), 0, 4096}, {shm.key(), 4096, 4096}}, "", other.get());
+  auto other = PeerProcess::Connect(daemon_->listen_addresses()[1]);
+  ASSERT_NE(other, nullptr);
+  st = RegisterSet("two", {{shm.key(), 0, 4096}, {shm.key(), 4096, 4096}}, "", other->stub());
   EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
   EXPECT_EQ(st.error_message(),
             "name: 10 regions are registered (set members included) and this set adds 2, more "
@@ -919,7 +902,7 @@ TEST_F(RegionTest, DaemonLimitCountsSetMembersAndUnregisteringFreesThem) {
   EXPECT_TRUE(VerifyUnix(SmallRequest(8), &resp).ok()) << "still serving";
   ASSERT_TRUE(Unregister("ten").ok());
   EXPECT_TRUE(
-      RegisterSet("two", {{shm.key(), 0, 4096}, {shm.key(), 4096, 4096}}, "", other.get()).ok());
+      RegisterSet("two", {{shm.key(), 0, 4096}, {shm.key(), 4096, 4096}}, "", other->stub()).ok());
   EXPECT_TRUE(RegisterShm("eleventh", shm, 10 * 4096, 4096).ok());
   EXPECT_EQ(List().region_count(), 3);
 }

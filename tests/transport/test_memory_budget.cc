@@ -43,6 +43,36 @@ TEST(MemoryBudget, AdmitsWhatFitsAndTakesItBackWhenReleased) {
   EXPECT_TRUE(unlimited.Admit(int64_t{1} << 50).ok());
 }
 
+TEST(MemoryBudget, OnePeerHoldsAtMostItsShare) {
+  MemoryBudget b(100, "--limit", nullptr, 0.4);
+  EXPECT_EQ(b.peer_limit(), 40);
+  auto a = b.Admit(30, "uid 7");
+  ASSERT_TRUE(a.ok());
+  auto refused = b.Admit(11, "uid 7");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("uid 7's share"), std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("--max_inflight_peer_share"), std::string::npos);
+  auto never = b.Admit(41, "uid 8");
+  ASSERT_FALSE(never.ok());
+  EXPECT_NE(never.status().message().find("exceeds one peer's share"), std::string::npos)
+      << never.status();
+  // Others fit beside it, up to the ceiling; the peer's own room comes back with its bytes.
+  auto c = b.Admit(40, "uid 8");
+  auto d = b.Admit(30, "tcp");
+  ASSERT_TRUE(c.ok() && d.ok());
+  EXPECT_FALSE(b.Admit(1, "uid 9").ok());  // the ceiling, 100
+  a->ShrinkTo(20);
+  EXPECT_TRUE(b.Admit(10, "uid 7").ok());
+  *a = MemoryBudget::Admission();
+  EXPECT_EQ(b.in_flight(), 70);
+  EXPECT_TRUE(b.Admit(30, "uid 7").ok());
+  // Without a peer, only the ceiling counts.
+  *c = MemoryBudget::Admission();
+  EXPECT_TRUE(b.Admit(40).ok());
+}
+
 TEST(MemoryBudget, AShrunkAdmissionGivesTheRestBack) {
   MemoryBudget b(100, "--limit");
   auto a = b.Admit(80);

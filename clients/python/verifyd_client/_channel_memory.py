@@ -46,7 +46,8 @@ class ChannelMemory:
 
     def open(self, stub, timeout, **fields):
         """OpenChannel for this memory (``fields``: name, client, descriptors, tap, ...); frees the
-        memory and raises VerifydError when verifyd refuses."""
+        memory (the object is unlinked) and raises VerifydError with verifyd's own status and
+        message when verifyd refuses. Take views of ``shm.buf`` only after it returned."""
         try:
             return stub.OpenChannel(verify_pb2.OpenChannelRequest(key=self.key,
                                                                   byte_size=self.byte_size,
@@ -68,10 +69,16 @@ class ChannelMemory:
             self._registered = False
         self.words = None
         shm, self.shm = self.shm, None
-        shm.close()
+        # Unlinked first: the name goes whatever still maps the object.
         try:
             shm.unlink()
         except FileNotFoundError:
+            pass
+        try:
+            shm.close()
+        except BufferError:
+            # A view of the buffer is still held (by the caller's frame, say): the mapping goes
+            # with the last view, and the error that brought us here is what the caller sees.
             pass
 
 

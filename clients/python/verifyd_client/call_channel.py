@@ -65,8 +65,8 @@ class CallChannel:
         self._spin_s = spin_s
         self.name = f"{client_id}-ch{next(_names)}"
         self._mem = ChannelMemory(byte_size, target)
-        self._shm, self._words, self._base = self._mem.shm, self._mem.words, self._mem.base
         resp = self._mem.open(stub, timeout, name=self.name, client=client_id)
+        self._shm, self._words, self._base = self._mem.shm, self._mem.words, self._mem.base
         self._open = True
         self.capacity = resp.capacity
         self._request_at, self._response_at = resp.request_offset, resp.response_offset

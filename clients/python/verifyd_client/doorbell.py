@@ -143,10 +143,10 @@ class DoorbellChannel:
         self._open = False
         reqs = [d.to_request(client._transport) for d in self.descriptors]  # noqa: SLF001
         self._mem = ChannelMemory(byte_size, client.target, mapped=True)
-        self._shm, self._words, self._base = self._mem.shm, self._mem.words, self._mem.base
-        self._dbase = self._mem.dbase
         resp = self._mem.open(self._stub, self.timeout, name=self.name, client=client.client_id,
                               descriptors=reqs, layout_slots=layout_slots)
+        self._shm, self._words, self._base = self._mem.shm, self._mem.words, self._mem.base
+        self._dbase = self._mem.dbase
         self._open = True
         self._request_at, self._response_at = resp.request_offset, resp.response_offset
         assert resp.layout_slot_bytes == self._slot_bytes and resp.max_batch == self.max_batch

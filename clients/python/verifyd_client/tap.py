@@ -126,9 +126,9 @@ class TapChannel:
             mask_format=(verify_pb2.MASK_FORMAT_BITS if mask_format == "bits"
                          else verify_pb2.MASK_FORMAT_BYTES))
         self._mem = ChannelMemory(byte_size, client.target, mapped=True)
-        self._words, dbase = self._mem.words, self._mem.dbase
         resp = self._mem.open(self._stub, self.timeout, name=self.name, client=client.client_id,
                               tap=spec)
+        self._words, dbase = self._mem.words, self._mem.dbase
         self._open = True
         assert resp.tap_slot_bytes == slot_bytes and resp.tap_record_bytes == record_bytes
         base = self.region.data_ptr()
