@@ -394,10 +394,11 @@ std::vector<InvarianceCase> InvarianceCases(int64_t max_prefix, int tile_tokens)
     ragged.spec.draft = 16;
     ragged.spec.heads = 16;
     ragged.spec.prefix_lens = {500, 1000, straddle(2048), 4033, 16065, 0, 37};
-  } else {
+  } else {  // the CPU engine's: prefixes up to max_prefix (at most 1024)
+    const int64_t p = std::clamp<int64_t>(max_prefix, 256, 1024);
     ragged.spec.draft = 8;
     ragged.spec.heads = 4;
-    ragged.spec.prefix_lens = {500, straddle(1024), 0, 37, 700};
+    ragged.spec.prefix_lens = {p / 2 - 12, straddle(p), 0, 37, p * 11 / 16};
   }
   ragged.spec.batch = static_cast<int>(ragged.spec.prefix_lens.size());
   // T * H not a multiple of the 64-row block: the last row block of each request is partial.
@@ -414,7 +415,7 @@ std::vector<InvarianceCase> InvarianceCases(int64_t max_prefix, int tile_tokens)
     chain.spec.prefix_lens = {straddle(4096), 130, straddle(8192), 1};
   } else {
     chain.spec.heads = 4;
-    chain.spec.prefix_lens = {straddle(1024), 130, 1};
+    chain.spec.prefix_lens = {straddle(std::clamp<int64_t>(max_prefix, 256, 1024)), 130, 1};
   }
   chain.spec.batch = static_cast<int>(chain.spec.prefix_lens.size());
   return v;

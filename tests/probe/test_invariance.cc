@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "src/cpu_engine/cpu_engine.h"
 #include "src/probe/invariance.h"
+#include "src/probe/probe_runner.h"
 #include "src/probe/repacked_bundle.h"
 
 namespace verifyd {
@@ -198,6 +199,30 @@ TEST(Invariance, RowsThatDependOnTheDraftStartFailDraftShift) {
         }
       },
       "draft_shift");
+}
+
+// What the probe scheduler runs: every check of both cases as a probe of the report, the full sweep
+// on demand; a custom path that writes NaN fails them.
+TEST(InvarianceProbes, AppendOneProbePerCheckAndCase) {
+  std::unique_ptr<Engine> engine = MakeCpuEngine(2);
+  ProbeReport report;
+  report.seconds = 1;
+  RunInvarianceProbes(*engine, 256, InvarianceSweep::kFull, &report);
+  ASSERT_EQ(report.results.size(), 12u);
+  EXPECT_TRUE(report.passed()) << report.Summary();
+  EXPECT_GT(report.seconds, 1);
+  for (const ProbeResult& p : report.results) {
+    EXPECT_EQ(p.name.rfind("invariance/", 0), 0u) << p.name;
+    EXPECT_NE(p.feature.find("against itself"), std::string::npos);
+  }
+  CustomFault nan;
+  nan.kind = CustomFault::Kind::kNan;
+  engine->InjectCustomFault(nan);
+  ProbeReport bad;
+  RunInvarianceProbes(*engine, 256, InvarianceSweep::kFast, &bad);
+  EXPECT_FALSE(bad.passed());
+  EXPECT_GE(bad.failures, 2);
+  EXPECT_NE(bad.Summary().find("non-finite"), std::string::npos) << bad.Summary();
 }
 
 }  // namespace
