@@ -62,6 +62,7 @@ struct Options {
   int64_t determinism_prefix = 0;     // > 0: run the determinism probe at this prefix
   int determinism_runs = 4;           // custom-path runs of its bundle, compared with the first
   int64_t invariance_max_prefix = 0;  // > 0: run the invariance probes' full sweep, so sized
+  bool invariance_fast = false;       // the periodic probe's subset instead of the full sweep
   bool fail_on_breach = false;
   int threads = 0;
   std::string engine = "cpu";
@@ -279,6 +280,8 @@ void AddFlags(CLI::App& app, Options* o) {
       ->check(CLI::Range(2, 1000));
   app.add_option("--invariance_max_prefix", o->invariance_max_prefix,
                  "run the invariance probes' full sweep on cases sized for this prefix (0: not)");
+  app.add_flag("--invariance_fast", o->invariance_fast,
+               "with --invariance_max_prefix: the periodic probe's subset, not the full sweep");
   app.add_flag("--fail_on_breach", o->fail_on_breach,
                "exit 1 when any call breaches, the drift test trips or a probe fails");
   app.add_option("--engine", o->engine, "cpu or cuda (a build with the CUDA engine)");
@@ -467,7 +470,9 @@ void RunInvariance(Engine& engine, const Options& o, json* doc, bool* failed) {
   int n = 0, failures = 0, runs = 0;
   double seconds = 0;
   for (const InvarianceCase& c : InvarianceCases(o.invariance_max_prefix, runner.tile_tokens)) {
-    for (const InvarianceResult& r : RunInvarianceChecks(runner, c, InvarianceSweep::kFull)) {
+    const InvarianceSweep sweep =
+        o.invariance_fast ? InvarianceSweep::kFast : InvarianceSweep::kFull;
+    for (const InvarianceResult& r : RunInvarianceChecks(runner, c, sweep)) {
       ++n;
       runs += r.runs;
       seconds += r.seconds;
