@@ -74,6 +74,7 @@ done
 cp "$ROOT/scripts/gpu_run.sh" "$ROOT/scripts/gpu_service_bench.sh" "$ROOT/scripts/gpu_region_test.sh" \
   "$ROOT/scripts/gpu_probe_cost.sh" "$ROOT/scripts/gpu_stack_bench.sh" "$ROOT/scripts/gpu_tap_bench.sh" \
   "$ROOT/scripts/gpu_stack_rounds.sh" "$ROOT/scripts/gpu_stack_env.sh" \
+  "$ROOT/scripts/gpu_invariance_run.sh" \
   "$PACK/"
 
 # The Python client, its GPU test (cuda_ipc with torch) and stubs generated here; the GPU machine

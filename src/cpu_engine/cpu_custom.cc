@@ -129,6 +129,10 @@ void CustomRequestHeads(const BundleView& v, int b, int h0, int h1, const CpuCus
   const int max_splits = std::max(1, c.max_splits);
   int64_t chunk = std::max<int64_t>(c.min_chunk_tokens, (rb.kv_len + max_splits - 1) / max_splits);
   chunk = std::max<int64_t>(tile, (chunk + tile - 1) / tile * tile);
+  if (c.force_splits > 0) {  // the invariance probes' fixed plans: ceil(tiles / splits) tiles each
+    const int64_t tiles = std::max<int64_t>(1, (rb.kv_len + tile - 1) / tile);
+    chunk = (tiles + c.force_splits - 1) / c.force_splits * tile;
+  }
 
   // Merge the splits' partials by log-sum-exp, in split order.
   std::vector<float> out(int64_t{rb.rows} * kHeadDimV, 0.f);

@@ -17,6 +17,7 @@ struct CpuCustomConfig {
   int min_chunk_tokens = 256;  // smallest KV split; rounded up to whole tiles
   int max_splits = 8;          // most KV splits per request
   bool pv_bf16 = false;        // test-only fault: the P·V accumulator rounded to bf16 per key
+  int force_splits = 0;        // > 0: this many KV splits of whole tiles (at most one per tile)
 };
 
 // Heads [h0, h1) of every draft token of request b, written into the full outputs

@@ -66,6 +66,7 @@ class CpuEngine : public Engine {
     EngineInfo info;
     info.engine = "cpu";
     info.device = absl::StrCat("cpu (", threads_, " threads)");
+    info.custom_tile_tokens = custom_.tile_tokens;
     return info;
   }
 
@@ -91,12 +92,17 @@ class CpuEngine : public Engine {
 
   absl::Status Run(Path path, PreparedBundle& pb) override { return RunPath(path, pb, nullptr); }
 
+  absl::Status RunCustomSplits(PreparedBundle& pb, int splits) override {
+    return RunPath(Path::kCustom, pb, nullptr, splits);
+  }
+
   absl::Status RunForCall(Path path, PreparedBundle& pb, const CallContext& call) override {
     if (absl::Status st = call.Check(); !st.ok()) return st;
     return RunPath(path, pb, &call);
   }
 
-  absl::Status RunPath(Path path, PreparedBundle& pb, const CallContext* call) {
+  absl::Status RunPath(Path path, PreparedBundle& pb, const CallContext* call,
+                       int force_splits = 0) {
     auto& b = static_cast<CpuPreparedBundle&>(pb);
     const BundleView& v = b.view();
     const auto start = std::chrono::steady_clock::now();
@@ -125,6 +131,7 @@ class CpuEngine : public Engine {
         }
         CpuCustomConfig config = custom_;
         config.pv_bf16 = fault.kind == CustomFault::Kind::kBf16Pv;
+        if (force_splits > 0) config.force_splits = force_splits;
         out.o.resize(v.o_elems());
         out.lse.resize(v.lse_elems());
         ForEachBlock(v, call, [&](int bi, int h0, int h1) {

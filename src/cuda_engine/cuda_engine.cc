@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/custom/custom_plan.h"
 #include "kernels/reference/compare_kernels.h"
 #include "kernels/reference/finite_check_kernels.h"
 #include "kernels/reference/oracle_kernel.h"
@@ -274,6 +275,11 @@ EngineInfo CudaEngine::Info() const {
   if (workers_.size() > 1) absl::StrAppend(&info.device, " x", workers_.size());
   info.sm_count = p.multiProcessorCount;
   info.compute_capability = absl::StrCat(p.major, ".", p.minor);
+  // The planner's choice of tiles (kernels/custom/custom_attention.cu, Resolve).
+  const bool small = options_.custom.small_smem ||
+                     p.sharedMemPerBlockOptin < kernels::HopperTileShape().smem_bytes;
+  info.custom_tile_tokens =
+      small ? kernels::Sm120TileShape().tokens : kernels::HopperTileShape().tokens;
   return info;
 }
 
@@ -502,6 +508,14 @@ absl::Status CudaEngine::RunForCall(Path path, PreparedBundle& pb, const CallCon
   auto& b = static_cast<CudaPreparedBundle&>(pb);
   VERIFYD_RETURN_IF_ERROR(b.worker().Activate());
   return RunCustom(b, options_.custom, fault(), /*wait=*/false);
+}
+
+absl::Status CudaEngine::RunCustomSplits(PreparedBundle& pb, int splits) {
+  auto& b = static_cast<CudaPreparedBundle&>(pb);
+  VERIFYD_RETURN_IF_ERROR(b.worker().Activate());
+  kernels::CustomConfig config = options_.custom;
+  config.force_splits = splits;
+  return RunCustom(b, config, fault(), /*wait=*/true);
 }
 
 absl::Status CudaEngine::Fetch(Path path, PreparedBundle& pb, PathOutput* out) {

@@ -53,6 +53,9 @@ class CudaEngine : public Engine {
   // A call's served custom path returns without waiting for its kernels: AllFinite or
   // DeliverIfFinite, which RunServed calls next on the same stream, waits once for both.
   absl::Status RunForCall(Path path, PreparedBundle& b, const CallContext& call) override;
+  // The custom path with the engine's tiles and `splits` KV splits (CustomConfig::force_splits),
+  // waited for as Run(kCustom) is.
+  absl::Status RunCustomSplits(PreparedBundle& b, int splits) override;
   absl::Status Fetch(Path path, PreparedBundle& b, PathOutput* out) override;
   absl::StatusOr<double> PathSeconds(Path path, PreparedBundle& b) override;
   // A device-to-device copy into a CUDA IPC region (a device-to-host one into a shm region) on

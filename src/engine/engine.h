@@ -69,6 +69,7 @@ struct EngineInfo {
   std::string device;  // "cpu (8 threads)" or "NVIDIA H200"
   int sm_count = 0;
   std::string compute_capability;  // "9.0"; empty on CPU
+  int custom_tile_tokens = 64;     // KV tokens per tile of the custom path's plan
 };
 
 class Engine {
@@ -99,6 +100,13 @@ class Engine {
   virtual absl::Status RunForCall(Path path, PreparedBundle& b, const CallContext& call) {
     if (absl::Status st = call.Check(); !st.ok()) return st;
     return Run(path, b);
+  }
+  // Run(kCustom) with the custom path's KV split count fixed at `splits` (clamped to the tiles of
+  // the bundle's longest request; 0: the engine's own plan): the invariance probes run one bundle
+  // under several plans. An engine whose custom path has no KV split runs Run(kCustom).
+  virtual absl::Status RunCustomSplits(PreparedBundle& b, int splits) {
+    (void)splits;
+    return Run(Path::kCustom, b);
   }
   // Copies a path's output to the host.
   virtual absl::Status Fetch(Path path, PreparedBundle& b, PathOutput* out) = 0;

@@ -60,6 +60,27 @@ std::string ProbeReport::Summary() const {
   return s + ")";
 }
 
+void RunInvarianceProbes(Engine& engine, int64_t max_prefix, InvarianceSweep sweep,
+                         ProbeReport* report) {
+  const auto start = std::chrono::steady_clock::now();
+  const CustomRunner runner = EngineCustomRunner(engine);
+  for (const InvarianceCase& c : InvarianceCases(max_prefix, runner.tile_tokens)) {
+    for (InvarianceResult& r : RunInvarianceChecks(runner, c, sweep)) {
+      ProbeResult p;
+      p.name = std::move(r.name);
+      p.feature = absl::StrFormat(
+          "the custom path against itself (%d runs; row rel-L2 up to %.3g, lse up to %.3g)", r.runs,
+          r.agreement.max_row_rel_l2, r.agreement.max_lse_abs);
+      p.passed = r.passed;
+      p.reason = std::move(r.reason);
+      p.seconds = r.seconds;
+      report->failures += !p.passed;
+      report->results.push_back(std::move(p));
+    }
+  }
+  report->seconds += Since(start);
+}
+
 ProbeReport RunProbeSuite(Engine& engine, const std::vector<ProbeBundle>& suite,
                           const Tolerance& tol) {
   ProbeReport report;

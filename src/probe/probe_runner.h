@@ -8,6 +8,7 @@
 
 #include "src/compare/compare.h"
 #include "src/engine/engine.h"
+#include "src/probe/invariance.h"
 #include "src/probe/probe_suite.h"
 
 namespace verifyd {
@@ -33,5 +34,11 @@ struct ProbeReport {
 
 ProbeReport RunProbeSuite(Engine& engine, const std::vector<ProbeBundle>& suite,
                           const Tolerance& tol);
+
+// The invariance probes (src/probe/invariance.h) on the engine's custom path, sized by the probe
+// suite's `max_prefix`, appended to `report`: one probe per check and case, named
+// "invariance/<case>/<check>", its time added to the report's.
+void RunInvarianceProbes(Engine& engine, int64_t max_prefix, InvarianceSweep sweep,
+                         ProbeReport* report);
 
 }  // namespace verifyd

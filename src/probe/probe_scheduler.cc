@@ -28,7 +28,12 @@ ProbeScheduler::~ProbeScheduler() {
 ProbeReport ProbeScheduler::Run(std::string_view trigger) {
   absl::MutexLock run(&run_mu_);
   const Mode mode = controller_->mode();
-  const ProbeReport report = RunProbeSuite(*engine_, BuildProbeSuite(opts_.suite), tol_);
+  ProbeReport report = RunProbeSuite(*engine_, BuildProbeSuite(opts_.suite), tol_);
+  if (opts_.invariance) {
+    RunInvarianceProbes(*engine_, opts_.suite.max_prefix,
+                        trigger == "interval" ? InvarianceSweep::kFast : InvarianceSweep::kFull,
+                        &report);
+  }
   const std::string summary = report.Summary();
   if (report.passed()) {
     spdlog::info("probe suite ({}): {}", trigger, summary);

@@ -24,6 +24,9 @@ struct ProbeOptions {
   // default (--probe); DaemonOptions leaves it off.
   bool at_start = false;
   double interval_seconds = 600;  // while canary/custom is served; 0: never
+  // The invariance probes after the suite: the full sweep at start-up and on demand, the fast
+  // subset periodically.
+  bool invariance = true;
   ProbeSuiteOptions suite;
 };
 

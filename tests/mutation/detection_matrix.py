@@ -6,15 +6,17 @@ writes NAME.json and NAME.md under --out: calls to the first breach, breach frac
 criteria that tripped, per class; a summary per mutant; the surviving (mutant, class) pairs.
 With --check FILE it fails when the clean build breached, or when a mutant not named in FILE
 went undetected in a realistic-traffic group (all calls of one prefix) by the per-call check,
-and neither the oracle drift test on realistic traffic, the probe suite nor the determinism probe
-caught it; and when the clean build's determinism probe saw a difference. Undetected
+and neither the oracle drift test on realistic traffic, the probe suite, the determinism probe
+nor the invariance probes caught it; and when the clean build's determinism probe saw a
+difference or it failed an invariance check. Undetected
 random-traffic classes are reported as survivors but do not fail: with diffuse attention one key
 carries about 1/kv_len of a row, below bf16 resolution at long prefixes.
 
 A driver run with --drift carries "drift" (per traffic model: oracle samples, the sample of the
 first drift breach), one with --probe_max_prefix carries "probe" (probes run, failed) and one
 with --determinism_prefix carries "determinism" (custom-path runs of one long random-valued
-bundle, and how many differed from the first bit for bit).
+bundle, and how many differed from the first bit for bit), one with --invariance_max_prefix
+carries "invariance" (the invariance probes' checks run and failed, and each check's figures).
 """
 
 import argparse
@@ -37,7 +39,13 @@ def description(patches, label):
 
 
 def class_key(c):
-    return (c["traffic"], c["prefix"], c.get("batch", 1), c["page_size"], c["draft"])
+    return (c["traffic"], c["prefix"], c.get("batch", 1), c.get("ragged", False), c["page_size"],
+            c["draft"])
+
+
+def fmt_batch(c):
+    """B, with "r" when each request had its own prefix (mutant_driver --ragged)."""
+    return f"{c.get('batch', 1)}{'r' if c.get('ragged') else ''}"
 
 
 def fmt_prefix(p):
@@ -119,6 +127,13 @@ def determinism_cell(r):
     return f"{d['differing_runs']}/{compared} differ ({d['max_differing_o']} o)"
 
 
+def invariance_cell(r):
+    v = r.get("invariance")
+    if v is None:
+        return "n/a"
+    return f"{v['failures']}/{v['checks']} failed" if v["failures"] else f"0/{v['checks']}"
+
+
 def caught_by(r, crit):
     ways = []
     if crit:
@@ -129,6 +144,8 @@ def caught_by(r, crit):
         ways.append("probe")
     if (r.get("determinism") or {}).get("differing_runs"):
         ways.append("determinism")
+    if (r.get("invariance") or {}).get("failures"):
+        ways.append("invariance")
     return ", ".join(ways) or "-"
 
 
@@ -157,6 +174,8 @@ def main():
                 m["probe"] = r["probe"]
             if "determinism" not in m and "determinism" in r:
                 m["determinism"] = r["determinism"]
+            if "invariance" not in m and "invariance" in r:
+                m["invariance"] = r["invariance"]
         else:
             by_label[r["label"]] = r
             runs.append(r)
@@ -172,6 +191,7 @@ def main():
                                  "calls": r["calls"], "breaches": r["breaches"],
                                  "drift": r.get("drift"), "probe": r.get("probe"),
                                  "determinism": r.get("determinism"),
+                                 "invariance": r.get("invariance"),
                                  "classes": r["classes"]} for r in runs},
     }
     os.makedirs(a.out, exist_ok=True)
@@ -197,10 +217,12 @@ def main():
           "of its first breach, of the samples run, and the largest geometric-mean ratio of "
           "custom's error over the reference's against the oracle). probe: the probe suite "
           "(src/probe/) run once. determinism: the custom path run several times on one long "
-          "random-valued bundle, the runs that differ from the first bit for bit. caught by: "
-          "which of these tripped.", ""]
+          "random-valued bundle, the runs that differ from the first bit for bit. invariance: "
+          "the invariance probes (src/probe/invariance.h) run once, the custom path against "
+          "itself with no reference: checks failed of checks run. caught by: which of these "
+          "tripped. A batch written `32r` is ragged: each request its own prefix.", ""]
     head = ["mutant"] + [f"{t} {fmt_prefix(p)}" for t in traffics for p in prefixes] + \
-        [f"drift {t}" for t in traffics] + ["probe", "determinism", "caught by",
+        [f"drift {t}" for t in traffics] + ["probe", "determinism", "invariance", "caught by",
                                             "criteria (breached calls)"]
     md += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     survivors = []
@@ -223,7 +245,7 @@ def main():
                 cells.append(f"{br / calls:.2f}{'*' if surv and r['label'] != 'clean' else ''}"
                              if calls else "-")
         cells += [drift_cell(r, t) for t in traffics] + \
-            [probe_cell(r), determinism_cell(r), caught_by(r, crit)]
+            [probe_cell(r), determinism_cell(r), invariance_cell(r), caught_by(r, crit)]
         crit_s = ", ".join(f"{k} {v}" for k, v in crit.most_common()) or "-"
         md.append(f"| {r['label']} | " + " | ".join(cells) + f" | {crit_s} |")
     md += ["", "## Planted bugs", ""]
@@ -235,6 +257,25 @@ def main():
                "| mutant | failed probes | first reason |", "|---|---|---|"]
         for label, p in failed_probes:
             md.append(f"| {label} | {', '.join(p['failed'])} | {p['first_reason']} |")
+    failed_inv = [(r["label"], r["invariance"]) for r in runs
+                  if (r.get("invariance") or {}).get("failures")]
+    if failed_inv:
+        md += ["", "## Invariance checks that failed", "",
+               "| mutant | failed checks | first reason |", "|---|---|---|"]
+        for label, v in failed_inv:
+            md.append(f"| {label} | {', '.join(v['failed'])} | {v['first_reason']} |")
+    inv_clean = (by_label.get("clean") or {}).get("invariance")
+    if inv_clean:
+        md += ["", "## Invariance checks on the clean kernel", "",
+               "Largest differences seen per check, against the limits (row rel-L2 2^-7 = "
+               "0.0078, lse 1e-4; page_size and page_order bit for bit).", "",
+               "| check | runs | rows | bit-identical | max row rel-L2 | max lse diff | s |",
+               "|---|---|---|---|---|---|---|"]
+        for d in inv_clean.get("detail", []):
+            md.append(f"| {d['name']} | {d['runs']} | {d['rows']} | "
+                      f"{'yes' if d['bit_identical'] else 'no'} | "
+                      f"{fmt_figure(d['max_row_rel_l2'])} | {fmt_figure(d['max_lse_abs'])} | "
+                      f"{d['seconds']:.3f} |")
     md += ["", "## Survivors", "",
            "Classes in which a mutant never breached (calls run, largest per-row rel-L2 seen "
            f"against the limit {tol['max_row_rel_l2']:g}, and the largest atol_rel the element "
@@ -246,7 +287,7 @@ def main():
         for label, c in survivors:
             mx = c["max"]
             md.append(f"| {label} | {c['traffic']} | {fmt_prefix(c['prefix'])} | "
-                      f"{c.get('batch', 1)} | {c['page_size']} "
+                      f"{fmt_batch(c)} | {c['page_size']} "
                       f"| {c['draft']} | {c['calls']} | {fmt_figure(mx.get('max_row_rel_l2', 0))} | "
                       f"{fmt_figure(mx.get('atol_rel_needed', 0))} |")
     else:
@@ -259,7 +300,7 @@ def main():
         for c in sorted(r["classes"], key=class_key):
             crit = ", ".join(f"{k} {v}" for k, v in sorted(c["criteria"].items())) or "-"
             md.append(f"| {r['label']} | {c['traffic']} | {fmt_prefix(c['prefix'])} | "
-                      f"{c.get('batch', 1)} | {c['page_size']} | {c['draft']} | {c['calls']} | "
+                      f"{fmt_batch(c)} | {c['page_size']} | {c['draft']} | {c['calls']} | "
                       f"{c['first_breach_call'] or '-'} | {c['breach_fraction']:.2f} | {crit} |")
     with open(os.path.join(a.out, a.name + ".md"), "w") as f:
         f.write("\n".join(md) + "\n")
@@ -286,15 +327,19 @@ def main():
                 bad.append(f"the clean build failed probes: {clean['probe']['failed']}")
             if (clean.get("determinism") or {}).get("differing_runs"):
                 bad.append("the clean build's custom path was not bit-identical from run to run")
+            if (clean.get("invariance") or {}).get("failures"):
+                bad.append(f"the clean build failed invariance checks: "
+                           f"{clean['invariance']['failed']}")
         for r in runs:
             if r["label"] == "clean" or r["label"] in allowed:
                 continue
             realistic_drift = (r.get("drift") or {}).get("realistic") or {}
             caught = (realistic_drift.get("first_breach_sample")
                       or (r.get("probe") or {}).get("failures")
-                      or (r.get("determinism") or {}).get("differing_runs"))
+                      or (r.get("determinism") or {}).get("differing_runs")
+                      or (r.get("invariance") or {}).get("failures"))
             if caught:
-                continue  # caught by the drift test on realistic traffic, a probe or determinism
+                continue  # by the drift test on realistic traffic, a probe, determinism or invariance
             groups = collections.defaultdict(lambda: [0, 0])
             for c in r["classes"]:
                 if c["traffic"] == "realistic":

@@ -21,7 +21,7 @@ def main():
         run = os.path.join(d, "clean.0.json")
         subprocess.run([driver, "--engine", "cpu", "--label", "clean", "--commit", "test",
                         "--prefixes", "64", "--pages", "64", "--drafts", "4", "--calls", "2",
-                        "--drift", "--json", run], check=True, stdout=subprocess.DEVNULL)
+                        "--drift", "--invariance_max_prefix", "256", "--json", run], check=True, stdout=subprocess.DEVNULL)
         with open(run) as f:
             first = json.load(f)
         assert first["classes"] and first["drift"], "the driver wrote no classes or no drift"
@@ -54,7 +54,34 @@ def main():
         assert all(v is None for c in clean["classes"] for v in c["max"].values()), \
             "a merged figure lost the null of the run that saw a NaN"
         assert "| survivor |" in md and "non-finite" in md, md
-    print("ok: nulls merge as non-finite and the matrix is written")
+        assert first["invariance"]["checks"] == 12 and not first["invariance"]["failures"], \
+            first["invariance"]
+        assert "| invariance |" in md and "## Invariance checks on the clean kernel" in md, md
+
+        # With --check: a mutant the invariance probes alone caught passes the check; one that
+        # nothing caught fails it.
+        check = os.path.join(d, "allowed.txt")
+        open(check, "w").close()
+        caught = copy.deepcopy(first)
+        caught["label"] = "inv_only"
+        caught["invariance"]["failures"] = 1
+        caught["invariance"]["failed"] = ["invariance/ragged/split_plan"]
+        caught["invariance"]["first_reason"] = "invariance/ragged/split_plan: row rel-L2 0.1"
+        with open(os.path.join(d, "inv_only.0.json"), "w") as f:
+            json.dump(caught, f)
+        base = [os.path.join(d, "clean.0.json"), os.path.join(d, "inv_only.0.json")]
+        p = subprocess.run([sys.executable, os.path.join(HERE, "detection_matrix.py"),
+                            "--out", out, "--name", "c", "--patches", d, "--check", check] + base,
+                           capture_output=True, text=True)
+        assert p.returncode == 0, f"a mutant caught by invariance failed the check:\n{p.stdout}"
+        with open(os.path.join(out, "c.md")) as f:
+            assert "| inv_only |" in f.read()
+        p = subprocess.run([sys.executable, os.path.join(HERE, "detection_matrix.py"),
+                            "--out", out, "--name", "s", "--patches", d, "--check", check] +
+                           base + [os.path.join(d, "survivor.0.json")],
+                           capture_output=True, text=True)
+        assert p.returncode == 1 and "survivor undetected" in p.stdout, p.stdout
+    print("ok: nulls merge as non-finite, the matrix is written, invariance catches count")
     return 0
 
 

@@ -8,7 +8,9 @@
 // --probe_max_prefix the probe suite runs once. Both report whether and when they tripped. With
 // --determinism_prefix the determinism probe runs once: the custom path on one long
 // random-valued bundle, several times, every output bit for bit the first's (the kernel is
-// deterministic by contract, so a difference is a race, whatever its size).
+// deterministic by contract, so a difference is a race, whatever its size). With
+// --invariance_max_prefix the invariance probes' full sweep runs once: the custom path against
+// itself under other split plans, page sizes, page orders, batches and draft-block starts.
 
 #include <algorithm>
 #include <cmath>
@@ -31,6 +33,7 @@
 #include "src/compare/compare.h"
 #include "src/control/drift_test.h"
 #include "src/engine/engine_factory.h"
+#include "src/probe/invariance.h"
 #include "src/probe/probe_runner.h"
 #include "src/probe/probe_suite.h"
 
@@ -48,15 +51,18 @@ struct Options {
   std::string drafts = "4,16,64";
   int heads = 2;
   int batch = 1;
+  bool ragged = false;  // each request its own prefix: the class's prefix plus (37 b mod 64) - 32
   int calls = 20;       // most calls per class
   double budget = 4e6;  // per class: calls <= budget / (T * kv_len), at least min_calls
   int min_calls = 1;
   uint64_t seed = 1;
-  bool oracle = false;             // also measure both paths against the fp64 oracle
-  bool drift = false;              // feed the oracle drift test (runs the oracle on every call)
-  int64_t probe_max_prefix = 0;    // > 0: run the probe suite with this longest prefix
-  int64_t determinism_prefix = 0;  // > 0: run the determinism probe at this prefix
-  int determinism_runs = 4;        // custom-path runs of its bundle, compared with the first
+  bool oracle = false;                // also measure both paths against the fp64 oracle
+  bool drift = false;                 // feed the oracle drift test (runs the oracle on every call)
+  int64_t probe_max_prefix = 0;       // > 0: run the probe suite with this longest prefix
+  int64_t determinism_prefix = 0;     // > 0: run the determinism probe at this prefix
+  int determinism_runs = 4;           // custom-path runs of its bundle, compared with the first
+  int64_t invariance_max_prefix = 0;  // > 0: run the invariance probes' full sweep, so sized
+  bool invariance_fast = false;       // the periodic probe's subset instead of the full sweep
   bool fail_on_breach = false;
   int threads = 0;
   std::string engine = "cpu";
@@ -109,6 +115,7 @@ struct ClassResult {
   Traffic traffic = Traffic::kRandom;
   int64_t prefix = 0;
   int batch = 1, page = 0, draft = 0, calls = 0, breaches = 0;
+  bool ragged = false;
   int first_breach = 0;  // the call of the first breach, 1-based; 0: none
   std::map<std::string, int> criteria;
   std::string first_reason;
@@ -130,6 +137,7 @@ absl::StatusOr<ClassResult> RunClass(Engine& engine, const Options& o, Traffic t
   ClassResult c;
   c.traffic = traffic;
   c.batch = o.batch;
+  c.ragged = o.ragged;
   c.prefix = prefix;
   c.page = page;
   c.draft = draft;
@@ -144,6 +152,11 @@ absl::StatusOr<ClassResult> RunClass(Engine& engine, const Options& o, Traffic t
     spec.heads = o.heads;
     spec.page_size = page;
     spec.prefix = prefix;
+    if (o.ragged) {
+      for (int b = 0; b < o.batch; ++b) {
+        spec.prefix_lens.push_back(std::max<int64_t>(0, prefix + (37 * b) % 64 - 32));
+      }
+    }
     spec.traffic = traffic;
     spec.seed = seed + static_cast<uint64_t>(call);
     RandomBundle rb(spec);
@@ -224,6 +237,7 @@ bool ParseList(const std::string& s, std::vector<T>* out) {
 json ToJson(const ClassResult& c) {
   json j = {{"traffic", TrafficName(c.traffic)},
             {"batch", c.batch},
+            {"ragged", c.ragged},
             {"prefix", c.prefix},
             {"page_size", c.page},
             {"draft", c.draft},
@@ -246,6 +260,9 @@ void AddFlags(CLI::App& app, Options* o) {
   app.add_option("--drafts", o->drafts, "draft lengths T, comma-separated");
   app.add_option("--heads", o->heads, "heads")->check(CLI::Range(1, 128));
   app.add_option("--batch", o->batch, "requests per bundle")->check(CLI::Range(1, 64));
+  app.add_flag("--ragged", o->ragged,
+               "each request its own prefix, the class's plus (37 b mod 64) - 32: draft blocks "
+               "at every offset of a tile");
   app.add_option("--calls", o->calls, "most calls per class")->check(CLI::Range(1, 1 << 30));
   app.add_option("--budget", o->budget, "per class: calls <= budget / (T * kv_len)");
   app.add_option("--min_calls", o->min_calls, "fewest calls per class")
@@ -261,6 +278,10 @@ void AddFlags(CLI::App& app, Options* o) {
   app.add_option("--determinism_runs", o->determinism_runs,
                  "custom-path runs of the determinism probe's bundle")
       ->check(CLI::Range(2, 1000));
+  app.add_option("--invariance_max_prefix", o->invariance_max_prefix,
+                 "run the invariance probes' full sweep on cases sized for this prefix (0: not)");
+  app.add_flag("--invariance_fast", o->invariance_fast,
+               "with --invariance_max_prefix: the periodic probe's subset, not the full sweep");
   app.add_flag("--fail_on_breach", o->fail_on_breach,
                "exit 1 when any call breaches, the drift test trips or a probe fails");
   app.add_option("--engine", o->engine, "cpu or cuda (a build with the CUDA engine)");
@@ -440,8 +461,54 @@ bool RunDeterminism(Engine& engine, const Options& o, json* doc, bool* differed)
   return true;
 }
 
+// The invariance probes' full sweep once, with --invariance_max_prefix: the custom path against
+// itself (src/probe/invariance.h), no reference.
+void RunInvariance(Engine& engine, const Options& o, json* doc, bool* failed) {
+  const CustomRunner runner = EngineCustomRunner(engine);
+  json checks = json::array(), failed_names = json::array();
+  std::string first_reason;
+  int n = 0, failures = 0, runs = 0;
+  double seconds = 0;
+  for (const InvarianceCase& c : InvarianceCases(o.invariance_max_prefix, runner.tile_tokens)) {
+    const InvarianceSweep sweep =
+        o.invariance_fast ? InvarianceSweep::kFast : InvarianceSweep::kFull;
+    for (const InvarianceResult& r : RunInvarianceChecks(runner, c, sweep)) {
+      ++n;
+      runs += r.runs;
+      seconds += r.seconds;
+      const RowAgreement& a = r.agreement;
+      checks.push_back(
+          {{"name", r.name},
+           {"passed", r.passed},
+           {"runs", r.runs},
+           {"rows", a.rows},
+           {"bit_identical", a.exact()},
+           {"max_row_rel_l2",
+            std::isfinite(a.max_row_rel_l2) ? json(a.max_row_rel_l2) : json(nullptr)},
+           {"max_lse_abs", std::isfinite(a.max_lse_abs) ? json(a.max_lse_abs) : json(nullptr)},
+           {"seconds", r.seconds},
+           {"reason", r.reason}});
+      if (r.passed) continue;
+      ++failures;
+      failed_names.push_back(r.name);
+      if (first_reason.empty()) first_reason = r.name + ": " + r.reason;
+    }
+  }
+  *failed = failures > 0;
+  *doc = {{"max_prefix", o.invariance_max_prefix},
+          {"checks", n},
+          {"failures", failures},
+          {"failed", failed_names},
+          {"first_reason", first_reason},
+          {"runs", runs},
+          {"seconds", seconds},
+          {"detail", checks}};
+  std::cout << fmt::format("{:<28} invariance: {} of {} checks failed ({} runs, {:.3g} s){}{}\n",
+                           o.label, failures, n, runs, seconds, failures ? ": " : "", first_reason);
+}
+
 void WriteJson(const Options& o, const EngineInfo& info, const Totals& totals,
-               const json& probe_doc, const json& determinism_doc) {
+               const json& probe_doc, const json& determinism_doc, const json& invariance_doc) {
   json doc = {{"label", o.label},
               {"commit", o.commit},
               {"engine", info.engine},
@@ -463,6 +530,7 @@ void WriteJson(const Options& o, const EngineInfo& info, const Totals& totals,
   if (o.drift) doc["drift"] = totals.drift;
   if (o.probe_max_prefix > 0) doc["probe"] = probe_doc;
   if (o.determinism_prefix > 0) doc["determinism"] = determinism_doc;
+  if (o.invariance_max_prefix > 0) doc["invariance"] = invariance_doc;
   std::ofstream(o.json_path) << doc.dump(1) << "\n";
 }
 
@@ -494,9 +562,13 @@ int Main(int argc, char** argv) {
   if (o.determinism_prefix > 0 && !RunDeterminism(*engine, o, &determinism_doc, &differed)) {
     return 1;
   }
+  json invariance_doc = nullptr;
+  bool invariance_failed = false;
+  if (o.invariance_max_prefix > 0) RunInvariance(*engine, o, &invariance_doc, &invariance_failed);
   std::cout << fmt::format("{}: {} breaches in {} calls\n", o.label, totals.breaches, totals.calls);
-  if (!o.json_path.empty()) WriteJson(o, info, totals, probe_doc, determinism_doc);
-  const bool breached = totals.breaches > 0 || totals.drift_tripped || probe_failed || differed;
+  if (!o.json_path.empty()) WriteJson(o, info, totals, probe_doc, determinism_doc, invariance_doc);
+  const bool breached =
+      totals.breaches > 0 || totals.drift_tripped || probe_failed || differed || invariance_failed;
   return o.fail_on_breach && breached ? 1 : 0;
 }
 

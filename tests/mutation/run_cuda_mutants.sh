@@ -12,8 +12,9 @@
 #
 # --smoke: two tiny sets of classes (a rehearsal of the script; with VERIFYD_MUTANT_ENGINE=cpu it
 # runs without a GPU, which is how CTest runs it).
-# Exits 1 when the clean build breached, tripped drift or failed a probe, or when a mutant not in
-# expected_cuda_survivors.txt went undetected on realistic traffic at some prefix.
+# Exits 1 when the clean build breached, tripped drift, failed a probe or an invariance check, or
+# when a mutant not in expected_cuda_survivors.txt went undetected on realistic traffic at some
+# prefix.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -58,15 +59,21 @@ fi
 
 # Sets of classes, one driver run each per mutant. B = 1 plans many KV splits (the seesaw
 # schedule); B = 16 at short prefixes plans fewer than 8 (the v3 schedule). The drift set is a
-# stream long enough for the drift test's verdict; the first set also runs the probe suite and
-# the determinism probe (the custom path 4 times on one random-valued bundle at a 32K prefix).
-sets=("--prefixes 512,4096 --pages 1,64 --drafts 4,16,64 --calls 20 --budget 1e12 --probe_max_prefix 65536 --determinism_prefix 32768"
+# stream long enough for the drift test's verdict; the first set also runs the probe suite, the
+# determinism probe (the custom path 4 times on one random-valued bundle at a 32K prefix) and the
+# invariance probes' full sweep (the custom path against itself, src/probe/invariance.h). The
+# last two sets have the geometry of real traffic: ragged batches (each request's prefix off the
+# tile by its own offset, so draft blocks start at every offset and straddle tiles), B and H that
+# plan splits of several tiles.
+sets=("--prefixes 512,4096 --pages 1,64 --drafts 4,16,64 --calls 20 --budget 1e12 --probe_max_prefix 65536 --determinism_prefix 32768 --invariance_max_prefix 65536"
       "--prefixes 16384,65536 --pages 1,64 --drafts 4,16,64 --calls 3"
       "--batch 16 --prefixes 512,2048 --pages 1,64 --drafts 4,16 --calls 5"
-      "--prefixes 512,4096 --pages 1,64 --drafts 4 --calls 12 --budget 1e12 --drift")
+      "--prefixes 512,4096 --pages 1,64 --drafts 4 --calls 12 --budget 1e12 --drift"
+      "--batch 32 --heads 16 --ragged --prefixes 500,4033 --pages 1,64 --drafts 4,16 --calls 2"
+      "--batch 8 --heads 16 --ragged --prefixes 1000,16065 --pages 64 --drafts 16 --calls 2")
 shares=("512 8500" "4096 1200" "16384 250" "65536 50")
 if [ $smoke = 1 ]; then
-  sets=("--prefixes 64 --pages 1,64 --drafts 4 --calls 1 --probe_max_prefix 256 --determinism_prefix 64"
+  sets=("--prefixes 64 --pages 1,64 --drafts 4 --calls 1 --probe_max_prefix 256 --determinism_prefix 64 --invariance_max_prefix 256"
         "--prefixes 100 --pages 64 --drafts 4 --calls 2 --drift")
   shares=("64 8000" "200 2000")
 fi
