@@ -135,6 +135,17 @@ PY
   [[ $rc == 0 ]] || status=1
   echo "adapters: rc=$rc ($(tail -n 1 "$OUT/adapters.txt"))" >> "$SUMMARY"
   grep -E "^(FAIL|ERROR):" "$OUT/adapters.txt" | head -10 >> "$SUMMARY"
+  # The custom kernel in the serving process (libverifyd_kernel.so): against the fp64 oracle,
+  # eager and captured, its device checks on bad calls, and its cost in a 61-layer step.
+  if [[ -e $PACK/lib/libverifyd_kernel.so ]]; then
+    VERIFYD_KERNEL_LIB="$PACK/lib/libverifyd_kernel.so" VERIFYD_CLIENT_GEN=$gen timeout 300 \
+      python3 "$PACK/py/tests/python/gpu_kernel_op_test.py" --json "$OUT/kernel_op.json" \
+      > "$OUT/kernel_op.txt" 2>&1
+    rc=$?
+    [[ $rc == 0 ]] || status=1
+    echo "gpu_kernel_op_test.py: rc=$rc ($(tail -n 1 "$OUT/kernel_op.txt"))" >> "$SUMMARY"
+    grep -E "^(FAIL|bench)" "$OUT/kernel_op.txt" | head -20 >> "$SUMMARY"
+  fi
   # The probe suite at its CUDA size (128K prefixes): result and share of GPU time.
   timeout 400 "$PACK/gpu_probe_cost.sh" "$PACK" "$OUT" > "$OUT/probe_cost.txt" 2>&1
   rc=$?

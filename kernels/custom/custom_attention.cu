@@ -154,8 +154,8 @@ int Log2(int v) {
 // programmatic dependent with `dependent_combine` (the fused kernel then calls LaunchDependents).
 template <class Cfg>
 cudaError_t LaunchPlanned(void (*kernel)(KernelParams), bool dependent_combine,
-                          const VerifyProblem& p, const CustomPlan& plan, void* workspace,
-                          cudaStream_t stream) {
+                          const VerifyProblem& p, const CustomPlan& plan, const unsigned* skip,
+                          void* workspace, cudaStream_t stream) {
   KernelParams k{};
   k.q = p.q;
   k.kv_pool = p.kv_pool;
@@ -175,6 +175,7 @@ cudaError_t LaunchPlanned(void (*kernel)(KernelParams), bool dependent_combine,
   k.o = p.o;
   k.lse = p.lse;
   k.rows_total = int64_t{k.rows} * p.shape.batch;
+  k.skip = skip;
   if (plan.splits > 1) {
     k.o_partial = static_cast<float*>(workspace);
     k.lse_partial =
@@ -208,11 +209,11 @@ cudaError_t LaunchPlanned(void (*kernel)(KernelParams), bool dependent_combine,
 
 template <class Cfg, bool kWgmmaS, bool kWgmmaPV, bool kSeesaw = false, bool kSplitK = false,
           bool kTwoChainS = false>
-cudaError_t LaunchPlanned(const VerifyProblem& p, const CustomPlan& plan, void* workspace,
-                          cudaStream_t stream) {
+cudaError_t LaunchPlanned(const VerifyProblem& p, const CustomPlan& plan, const unsigned* skip,
+                          void* workspace, cudaStream_t stream) {
   return LaunchPlanned<Cfg>(
       custom::FusedVerifyKernel<Cfg, kWgmmaS, kWgmmaPV, kSeesaw, kSplitK, kTwoChainS>, kSeesaw, p,
-      plan, workspace, stream);
+      plan, skip, workspace, stream);
 }
 
 }  // namespace
@@ -254,28 +255,28 @@ cudaError_t LaunchCustomWith(const VerifyProblem& p, const CustomConfig& c, Cust
     return cudaErrorInvalidValue;
   }
   if (r.plan.small_tiles) {
-    return LaunchPlanned<Sm120Tiles, false, false>(p, r.plan, workspace, stream);
+    return LaunchPlanned<Sm120Tiles, false, false>(p, r.plan, c.skip, workspace, stream);
   }
   if (r.plan.pair_seesaw) {
     auto* kernel = r.plan.staggered_scores ? custom::PairSeesawKernel<HopperTiles, true>
                    : r.plan.tail_mask      ? custom::PairSeesawKernel<HopperTiles, false, true>
                                            : custom::PairSeesawKernel<HopperTiles, false>;
-    return LaunchPlanned<HopperTiles>(kernel, true, p, r.plan, workspace, stream);
+    return LaunchPlanned<HopperTiles>(kernel, true, p, r.plan, c.skip, workspace, stream);
   }
   if (r.plan.split_k_scores) {
-    return LaunchPlanned<HopperTiles, true, true, true, true>(p, r.plan, workspace, stream);
+    return LaunchPlanned<HopperTiles, true, true, true, true>(p, r.plan, c.skip, workspace, stream);
   }
   if (r.plan.two_chain_scores) {
-    return LaunchPlanned<HopperTiles, true, true, true, false, true>(p, r.plan, workspace, stream);
+    return LaunchPlanned<HopperTiles, true, true, true, false, true>(p, r.plan, c.skip, workspace, stream);
   }
   if (r.plan.seesaw) {
-    return LaunchPlanned<HopperTiles, true, true, true>(p, r.plan, workspace, stream);
+    return LaunchPlanned<HopperTiles, true, true, true>(p, r.plan, c.skip, workspace, stream);
   }
-  if (r.plan.wgmma_pv) return LaunchPlanned<HopperTiles, true, true>(p, r.plan, workspace, stream);
+  if (r.plan.wgmma_pv) return LaunchPlanned<HopperTiles, true, true>(p, r.plan, c.skip, workspace, stream);
   if (r.plan.wgmma_scores) {
-    return LaunchPlanned<HopperTiles, true, false>(p, r.plan, workspace, stream);
+    return LaunchPlanned<HopperTiles, true, false>(p, r.plan, c.skip, workspace, stream);
   }
-  return LaunchPlanned<HopperTiles, false, false>(p, r.plan, workspace, stream);
+  return LaunchPlanned<HopperTiles, false, false>(p, r.plan, c.skip, workspace, stream);
 }
 
 }  // namespace verifyd::kernels

@@ -14,6 +14,9 @@ struct CustomConfig {
   bool small_smem = false;  // sm_120-sized tiles (~99 KB shared memory per block)
   int num_sms = 0;          // multiprocessors to plan the KV split for; 0 = ask the device
   int force_splits = 0;     // tests only: fixed KV split count; 0 = choose from the problem
+  // Device word read when the kernels run: nonzero makes them write nothing (the in-process op's
+  // checks failed). Null: they always run.
+  const unsigned* skip = nullptr;
 };
 
 // Reads VERIFYD_FORCE_SM120_CONFIG=1 from the environment into `small_smem`.

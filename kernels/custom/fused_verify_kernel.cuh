@@ -261,6 +261,7 @@ __device__ __forceinline__ void SeesawTile(float (&s)[4][4], const float (&mx)[2
 template <class Cfg, bool kWgmmaS, bool kWgmmaPV, bool kSeesaw = false, bool kSplitK = false,
           bool kTwoChainS = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const KernelParams p) {
+  if (SkipLaunch(p)) return;  // uniform: before any barrier
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int kRows = Cfg::kRows, kTokens = Cfg::kTokens, kStages = Cfg::kStages;
   static_assert(kWgmmaS || !kWgmmaPV, "wgmma P·V comes with wgmma Q·Kᵀ");

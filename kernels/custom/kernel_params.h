@@ -26,6 +26,12 @@ struct KernelParams {
   float* o_partial;            // fp32 [splits, B*T*H, 512] when splits > 1
   float* lse_partial;          // fp32 [splits, B*T*H]
   int64_t rows_total;          // B*T*H
+  const unsigned* skip;        // device word or null: nonzero when the kernels run = write nothing
 };
+
+// Whether a launch is to write nothing: its inputs failed a device check made before it.
+__device__ __forceinline__ bool SkipLaunch(const KernelParams& p) {
+  return p.skip != nullptr && *p.skip != 0;
+}
 
 }  // namespace verifyd::kernels::custom

@@ -196,6 +196,7 @@ __device__ __forceinline__ void PvFromShared(float (&o)[128], uint32_t p_tile, u
 // copy, which tests per tile whether the tile reaches the draft keys.
 template <class Cfg, bool kStagger, bool kTailMask = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const KernelParams p) {
+  if (SkipLaunch(p)) return;  // uniform: before any barrier
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(Cfg::kRows == 64 && Cfg::kTokens == 64 && Cfg::kThreads == 256,
                 "v5 is written for 64 rows x 64 keys and two warpgroups");

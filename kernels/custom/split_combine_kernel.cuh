@@ -23,6 +23,7 @@ __global__ void __launch_bounds__(128 * kCombineRowsPerBlock)
   // Launched as a programmatic dependent of the fused kernel: its partials are complete and
   // visible only after this (a no-op after an ordinary launch).
   WaitForPrimaryGrid();
+  if (SkipLaunch(p)) return;
   const int64_t row = int64_t{blockIdx.x} * kCombineRowsPerBlock + threadIdx.y;
   if (row >= p.rows_total) return;
   const int b = static_cast<int>(row / p.rows);

@@ -20,10 +20,10 @@ refused; every tap ends compared, refused or dropped, or is still in the ring.
 
 import ctypes
 import itertools
-import os
 
 import grpc
 
+from . import _native
 from ._channel_memory import HEADER_BYTES, ChannelMemory, close_channel
 from ._proto import verify_pb2
 from .bundle import HEAD_DIM_QK, HEAD_DIM_V
@@ -32,7 +32,6 @@ from .errors import InvalidBundleError, VerifydError
 # Byte offsets of the header's tap words (src/channel/channel_layout.h, static_asserts there).
 _PRODUCED_AT, _CONSUMED_AT = 448, 512
 _names = itertools.count()
-_LIBRARY_PATHS = ("/usr/lib/verifyd/libverifyd_tap.so", "/usr/local/lib/libverifyd_tap.so")
 
 
 def _torch():
@@ -59,27 +58,18 @@ class _Args(ctypes.Structure):
 
 def load_library(path=None):
     """libverifyd_tap.so: ``path``, else $VERIFYD_TAP_LIB, else its installed places."""
-    candidates = [path] if path else (
-        [os.environ["VERIFYD_TAP_LIB"]] if os.environ.get("VERIFYD_TAP_LIB") else
-        list(_LIBRARY_PATHS))
-    for p in candidates:
-        if p and os.path.exists(p):
-            lib = ctypes.CDLL(p)
-            lib.verifyd_tap_launch.argtypes = [ctypes.POINTER(_Args), ctypes.c_void_p]
-            lib.verifyd_tap_launch.restype = ctypes.c_int
-            lib.verifyd_tap_args_bytes.restype = ctypes.c_uint32
-            lib.verifyd_tap_geometry.argtypes = [ctypes.c_uint32] * 5 + [
-                ctypes.c_int, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint64)]
-            if lib.verifyd_tap_args_bytes() != ctypes.sizeof(_Args):
-                raise VerifydError(grpc.StatusCode.FAILED_PRECONDITION,
-                                   f"{p}: its VerifydTapArgs has {lib.verifyd_tap_args_bytes()} "
-                                   f"bytes, this client's {ctypes.sizeof(_Args)}: a library of "
-                                   f"another verifyd version")
-            return lib
-    raise VerifydError(grpc.StatusCode.FAILED_PRECONDITION,
-                       "libverifyd_tap.so not found (tried " + ", ".join(map(str, candidates)) +
-                       "): pass library= or set VERIFYD_TAP_LIB to the file verifyd's build "
-                       "makes (kernels/tap/)")
+    p, lib = _native.load("libverifyd_tap.so", "VERIFYD_TAP_LIB", path, "kernels/tap/")
+    lib.verifyd_tap_launch.argtypes = [ctypes.POINTER(_Args), ctypes.c_void_p]
+    lib.verifyd_tap_launch.restype = ctypes.c_int
+    lib.verifyd_tap_args_bytes.restype = ctypes.c_uint32
+    lib.verifyd_tap_geometry.argtypes = [ctypes.c_uint32] * 5 + [
+        ctypes.c_int, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint64)]
+    if lib.verifyd_tap_args_bytes() != ctypes.sizeof(_Args):
+        raise VerifydError(grpc.StatusCode.FAILED_PRECONDITION,
+                           f"{p}: its VerifydTapArgs has {lib.verifyd_tap_args_bytes()} "
+                           f"bytes, this client's {ctypes.sizeof(_Args)}: a library of "
+                           f"another verifyd version")
+    return lib
 
 
 class TapChannel:

@@ -1,0 +1,269 @@
+// libverifyd_kernel.so (verify_op_api.h): the custom kernel between two small kernels of its
+// own. Before it, CheckCall looks at the layout, the page ids and the mask where the stack keeps
+// them and ORs what it finds into the op's verdict word; the custom kernel reads the verdict and
+// writes nothing when it is set. After it, Deliver checks the output for NaN and Inf, and its
+// last block turns the verdict into the call's `failed` byte and clears it for the next call.
+// Nothing comes back to the host: the switch reads `failed` on the device.
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "kernels/custom/custom_attention.h"
+#include "kernels/op/verify_op_api.h"
+#include "kernels/verify_problem.h"
+
+#ifndef VERIFYD_GIT_COMMIT
+#define VERIFYD_GIT_COMMIT "unknown"
+#endif
+
+namespace {
+
+using verifyd::kernels::CustomConfig;
+using verifyd::kernels::MaskFormat;
+using verifyd::kernels::VerifyProblem;
+
+constexpr uint32_t kAbiVersion = 1;
+constexpr int kThreads = 256;
+
+// Verdict bits: why a call's output is not to be served.
+enum : unsigned { kLayoutBad = 1, kIndexBad = 2, kMaskBad = 4, kNonFinite = 8 };
+
+struct CheckArgs {
+  const int32_t* kv_indptr;
+  const int32_t* kv_indices;
+  const int32_t* kv_lens;
+  const uint8_t* mask;
+  int64_t max_indices, pool_pages, max_kv_len, mask_bytes;
+  int batch, draft, page_size, mask_bits, mask_row_bytes;
+  unsigned* verdict;
+};
+
+__global__ void __launch_bounds__(kThreads) CheckCall(const CheckArgs a) {
+  unsigned bad = 0;
+  if (blockIdx.x == 0) {
+    for (int b = threadIdx.x; b < a.batch; b += kThreads) {
+      const int64_t lo = a.kv_indptr[b], hi = a.kv_indptr[b + 1], len = a.kv_lens[b];
+      if ((b == 0 && lo != 0) || hi < lo || hi > a.max_indices || len < a.draft ||
+          len > a.max_kv_len || len > (hi - lo) * a.page_size) {
+        bad |= kLayoutBad;
+      }
+    }
+  }
+  const int64_t first = int64_t{blockIdx.x} * kThreads + threadIdx.x;
+  const int64_t stride = int64_t{gridDim.x} * kThreads;
+  int64_t named = a.kv_indptr[a.batch];
+  named = named < 0 ? 0 : (named > a.max_indices ? a.max_indices : named);
+  for (int64_t i = first; i < named; i += stride) {
+    const int32_t page = a.kv_indices[i];
+    if (page < 0 || page >= a.pool_pages) bad |= kIndexBad;
+  }
+  const int tail_bits = a.draft % 8;
+  for (int64_t i = first; i < a.mask_bytes; i += stride) {
+    const unsigned m = a.mask[i];
+    if (!a.mask_bits) {
+      if (m > 1) bad |= kMaskBad;
+    } else if (tail_bits != 0 && i % a.mask_row_bytes == a.mask_row_bytes - 1 &&
+               (m >> tail_bits) != 0) {
+      bad |= kMaskBad;
+    }
+  }
+  bad = __reduce_or_sync(0xffffffffu, bad);
+  if (bad != 0 && (threadIdx.x & 31) == 0) atomicOr(a.verdict, bad);
+}
+
+// Whether one of the two bf16 in `w` is a NaN or an Inf (all exponent bits set).
+__device__ __forceinline__ bool NonFinitePair(uint32_t w) {
+  return (w & 0x7f80u) == 0x7f80u || (w & 0x7f800000u) == 0x7f800000u;
+}
+
+struct DeliverArgs {
+  const uint4* o;  // 8 bf16 each
+  int64_t o_vectors;
+  const float* lse;
+  int64_t lse_n;
+  unsigned* words;  // [0] the verdict, [1] blocks done
+  uint8_t* failed;
+};
+
+__global__ void __launch_bounds__(kThreads) Deliver(const DeliverArgs a) {
+  unsigned* verdict = a.words;
+  unsigned* done = a.words + 1;
+  unsigned bad = 0;
+  // A call the checks stopped wrote nothing: there is nothing to look at.
+  if (*reinterpret_cast<volatile unsigned*>(verdict) == 0) {
+    const int64_t first = int64_t{blockIdx.x} * kThreads + threadIdx.x;
+    const int64_t stride = int64_t{gridDim.x} * kThreads;
+    for (int64_t i = first; i < a.o_vectors; i += stride) {
+      const uint4 v = a.o[i];
+      if (NonFinitePair(v.x) || NonFinitePair(v.y) || NonFinitePair(v.z) || NonFinitePair(v.w)) {
+        bad = kNonFinite;
+      }
+    }
+    for (int64_t i = first; i < a.lse_n; i += stride) {
+      const float l = a.lse[i];
+      if (isnan(l) || l == INFINITY) bad = kNonFinite;  // -inf: a row that sees no key
+    }
+  }
+  bad = __reduce_or_sync(0xffffffffu, bad);
+  if (bad != 0 && (threadIdx.x & 31) == 0) atomicOr(verdict, bad);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(done, 1u) == gridDim.x - 1) {
+      // The last block: every block's finding is in the verdict.
+      const unsigned v = atomicExch(verdict, 0u);
+      *a.failed = v != 0 ? 1 : 0;
+      atomicExch(done, 0u);
+    }
+  }
+}
+
+int Blocks(int64_t work, int cap) {
+  const int64_t b = (work + kThreads - 1) / kThreads;
+  return static_cast<int>(b < 1 ? 1 : (b > cap ? cap : b));
+}
+
+}  // namespace
+
+struct VerifydOp {
+  VerifydOpGeometry g{};
+  VerifyProblem problem;  // the geometry; each call fills in the pointers
+  CustomConfig config;    // skip = words
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  unsigned* words = nullptr;  // the verdict and the blocks-done count
+  int check_blocks = 1, deliver_blocks = 1;
+  int64_t mask_bytes = 0, o_vectors = 0, lse_n = 0;
+};
+
+extern "C" {
+
+VerifydOp* verifyd_op_create(const VerifydOpGeometry* geometry, char* error,
+                             uint32_t error_bytes) {
+  auto fail = [&](const std::string& why) -> VerifydOp* {
+    if (error != nullptr && error_bytes > 0) std::snprintf(error, error_bytes, "%s", why.c_str());
+    return nullptr;
+  };
+  if (geometry == nullptr) return fail("geometry: null");
+  const VerifydOpGeometry& g = *geometry;
+  auto op = new VerifydOp;
+  op->g = g;
+  VerifyProblem& p = op->problem;
+  p.shape.batch = static_cast<int>(g.batch);
+  p.shape.draft = static_cast<int>(g.draft);
+  p.shape.heads = static_cast<int>(g.heads);
+  p.shape.page_size = static_cast<int>(g.page_size);
+  p.shape.num_pages = static_cast<int64_t>(g.pool_pages);
+  p.shape.num_indices = static_cast<int64_t>(g.max_indices);
+  p.shape.mask_format = g.mask_bits ? MaskFormat::kBits : MaskFormat::kBytes;
+  p.sm_scale = g.sm_scale;
+  p.max_kv_len = static_cast<int64_t>(g.max_kv_len);
+  p.total_kv_len = p.max_kv_len * g.batch;
+  std::string why = verifyd::kernels::CheckShape(p.shape);
+  if (why.empty() && (g.batch > 1u << 20 || g.draft > 1u << 20 || g.heads > 1u << 20 ||
+                      g.page_size > 1u << 20)) {
+    why = "geometry: a size past 2^20";
+  }
+  if (why.empty() && g.mask_bits > 1) why = "mask_bits: must be 0 or 1";
+  if (why.empty() && (g.max_kv_len < g.draft ||
+                      g.max_kv_len > uint64_t(verifyd::kernels::kMaxPrefix) + g.draft)) {
+    why = "max_kv_len: " + std::to_string(g.max_kv_len) + " is outside [draft, " +
+          std::to_string(verifyd::kernels::kMaxPrefix) + " + draft]";
+  }
+  if (why.empty() && !(std::isfinite(g.sm_scale) && g.sm_scale > 0)) {
+    why = "sm_scale: must be finite and > 0";
+  }
+  if (!why.empty()) {
+    delete op;
+    return fail(why);
+  }
+  int device = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  const int cap = 2 * (sms > 0 ? sms : 1);
+  op->mask_bytes = int64_t{g.batch} * g.draft * verifyd::kernels::MaskRowBytes(p.shape.mask_format, g.draft);
+  op->o_vectors = int64_t{g.batch} * g.draft * g.heads * verifyd::kernels::kHeadDimV / 8;
+  op->lse_n = g.want_lse ? int64_t{g.batch} * g.draft * g.heads : 0;
+  op->check_blocks =
+      Blocks(static_cast<int64_t>(g.max_indices) > op->mask_bytes
+                 ? static_cast<int64_t>(g.max_indices)
+                 : op->mask_bytes,
+             cap);
+  op->deliver_blocks = Blocks(op->o_vectors, cap);
+  op->workspace_bytes = verifyd::kernels::CustomWorkspaceBytes(p, op->config);
+  cudaError_t e = cudaMalloc(&op->words, 2 * sizeof(unsigned));
+  if (e == cudaSuccess && op->workspace_bytes > 0) {
+    e = cudaMalloc(&op->workspace, op->workspace_bytes);
+  }
+  if (e == cudaSuccess) e = cudaMemset(op->words, 0, 2 * sizeof(unsigned));
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) {
+    verifyd_op_destroy(op);
+    return fail(std::string("device memory: ") + cudaGetErrorString(e));
+  }
+  op->config.skip = op->words;
+  return op;
+}
+
+void verifyd_op_destroy(VerifydOp* op) {
+  if (op == nullptr) return;
+  cudaFree(op->workspace);
+  cudaFree(op->words);
+  delete op;
+}
+
+int verifyd_op_attend(VerifydOp* op, const VerifydOpCall* c, void* stream) {
+  if (op == nullptr || c == nullptr || c->q == nullptr || c->kv_pool == nullptr ||
+      c->kv_indptr == nullptr || c->kv_indices == nullptr || c->kv_lens == nullptr ||
+      c->mask == nullptr || c->o == nullptr || c->failed == nullptr ||
+      (op->g.want_lse != 0) != (c->lse != nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  const auto s = static_cast<cudaStream_t>(stream);
+  const VerifydOpGeometry& g = op->g;
+  CheckArgs ca{c->kv_indptr,
+               c->kv_indices,
+               c->kv_lens,
+               c->mask,
+               static_cast<int64_t>(g.max_indices),
+               static_cast<int64_t>(g.pool_pages),
+               static_cast<int64_t>(g.max_kv_len),
+               op->mask_bytes,
+               static_cast<int>(g.batch),
+               static_cast<int>(g.draft),
+               static_cast<int>(g.page_size),
+               static_cast<int>(g.mask_bits),
+               static_cast<int>(verifyd::kernels::MaskRowBytes(op->problem.shape.mask_format, g.draft)),
+               op->words};
+  CheckCall<<<op->check_blocks, kThreads, 0, s>>>(ca);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  VerifyProblem p = op->problem;
+  p.q = static_cast<const uint16_t*>(c->q);
+  p.kv_pool = static_cast<const uint16_t*>(c->kv_pool);
+  p.kv_indptr = c->kv_indptr;
+  p.kv_indices = c->kv_indices;
+  p.kv_lens = c->kv_lens;
+  p.tree_mask = c->mask;
+  p.o = static_cast<uint16_t*>(c->o);
+  p.lse = c->lse;
+  e = verifyd::kernels::LaunchCustom(p, op->config, op->workspace, op->workspace_bytes, s);
+  if (e != cudaSuccess) return e;
+  const DeliverArgs da{static_cast<const uint4*>(c->o), op->o_vectors, c->lse, op->lse_n,
+                       op->words, c->failed};
+  Deliver<<<op->deliver_blocks, kThreads, 0, s>>>(da);
+  return cudaGetLastError();
+}
+
+uint64_t verifyd_op_device_bytes(const VerifydOp* op) {
+  return op == nullptr ? 0 : op->workspace_bytes + 2 * sizeof(unsigned);
+}
+
+const char* verifyd_op_build(void) { return VERIFYD_GIT_COMMIT; }
+
+uint32_t verifyd_op_abi_version(void) { return kAbiVersion; }
+
+}  // extern "C"

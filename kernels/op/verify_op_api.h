@@ -1,0 +1,66 @@
+#pragma once
+// The custom kernel as a library the serving process loads (libverifyd_kernel.so): one verify-
+// attention call on the caller's stream, with the contract of a bundle (q, the paged KV pool,
+// kv_indptr / kv_indices / kv_lens, the tree mask in either format, sm_scale, o and lse). A call
+// allocates nothing, never waits for the host and can be captured in a CUDA graph.
+//
+// Its device checks stay: before the kernel, the layout (kv_indptr rising from 0 within
+// max_indices, each kv_len in [T, min(max_kv_len, its pages x page_size)]), every page id named
+// (inside the pool) and the mask (0/1 bytes, no bits past T); after it, a finite output. A call
+// that fails one writes nothing to o or lse, and its `failed` byte (device memory) says so: 1,
+// else 0. The output of a failed call is never to be served: the switch that holds the op runs
+// the stack's own attention instead.
+//
+// clients/python/verifyd_client/kernel_op.py binds it with ctypes and mirrors the structs; it
+// checks verifyd_op_abi_version().
+
+#include <stdint.h>
+
+// The library exports these alone (it is built with hidden visibility).
+#define VERIFYD_OP_EXPORT __attribute__((visibility("default")))
+
+extern "C" {
+
+// Fixed when the op is made: one captured graph serves one batch size.
+struct VerifydOpGeometry {
+  uint32_t batch;        // B
+  uint32_t draft;        // T
+  uint32_t heads;        // H
+  uint32_t page_size;    // tokens per page, a power of two in [1, 128]
+  uint64_t pool_pages;   // pages in the KV pool
+  uint64_t max_indices;  // kv_indices' length: kv_indptr[B] may not exceed it
+  uint64_t max_kv_len;   // the longest prefix + T of any call (plans the KV split)
+  uint32_t mask_bits;    // 0: uint8 [B, T, T] of 0/1; 1: bit-packed [B, T, ceil(T/8)]
+  uint32_t want_lse;     // 1: calls write lse
+  float sm_scale;
+};
+
+// One call: device pointers, contiguous, on the op's device.
+struct VerifydOpCall {
+  const void* q;              // bf16 [B*T, H, 576]
+  const void* kv_pool;        // bf16 [pool_pages, page_size, 576]
+  const int32_t* kv_indptr;   // [B + 1]
+  const int32_t* kv_indices;  // [max_indices] (the first kv_indptr[B] are read)
+  const int32_t* kv_lens;     // [B]: prefix + T
+  const uint8_t* mask;        // see mask_bits
+  void* o;                    // bf16 [B*T, H, 512] out
+  float* lse;                 // fp32 [B*T, H] out when want_lse, else null
+  uint8_t* failed;            // one byte out: 0 served, 1 a check failed (nothing written)
+};
+
+typedef struct VerifydOp VerifydOp;
+
+// Checks the geometry and allocates the op's device memory on the current device. Null when it
+// cannot, with a message naming the field in `error` (`error_bytes` of room).
+VERIFYD_OP_EXPORT VerifydOp* verifyd_op_create(const VerifydOpGeometry* geometry, char* error, uint32_t error_bytes);
+VERIFYD_OP_EXPORT void verifyd_op_destroy(VerifydOp* op);
+// Enqueues one call on `stream` (a cudaStream_t). Returns the launches' cudaError_t (0: all
+// enqueued); a null pointer or a want_lse mismatch is cudaErrorInvalidValue (1).
+VERIFYD_OP_EXPORT int verifyd_op_attend(VerifydOp* op, const VerifydOpCall* call, void* stream);
+// Device bytes the op holds (its split partials and its check words).
+VERIFYD_OP_EXPORT uint64_t verifyd_op_device_bytes(const VerifydOp* op);
+// The build the kernel comes from (the commit), as verifyd reports its own.
+VERIFYD_OP_EXPORT const char* verifyd_op_build(void);
+VERIFYD_OP_EXPORT uint32_t verifyd_op_abi_version(void);
+
+}  // extern "C"

@@ -1,0 +1,304 @@
+#!/usr/bin/env python3
+"""The custom kernel in the serving process (VerifyKernel over libverifyd_kernel.so), on a GPU,
+against the fp64 oracle of the contract (random_bundles.py):
+
+    VERIFYD_CLIENT_GEN=... VERIFYD_KERNEL_LIB=.../libverifyd_kernel.so \\
+        python3 tests/python/gpu_kernel_op_test.py [--json OUT]
+
+- eager calls on ragged batches (prefixes off the tile grid), page sizes 1, 16 and 64, both
+  mask formats, with and without lse: every output within bf16 rounding of the oracle, and
+  `failed` False;
+- one call captured in a CUDA graph, replayed with new q, pages, prefixes and masks written into
+  its buffers before each replay: every replay checked;
+- bad calls, eager and replayed: a page id past the pool, a kv_len past max_kv_len, a falling
+  kv_indptr, a mask byte of 2, a NaN in q: `failed` True, o left as it was (but for the NaN, whose
+  output is written and flagged), and the next good call passes again;
+- the cost in a captured step of 61 layers: the step's time per layer against the custom kernel's
+  own time (CUPTI, through torch.profiler), and the checks' kernels.
+
+Exit status: 0 passed, 1 a check failed, 2 the setup failed.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CLIENT = os.path.normpath(os.path.join(HERE, "..", "..", "clients", "python"))
+sys.path[:0] = [CLIENT, HERE]
+
+try:
+    import numpy as np
+    import torch
+    from random_bundles import SM_SCALE, oracle, random_bundle, rel_l2
+    from verifyd_client import from_bf16
+    from verifyd_client.kernel_op import VerifyKernel
+    from verifyd_client.tensors import pack_mask
+except ImportError as e:
+    print(f"SETUP FAILED: {e}")
+    sys.exit(2)
+
+failures = []
+
+
+def check(ok, what):
+    print(("ok    " if ok else "FAIL  ") + what)
+    if not ok:
+        failures.append(what)
+
+
+class Buffers:
+    """Device buffers of one geometry, sized for the largest bundle, that calls (and a captured
+    graph) read: a bundle is written into them before each call."""
+
+    def __init__(self, batch, draft, heads, page_size, pool_pages, max_indices, bits, lse):
+        dev = "cuda"
+        rows = batch * draft
+        self.q = torch.empty(rows, heads, 576, dtype=torch.bfloat16, device=dev)
+        self.pool = torch.zeros(pool_pages, page_size, 576, dtype=torch.bfloat16, device=dev)
+        self.indptr = torch.zeros(batch + 1, dtype=torch.int32, device=dev)
+        self.indices = torch.zeros(max_indices, dtype=torch.int32, device=dev)
+        self.lens = torch.zeros(batch, dtype=torch.int32, device=dev)
+        row = (draft + 7) // 8 if bits else draft
+        self.mask = torch.zeros(batch, draft, row, dtype=torch.uint8, device=dev)
+        self.o = torch.zeros(rows, heads, 512, dtype=torch.bfloat16, device=dev)
+        self.lse = torch.zeros(rows, heads, dtype=torch.float32, device=dev) if lse else None
+        self.bits = bits
+
+    def load(self, b):
+        def bf16(a):
+            return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+
+        def i32(a):
+            return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32))
+
+        self.q.copy_(bf16(b["q"]).view(self.q.shape))
+        pool = bf16(b["kv_pool"])
+        self.pool[:pool.shape[0]].copy_(pool)
+        self.indptr.copy_(i32(b["kv_indptr"]))
+        self.indices.zero_()
+        self.indices[:len(b["kv_indices"])].copy_(i32(b["kv_indices"]))
+        self.lens.copy_(i32(b["kv_lens"]))
+        mask = pack_mask(b["tree_mask"]) if self.bits else b["tree_mask"]
+        self.mask.copy_(torch.from_numpy(np.ascontiguousarray(mask, dtype=np.uint8)))
+
+    def call(self, op):
+        return op.attend(self.q, self.pool, self.indptr, self.indices, self.lens, self.mask,
+                         self.o, self.lse)
+
+
+def compare(name, buf, b):
+    want_o, want_lse = oracle(b)
+    got = from_bf16(buf.o.view(torch.int16).cpu().numpy().view(np.uint16)).astype(np.float64)
+    err = rel_l2(got, want_o)
+    ok = err < 1e-2 and np.isfinite(got).all()
+    what = f"{name}: o rel-L2 to the oracle {err:.2e}"
+    if buf.lse is not None:
+        lse_err = float(np.abs(buf.lse.cpu().numpy() - want_lse).max())
+        ok = ok and lse_err < 2e-3
+        what += f", lse max abs error {lse_err:.1e}"
+    check(ok, what)
+
+
+SHAPES = [  # batch, draft, heads, page_size, prefixes, mask bits, lse
+    (4, 8, 16, 64, [500, 1000, 4033, 77], False, True),
+    (2, 16, 8, 1, [300, 17], True, False),
+    (3, 1, 16, 16, [0, 5, 100], False, True),
+    (5, 7, 2, 16, [63, 64, 65, 129, 16065], True, True),
+]
+
+
+def make_op(batch, draft, heads, page_size, pool_pages, max_indices, max_kv_len, bits, lse):
+    return VerifyKernel(batch, draft, heads, page_size, pool_pages, max_indices, max_kv_len,
+                        sm_scale=SM_SCALE, mask_format="bits" if bits else "bytes",
+                        want_lse=lse)
+
+
+def test_eager_and_graph(seed):
+    for i, (batch, draft, heads, ps, prefixes, bits, lse) in enumerate(SHAPES):
+        rng = np.random.default_rng(seed + i)
+        b = random_bundle(rng, batch, draft, heads, ps, prefixes, unused_pages=5)
+        max_kv_len = max(prefixes) + draft + 50
+        pool_pages = b["kv_pool"].shape[0] + 64
+        max_indices = len(b["kv_indices"]) + 64
+        buf = Buffers(batch, draft, heads, ps, pool_pages, max_indices, bits, lse)
+        op = make_op(batch, draft, heads, ps, pool_pages, max_indices, max_kv_len, bits, lse)
+        buf.load(b)
+        failed = buf.call(op)
+        torch.cuda.synchronize()
+        name = f"B={batch} T={draft} H={heads} page {ps} prefixes {prefixes}"
+        check(not bool(failed.item()), f"{name}: eager call passes its checks")
+        compare(f"{name}: eager", buf, b)
+
+        # One call captured; every replay reads new data from the same buffers.
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            buf.call(op)  # warm-up on the capture stream
+        stream.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            buf.call(op)
+        for r in range(4):
+            new = [int(p) for p in rng.integers(0, max(prefixes) + 50, size=batch)]
+            nb = random_bundle(rng, batch, draft, heads, ps, new, unused_pages=3)
+            if nb["kv_pool"].shape[0] > pool_pages or len(nb["kv_indices"]) > max_indices:
+                continue
+            buf.load(nb)
+            graph.replay()
+            torch.cuda.synchronize()
+            check(not bool(op.failed.item()), f"{name}: replay {r} (prefixes {new}) passes")
+            compare(f"{name}: replay {r}", buf, nb)
+        op.close()
+
+
+def test_bad_calls(seed):
+    batch, draft, heads, ps, prefixes = 4, 8, 16, 16, [100, 37, 260, 9]
+    rng = np.random.default_rng(seed)
+    b = random_bundle(rng, batch, draft, heads, ps, prefixes)
+    max_kv_len = 400
+    pool_pages, max_indices = b["kv_pool"].shape[0], len(b["kv_indices"]) + 8
+    buf = Buffers(batch, draft, heads, ps, pool_pages, max_indices, False, True)
+    op = make_op(batch, draft, heads, ps, pool_pages, max_indices, max_kv_len, False, True)
+    graph = torch.cuda.CUDAGraph()
+    buf.load(b)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        buf.call(op)
+    stream.synchronize()
+    with torch.cuda.graph(graph, stream=stream):
+        buf.call(op)
+
+    def spoil_page(bu):
+        bu.indices[3] = pool_pages
+
+    def spoil_len(bu):
+        bu.lens[2] = max_kv_len + 1
+
+    def spoil_indptr(bu):
+        bu.indptr[2] = bu.indptr[1] - 1
+
+    def spoil_mask(bu):
+        bu.mask[1, 3, 0] = 2
+
+    def spoil_q(bu):
+        bu.q[5, 3, 7] = float("nan")
+
+    for replay in (False, True):
+        how = "replayed" if replay else "eager"
+        for name, spoil, writes in (("a page id past the pool", spoil_page, False),
+                                    ("a kv_len past max_kv_len", spoil_len, False),
+                                    ("a falling kv_indptr", spoil_indptr, False),
+                                    ("a mask byte of 2", spoil_mask, False),
+                                    ("a NaN in q", spoil_q, True)):
+            buf.load(b)
+            spoil(buf)
+            buf.o.fill_(1.5)
+            if replay:
+                graph.replay()
+            else:
+                buf.call(op)
+            torch.cuda.synchronize()
+            check(bool(op.failed.item()), f"{how}, {name}: failed")
+            if not writes:
+                check(bool((buf.o == 1.5).all().item()), f"{how}, {name}: o left as it was")
+            buf.load(b)
+            if replay:
+                graph.replay()
+            else:
+                buf.call(op)
+            torch.cuda.synchronize()
+            check(not bool(op.failed.item()), f"{how}, {name}: the next good call passes")
+            compare(f"{how}, after {name}", buf, b)
+    op.close()
+
+
+def kernel_times(prof):
+    """Per kind of kernel, the summed device time in µs of a profile."""
+    out = {"custom": 0.0, "checks": 0.0, "other": 0.0}
+    for e in prof.key_averages():
+        us = getattr(e, "self_device_time_total", None)
+        if us is None:
+            us = getattr(e, "self_cuda_time_total", 0.0)
+        if not us:
+            continue
+        n = e.key
+        kind = ("checks" if ("CheckCall" in n or "Deliver" in n) else
+                "custom" if ("Verify" in n or "Seesaw" in n or "Combine" in n) else "other")
+        out[kind] += us
+    return out
+
+
+def bench_step(seed, layers=61, replays=30):
+    rows = []
+    for batch, draft, heads, prefix in ((1, 16, 16, 4096), (8, 16, 16, 4096), (32, 8, 16, 2048),
+                                        (64, 4, 16, 8192)):
+        ps = 64
+        rng = np.random.default_rng(seed)
+        b = random_bundle(rng, batch, draft, heads, ps, [prefix] * batch)
+        pool_pages, max_indices = b["kv_pool"].shape[0], len(b["kv_indices"])
+        buf = Buffers(batch, draft, heads, ps, pool_pages, max_indices, False, False)
+        buf.load(b)
+        op = make_op(batch, draft, heads, ps, pool_pages, max_indices, prefix + draft, False,
+                     False)
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            buf.call(op)
+        stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(layers):
+                buf.call(op)
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(replays):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1000 / layers)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                graph.replay()
+            torch.cuda.synchronize()
+        k = {kind: us / (5 * layers) for kind, us in kernel_times(prof).items()}
+        step_us = statistics.median(times)
+        row = {"shape": f"{batch},{draft},{heads},{prefix}", "page_size": ps,
+               "layer_us": round(step_us, 2), "custom_kernel_us": round(k["custom"], 2),
+               "checks_us": round(k["checks"], 2),
+               "per_call_overhead_us": round(step_us - k["custom"], 2),
+               "failed": bool(op.failed.item())}
+        rows.append(row)
+        print("bench", json.dumps(row))
+        check(not row["failed"], f"bench {row['shape']}: every call passes its checks")
+        op.close()
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--seed", type=int, default=340)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("SETUP FAILED: torch sees no CUDA device")
+        return 2
+    info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "conditional_nodes": hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node")}
+    print("setup", json.dumps(info))
+    test_eager_and_graph(args.seed)
+    test_bad_calls(args.seed + 100)
+    rows = bench_step(args.seed + 200)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"setup": info, "bench": rows, "failures": failures}, f, indent=1)
+    print(f"{len(failures)} checks failed" if failures else "all checks passed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+#!/usr/bin/env python3
+"""verifyd_client.kernel_op's ctypes structs have the C layout of kernels/op/verify_op_api.h
+(every field's offset and each struct's size, as kernel_op_abi_layout prints them), so that the
+client and libverifyd_kernel.so agree without a GPU to find out.
+
+    kernel_op_abi_test.py PATH_TO_kernel_op_abi_layout
+"""
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.normpath(os.path.join(HERE, "..", "..", "clients", "python")))
+
+from verifyd_client import kernel_op  # noqa: E402
+
+
+def main():
+    c = json.loads(subprocess.run([sys.argv[1]], check=True, capture_output=True,
+                                  text=True).stdout)
+    bad = []
+    for name, mirror in (("VerifydOpGeometry", kernel_op._Geometry),  # noqa: SLF001
+                         ("VerifydOpCall", kernel_op._Call)):  # noqa: SLF001
+        want = dict(c[name])
+        size = want.pop("sizeof")
+        got = {f: getattr(mirror, f).offset for f, _ in mirror._fields_}  # noqa: SLF001
+        if got != want:
+            bad.append(f"{name}: C offsets {want}, ctypes {got}")
+        if ctypes.sizeof(mirror) != size:
+            bad.append(f"{name}: C size {size}, ctypes {ctypes.sizeof(mirror)}")
+    for b in bad:
+        print("FAIL", b)
+    if not bad:
+        print("ok: the ctypes mirror matches verify_op_api.h")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
