@@ -7,9 +7,10 @@
 // Its device checks stay: before the kernel, the layout (kv_indptr rising from 0 within
 // max_indices, each kv_len in [T, min(max_kv_len, its pages x page_size)]), every page id named
 // (inside the pool) and the mask (0/1 bytes, no bits past T); after it, a finite output. A call
-// that fails one writes nothing to o or lse, and its `failed` byte (device memory) says so: 1,
-// else 0. The output of a failed call is never to be served: the switch that holds the op runs
-// the stack's own attention instead.
+// that fails a check before the kernel writes nothing to o or lse; one whose output is not finite
+// leaves it there. Either way its `failed` byte (device memory) is 1, else 0, and the output of a
+// failed call is never to be served: the switch that holds the op runs the stack's own attention
+// instead.
 //
 // clients/python/verifyd_client/kernel_op.py binds it with ctypes and mirrors the structs; it
 // checks verifyd_op_abi_version().

@@ -4,9 +4,10 @@ the contract of a bundle. It allocates nothing per call, never waits for the hos
 captured in a CUDA graph.
 
 The library checks each call on the device: the layout, every page id named and the mask before
-the kernel, a finite output after it. A call that fails a check writes nothing, and
+the kernel (a call that fails one writes nothing), a finite output after it.
 ``VerifyKernel.failed`` (a torch.bool tensor of one element on the device, the same tensor every
-call) is True after it, False after a call that passed: its output must not be served then.
+call) is True after a call that failed a check, False after one that passed: the output of a
+failed call must not be served.
 
     op = VerifyKernel(batch=8, draft=16, heads=16, page_size=64, pool_pages=pool.shape[0],
                       max_indices=kv_indices.numel(), max_kv_len=4096 + 16, sm_scale=0.1352)
