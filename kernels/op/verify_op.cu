@@ -121,6 +121,53 @@ __global__ void __launch_bounds__(kThreads) Deliver(const DeliverArgs a) {
   }
 }
 
+__device__ __forceinline__ uint64_t GlobalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// A step's draw for the canary: a 32-bit mix of the step number (splitmix64's finalizer).
+__device__ __forceinline__ uint32_t StepDraw(uint64_t step) {
+  uint64_t z = step + 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return static_cast<uint32_t>((z ^ (z >> 31)) >> 32);
+}
+
+// One block: thread 0 decides, every thread writes layer bytes.
+__global__ void __launch_bounds__(kThreads) DecideStep(VerifydSwitchBlock* b, uint8_t* use_op,
+                                                       uint8_t* layer_failed, uint32_t layers) {
+  __shared__ uint8_t use;
+  if (threadIdx.x == 0) {
+    volatile VerifydSwitchBlock* v = b;
+    const uint64_t now = GlobalTimerNs();
+    bool op = false;
+    if (v->magic == VERIFYD_SWITCH_MAGIC) {
+      const uint64_t step = v->steps;
+      const uint32_t mode = v->mode;
+      op = mode == 1 || (mode == 2 && StepDraw(step) < v->canary_threshold);
+      const uint64_t epoch = v->lease_epoch;
+      if (epoch != v->seen_epoch) {
+        v->seen_epoch = epoch;
+        v->seen_at_ns = now;
+      }
+      const uint64_t period_ns = uint64_t{v->lease_period_us} * 1000;
+      if (op && period_ns != 0 && now - v->seen_at_ns > period_ns) {
+        op = false;
+        v->lease_expired = v->lease_expired + 1;
+      }
+      v->steps = step + 1;
+      if (op) v->op_steps = v->op_steps + 1;
+      v->last_step_ns = now;
+    }
+    use = op ? 1 : 0;
+    *use_op = use;
+  }
+  __syncthreads();
+  for (uint32_t l = threadIdx.x; l < layers; l += kThreads) layer_failed[l] = 1 - use;
+}
+
 int Blocks(int64_t work, int cap) {
   const int64_t b = (work + kThreads - 1) / kThreads;
   return static_cast<int>(b < 1 ? 1 : (b > cap ? cap : b));
@@ -255,6 +302,16 @@ int verifyd_op_attend(VerifydOp* op, const VerifydOpCall* c, void* stream) {
   const DeliverArgs da{static_cast<const uint4*>(c->o), op->o_vectors, c->lse, op->lse_n,
                        op->words, c->failed};
   Deliver<<<op->deliver_blocks, kThreads, 0, s>>>(da);
+  return cudaGetLastError();
+}
+
+int verifyd_switch_decide(VerifydSwitchBlock* block, uint8_t* use_op, uint8_t* layer_failed,
+                          uint32_t layers, void* stream) {
+  if (block == nullptr || use_op == nullptr || (layers > 0 && layer_failed == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  DecideStep<<<1, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(block, use_op, layer_failed,
+                                                                     layers);
   return cudaGetLastError();
 }
 

@@ -49,6 +49,26 @@ struct VerifydOpCall {
   uint8_t* failed;            // one byte out: 0 served, 1 a check failed (nothing written)
 };
 
+// The switch's control block: host memory the device reads (pinned, mapped), written by whoever
+// controls the serving (verifyd, or the stack's own code), read once per step on the device by
+// verifyd_switch_decide. A step is served by the op when `mode` says so and the lease holds; else
+// by the stack's own attention.
+struct VerifydSwitchBlock {
+  uint32_t magic;             // kVerifydSwitchMagic once set up
+  uint32_t mode;              // 0: the stack serves, 1: the op serves, 2: canary
+  uint32_t canary_threshold;  // canary: a step's draw (uniform in [0, 2^32)) below it takes the op
+  uint32_t lease_period_us;   // 0: no lease; else the op serves only while renewals come
+  uint64_t lease_epoch;       // the controller adds one at each renewal
+  // Written by the device, read by the controller:
+  uint64_t steps;          // steps decided
+  uint64_t op_steps;       // of those, served by the op
+  uint64_t lease_expired;  // steps the op would have served but for an expired lease
+  uint64_t seen_epoch;     // the last lease_epoch the device saw ...
+  uint64_t seen_at_ns;     // ... and when (the GPU's global timer)
+  uint64_t last_step_ns;   // the global timer at the last step
+};
+#define VERIFYD_SWITCH_MAGIC 0x56445357u  // "WSDV"
+
 typedef struct VerifydOp VerifydOp;
 
 // Checks the geometry and allocates the op's device memory on the current device. Null when it
@@ -60,6 +80,14 @@ VERIFYD_OP_EXPORT void verifyd_op_destroy(VerifydOp* op);
 VERIFYD_OP_EXPORT int verifyd_op_attend(VerifydOp* op, const VerifydOpCall* call, void* stream);
 // Device bytes the op holds (its split partials and its check words).
 VERIFYD_OP_EXPORT uint64_t verifyd_op_device_bytes(const VerifydOp* op);
+// Enqueues one step's decision on `stream`: reads `block` (a device-visible pointer to the
+// control block) and writes `use_op` (one byte of device memory: 1 when the op serves this step)
+// and every one of `layers` bytes of `layer_failed` (1 - use_op: the stack's attention runs in a
+// layer whose byte is 1; the op's call in that layer overwrites it with its own verdict). A block
+// without the magic, or a lease not renewed within its period, gives the stack. Returns the
+// launch's cudaError_t.
+VERIFYD_OP_EXPORT int verifyd_switch_decide(VerifydSwitchBlock* block, uint8_t* use_op,
+                                            uint8_t* layer_failed, uint32_t layers, void* stream);
 // The build the kernel comes from (the commit), as verifyd reports its own.
 VERIFYD_OP_EXPORT const char* verifyd_op_build(void);
 VERIFYD_OP_EXPORT uint32_t verifyd_op_abi_version(void);

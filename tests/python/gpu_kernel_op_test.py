@@ -13,8 +13,13 @@ against the fp64 oracle of the contract (random_bundles.py):
 - bad calls, eager and replayed: a page id past the pool, a kv_len past max_kv_len, a falling
   kv_indptr, a mask byte of 2, a NaN in q: `failed` True, o left as it was (but for the NaN, whose
   output is written and flagged), and the next good call passes again;
+- the switch (switch.py) in a captured step of 4 layers: mode stack, mode op, a rollback taking
+  effect at the next replay, an op call that fails its check served by the stack, a canary of
+  0.3 drawn per step (every layer of a step on one path), and a lease that is not renewed
+  falling back to the stack within twice its period;
 - the cost in a captured step of 61 layers: the step's time per layer against the custom kernel's
-  own time (CUPTI, through torch.profiler), and the checks' kernels.
+  own time (CUPTI, through torch.profiler), the checks' kernels, and what the switch adds in
+  mode op (its decision and the two conditional nodes a layer).
 
 Exit status: 0 passed, 1 a check failed, 2 the setup failed.
 """
@@ -35,6 +40,7 @@ try:
     from random_bundles import SM_SCALE, oracle, random_bundle, rel_l2
     from verifyd_client import from_bf16
     from verifyd_client.kernel_op import VerifyKernel
+    from verifyd_client.switch import Switch
     from verifyd_client.tensors import pack_mask
 except ImportError as e:
     print(f"SETUP FAILED: {e}")
@@ -89,13 +95,15 @@ class Buffers:
                          self.o, self.lse)
 
 
-def compare(name, buf, b):
+def compare(name, buf, b, o=None):
+    """Checks ``o`` (else buf.o, and buf.lse) against the oracle of bundle ``b``."""
     want_o, want_lse = oracle(b)
-    got = from_bf16(buf.o.view(torch.int16).cpu().numpy().view(np.uint16)).astype(np.float64)
+    o = buf.o if o is None else o
+    got = from_bf16(o.view(torch.int16).cpu().numpy().view(np.uint16)).astype(np.float64)
     err = rel_l2(got, want_o)
     ok = err < 1e-2 and np.isfinite(got).all()
     what = f"{name}: o rel-L2 to the oracle {err:.2e}"
-    if buf.lse is not None:
+    if buf.lse is not None and o is buf.o:
         lse_err = float(np.abs(buf.lse.cpu().numpy() - want_lse).max())
         ok = ok and lse_err < 2e-3
         what += f", lse max abs error {lse_err:.1e}"
@@ -214,6 +222,136 @@ def test_bad_calls(seed):
     op.close()
 
 
+def stack_attention(buf, batch, draft, heads, page_size, max_kv_len, out, ran, layer):
+    """The stack's own attention for the switch's tests: fp32 torch over static shapes
+    (capturable), reading the same buffers as the op; writes ``out`` and sets ``ran[layer]``."""
+    dev = buf.q.device
+    t = torch.arange(max_kv_len, device=dev)
+
+    def fn():
+        lens = buf.lens.long()
+        slot = (buf.indptr[:-1].long()[:, None] + t[None, :] // page_size)
+        slot = slot.clamp(max=buf.indices.numel() - 1)
+        pages = buf.indices[slot].long().clamp(0, buf.pool.shape[0] - 1)
+        valid = t[None, :] < lens[:, None]
+        kv = buf.pool[pages, t[None, :] % page_size].float()
+        kv = torch.where(valid[..., None], kv, torch.zeros((), device=dev))
+        q = buf.q.view(batch, draft, heads, 576).float()
+        s = torch.einsum("bthd,bld->bhtl", q, kv) * SM_SCALE
+        prefix = (lens - draft)[:, None]
+        j = (t[None, :] - prefix).clamp(0, draft - 1)
+        seen = torch.gather(buf.mask.bool(), 2, j[:, None, :].expand(batch, draft, max_kv_len))
+        in_draft = (t[None, :] >= prefix) & valid
+        allow = (t[None, :] < prefix)[:, None, :] | (in_draft[:, None, :] & seen)
+        s = s.masked_fill(~allow[:, None], float("-inf"))
+        o = torch.einsum("bhtl,bld->bthd", s.softmax(-1), kv[..., :512])
+        out.copy_(o.reshape(batch * draft, heads, 512).to(torch.bfloat16))
+        ran[layer].fill_(True)
+    return fn
+
+
+def test_switch(seed):
+    if not hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node"):
+        check(False, f"switch: torch {torch.__version__} has no CUDA graph conditional nodes")
+        return {}
+    batch, draft, heads, ps, prefixes, layers = 4, 8, 16, 16, [100, 37, 260, 9], 4
+    rng = np.random.default_rng(seed)
+    b = random_bundle(rng, batch, draft, heads, ps, prefixes)
+    max_kv_len = 400
+    pool_pages, max_indices = b["kv_pool"].shape[0], len(b["kv_indices"]) + 8
+    buf = Buffers(batch, draft, heads, ps, pool_pages, max_indices, False, False)
+    buf.load(b)
+    op = make_op(batch, draft, heads, ps, pool_pages, max_indices, max_kv_len, False, False)
+    sw = Switch(layers)
+    outs = [torch.zeros_like(buf.o) for _ in range(layers)]
+    ran = torch.zeros(layers, dtype=torch.bool, device="cuda")
+    fns = [stack_attention(buf, batch, draft, heads, ps, max_kv_len, outs[i], ran, i)
+           for i in range(layers)]
+    args = (op, buf.q, buf.pool, buf.indptr, buf.indices, buf.lens, buf.mask)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        sw.begin_step()
+        for i in range(layers):
+            sw.attend(i, fns[i], *args, outs[i])  # eager: the stack's
+    stream.synchronize()
+    with torch.cuda.graph(graph, stream=stream):
+        sw.begin_step()
+        for i in range(layers):
+            sw.attend(i, fns[i], *args, outs[i], graph=graph)
+
+    def step(stack, what, check_outputs=True):
+        ran.zero_()
+        for o in outs:
+            o.fill_(3.0)
+        graph.replay()
+        torch.cuda.synchronize()
+        served = ran.cpu().tolist()
+        check(served == [stack] * layers,
+              f"switch, {what}: every layer served by the {'stack' if stack else 'op'} "
+              f"(stack ran: {served})")
+        if check_outputs:
+            for i in (0, layers - 1):
+                compare(f"switch, {what}, layer {i}", buf, b, outs[i])
+
+    sw.set_mode("stack")
+    step(True, "mode stack")
+    sw.set_mode("op")
+    step(False, "mode op")
+    sw.set_mode("stack")
+    step(True, "rolled back: the next replay")
+    sw.set_mode("op")
+    buf.mask[1, 3, 3] = 2  # fails the op's mask check; the stack reads it as 1
+    step(True, "the op's call failed its check")
+    buf.load(b)
+    step(False, "the next good step")
+
+    sw.set_mode("canary", 0.3)
+    before = sw.counters()
+    mixed = 0
+    for _ in range(300):
+        ran.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        n = int(ran.sum().item())
+        mixed += 0 < n < layers
+    after = sw.counters()
+    steps = after["steps"] - before["steps"]
+    share = (after["op_steps"] - before["op_steps"]) / max(steps, 1)
+    check(steps == 300 and 0.2 < share < 0.4 and mixed == 0,
+          f"switch, canary 0.3: {steps} steps, {share:.2f} served by the op, {mixed} steps mixed")
+
+    # The lease: the op serves while renewals come; once they stop, the stack from the first
+    # step past the period.
+    import time  # noqa: PLC0415
+    period = 0.05
+    sw.set_mode("op")
+    sw.renew(period)
+    step(False, "lease held")
+    expired_before = sw.counters()["lease_expired"]
+    t0 = time.monotonic()
+    fallback_s = None
+    while time.monotonic() - t0 < 10 * period:
+        ran.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        if bool(ran[0].item()):
+            fallback_s = time.monotonic() - t0
+            break
+        time.sleep(0.002)
+    check(fallback_s is not None and fallback_s <= 2 * period,
+          f"switch, lease of {period * 1000:.0f} ms not renewed: the stack serves after "
+          f"{(fallback_s or -1) * 1000:.1f} ms")
+    check(sw.counters()["lease_expired"] > expired_before, "switch: expired steps counted")
+    sw.renew(period)
+    step(False, "lease renewed")
+    sw.renew(0)
+    op.close()
+    return {"lease_period_ms": period * 1000,
+            "lease_fallback_ms": round((fallback_s or -1) * 1000, 2),
+            "canary_share": round(share, 3)}
+
+
 def kernel_times(prof):
     """Per kind of kernel, the summed device time in µs of a profile."""
     out = {"custom": 0.0, "checks": 0.0, "other": 0.0}
@@ -267,10 +405,31 @@ def bench_step(seed, layers=61, replays=30):
             torch.cuda.synchronize()
         k = {kind: us / (5 * layers) for kind, us in kernel_times(prof).items()}
         step_us = statistics.median(times)
+        switch_us = None
+        if hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node"):
+            sw = Switch(layers)
+            sw.set_mode("op")
+            sgraph = torch.cuda.CUDAGraph()
+            args = (op, buf.q, buf.pool, buf.indptr, buf.indices, buf.lens, buf.mask)
+            with torch.cuda.graph(sgraph, stream=stream):
+                sw.begin_step()
+                for i in range(layers):
+                    sw.attend(i, buf.o.zero_, *args, buf.o, graph=sgraph)
+            stimes = []
+            for _ in range(replays):
+                start, end = (torch.cuda.Event(enable_timing=True),
+                              torch.cuda.Event(enable_timing=True))
+                start.record()
+                sgraph.replay()
+                end.record()
+                end.synchronize()
+                stimes.append(start.elapsed_time(end) * 1000 / layers)
+            switch_us = statistics.median(stimes) - step_us
         row = {"shape": f"{batch},{draft},{heads},{prefix}", "page_size": ps,
                "layer_us": round(step_us, 2), "custom_kernel_us": round(k["custom"], 2),
                "checks_us": round(k["checks"], 2),
                "per_call_overhead_us": round(step_us - k["custom"], 2),
+               "switch_cost_us": None if switch_us is None else round(switch_us, 2),
                "failed": bool(op.failed.item())}
         rows.append(row)
         print("bench", json.dumps(row))
@@ -292,10 +451,12 @@ def main():
     print("setup", json.dumps(info))
     test_eager_and_graph(args.seed)
     test_bad_calls(args.seed + 100)
+    switch = test_switch(args.seed + 300)
     rows = bench_step(args.seed + 200)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"setup": info, "bench": rows, "failures": failures}, f, indent=1)
+            json.dump({"setup": info, "switch": switch, "bench": rows, "failures": failures}, f,
+                      indent=1)
     print(f"{len(failures)} checks failed" if failures else "all checks passed")
     return 1 if failures else 0
 

@@ -1,5 +1,5 @@
-// Prints the C layout of the in-process op's structs (kernels/op/verify_op_api.h) as JSON, for
-// kernel_op_abi_test.py to hold verifyd_client.kernel_op's ctypes mirror to.
+// Prints the C layout of the in-process op's and switch's structs (kernels/op/verify_op_api.h) as
+// JSON, for kernel_op_abi_test.py to hold verifyd_client.kernel_op's ctypes mirror to.
 
 #include <cstddef>
 #include <cstdio>
@@ -30,6 +30,19 @@ int main() {
   FIELD(VerifydOpCall, o);
   FIELD(VerifydOpCall, lse);
   FIELD(VerifydOpCall, failed);
-  std::printf("\"sizeof\": %zu}}\n", sizeof(VerifydOpCall));
+  std::printf("\"sizeof\": %zu}, \"VerifydSwitchBlock\": {", sizeof(VerifydOpCall));
+  FIELD(VerifydSwitchBlock, magic);
+  FIELD(VerifydSwitchBlock, mode);
+  FIELD(VerifydSwitchBlock, canary_threshold);
+  FIELD(VerifydSwitchBlock, lease_period_us);
+  FIELD(VerifydSwitchBlock, lease_epoch);
+  FIELD(VerifydSwitchBlock, steps);
+  FIELD(VerifydSwitchBlock, op_steps);
+  FIELD(VerifydSwitchBlock, lease_expired);
+  FIELD(VerifydSwitchBlock, seen_epoch);
+  FIELD(VerifydSwitchBlock, seen_at_ns);
+  FIELD(VerifydSwitchBlock, last_step_ns);
+  std::printf("\"sizeof\": %zu, \"magic_value\": %u}}\n", sizeof(VerifydSwitchBlock),
+              VERIFYD_SWITCH_MAGIC);
   return 0;
 }

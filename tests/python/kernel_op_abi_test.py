@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""verifyd_client.kernel_op's ctypes structs have the C layout of kernels/op/verify_op_api.h
+"""verifyd_client.kernel_op's and switch's ctypes structs have the C layout of kernels/op/verify_op_api.h
 (every field's offset and each struct's size, as kernel_op_abi_layout prints them), so that the
 client and libverifyd_kernel.so agree without a GPU to find out.
 
@@ -15,7 +15,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.normpath(os.path.join(HERE, "..", "..", "clients", "python")))
 
-from verifyd_client import kernel_op  # noqa: E402
+from verifyd_client import kernel_op, switch  # noqa: E402
 
 
 def main():
@@ -23,9 +23,13 @@ def main():
                                   text=True).stdout)
     bad = []
     for name, mirror in (("VerifydOpGeometry", kernel_op._Geometry),  # noqa: SLF001
-                         ("VerifydOpCall", kernel_op._Call)):  # noqa: SLF001
+                         ("VerifydOpCall", kernel_op._Call),  # noqa: SLF001
+                         ("VerifydSwitchBlock", switch._Block)):  # noqa: SLF001
         want = dict(c[name])
         size = want.pop("sizeof")
+        magic = want.pop("magic_value", None)
+        if magic is not None and magic != switch.MAGIC:
+            bad.append(f"{name}: C magic {magic:#x}, the client's {switch.MAGIC:#x}")
         got = {f: getattr(mirror, f).offset for f, _ in mirror._fields_}  # noqa: SLF001
         if got != want:
             bad.append(f"{name}: C offsets {want}, ctypes {got}")

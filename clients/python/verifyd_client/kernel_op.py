@@ -129,12 +129,14 @@ class VerifyKernel:
             raise InvalidBundleError(f"{name}: on {t.device}, the op is on {self.device}")
         return t.data_ptr()
 
-    def attend(self, q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, o, lse=None):
+    def attend(self, q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, o, lse=None,
+               failed=None):
         """Enqueues one call on the current stream: q bf16 [B*T, H, 576] (or [B*T, H*576]),
         kv_pool bf16 [pool_pages, page_size, 576], kv_indptr int32 [B+1], kv_indices int32
         [max_indices] (the first kv_indptr[B] read), kv_lens int32 [B] (prefix + T), tree_mask as
-        opened, o bf16 [B*T, H, 512] (or 2-D) written, lse fp32 [B*T, H] with want_lse. Returns
-        ``self.failed``."""
+        opened, o bf16 [B*T, H, 512] (or 2-D) written, lse fp32 [B*T, H] with want_lse.
+        ``failed``: a one-element torch.bool on the device for the verdict (a Switch's layer
+        byte), else ``self.failed``. Returns the tensor the verdict goes to."""
         torch = _torch()
         rows = self.batch * self.draft
         for name, t, width in (("q", q, HEAD_DIM_QK), ("o", o, HEAD_DIM_V)):
@@ -155,10 +157,16 @@ class VerifyKernel:
             raise InvalidBundleError("lse: pass it exactly when the op was made with want_lse")
         c.lse = (self._tensor("lse", lse, torch.float32, (rows, self.heads))
                  if lse is not None else None)
-        c.failed = self.failed.data_ptr()
+        if failed is None:
+            failed = self.failed
+        elif failed.dtype != torch.bool or failed.numel() != 1 or failed.device != self.device:
+            raise InvalidBundleError(f"failed: a one-element torch.bool on {self.device} "
+                                     f"expected, got {failed.dtype} {tuple(failed.shape)} on "
+                                     f"{failed.device}")
+        c.failed = failed.data_ptr()
         rc = self._lib.verifyd_op_attend(self._op, ctypes.byref(c),
                                          torch.cuda.current_stream(self.device).cuda_stream)
         if rc != 0:
             raise VerifydError(grpc.StatusCode.INTERNAL,
                                f"verifyd_op_attend: CUDA error {rc} enqueueing the call")
-        return self.failed
+        return failed
