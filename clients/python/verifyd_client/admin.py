@@ -6,7 +6,7 @@ import socket
 
 import grpc
 
-from ._channel import ChannelClient
+from ._channel import DEFAULT_ADMIN_TARGET, ChannelClient, resolve_target
 from ._proto import admin_pb2, admin_pb2_grpc, types_pb2
 from .errors import VerifydError
 
@@ -76,11 +76,26 @@ class AdminClient(ChannelClient):
     """verifyd's AdminService.
 
     admin_target: "unix:PATH" (the default deployment) or "HOST:PORT" with ``token``, the
-    bearer token of the daemon's --admin_token_file.
+    bearer token of the daemon's --admin_token_file (or ``token_file``, a file holding it, as
+    verifyctl's --admin_token_file); None: $VERIFYD_ADMIN, else the systemd unit's
+    "unix:/run/verifyd/admin.sock". A TCP admin with a token is served over TLS: tls_ca_file
+    (and tls_cert_file, tls_key_file) as for VerifyClient, with the same environment defaults.
     """
 
-    def __init__(self, admin_target, token=None, timeout=10.0):
-        super().__init__(admin_target, timeout)
+    def __init__(self, admin_target=None, token=None, timeout=10.0, token_file=None,
+                 tls_ca_file=None, tls_cert_file=None, tls_key_file=None):
+        if token is not None and token_file is not None:
+            raise ValueError("token, token_file: give one")
+        if token_file is not None:
+            try:
+                with open(token_file, encoding="ascii") as f:
+                    token = f.readline().strip()
+            except (OSError, UnicodeDecodeError) as e:
+                raise ValueError(f"token_file: cannot read {token_file}: {e}") from None
+            if not token:
+                raise ValueError(f"token_file: {token_file} is empty")
+        admin_target = resolve_target(admin_target, "VERIFYD_ADMIN", DEFAULT_ADMIN_TARGET)
+        super().__init__(admin_target, timeout, None, tls_ca_file, tls_cert_file, tls_key_file)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self._stub = admin_pb2_grpc.AdminServiceStub(self._channel)
 
@@ -88,7 +103,7 @@ class AdminClient(ChannelClient):
         try:
             return method(req, timeout=timeout or self.timeout, metadata=self._metadata)
         except grpc.RpcError as e:
-            raise VerifydError.from_rpc_error(e) from None
+            raise VerifydError.from_rpc_error(e, self._hint) from None
 
     def status(self):
         """The daemon's state as a dict, with the same fields and names as `verifyctl status

@@ -6,7 +6,7 @@ import threading
 
 import grpc
 
-from ._channel import ChannelClient
+from ._channel import DEFAULT_DATA_TARGET, ChannelClient, resolve_target
 from .call_channel import CallChannel
 from ._proto import verify_pb2, verify_pb2_grpc
 from .errors import VerifydError, status_code
@@ -40,7 +40,8 @@ def _transport(kind, calls, client, staging_slots, target):
 class VerifyClient(ChannelClient):
     """Sends verify-attention calls to verifyd's data plane.
 
-    target: "HOST:PORT" or "unix:PATH". timeout: seconds per unary call (None: no deadline).
+    target: "unix:PATH" or "HOST:PORT"; None: $VERIFYD_TARGET, else the systemd unit's
+    "unix:/run/verifyd/verifyd.sock". timeout: seconds per unary call (None: no deadline).
     transport: how tensors travel:
       "inline"    their bytes in each message (any target);
       "shm"       numpy arrays and CPU torch tensors through the client's own POSIX shared
@@ -50,14 +51,20 @@ class VerifyClient(ChannelClient):
     shm and cuda_ipc need a Unix socket target (or verifyd's --allow_region_tcp) and a verifyd on
     the same host. staging_slots: how many calls may be in flight at once with those transports
     (each holds one slot of staging buffers until its answer is read).
+    TLS to a TCP target (verifyd's --tls_cert_file): tls_ca_file, the PEM CA that signed verifyd's
+    certificate; tls_cert_file and tls_key_file, this client's certificate and key, for a verifyd
+    with --tls_client_ca_file. None: $VERIFYD_TLS_CA_FILE, $VERIFYD_TLS_CERT_FILE,
+    $VERIFYD_TLS_KEY_FILE ("" turns one off). A unix: target ignores them.
     Close the client (or leave its with-block) to unregister and free its regions.
     """
 
-    def __init__(self, target, timeout=30.0, transport="inline", channel_options=None,
-                 staging_slots=8):
+    def __init__(self, target=None, timeout=30.0, transport="inline", channel_options=None,
+                 staging_slots=8, tls_ca_file=None, tls_cert_file=None, tls_key_file=None):
         if transport not in TRANSPORTS:
             raise ValueError(f"transport: '{transport}' is not one of {', '.join(TRANSPORTS)}")
-        super().__init__(target, timeout, _CHANNEL_OPTIONS + list(channel_options or []))
+        target = resolve_target(target, "VERIFYD_TARGET", DEFAULT_DATA_TARGET)
+        super().__init__(target, timeout, _CHANNEL_OPTIONS + list(channel_options or []),
+                         tls_ca_file, tls_cert_file, tls_key_file)
         self._stub = verify_pb2_grpc.VerifyServiceStub(self._channel)
         # Unary Verify with the request serialized by verify() itself, which declares its size.
         self._verify = self._channel.unary_unary(
@@ -65,7 +72,8 @@ class VerifyClient(ChannelClient):
             response_deserializer=verify_pb2.VerifyResponse.FromString)
         # Registering maps memory and unregistering waits for the calls using a region: not
         # bound by a per-call deadline meant for Verify.
-        self._regions = RegionCalls(self._stub, None if timeout is None else max(timeout, 60.0))
+        self._regions = RegionCalls(self._stub, None if timeout is None else max(timeout, 60.0),
+                                    self._hint)
         self.client_id = client_id()
         self.transport = transport
         try:
@@ -100,7 +108,7 @@ class VerifyClient(ChannelClient):
                 pending.abandon()
             else:
                 pending.release()
-            raise VerifydError.from_rpc_error(e) from None
+            raise VerifydError.from_rpc_error(e, self._hint) from None
         except BaseException:
             pending.abandon()
             raise
@@ -238,7 +246,7 @@ class VerifyClient(ChannelClient):
 
     def stream(self, timeout=None):
         """A VerifyStream context manager: calls in order over one bidirectional stream."""
-        return VerifyStream(self._stub, timeout, self._transport)
+        return VerifyStream(self._stub, timeout, self._transport, self._hint)
 
     def health(self, service="", timeout=5.0):
         """grpc.health.v1 Check on the data plane: "SERVING", "NOT_SERVING", ...
@@ -251,7 +259,7 @@ class VerifyClient(ChannelClient):
         try:
             resp = check(req, timeout=timeout)
         except grpc.RpcError as e:
-            raise VerifydError.from_rpc_error(e) from None
+            raise VerifydError.from_rpc_error(e, self._hint) from None
         status = resp[1] if len(resp) >= 2 and resp[0] == 0x08 else 0
         return {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}.get(
             status, "UNKNOWN")
@@ -279,8 +287,9 @@ class VerifyStream:
     error on one call raises VerifydError from its ``recv`` and leaves the stream open.
     """
 
-    def __init__(self, stub, timeout, transport):
+    def __init__(self, stub, timeout, transport, hint=None):
         self._transport = transport
+        self._hint = hint
         self._requests = queue.Queue()
         self._pending = collections.deque()
         self._lock = threading.Lock()
@@ -317,7 +326,7 @@ class VerifyStream:
             resp = next(self._call)
         except grpc.RpcError as e:
             pending.abandon()
-            raise VerifydError.from_rpc_error(e) from None
+            raise VerifydError.from_rpc_error(e, self._hint) from None
         except StopIteration:
             pending.abandon()
             raise VerifydError(grpc.StatusCode.UNAVAILABLE,
@@ -346,7 +355,7 @@ class VerifyStream:
         except grpc.RpcError as e:
             self._drop(len(self._pending), done=False)
             if e.code() != grpc.StatusCode.CANCELLED:
-                raise VerifydError.from_rpc_error(e) from None
+                raise VerifydError.from_rpc_error(e, self._hint) from None
         self._drop(len(self._pending), done=False)
 
     def cancel(self):

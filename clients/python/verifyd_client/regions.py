@@ -95,9 +95,10 @@ def set_member(obj):
 class RegionCalls:
     """The region calls of one VerifyService stub, raising VerifydError."""
 
-    def __init__(self, stub, timeout):
+    def __init__(self, stub, timeout, hint=None):
         self._stub = stub
         self._timeout = timeout
+        self._hint = hint
         self.registered_any = False  # whether this client ever registered a region
 
     def unregister_client(self, client):
@@ -119,7 +120,7 @@ class RegionCalls:
             if e.code() == grpc.StatusCode.UNIMPLEMENTED:
                 raise VerifydError(e.code(), "transport: this verifyd does not serve registered "
                                              "regions; use transport='inline'") from None
-            raise VerifydError.from_rpc_error(e) from None
+            raise VerifydError.from_rpc_error(e, self._hint) from None
 
     def _register(self, method, req):
         try:
