@@ -10,7 +10,7 @@ PACK=$1 OUT=$2
 bin=$PACK/bin
 dir=$(mktemp -d)
 ctl() { "$bin/verifyctl" --timeout=600 --admin="unix:$dir/admin.sock" "$@"; }
-"$bin/verifyd" --engine=cuda --listen="unix:$dir/data.sock" --admin_listen="unix:$dir/admin.sock" \
+"$bin/verifyd" --engine=cuda --listen="unix:$dir/verifyd.sock" --admin_listen="unix:$dir/admin.sock" \
   --metrics_address=127.0.0.1:0 --state_dir="$dir/state" --capture_dir="$dir/captures" \
   --log_level=info > "$OUT/probe_daemon.log" 2>&1 &
 pid=$!

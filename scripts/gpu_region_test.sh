@@ -16,10 +16,10 @@ bin=$PACK/bin
 dir=$(mktemp -d)
 log=$OUT/region_daemon.log
 status=0
-ctl() { "$bin/verifyctl" --target="unix:$dir/data.sock" --admin="unix:$dir/admin.sock" "$@"; }
+ctl() { "$bin/verifyctl" --target="unix:$dir/verifyd.sock" --admin="unix:$dir/admin.sock" "$@"; }
 fail() { echo "FAIL $*"; status=1; }
 
-"$bin/verifyd" --engine=cuda --listen="unix:$dir/data.sock" --admin_listen="unix:$dir/admin.sock" \
+"$bin/verifyd" --engine=cuda --listen="unix:$dir/verifyd.sock" --admin_listen="unix:$dir/admin.sock" \
   --metrics_address=127.0.0.1:0 --state_dir="$dir/state" --capture_dir="$dir/captures" \
   --shadow_threads=2 --shadow_queue=256 --log_level=info > "$log" 2>&1 &
 pid=$!
@@ -84,7 +84,7 @@ if [[ -d "$PACK/py" ]]; then
       gen=$dir/gen
   fi
   VERIFYD_CLIENT_GEN=$gen timeout 300 python3 "$PACK/py/tests/python/gpu_cuda_ipc_test.py" \
-    --data "unix://$dir/data.sock" --admin "unix://$dir/admin.sock" \
+    --data "unix://$dir/verifyd.sock" --admin "unix://$dir/admin.sock" \
     > "$OUT/python_cuda_ipc.txt" 2>&1
   rc=$?
   if [[ $rc == 0 ]]; then
@@ -94,7 +94,7 @@ if [[ -d "$PACK/py" ]]; then
   fi
   # Doorbell channels from a captured CUDA graph: 10,000 calls per client, two client processes.
   VERIFYD_CLIENT_GEN=$gen timeout 400 python3 "$PACK/py/tests/python/gpu_doorbell_test.py" \
-    --data "unix://$dir/data.sock" --admin "unix://$dir/admin.sock" --replays 2500 --clients 2 --verifyd "$bin/verifyd" \
+    --data "unix://$dir/verifyd.sock" --admin "unix://$dir/admin.sock" --replays 2500 --clients 2 --verifyd "$bin/verifyd" \
     --custom_replays 500 \
     > "$OUT/python_doorbell.txt" 2>&1
   rc=$?
@@ -106,7 +106,7 @@ if [[ -d "$PACK/py" ]]; then
   # Tensors in torch's expandable segments (CUDA VMM): chunks passed as descriptors, mapped by verifyd.
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True VERIFYD_CLIENT_GEN=$gen timeout 300 \
     python3 "$PACK/py/tests/python/gpu_vmm_test.py" \
-    --data "unix://$dir/data.sock" --admin "unix://$dir/admin.sock" > "$OUT/python_vmm.txt" 2>&1
+    --data "unix://$dir/verifyd.sock" --admin "unix://$dir/admin.sock" > "$OUT/python_vmm.txt" 2>&1
   rc=$?
   if [[ $rc == 0 ]]; then
     echo "ok   python cuda_ipc transport, expandable segments (VMM): $(grep -cE '^PASS' "$OUT/python_vmm.txt") checks passed"
@@ -116,7 +116,7 @@ if [[ -d "$PACK/py" ]]; then
   # 61 layer pools as one region set (VMM and CUDA IPC members), each backend's adapter on it.
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True VERIFYD_CLIENT_GEN=$gen timeout 300 \
     python3 "$PACK/py/tests/python/gpu_region_set_test.py" --verifyctl "$bin/verifyctl" \
-    --data "unix://$dir/data.sock" --admin "unix://$dir/admin.sock" > "$OUT/python_region_set.txt" 2>&1
+    --data "unix://$dir/verifyd.sock" --admin "unix://$dir/admin.sock" > "$OUT/python_region_set.txt" 2>&1
   rc=$?
   if [[ $rc == 0 ]]; then
     echo "ok   python region set of 61 layer pools through the three adapters: $(grep -cE '^PASS' "$OUT/python_region_set.txt") checks passed, $(grep -m1 -E 'worst rel-L2' "$OUT/python_region_set.txt" | sed 's/^ *//')"

@@ -26,7 +26,7 @@ METRICS_PORT=${METRICS_PORT:-9477}
 
 start_daemon() {  # [ENGINE]
   rm -rf "$dir/state"
-  "$bin/verifyd" --engine="${1:-cuda}" --listen="unix:$dir/data.sock" --admin_listen="unix:$dir/admin.sock" \
+  "$bin/verifyd" --engine="${1:-cuda}" --listen="unix:$dir/verifyd.sock" --admin_listen="unix:$dir/admin.sock" \
     --metrics_address=127.0.0.1:$METRICS_PORT --state_dir="$dir/state" --capture_dir=off \
     --shadow_threads=2 --shadow_queue=256 --log_level=warn ${DAEMON_FLAGS:-} \
     >> "$OUT/service_daemon.log" 2>&1 &
@@ -34,7 +34,7 @@ start_daemon() {  # [ENGINE]
   for _ in $(seq 1200); do [ -S "$dir/admin.sock" ] && return 0; sleep 0.1; done  # after the start-up probe
   echo "verifyd did not start"; cat "$OUT/service_daemon.log"; return 1
 }
-ctl() { "$bin/verifyctl" --target="unix:$dir/data.sock" --admin="unix:$dir/admin.sock" "$@"; }
+ctl() { "$bin/verifyctl" --target="unix:$dir/verifyd.sock" --admin="unix:$dir/admin.sock" "$@"; }
 record() {  # MODE REP TRANSPORT: appends $dir/one.json, labelled, to the results
   python3 -c "import json,sys; j=json.load(open(sys.argv[1])); j['mode']=sys.argv[2]; j['rep']=int(sys.argv[3]); j['transport']=sys.argv[4]; print(json.dumps(j))" \
     "$dir/one.json" "$1" "$2" "$3" >> "$results"

@@ -23,7 +23,7 @@ rows=$OUT/stack.json
 
 start_verifyd() {  # $1: a tag for the log; $2: the folder of the verifyd to run (default: the pack's)
   rm -rf "$dir/state" "$dir"/*.sock
-  "${2:-$bin}/verifyd" --engine=cuda --listen="unix:$dir/data.sock" \
+  "${2:-$bin}/verifyd" --engine=cuda --listen="unix:$dir/verifyd.sock" \
     --admin_listen="unix:$dir/admin.sock" --metrics_address=127.0.0.1:0 \
     --state_dir="$dir/state" --capture_dir=off --shadow_threads=2 --shadow_queue=1024 \
     --log_level=warn > "$OUT/stack_verifyd_$1.log" 2>&1 &
@@ -34,7 +34,7 @@ start_verifyd() {  # $1: a tag for the log; $2: the folder of the verifyd to run
 
 cxx_rows() {  # $1: mps 0/1
   for shape in 1,16,16,4096 8,16,16,4096 32,8,16,2048 64,4,16,8192; do
-    "$bin/verifyctl" --target="unix:$dir/data.sock" --json send --transport cuda_ipc --channel \
+    "$bin/verifyctl" --target="unix:$dir/verifyd.sock" --json send --transport cuda_ipc --channel \
       --resident --shape "$shape" --page_size 64 --count 200 --distinct 1 > "$dir/cxx.json" \
       2> "$dir/cxx.err" || { echo "FAIL verifyctl send $shape: $(tail -2 "$dir/cxx.err")"; status=1; continue; }
     python3 - "$dir/cxx.json" "$shape" "$1" >> "$rows" <<'PY'
@@ -54,7 +54,7 @@ for mps in 0 1; do
   fi
   start_verifyd "mps$mps" || break
   cxx_rows "$mps"
-  timeout 400 python3 "$PACK/py/bench/stack_bench.py" --data "unix://$dir/data.sock" \
+  timeout 400 python3 "$PACK/py/bench/stack_bench.py" --data "unix://$dir/verifyd.sock" \
     --admin "unix://$dir/admin.sock" --mps "$mps" --out "$rows" ${STACK_BENCH_ARGS:-} > "$OUT/stack_mps$mps.txt" 2>&1 ||
     { echo "FAIL stack_bench.py (mps $mps): $(tail -3 "$OUT/stack_mps$mps.txt")"; status=1; }
   kill "$vpid"; wait "$vpid" 2>/dev/null
@@ -62,7 +62,7 @@ for mps in 0 1; do
   for base_bin in ${BASELINE_BIN:-}; do
     i=$((i + 1)); label=baseline; [[ $i -gt 1 ]] && label=baseline$i
     start_verifyd "${label}_mps$mps" "$base_bin" || continue
-    timeout 300 python3 "$PACK/py/bench/stack_bench.py" --data "unix://$dir/data.sock" \
+    timeout 300 python3 "$PACK/py/bench/stack_bench.py" --data "unix://$dir/verifyd.sock" \
       --admin "unix://$dir/admin.sock" --mps "$mps" --out "$rows" --label "$label" \
       --eager_calls 0 ${STACK_BENCH_ARGS:-} > "$OUT/stack_${label}_mps$mps.txt" 2>&1 ||
       { echo "FAIL stack_bench.py $label (mps $mps): $(tail -3 "$OUT/stack_${label}_mps$mps.txt")"; status=1; }

@@ -18,12 +18,12 @@ rows=$OUT/rounds.json
 
 run() {  # $1: label, $2: folder of its verifyd, $3: mps 0/1, $4: round
   rm -rf "$dir/state" "$dir"/*.sock
-  "$2/verifyd" --engine=cuda --listen="unix:$dir/data.sock" --admin_listen="unix:$dir/admin.sock" \
+  "$2/verifyd" --engine=cuda --listen="unix:$dir/verifyd.sock" --admin_listen="unix:$dir/admin.sock" \
     --metrics_address=127.0.0.1:0 --state_dir="$dir/state" --capture_dir=off --shadow_threads=2 \
     --shadow_queue=1024 --log_level=warn > "$OUT/verifyd_$1.log" 2>&1 &
   local pid=$!
   for _ in $(seq 600); do [ -S "$dir/admin.sock" ] && break; sleep 0.1; done
-  timeout 200 python3 "$PACK/py/bench/stack_bench.py" --data "unix://$dir/data.sock" \
+  timeout 200 python3 "$PACK/py/bench/stack_bench.py" --data "unix://$dir/verifyd.sock" \
     --admin "unix://$dir/admin.sock" --mps "$3" --modes custom --eager_calls 100 \
     --label "$1/r$4" --out "$rows" ${STACK_BENCH_ARGS:-} > "$dir/bench.txt" 2>&1 ||
     { echo "FAIL $1 (mps $3, round $4): $(tail -3 "$dir/bench.txt")"; status=1; }

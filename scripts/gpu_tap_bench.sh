@@ -23,7 +23,7 @@ status=0
 
 start_verifyd() {  # $1: a tag for the log
   rm -rf "$dir/state" "$dir"/*.sock
-  "$bin/verifyd" --engine=cuda --listen="unix:$dir/data.sock" \
+  "$bin/verifyd" --engine=cuda --listen="unix:$dir/verifyd.sock" \
     --admin_listen="unix:$dir/admin.sock" --metrics_address=127.0.0.1:0 \
     --state_dir="$dir/state" --capture_dir=off --log_level=warn > "$OUT/tap_verifyd_$1.log" 2>&1 &
   vpid=$!
@@ -32,13 +32,13 @@ start_verifyd() {  # $1: a tag for the log
 }
 
 if start_verifyd test; then
-  timeout 300 python3 "$PACK/py/tests/python/gpu_tap_test.py" --data "unix://$dir/data.sock" \
+  timeout 300 python3 "$PACK/py/tests/python/gpu_tap_test.py" --data "unix://$dir/verifyd.sock" \
     --admin "unix://$dir/admin.sock" --verifyd_log "$OUT/tap_verifyd_test.log" \
     > "$OUT/tap_test.txt" 2>&1 || { echo "FAIL gpu_tap_test.py: $(tail -3 "$OUT/tap_test.txt")"; status=1; }
   kill "$vpid"; wait "$vpid" 2>/dev/null
 fi
 if start_verifyd bench; then
-  timeout 400 python3 "$PACK/py/bench/tap_bench.py" --data "unix://$dir/data.sock" \
+  timeout 400 python3 "$PACK/py/bench/tap_bench.py" --data "unix://$dir/verifyd.sock" \
     --admin "unix://$dir/admin.sock" --verifyd_pid "$vpid" --out "$rows" ${TAP_BENCH_ARGS:-} \
     > "$OUT/tap_bench.txt" 2>&1 || { echo "FAIL tap_bench.py: $(tail -3 "$OUT/tap_bench.txt")"; status=1; }
   kill "$vpid"; wait "$vpid" 2>/dev/null
@@ -46,7 +46,7 @@ fi
 one_load=$PACK/lib/libverifyd_tap_one_load.so
 if [[ -e $one_load ]] && start_verifyd bench_one_load; then
   VERIFYD_TAP_LIB=$one_load timeout 120 python3 "$PACK/py/bench/tap_bench.py" \
-    --data "unix://$dir/data.sock" --admin "unix://$dir/admin.sock" --verifyd_pid "$vpid" \
+    --data "unix://$dir/verifyd.sock" --admin "unix://$dir/admin.sock" --verifyd_pid "$vpid" \
     --out "$rows" --copy one_load --cost_only ${TAP_BENCH_ARGS:-} > "$OUT/tap_bench_one_load.txt" 2>&1 ||
     { echo "FAIL tap_bench.py (one_load): $(tail -3 "$OUT/tap_bench_one_load.txt")"; status=1; }
   kill "$vpid"; wait "$vpid" 2>/dev/null

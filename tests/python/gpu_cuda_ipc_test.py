@@ -4,13 +4,13 @@
 Starts nothing itself: it takes the daemon's addresses.
 
     VERIFYD_CLIENT_GEN=BUILD/clients/python/gen \\
-    python3 tests/python/gpu_cuda_ipc_test.py --data unix:///run/verifyd/data.sock \\
+    python3 tests/python/gpu_cuda_ipc_test.py --data unix:///run/verifyd/verifyd.sock \\
         --admin unix:///run/verifyd/admin.sock [--device 0] [--metrics http://HOST:PORT/metrics]
 
 (or VERIFYD_DATA, VERIFYD_ADMIN, VERIFYD_METRICS_URL, VERIFYD_DEVICE in the environment).
 A daemon for it, e.g.:
 
-    verifyd --engine=cuda --listen=unix:/tmp/vd/data.sock --admin_listen=unix:/tmp/vd/admin.sock \
+    verifyd --engine=cuda --listen=unix:/tmp/vd/verifyd.sock --admin_listen=unix:/tmp/vd/admin.sock \
         --metrics_address=127.0.0.1:9464 --state_dir=/tmp/vd/state --capture_dir=off
 
 The data address must be a Unix socket (or the daemon runs with --allow_region_tcp), on the

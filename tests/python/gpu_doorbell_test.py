@@ -2,7 +2,7 @@
 """Doorbell channels from a CUDA graph, against a running verifyd with the CUDA engine.
 
     VERIFYD_CLIENT_GEN=BUILD/clients/python/gen python3 tests/python/gpu_doorbell_test.py \\
-        --data unix:///tmp/vd/data.sock --admin unix:///tmp/vd/admin.sock [--replays 10000]
+        --data unix:///tmp/vd/verifyd.sock --admin unix:///tmp/vd/admin.sock [--replays 10000]
 
 A torch CUDA graph captures a forward pass of LAYERS layers, each a verify call through
 verifyd_client's VerifyStep (the layout set once per pass). It is replayed --replays times; before
@@ -169,7 +169,7 @@ def check_verifyd_gone(verifyd_bin, device):
     not hang (the client's watchdog answers the rings), and check() raises UNAVAILABLE."""
     d = tempfile.mkdtemp(prefix="verifyd-gone-")
     daemon = subprocess.Popen(
-        [verifyd_bin, "--engine=cuda", f"--listen=unix:{d}/data.sock",
+        [verifyd_bin, "--engine=cuda", f"--listen=unix:{d}/verifyd.sock",
          f"--admin_listen=unix:{d}/admin.sock", "--metrics_address=127.0.0.1:0",
          f"--state_dir={d}/state", "--capture_dir=off"],
         stdout=subprocess.DEVNULL, stderr=open(os.path.join(d, "verifyd.log"), "w"))
@@ -180,7 +180,7 @@ def check_verifyd_gone(verifyd_bin, device):
     gen = torch.Generator(device=device)
     gen.manual_seed(99)
     p = Pass(gen, device)
-    client = VerifyClient(f"unix://{d}/data.sock", transport="cuda_ipc", timeout=10)
+    client = VerifyClient(f"unix://{d}/verifyd.sock", transport="cuda_ipc", timeout=10)
     step = client.verify_step(p.pools, MAX_BATCH, DRAFT, HEADS, p.indices.shape[0], SCALE)
     p.rewrite()
     graph = capture(step, p)

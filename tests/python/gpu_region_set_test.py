@@ -4,7 +4,7 @@ backend's adapter calling verifyd on several layers of it, against a running ver
 CUDA engine.
 
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True VERIFYD_CLIENT_GEN=BUILD/clients/python/gen \\
-    python3 tests/python/gpu_region_set_test.py --data unix:///tmp/vd/data.sock \\
+    python3 tests/python/gpu_region_set_test.py --data unix:///tmp/vd/verifyd.sock \\
         --admin unix:///tmp/vd/admin.sock [--verifyctl BIN] [--device 0]
 
 The data address must be verifyd's Unix socket (VMM members' descriptors go to its descriptor

@@ -2,7 +2,7 @@
 """Shadow taps from a CUDA graph, against a running verifyd with the CUDA engine.
 
     VERIFYD_CLIENT_GEN=... VERIFYD_TAP_LIB=.../libverifyd_tap.so python3 \\
-        tests/python/gpu_tap_test.py --data unix:///tmp/vd/data.sock \\
+        tests/python/gpu_tap_test.py --data unix:///tmp/vd/verifyd.sock \\
         --admin unix:///tmp/vd/admin.sock --verifyd_log /tmp/vd/verifyd.log
 
 A torch CUDA graph captures one layer of a serving stack: its own verify attention (an fp32

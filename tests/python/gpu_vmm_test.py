@@ -3,7 +3,7 @@
 against a running verifyd with the CUDA engine.
 
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True VERIFYD_CLIENT_GEN=BUILD/clients/python/gen \\
-    python3 tests/python/gpu_vmm_test.py --data unix:///tmp/vd/data.sock \\
+    python3 tests/python/gpu_vmm_test.py --data unix:///tmp/vd/verifyd.sock \\
         --admin unix:///tmp/vd/admin.sock [--device 0]
 
 The data address must be verifyd's Unix socket (the chunks' descriptors go to its descriptor

@@ -49,7 +49,7 @@ class VmmFdsTest(unittest.TestCase):
 
     def test_socket_path(self):
         self.assertEqual(self.path, self.daemon.data[len("unix:"):] + ".fds")
-        self.assertEqual(vmm_fds.socket_path("unix:///run/v/data.sock"), "/run/v/data.sock.fds")
+        self.assertEqual(vmm_fds.socket_path("unix:///run/v/verifyd.sock"), "/run/v/verifyd.sock.fds")
         self.assertIsNone(vmm_fds.socket_path("127.0.0.1:50051"))
 
     def test_a_complete_set_reaches_the_engine(self):

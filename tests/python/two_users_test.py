@@ -83,7 +83,7 @@ class Daemon:
     /run/verifyd)."""
 
     def __init__(self, verifyd, verifyctl, run_dir):
-        self.data = f"unix:{run_dir}/data.sock"
+        self.data = f"unix:{run_dir}/verifyd.sock"
         self.admin = f"unix:{run_dir}/admin.sock"
         self.verifyctl = verifyctl
         self.log_path = os.path.join(run_dir, "log")

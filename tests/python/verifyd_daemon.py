@@ -26,7 +26,7 @@ class Daemon:
 
     def __init__(self, *extra_flags, tcp=False):
         self.dir = tempfile.mkdtemp(prefix="verifyd-py-")
-        self.data = f"unix:{self.dir}/data.sock"
+        self.data = f"unix:{self.dir}/verifyd.sock"
         self.admin = f"unix:{self.dir}/admin.sock"
         self.log_path = os.path.join(self.dir, "log")
         self._log = open(self.log_path, "wb")
