@@ -17,11 +17,14 @@ them are allowed), else the test fails:
   <!-- ci: ... -->            the block is the CI lane itself (scripts/test.sh).
 
 Each group runs in a directory laid out like the checkout (its top-level entries linked, build/
-this build, run/ empty), with build/src/cli and build/src/main on PATH. A group whose first block
-comes before any daemon block gets a verifyd of its own (CPU engine, sockets in run/, a gate of
-2 clean comparisons). What the docs name as fixed is made the group's own:
+this build, run/ empty), with build/src/cli and build/src/main on PATH. A group without a daemon
+block gets a verifyd of its own (CPU engine, sockets in run/, a gate of 2 clean comparisons).
+A marker NAME-daemon: is a daemon block of group NAME and NAME-WORD: a run block of it (the
+README's TLS example, tls-setup, tls-daemon, tls-client, which tests/cli/tls_example_test.sh
+also runs). What the docs name as fixed is made the group's own:
 
-  - the ports 50051, 50052 and 9464 of 127.0.0.1 and localhost become free ports;
+  - the ports 50051, 50052, 50443, 50444 and 9464 of 127.0.0.1 and localhost become free
+    ports;
   - /run/verifyd/ (the systemd unit's sockets) becomes the group's run/ directory;
   - scripts/run.sh runs the binaries as built (RUN_NO_BUILD=1) and its ports follow the above.
 
@@ -43,10 +46,11 @@ import sys
 import tempfile
 import time
 
-MARKER = re.compile(r"^<!--\s*(run|daemon|needs|tested-by|ci):\s*(\S*)(.*?)-->\s*$")
+MARKER = re.compile(r"^<!--\s*([a-z][a-z0-9-]*):\s*(\S*)(.*?)-->\s*$")
+KINDS = ("run", "daemon", "needs", "tested-by", "ci")
 FENCE = re.compile(r"^```(sh|python)\s*$")
 NEEDS = ("gpu", "cluster", "docker", "root")
-FIXED_PORTS = ("50051", "50052", "9464")
+FIXED_PORTS = ("50051", "50052", "50443", "50444", "9464")
 
 PRELUDE = r'''
 import os, types
@@ -105,7 +109,7 @@ def parse(path, rel):
         m = MARKER.match(line)
         f = FENCE.match(line)
         if m:
-            marker = m.groups()
+            marker = _marker(*m.groups())
         elif f:
             body = []
             i += 1
@@ -122,10 +126,24 @@ def parse(path, rel):
     return blocks
 
 
+def _marker(kind, first, rest):
+    """(kind, group, note) of a marker. Besides the kinds above, a marker NAME-daemon: (the
+    README's TLS example, which tests/cli/tls_example_test.sh also runs) is a daemon block of
+    group NAME, and NAME-WORD: a run block of group NAME."""
+    if kind in KINDS:
+        return kind, first, rest
+    if "-" in kind:
+        group, word = kind.split("-", 1)
+        return ("daemon" if word == "daemon" else "run"), group, f"{first}{rest}"
+    return kind, first, rest
+
+
 def check_marks(blocks):
     errors = []
     for b in blocks:
-        if b.kind is None:
+        if b.kind is not None and b.kind not in KINDS:
+            errors.append(f"{b.where()}: unknown marker '{b.kind}:' (one of {', '.join(KINDS)})")
+        elif b.kind is None:
             errors.append(f"{b.where()}: ```{b.lang} block without a marker (<!-- run: GROUP -->, "
                           f"<!-- needs: gpu|cluster|docker|root -->, ...; see {__file__})")
         elif b.kind in ("run", "daemon") and not b.group:
@@ -232,7 +250,7 @@ class Group:
                 self.fail(f"{where}: verifyd exited with {self.daemon.returncode}: {command}")
             with open(self.log_path, errors="replace") as f:
                 f.seek(start)
-                if re.search(r"\bmetrics on http", f.read()):
+                if re.search(r"\] mode \w+, state in ", f.read()):
                     return
             time.sleep(0.1)
         self.fail(f"{where}: verifyd did not start in 120 s: {command}")
@@ -267,15 +285,19 @@ class Group:
 
     def run_python(self, block):
         if self.python is None:
-            self.python = subprocess.Popen([sys.executable, "-u", "-c", WORKER], env=self.env,
+            # Started with the exports of the group's sh blocks so far.
+            cmd = (f"source {shlex.quote(self.env_file)}; "
+                   f"exec {shlex.quote(sys.executable)} -u -c {shlex.quote(WORKER)}")
+            self.python = subprocess.Popen(["bash", "-c", cmd], env=self.env,
                                            cwd=self.dir, stdin=subprocess.PIPE,
                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                            text=True)
-            self._exec(PRELUDE, f"{block.where()} (the harness's prelude)")
+            self._exec(PRELUDE, f"{block.where()} (the harness's prelude)", show=False)
         self._exec(self.own(block.text), block.where())
 
-    def _exec(self, code, where):
-        print(_indent(">>> " + code.strip().replace("\n", "\n... ")), flush=True)
+    def _exec(self, code, where, show=True):
+        if show:
+            print(_indent(">>> " + code.strip().replace("\n", "\n... ")), flush=True)
         self.python.stdin.write(json.dumps(code) + "\n")
         self.python.stdin.flush()
         out = []
@@ -311,6 +333,7 @@ def main():
     if errors:
         print("FAIL: unmarked or badly marked blocks:\n  " + "\n  ".join(errors))
         return 1
+    with_daemon = {b.group for b in blocks if b.kind == "daemon"}
     base = tempfile.mkdtemp(prefix="verifyd-docs-")
     groups = {}
     ran = 0
@@ -323,7 +346,7 @@ def main():
             g = groups.get(b.group)
             if g is None:
                 g = groups[b.group] = Group(b.group, repo, build, base)
-                if b.kind == "run":
+                if b.group not in with_daemon:
                     g.start_default()
             if b.kind == "daemon":
                 cmds = logical_lines(g.own(b.text))
