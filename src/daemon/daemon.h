@@ -49,7 +49,7 @@ struct TlsOptions {
 };
 
 struct DaemonOptions {
-  std::vector<std::string> listen = {"127.0.0.1:50051"};  // HOST:PORT or unix:PATH
+  std::vector<std::string> listen = {kDefaultDataAddress};  // HOST:PORT or unix:PATH
   std::string admin_listen = kDefaultAdminAddress;
   std::string admin_token;          // required for a TCP admin listener
   bool insecure_admin_tcp = false;  // allow the token over a TCP admin listener without TLS

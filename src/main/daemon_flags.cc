@@ -279,7 +279,7 @@ std::vector<std::string> AllListen(int argc, char** argv) {
 
 constexpr char kUsage[] =
     "verifyd: shadow-verifies a custom MLA tree-verify attention kernel against a reference.\n"
-    "  verifyd --listen=127.0.0.1:50051 --state_dir=DIR [--engine=auto|cpu|cuda]";
+    "  verifyd [--listen=unix:PATH|HOST:PORT ...] [--state_dir=DIR] [--engine=auto|cpu|cuda]";
 
 // The daemon's own flags are the ones defined in this file.
 bool IsDaemonFlagFile(absl::string_view file) { return absl::EndsWith(file, "daemon_flags.cc"); }
