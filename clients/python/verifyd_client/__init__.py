@@ -16,14 +16,29 @@ systemd unit's sockets; TCP targets speak TLS with tls_ca_file (and tls_cert_fil
 for mutual TLS), by default $VERIFYD_TLS_CA_FILE (..._CERT_FILE, ..._KEY_FILE), as verifyctl.
 """
 
-from .admin import AdminClient
-from .bundle import Bundle, make_bundle
-from .call_channel import CallChannel
-from .client import REQUEST_BYTES_KEY, VerifyClient, VerifyStream
-from .errors import InvalidBundleError, VerifydError
-from .result import VerifyResult
-from .sglang import sglang_target_verify
-from .tensors import from_bf16, pack_mask, to_bf16, unpack_mask
+import importlib.util as _util
+import sys as _sys
+
+for _module, _debian in (("grpc", "python3-grpcio"), ("google.protobuf", "python3-protobuf"),
+                         ("numpy", "python3-numpy")):
+    try:
+        _found = _util.find_spec(_module) is not None
+    except ModuleNotFoundError:  # "google" itself is missing
+        _found = False
+    if not _found:
+        raise ImportError(
+            f"verifyd_client: {_sys.executable} (Python {_sys.version.split()[0]}) has no "
+            f"'{_module}': install it for this interpreter (pip install grpcio protobuf numpy), "
+            f"or run the client with Debian's /usr/bin/python3 ({_debian})", name=_module)
+
+from .admin import AdminClient  # noqa: E402
+from .bundle import Bundle, make_bundle  # noqa: E402
+from .call_channel import CallChannel  # noqa: E402
+from .client import REQUEST_BYTES_KEY, VerifyClient, VerifyStream  # noqa: E402
+from .errors import InvalidBundleError, VerifydError  # noqa: E402
+from .result import VerifyResult  # noqa: E402
+from .sglang import sglang_target_verify  # noqa: E402
+from .tensors import from_bf16, pack_mask, to_bf16, unpack_mask  # noqa: E402
 
 __all__ = ["AdminClient", "Bundle", "CallChannel", "InvalidBundleError", "REQUEST_BYTES_KEY",
            "VerifyClient", "VerifyResult",

@@ -29,6 +29,11 @@ _add_stub_dir()
 try:
     from verifyd.v1 import admin_pb2, admin_pb2_grpc, types_pb2, verify_pb2, verify_pb2_grpc
 except ImportError as e:  # pragma: no cover - depends on the installation
+    if (e.name or "").split(".")[0] in ("grpc", "google"):
+        raise ImportError(
+            f"verifyd_client: {sys.executable} (Python {sys.version.split()[0]}) has no "
+            f"'{e.name}': install grpcio and protobuf for this interpreter, or run the client "
+            f"with Debian's /usr/bin/python3 (python3-grpcio, python3-protobuf)") from e
     raise ImportError(
         "verifyd_client: the generated stubs of proto/verifyd/v1 were not found; run "
         "clients/python/generate.sh or build the verifyd_python_proto CMake target and set "
