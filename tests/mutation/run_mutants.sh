@@ -54,6 +54,7 @@ sources=(src/compare/compare.cc src/bundle/bundle.cc src/bundle/validate.cc
          src/cpu_engine/cpu_reference.cc src/cpu_engine/cpu_engine.cc src/engine/engine.cc
          src/engine/engine_factory.cc
          src/control/drift_test.cc src/probe/probe_suite.cc src/probe/probe_runner.cc
+         src/probe/invariance.cc src/probe/repacked_bundle.cc
          tests/mutation/mutant_driver.cc)
 objs=()
 for s in "${sources[@]}"; do
@@ -65,19 +66,25 @@ wait
 
 # Each set is one driver run per mutant; calls per class shrink with T * kv_len (--budget) so
 # that the 64K classes stay affordable on a small CPU box. Raise --calls/--budget with "--".
+# The prefixes 501 and 4091 put the geometry of real prefixes in front of the tiling (64-token
+# tiles, splits of 256 tokens and more): a draft block that straddles two tiles (and, at 501 with
+# T = 16, a split boundary), and tails of odd length.
 if [ $quick = 1 ]; then
-  sets=("--prefixes 512,4096 --pages 1,64 --drafts 4,16 --calls 3 --budget 1e5 --drift")
+  sets=("--prefixes 512,4096 --pages 1,64 --drafts 4,16 --calls 3 --budget 1e5 --drift"
+        "--prefixes 501,4091 --pages 1,64 --drafts 4,16 --calls 3 --budget 1e5")
 else
   # The last set feeds the oracle drift test: a stream of calls per traffic model long enough for
   # its verdict (--drift_min_samples 16), which the budgeted sets are not.
   sets=("--prefixes 512 --pages 1,64 --drafts 4,16,64 --calls 3 --budget 5e4"
+        "--prefixes 501,4091 --pages 1,64 --drafts 4,16,64 --calls 3 --budget 5e4"
         "--prefixes 4096 --pages 1,64 --drafts 4,16 --calls 3 --budget 5e4"
         "--prefixes 16384,65536 --pages 64 --drafts 4 --calls 1"
         "--prefixes 512,4096,16384 --pages 1,64 --drafts 4 --calls 6 --budget 1e12 --drift")
 fi
 # Every set with --drift also runs the oracle on every call and feeds the oracle drift test (one
-# stream per traffic model), and the first set runs the probe suite once per mutant, so that the
-# matrix says which of per-call tolerance, drift or probe caught each bug.
+# stream per traffic model), and the first set runs the probe suite and the invariance probes
+# once per mutant, so that the matrix says which of per-call tolerance, drift, probe or invariance
+# caught each bug.
 common=(--threads "$(nproc)" --commit "$commit")
 
 mutants=(clean)
@@ -95,7 +102,7 @@ for m in "${mutants[@]}"; do
   i=0
   for set in "${sets[@]}"; do
     read -r -a args <<<"$set"
-    [ $i = 0 ] && args+=(--probe_max_prefix 1024)
+    [ $i = 0 ] && args+=(--probe_max_prefix 1024 --invariance_max_prefix 1024)
     "$work/driver" --label "$m" --json "$work/json/$m.$i.json" "${args[@]}" "${common[@]}" \
       "${extra[@]}" | tail -n 1
     i=$((i + 1))
