@@ -2,6 +2,7 @@
 """Runs the command blocks of the docs as a newcomer pastes them, against the build under test.
 
     run_doc_blocks.py REPO BUILD_DIR DOC.md [DOC.md ...]
+    run_doc_blocks.py --check-only REPO BUILD_DIR DOC.md [DOC.md ...]   (the markers alone)
 
 Every ```sh and ```python block of a doc must follow a marker comment (blank lines between
 them are allowed), else the test fails:
@@ -322,17 +323,24 @@ def _indent(text):
 
 
 def main():
-    if len(sys.argv) < 4:
+    args = sys.argv[1:]
+    check_only = bool(args) and args[0] == "--check-only"
+    if check_only:
+        args = args[1:]
+    if len(args) < 3:
         print(__doc__)
         return 2
-    repo, build = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    repo, build, docs = os.path.abspath(args[0]), os.path.abspath(args[1]), args[2:]
     blocks = []
-    for doc in sys.argv[3:]:
+    for doc in docs:
         blocks += parse(os.path.join(repo, doc), doc)
     errors = check_marks(blocks)
     if errors:
         print("FAIL: unmarked or badly marked blocks:\n  " + "\n  ".join(errors))
         return 1
+    if check_only:
+        print(f"PASS: the {len(blocks)} command blocks of {len(docs)} docs are marked")
+        return 0
     with_daemon = {b.group for b in blocks if b.kind == "daemon"}
     base = tempfile.mkdtemp(prefix="verifyd-docs-")
     groups = {}
@@ -365,7 +373,7 @@ def main():
         for g in groups.values():
             g.close()
         shutil.rmtree(base, ignore_errors=True)
-    print(f"PASS: {ran} blocks of {', '.join(sys.argv[3:])} ran "
+    print(f"PASS: {ran} blocks of {', '.join(docs)} ran "
           f"({len(blocks) - ran} marked as run elsewhere)")
     return 0
 
