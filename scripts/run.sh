@@ -46,7 +46,6 @@ for ((i = 0; i < ${#args[@]}; i++)); do
     --*) name=$a value=${args[i + 1]:-} ;;
     *) continue ;;
   esac
-  name=--${name#--}
   given+=("$name")
   case $name in
     --gate_window) gate=$value ;;
