@@ -17,6 +17,10 @@ them are allowed), else the test fails:
   <!-- tested-by: TEST ... --> not run here: the named test runs the same commands;
   <!-- ci: ... -->            the block is the CI lane itself (scripts/test.sh).
 
+A run or daemon marker may name what the block must show: each expect "TEXT" in it must be in
+the block's output (a daemon block's: verifyd's log since it started), so that a story the doc
+tells (a rollback and its reason) is checked, not only that its commands exit 0.
+
 Each group runs in a directory laid out like the checkout (its top-level entries linked, build/
 this build, run/ empty), with build/src/cli and build/src/main on PATH. A group without a daemon
 block gets a verifyd of its own (CPU engine, sockets in run/, a gate of 2 clean comparisons).
@@ -237,6 +241,11 @@ class Group:
                    f"--metrics_address=127.0.0.1:0 --state_dir={run}/state --engine=cpu "
                    f"--cpu_threads=2 --gate_window=2", "the group's verifyd")
 
+    def expect(self, block, output):
+        for want in re.findall(r'expect\s+"([^"]*)"', block.note):
+            if want not in output:
+                self.fail(f"{block.where()}: the output lacks \"{want}\"", output)
+
     def start(self, command, where):
         self.stop()
         with open(self.log_path, "a") as log:
@@ -251,8 +260,9 @@ class Group:
                 self.fail(f"{where}: verifyd exited with {self.daemon.returncode}: {command}")
             with open(self.log_path, errors="replace") as f:
                 f.seek(start)
-                if re.search(r"\] mode \w+, state in ", f.read()):
-                    return
+                log = f.read()
+                if re.search(r"\] mode \w+, state in ", log):
+                    return log
             time.sleep(0.1)
         self.fail(f"{where}: verifyd did not start in 120 s: {command}")
 
@@ -283,6 +293,7 @@ class Group:
         print(_indent(r.stdout), flush=True)
         if r.returncode != 0:
             self.fail(f"{block.where()}: a line of the block failed")
+        self.expect(block, r.stdout)
 
     def run_python(self, block):
         if self.python is None:
@@ -360,7 +371,7 @@ def main():
                 cmds = logical_lines(g.own(b.text))
                 if len(cmds) != 1:
                     g.fail(f"{b.where()}: a daemon block holds one command, not {len(cmds)}")
-                g.start(cmds[0], b.where())
+                g.expect(b, g.start(cmds[0], b.where()))
             elif b.lang == "sh":
                 g.run_sh(b)
             else:
