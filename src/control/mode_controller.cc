@@ -508,6 +508,15 @@ absl::Status ModeController::SetSampleRateLocked(const SampleRateChange& c, Audi
   if (absl::Status st = ValidateState(next); !st.ok()) return st;
   const bool unchecked = c.mode == Mode::kCustom && c.rate == 0;
   if (unchecked && origin == AuditOrigin::kClient && !c.force) {
+    // The custom rate applies only while custom is served and is kept until then: outside
+    // custom mode the refusal says that nothing changes now.
+    if (state_.mode != Mode::kCustom) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rate: the mode is ", ModeName(state_.mode),
+          ", so nothing changes now, but custom mode keeps this rate: a custom sample rate of 0 "
+          "would compare nothing once custom is served, so no breach would be seen and no "
+          "rollback could fire; give --force (recorded in the audit log) to set it anyway"));
+    }
     return absl::FailedPreconditionError(
         "rate: a custom sample rate of 0 compares nothing while custom is served, so no breach is "
         "seen and no rollback can fire; give --force (recorded in the audit log) to do it anyway");

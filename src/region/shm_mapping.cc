@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -59,10 +60,33 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> MapShm(const std::string& key, uin
     const int err = errno;
     const std::string why = Errno();
     if (err == ENOENT) {
-      return absl::NotFoundError(absl::StrCat("key: no shared-memory object '", key, "'"));
+      // The client created it (or said it did): in a container, verifyd and the client see the
+      // same objects only in one IPC namespace.
+      return absl::NotFoundError(absl::StrCat(
+          "key: no shared-memory object '", key,
+          "' (not in the same IPC namespace as verifyd? Pods need hostIPC: true, containers "
+          "--ipc=host, for shm regions and call channels)"));
+    }
+    std::string hint;
+    if (err == EACCES) {
+      // verifyd opens the object as its own user: a client of another user must let verifyd's
+      // group in (transports.md, "A client as another user").
+      struct stat st {};
+      std::string owner;
+      if (stat(("/dev/shm" + key).c_str(), &st) == 0) {
+        char mode[16];
+        std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+        owner = absl::StrCat("; the object is uid ", st.st_uid, "'s, group ", st.st_gid, ", mode ",
+                             mode);
+      }
+      hint = absl::StrCat(
+          " (verifyd runs as uid ", geteuid(), owner,
+          ": a client of another user joins the data socket's group and gives the object to it, "
+          "read-write, mode 0660; verifyctl and the Python client do so when the client is in "
+          "that group)");
     }
     return absl::PermissionDeniedError(
-        absl::StrCat("key: cannot open shared-memory object '", key, "' read-write: ", why));
+        absl::StrCat("key: cannot open shared-memory object '", key, "' read-write: ", why, hint));
   }
   struct stat st {};
   if (fstat(fd, &st) != 0) {

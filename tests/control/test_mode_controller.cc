@@ -120,6 +120,34 @@ TEST_F(ModeControllerTest, RejectsBadChanges) {
   EXPECT_EQ(c->SetSampleRate(Mode::kShadow, 2.0, "t").code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A custom rate of 0 needs --force in every mode; outside custom mode the refusal says that
+// nothing is served unchecked now, only once custom is served.
+TEST_F(ModeControllerTest, ACustomRateOfZeroInShadowIsRefusedForWhatItWouldDoInCustom) {
+  auto c = Make();
+  SampleRateChange zero;
+  zero.mode = Mode::kCustom;
+  zero.rate = 0;
+  zero.who = "t";
+  zero.reason = "too slow";
+  absl::Status st = c->SetSampleRate(zero);
+  ASSERT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("the mode is shadow, so nothing changes now"), std::string::npos)
+      << st;
+  EXPECT_EQ(st.message().find("while custom is served"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("--force"), std::string::npos) << st;
+  zero.force = true;
+  EXPECT_TRUE(c->SetSampleRate(zero).ok());
+  EXPECT_EQ(c->Snapshot().state.custom_sample_rate, 0);
+  ASSERT_TRUE(c->SetMode(MC(Mode::kCustom, 0, "x", true, "t")).ok());
+  zero.force = false;
+  zero.rate = 0.5;
+  ASSERT_TRUE(c->SetSampleRate(zero).ok());
+  zero.rate = 0;
+  st = c->SetSampleRate(zero);
+  ASSERT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("while custom is served"), std::string::npos) << st;
+}
+
 TEST_F(ModeControllerTest, CanaryWithoutAFractionServesThePersistedOne) {
   auto c = Make();
   auto st = c->SetMode(MC(Mode::kCanary, 0, "default", true, "t"));

@@ -494,6 +494,55 @@ TEST(ShmMapping, MapsOnlyTheCallersOwnObjects) {
   EXPECT_TRUE(MapShm(shm.key(), 0, shm.size(), std::nullopt).ok());  // TCP: nobody known
 }
 
+// An object verifyd cannot find: the usual cause in a container is another IPC namespace, and
+// the error says so.
+TEST(ShmMapping, AMissingObjectAsksAboutTheIpcNamespace) {
+  const std::string key = "/vdtest-" + std::to_string(getpid()) + "-missing";
+  shm_unlink(key.c_str());
+  absl::StatusOr<std::unique_ptr<MappedRegion>> m = MapShm(key, 0, 4096, ::getuid());
+  ASSERT_EQ(m.status().code(), absl::StatusCode::kNotFound) << m.status();
+  const std::string msg(m.status().message());
+  EXPECT_NE(msg.find("key: no shared-memory object '" + key + "'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("not in the same IPC namespace as verifyd?"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("hostIPC"), std::string::npos) << msg;
+}
+
+// A verifyd of another user than the object's owner cannot open a 0600 object: the error says
+// how a client lets it in (the data socket's group, mode 0660). verifyd is played by a child
+// process running as nobody. Needs root.
+TEST(ShmMapping, AnObjectVerifydMayNotOpenNamesTheGroupToJoin) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to open the object as another user";
+  ShmObject shm("private", 1 << 20);  // root's, 0600
+  int pipefd[2];
+  ASSERT_EQ(::pipe(pipefd), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(pipefd[0]);
+    std::string msg = "setresuid failed";
+    if (::setresgid(65534, 65534, 65534) == 0 && ::setresuid(65534, 65534, 65534) == 0) {
+      absl::StatusOr<std::unique_ptr<MappedRegion>> m =
+          MapShm(shm.key(), 0, shm.size(), std::nullopt);
+      msg = m.ok() ? "mapped" : std::string(m.status().ToString());
+    }
+    (void)!::write(pipefd[1], msg.data(), msg.size());
+    ::_exit(0);
+  }
+  ::close(pipefd[1]);
+  std::string msg;
+  char buf[1024];
+  for (ssize_t n; (n = ::read(pipefd[0], buf, sizeof buf)) > 0;) msg.append(buf, n);
+  ::close(pipefd[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  EXPECT_NE(msg.find("PERMISSION_DENIED: key: cannot open shared-memory object '" + shm.key() +
+                     "' read-write: Permission denied (verifyd runs as uid 65534; the object "
+                     "is uid 0's, group 0, mode 0600: a client of another user joins the data "
+                     "socket's group and gives the object to it, read-write, mode 0660"),
+            std::string::npos)
+      << msg;
+}
+
 // The same end to end: a client running as another user (nobody) connects to the data socket,
 // and the uid the kernel reports for its connection decides. Its registration of an object of
 // root's is refused naming the key; one of its own is mapped. Needs root to start the client as
