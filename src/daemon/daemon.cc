@@ -1,6 +1,13 @@
 #include "src/daemon/daemon.h"
 
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 #include <sys/stat.h>
+
+#include <memory>
 
 #include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
@@ -70,6 +77,44 @@ std::shared_ptr<grpc::ServerCredentials> ListenerCredentials(const std::string& 
   return grpc::SslServerCredentials(ssl);
 }
 
+// The TLS certificate and key, checked before anything slow starts (the engine, the start-up
+// probe suite): each must parse, and the key must be the certificate's. gRPC would find a bad pair
+// only when the servers bind, after the probe suite.
+absl::Status CheckTlsPair(const TlsOptions& tls) {
+  if (!tls.enabled()) return absl::OkStatus();
+  // No passphrase prompt on the terminal for an encrypted key: it does not parse.
+  pem_password_cb* no_passphrase = [](char*, int, int, void*) { return 0; };
+  auto read = [](const std::string& pem) {
+    return std::unique_ptr<BIO, decltype(&BIO_free)>(
+        BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), &BIO_free);
+  };
+  const bool swapped = tls.cert_chain.find("PRIVATE KEY-----") != std::string::npos &&
+                       tls.private_key.find("CERTIFICATE-----") != std::string::npos;
+  const char* check = swapped ? " (--tls_cert_file and --tls_key_file are swapped)"
+                              : " (check that --tls_key_file is the key of --tls_cert_file)";
+  auto cert_bio = read(tls.cert_chain);
+  std::unique_ptr<X509, decltype(&X509_free)> cert(
+      PEM_read_bio_X509(cert_bio.get(), nullptr, no_passphrase, nullptr), &X509_free);
+  auto key_bio = read(tls.private_key);
+  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(
+      PEM_read_bio_PrivateKey(key_bio.get(), nullptr, no_passphrase, nullptr), &EVP_PKEY_free);
+  const bool match = cert && key && X509_check_private_key(cert.get(), key.get()) == 1;
+  ERR_clear_error();  // gRPC reads OpenSSL's error queue of this thread later
+  if (!cert) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tls_cert_file: holds no PEM certificate", check));
+  }
+  if (!key) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tls_key_file: holds no unencrypted PEM private key", check));
+  }
+  if (!match) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tls_key_file: not the key of the certificate in --tls_cert_file", check));
+  }
+  return absl::OkStatus();
+}
+
 // Why a server did not start: a taken port, or else TLS credentials gRPC refused.
 std::string StartFailure(const std::vector<std::string>& addresses, const TlsOptions& tls) {
   std::string why = BindFailure(addresses);
@@ -137,6 +182,7 @@ std::string DaemonVersion() {
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
   VERIFYD_RETURN_IF_ERROR(CheckAdminListener(opts));
+  VERIFYD_RETURN_IF_ERROR(CheckTlsPair(opts.tls));
   std::unique_ptr<Daemon> d(new Daemon);
   d->opts_ = std::move(opts);
   VERIFYD_RETURN_IF_ERROR(d->StartEngineAndState());
@@ -460,7 +506,14 @@ Daemon::~Daemon() {
   admin_acceptor_.reset();
   if (data_server_) data_server_->Shutdown(deadline);
   if (admin_server_) admin_server_->Shutdown(deadline);
-  shadow_.reset();  // finishes queued comparisons while the engine still exists
+  if (shadow_) {
+    // Comparisons not yet started are dropped: a full queue would hold the exit for seconds
+    // (64 reference runs on the CPU engine). The running ones finish while the engine exists.
+    if (const int64_t dropped = shadow_->DropQueued(); dropped > 0) {
+      spdlog::info("shutdown: {} queued comparisons dropped unrun", dropped);
+    }
+    shadow_.reset();
+  }
   if (controller_) {
     if (absl::Status st = controller_->Flush(); !st.ok()) {
       spdlog::error("gate evidence not saved at shutdown: {}", st.ToString());

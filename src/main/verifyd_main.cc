@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "grpc/grpc.h"
 #include "spdlog/spdlog.h"
 #include "src/common/malloc_arenas.h"
 #include "src/daemon/daemon.h"
@@ -30,6 +31,10 @@ int main(int argc, char** argv) {
   sigaddset(&stop, SIGINT);
   sigaddset(&stop, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  // gRPC stays initialized until the process exits. The servers' destructors would otherwise
+  // make the last grpc_shutdown(), which joins gRPC's executor threads, and after busy traffic
+  // one of them can sit in a poll for about 10 s: SIGTERM would take that long.
+  grpc_init();  // after the mask: its threads must not take the stop signals
 
   auto daemon = verifyd::Daemon::Start(*opts);
   if (!daemon.ok()) {

@@ -46,6 +46,22 @@ void ShadowRunner::WaitIdle() {
       +[](std::atomic<int64_t>* p) { return p->load() == 0; }, &pending_));
 }
 
+int64_t ShadowRunner::DropQueued() {
+  int64_t dropped = 0;
+  std::function<void()> job;
+  while (queue_.try_pop(job)) {
+    if (!job) {  // a stop marker (the destructor's): put it back for a worker
+      queue_.push(nullptr);
+      break;
+    }
+    waiting_.fetch_sub(1);
+    ++dropped;
+    absl::MutexLock l(&idle_mu_);
+    pending_.fetch_sub(1);
+  }
+  return dropped;
+}
+
 void ShadowRunner::Loop() {
   for (;;) {
     std::function<void()> job;

@@ -32,7 +32,7 @@ class ShadowRunner {
   };
 
   ShadowRunner(int threads, int capacity);
-  ~ShadowRunner();  // finishes queued jobs, then joins
+  ~ShadowRunner();  // finishes queued jobs (DropQueued first to skip them), then joins
 
   // A place in the queue, or nullopt when `capacity` jobs already wait (reserved or queued).
   std::optional<Slot> TryReserve();
@@ -45,6 +45,10 @@ class ShadowRunner {
   int capacity() const { return capacity_; }
   // Blocks until every submitted job has finished (tests, shutdown).
   void WaitIdle();
+  // Removes the jobs still waiting to start, unrun, and returns how many there were; the running
+  // ones go on. At shutdown: a full queue of comparisons would otherwise hold the exit for
+  // seconds.
+  int64_t DropQueued();
 
  private:
   void Loop();

@@ -1,5 +1,6 @@
 // The shadow runner's queue: its depth counts waiting jobs only and never exceeds the capacity;
-// reserved places count against it and come back when dropped.
+// reserved places count against it and come back when dropped; queued jobs can be dropped unrun
+// (shutdown) while the running one finishes.
 
 #include <atomic>
 
@@ -64,6 +65,23 @@ TEST(ShadowRunner, AReservedPlaceCountsAndComesBackWhenDropped) {
   r.WaitIdle();
   EXPECT_TRUE(ran.load());
   EXPECT_EQ(r.depth(), 0);
+}
+
+TEST(ShadowRunner, DroppedJobsNeverRunAndTheRunningOneFinishes) {
+  BusyRunner busy(4);
+  ShadowRunner& r = busy.runner;
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(r.TrySubmit([&] { ++ran; }));
+  EXPECT_EQ(r.depth(), 3);
+  EXPECT_EQ(r.DropQueued(), 3);
+  EXPECT_EQ(r.depth(), 0);
+  EXPECT_EQ(r.DropQueued(), 0);
+  busy.release.Notify();
+  r.WaitIdle();  // returns once the running job is done: the dropped ones are not pending
+  EXPECT_EQ(ran.load(), 0);
+  EXPECT_TRUE(r.TrySubmit([&] { ++ran; }));  // the runner still serves
+  r.WaitIdle();
+  EXPECT_EQ(ran.load(), 1);
 }
 
 }  // namespace

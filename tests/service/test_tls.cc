@@ -3,6 +3,7 @@
 // the admin token never travels in clear unless --insecure_admin_tcp says so.
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -145,14 +146,32 @@ TEST_F(TlsTest, TheTokenIsRefusedOnPlaintextTcpUnlessAccepted) {
   EXPECT_TRUE(AdminStatus(testing::Channel(d->admin_address()), "t0ken", &s).ok());
 }
 
+// A bad pair is found before anything slow starts (the engine, the start-up probe suite): the
+// state directory, the first thing a start touches, is not even created.
 TEST_F(TlsTest, AKeyThatDoesNotMatchTheCertificateFailsTheStart) {
   DaemonOptions o = Options();
   o.tls.private_key = pki_.client_key;
+  o.probe.at_start = true;
   auto d = Daemon::Start(o);
   ASSERT_FALSE(d.ok());
-  EXPECT_NE(d.status().message().find("--tls_key_file is the key of --tls_cert_file"),
+  EXPECT_NE(d.status().message().find("tls_key_file: not the key of the certificate in "
+                                      "--tls_cert_file (check that --tls_key_file is the key of "
+                                      "--tls_cert_file)"),
             std::string::npos)
       << d.status();
+  EXPECT_FALSE(std::filesystem::exists(o.state_dir));
+}
+
+TEST_F(TlsTest, ASwappedCertificateAndKeyAreNamedBeforeTheProbeSuiteRuns) {
+  DaemonOptions o = Options();
+  std::swap(o.tls.cert_chain, o.tls.private_key);
+  o.probe.at_start = true;
+  auto d = Daemon::Start(o);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().message(),
+            "tls_cert_file: holds no PEM certificate (--tls_cert_file and --tls_key_file are "
+            "swapped)");
+  EXPECT_FALSE(std::filesystem::exists(o.state_dir));
 }
 
 }  // namespace
