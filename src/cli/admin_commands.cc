@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "fmt/format.h"
@@ -96,13 +97,28 @@ std::string NextStep(const v1::GetStatusResponse& s) {
     case v1::MODE_REFERENCE:
       return "verifyctl rollback --reason \"...\"   (back to shadow: compare again; the gate "
              "starts over)";
-    case v1::MODE_SHADOW:
+    case v1::MODE_SHADOW: {
       if (gate.ready())
         return "verifyctl flip canary --reason \"...\"   (fraction 0.05 by default)";
-      return fmt::format(
-          "wait for {} more clean comparisons in a row (traffic, or verifyctl send); a flip "
-          "before that needs --force, which is audited",
-          std::max<int64_t>(0, gate.needed() - gate.clean()));
+      // Each thing the gate waits for, with the command that brings it.
+      std::vector<std::string> needs;
+      if (const int64_t more = gate.needed() - gate.clean(); more > 0) {
+        needs.push_back(
+            fmt::format("{} more clean comparisons in a row (traffic, or verifyctl send)", more));
+      }
+      const auto& probe = s.probe();
+      if (probe.has_run() && !probe.last_passed()) {
+        needs.push_back(
+            "a passing probe run: fix the custom path, then verifyctl probe (exit 0 when it "
+            "passes)");
+      } else if (probe.at_start() && !probe.has_run()) {
+        needs.push_back("a passing probe run (verifyctl probe)");
+      }
+      if (s.drift().breach()) needs.push_back("the oracle drift test out of breach");
+      if (needs.empty()) needs.push_back("the gate to open");
+      return fmt::format("the gate needs {}; a flip before that needs --force, which is audited",
+                         fmt::join(needs, "; and "));
+    }
     case v1::MODE_CANARY:
       return "verifyctl flip custom --reason \"...\" once the canary looks right; verifyctl "
              "rollback --reason \"...\" to go back";
@@ -217,7 +233,7 @@ void PrintRegionsAndChannels(const v1::GetStatusResponse& s) {
 }  // namespace
 
 int RunStatus(const GlobalOptions& g) {
-  auto stub = v1::AdminService::NewStub(MakeChannel(g.admin));
+  auto stub = v1::AdminService::NewStub(MakeChannel(g, g.admin));
   v1::GetStatusResponse s;
   auto ctx = MakeContext(g, true);
   grpc::Status st = stub->GetStatus(ctx.get(), v1::GetStatusRequest(), &s);
@@ -331,7 +347,7 @@ int RunFlip(const GlobalOptions& g, const FlipOptions& f) {
   req.set_reason(f.reason);
   req.set_force(f.force);
   req.set_who(Who());
-  auto stub = v1::AdminService::NewStub(MakeChannel(g.admin));
+  auto stub = v1::AdminService::NewStub(MakeChannel(g, g.admin));
   v1::SetModeResponse resp;
   auto ctx = MakeContext(g, true);
   grpc::Status st = stub->SetMode(ctx.get(), req, &resp);
@@ -376,7 +392,7 @@ int RunSample(const GlobalOptions& g, const SampleOptions& o) {
   req.set_who(Who());
   req.set_reason(o.reason);
   req.set_force(o.force);
-  auto stub = v1::AdminService::NewStub(MakeChannel(g.admin));
+  auto stub = v1::AdminService::NewStub(MakeChannel(g, g.admin));
   v1::SetSamplingResponse resp;
   auto ctx = MakeContext(g, true);
   if (grpc::Status st = stub->SetSampling(ctx.get(), req, &resp); !st.ok()) {
@@ -395,7 +411,7 @@ int RunSample(const GlobalOptions& g, const SampleOptions& o) {
 int RunCapture(const GlobalOptions& g, int64_t next) {
   v1::CaptureRequest req;
   req.set_next(next);
-  auto stub = v1::AdminService::NewStub(MakeChannel(g.admin));
+  auto stub = v1::AdminService::NewStub(MakeChannel(g, g.admin));
   v1::CaptureResponse resp;
   auto ctx = MakeContext(g, true);
   if (grpc::Status st = stub->Capture(ctx.get(), req, &resp); !st.ok()) {
@@ -417,7 +433,7 @@ int RunCapture(const GlobalOptions& g, int64_t next) {
 namespace verifyd::cli {
 
 int RunProbe(const GlobalOptions& g) {
-  auto stub = v1::AdminService::NewStub(MakeChannel(g.admin));
+  auto stub = v1::AdminService::NewStub(MakeChannel(g, g.admin));
   v1::RunProbesResponse resp;
   auto ctx = MakeContext(g, true);
   if (grpc::Status st = stub->RunProbes(ctx.get(), v1::RunProbesRequest(), &resp); !st.ok()) {

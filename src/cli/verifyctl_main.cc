@@ -1,6 +1,9 @@
 // verifyctl: operate verifyd (status, flip, rollback) and send it traffic.
 
 #include <algorithm>
+#include <iostream>
+#include <string_view>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "src/cli/admin_commands.h"
@@ -10,8 +13,47 @@
 #include "src/common/malloc_arenas.h"
 #include "src/loadgen/send_command.h"
 
+namespace {
+
+// Edits (insertions, deletions, substitutions) between a and b.
+size_t EditDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// "verifyctl: unknown command 'stauts' (did you mean 'status'?); commands: status, flip, ...".
+int UnknownCommand(const CLI::App& app, const std::string& word) {
+  std::string list, nearest;
+  size_t best = 3;  // suggest a command at most 2 edits away
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    const std::string& name = sub->get_name();
+    list += (list.empty() ? "" : ", ") + name;
+    if (const size_t d = EditDistance(word, name); d < best) {
+      best = d;
+      nearest = name;
+    }
+  }
+  std::cerr << "verifyctl: unknown command '" << word << "'"
+            << (nearest.empty() ? "" : " (did you mean '" + nearest + "'?)")
+            << "; commands: " << list << " (verifyctl --help)\n";
+  return 2;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace verifyd::cli;
+  QuietGrpcLog();
   // send moves bundles of tens of MB per call: keep freed ones for the next.
   verifyd::KeepFreedMemory(int64_t{1} << 30);
   CLI::App app{"verifyctl: operate verifyd and send it traffic"};
@@ -27,6 +69,15 @@ int main(int argc, char** argv) {
       ->envname("VERIFYD_ADMIN")
       ->capture_default_str();
   app.add_option("--admin_token_file", g.admin_token_file, "bearer token for a TCP admin");
+  app.add_option("--tls_ca_file", g.tls_ca_file,
+                 "TLS to TCP addresses: PEM CA that signed verifyd's certificate (verifyd's "
+                 "--tls_cert_file)")
+      ->envname("VERIFYD_TLS_CA_FILE");
+  app.add_option("--tls_cert_file", g.tls_cert_file,
+                 "PEM client certificate, for a verifyd with --tls_client_ca_file (mutual TLS)")
+      ->envname("VERIFYD_TLS_CERT_FILE");
+  app.add_option("--tls_key_file", g.tls_key_file, "PEM private key of --tls_cert_file")
+      ->envname("VERIFYD_TLS_KEY_FILE");
   app.add_option("--timeout", g.timeout_s, "seconds per call")->capture_default_str();
   app.add_flag("--json", g.json, "machine-readable output");
 
@@ -71,12 +122,31 @@ int main(int argc, char** argv) {
   rp->fallthrough(false);  // every argument after `replay` is verifyd-replay's
   rp->allow_extras();
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // A misspelt command is left over as an extra word: name it, not "a subcommand is required".
+    if (app.get_subcommands().empty()) {
+      for (const std::string& word : app.remaining()) {
+        if (!word.empty() && word[0] != '-') return UnknownCommand(app, word);
+      }
+    }
+    return app.exit(e);
+  }
   flip.fraction_given = fraction->count() > 0;
   if (!g.admin_token_file.empty()) {
     auto token = verifyd::ReadAdminTokenFile("--admin_token_file", g.admin_token_file, false);
     if (!token.ok()) return Fail(g, "token", std::string(token.status().message()));
     g.admin_token = *token;
+  }
+  if (absl::Status st = LoadTls(&g); !st.ok()) return Fail(g, "tls", std::string(st.message()));
+  if (!*rp) {
+    const bool data = static_cast<bool>(*s);
+    if (absl::Status st = CheckAddress(data ? "--target" : "--admin", data ? g.target : g.admin);
+        !st.ok()) {
+      return Fail(g, data ? "send" : app.get_subcommands()[0]->get_name(),
+                  std::string(st.message()));
+    }
   }
   if (*sm) return RunSample(g, sample);
   if (*cap) return RunCapture(g, capture_next);

@@ -48,6 +48,8 @@ struct Tally {
   std::map<std::string, int64_t> served;
   std::map<std::string, int64_t> errors;
   std::string first_error;
+  int first_code = 0;  // first_error's code and message, for AddressHint
+  std::string first_message;
   int64_t checked = 0, unchecked = 0;  // --check: outputs compared with inline / not comparable
   std::atomic<bool> channel_refused{false};  // the daemon refused a worker's call channel
 
@@ -69,7 +71,11 @@ struct Tally {
     std::lock_guard<std::mutex> l(mu);
     const std::string name = CodeName(code);
     errors[name] += calls;
-    if (first_error.empty()) first_error = name + ": " + msg;
+    if (first_error.empty()) {
+      first_error = name + ": " + msg;
+      first_code = code;
+      first_message = msg;
+    }
   }
 };
 
@@ -475,7 +481,7 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
   MakeWorkload(s, dims, traffic, regions, &w);
   const ClientEncode enc = TimeClientEncode(w);
 
-  const std::shared_ptr<grpc::Channel> channel = MakeChannel(g.target);
+  const std::shared_ptr<grpc::Channel> channel = MakeChannel(g, g.target);
   auto stub = v1::VerifyService::NewStub(channel);
   // Region transports: the memory, registered once, one slot per worker; with --check, each
   // bundle's inline output to compare with.
@@ -490,13 +496,18 @@ int RunSend(const GlobalOptions& g, const SendOptions& s) {
       auto ctx = MakeContext(g, false);
       DeclareRequestBytes(ctx.get(), w.requests[i].ByteSizeLong());
       grpc::Status st = stub->Verify(ctx.get(), w.requests[i], &inline_out[i]);
-      if (!st.ok()) return Fail(g, "send --check (the inline call)", st);
+      if (!st.ok()) return Fail(g, "send --check (the inline call)", st, false);
     }
   }
   Tally tally;
   const auto t0 = Clock::now();
   Workers(g, s, w, channel, *stub, region.get(), inline_out, &tally).Run();
   const Summary m = Summarize(tally, std::chrono::duration<double>(Clock::now() - t0).count());
+  if (!tally.first_error.empty()) {
+    tally.first_error =
+        CodeName(tally.first_code) + ": " +
+        WithHint(tally.first_message, AddressHint(g, false, tally.first_code, tally.first_message));
+  }
   // No worker could open its call channel (a TCP target, a daemon without channels): the error,
   // not a summary of zero latencies.
   if (m.nok == 0 && tally.channel_refused) return Fail(g, "send", tally.first_error);

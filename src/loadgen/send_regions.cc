@@ -109,6 +109,15 @@ absl::Status SendRegion::Allocate(int device) {
     return absl::OkStatus();
   }
 #ifdef VERIFYD_HAVE_CUDA
+  // No driver, or no device visible: say so, not the runtime's "driver version is insufficient".
+  int devices = 0;
+  if (const cudaError_t e = cudaGetDeviceCount(&devices); e != cudaSuccess || devices == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--transport cuda_ipc: no usable GPU on this host (no NVIDIA driver loaded, or no device "
+        "visible",
+        e == cudaSuccess ? "" : absl::StrCat("; CUDA: ", cudaGetErrorString(e)),
+        "); use --transport shm or inline"));
+  }
   if (absl::Status st = Cuda(cudaSetDevice(device), "cudaSetDevice"); !st.ok()) return st;
   return Cuda(cudaMalloc(&device_, bytes_), "cudaMalloc of the cuda_ipc region");
 #else
