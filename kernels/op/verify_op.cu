@@ -102,9 +102,10 @@ __global__ void __launch_bounds__(kThreads) Deliver(const DeliverArgs a) {
         bad = kNonFinite;
       }
     }
+    // Every row sees at least its own draft token, so its lse is finite; -inf says it saw no
+    // key at all, which is what a NaN in its query makes of it (and o is then zeros).
     for (int64_t i = first; i < a.lse_n; i += stride) {
-      const float l = a.lse[i];
-      if (isnan(l) || l == INFINITY) bad = kNonFinite;  // -inf: a row that sees no key
+      if (!isfinite(a.lse[i])) bad = kNonFinite;
     }
   }
   bad = __reduce_or_sync(0xffffffffu, bad);
@@ -181,6 +182,7 @@ struct VerifydOp {
   CustomConfig config;    // skip = words
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  float* lse = nullptr;  // the kernel's lse when the caller wants none: the check reads it
   unsigned* words = nullptr;  // the verdict and the blocks-done count
   int check_blocks = 1, deliver_blocks = 1;
   int64_t mask_bytes = 0, o_vectors = 0, lse_n = 0;
@@ -233,7 +235,7 @@ VerifydOp* verifyd_op_create(const VerifydOpGeometry* geometry, char* error,
   const int cap = 2 * (sms > 0 ? sms : 1);
   op->mask_bytes = int64_t{g.batch} * g.draft * verifyd::kernels::MaskRowBytes(p.shape.mask_format, g.draft);
   op->o_vectors = int64_t{g.batch} * g.draft * g.heads * verifyd::kernels::kHeadDimV / 8;
-  op->lse_n = g.want_lse ? int64_t{g.batch} * g.draft * g.heads : 0;
+  op->lse_n = int64_t{g.batch} * g.draft * g.heads;
   op->check_blocks =
       Blocks(static_cast<int64_t>(g.max_indices) > op->mask_bytes
                  ? static_cast<int64_t>(g.max_indices)
@@ -245,6 +247,7 @@ VerifydOp* verifyd_op_create(const VerifydOpGeometry* geometry, char* error,
   if (e == cudaSuccess && op->workspace_bytes > 0) {
     e = cudaMalloc(&op->workspace, op->workspace_bytes);
   }
+  if (e == cudaSuccess && !g.want_lse) e = cudaMalloc(&op->lse, op->lse_n * sizeof(float));
   if (e == cudaSuccess) e = cudaMemset(op->words, 0, 2 * sizeof(unsigned));
   if (e == cudaSuccess) e = cudaDeviceSynchronize();
   if (e != cudaSuccess) {
@@ -258,6 +261,7 @@ VerifydOp* verifyd_op_create(const VerifydOpGeometry* geometry, char* error,
 void verifyd_op_destroy(VerifydOp* op) {
   if (op == nullptr) return;
   cudaFree(op->workspace);
+  cudaFree(op->lse);
   cudaFree(op->words);
   delete op;
 }
@@ -296,10 +300,10 @@ int verifyd_op_attend(VerifydOp* op, const VerifydOpCall* c, void* stream) {
   p.kv_lens = c->kv_lens;
   p.tree_mask = c->mask;
   p.o = static_cast<uint16_t*>(c->o);
-  p.lse = c->lse;
+  p.lse = c->lse != nullptr ? c->lse : op->lse;
   e = verifyd::kernels::LaunchCustom(p, op->config, op->workspace, op->workspace_bytes, s);
   if (e != cudaSuccess) return e;
-  const DeliverArgs da{static_cast<const uint4*>(c->o), op->o_vectors, c->lse, op->lse_n,
+  const DeliverArgs da{static_cast<const uint4*>(c->o), op->o_vectors, p.lse, op->lse_n,
                        op->words, c->failed};
   Deliver<<<op->deliver_blocks, kThreads, 0, s>>>(da);
   return cudaGetLastError();
@@ -316,7 +320,9 @@ int verifyd_switch_decide(VerifydSwitchBlock* block, uint8_t* use_op, uint8_t* l
 }
 
 uint64_t verifyd_op_device_bytes(const VerifydOp* op) {
-  return op == nullptr ? 0 : op->workspace_bytes + 2 * sizeof(unsigned);
+  return op == nullptr ? 0
+                       : op->workspace_bytes + 2 * sizeof(unsigned) +
+                             (op->lse != nullptr ? op->lse_n * sizeof(float) : 0);
 }
 
 const char* verifyd_op_build(void) { return VERIFYD_GIT_COMMIT; }

@@ -6,7 +6,10 @@
 //
 // Its device checks stay: before the kernel, the layout (kv_indptr rising from 0 within
 // max_indices, each kv_len in [T, min(max_kv_len, its pages x page_size)]), every page id named
-// (inside the pool) and the mask (0/1 bytes, no bits past T); after it, a finite output. A call
+// (inside the pool) and the mask (0/1 bytes, no bits past T); after it, a finite output: o, and
+// the lse of every row, which is finite since a row sees at least its own token (a NaN in a query
+// leaves its row seeing nothing: o zeros, lse -inf); the op keeps an lse of its own when the
+// caller wants none. A call
 // that fails a check before the kernel writes nothing to o or lse; one whose output is not finite
 // leaves it there. Either way its `failed` byte (device memory) is 1, else 0, and the output of a
 // failed call is never to be served: the switch that holds the op runs the stack's own attention
@@ -78,7 +81,8 @@ VERIFYD_OP_EXPORT void verifyd_op_destroy(VerifydOp* op);
 // Enqueues one call on `stream` (a cudaStream_t). Returns the launches' cudaError_t (0: all
 // enqueued); a null pointer or a want_lse mismatch is cudaErrorInvalidValue (1).
 VERIFYD_OP_EXPORT int verifyd_op_attend(VerifydOp* op, const VerifydOpCall* call, void* stream);
-// Device bytes the op holds (its split partials and its check words).
+// Device bytes the op holds (its split partials, its lse when the caller wants none, its check
+// words).
 VERIFYD_OP_EXPORT uint64_t verifyd_op_device_bytes(const VerifydOp* op);
 // Enqueues one step's decision on `stream`: reads `block` (a device-visible pointer to the
 // control block) and writes `use_op` (one byte of device memory: 1 when the op serves this step)

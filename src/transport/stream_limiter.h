@@ -29,7 +29,7 @@ namespace verifyd {
 
 struct StreamLimits {
   int max_streams = 96;                 // open at once; 0 = none served
-  int max_streams_per_peer = 24;        // of those, from one peer
+  int max_streams_per_peer = 64;        // of those, from one peer (the others keep a third)
   int max_waiting_calls_per_peer = 16;  // Verify calls from one peer awaiting their message
   absl::Duration idle_timeout = absl::Minutes(5);  // since the last message; zero = never
   absl::Duration body_timeout = absl::Seconds(5);  // a Verify call's message; zero = never
