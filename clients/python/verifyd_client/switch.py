@@ -17,7 +17,8 @@ In a captured graph each layer is two CUDA graph conditional nodes (torch's
 ``begin_capture_to_if_node``): the op's call runs when the step is the op's, and the stack's
 attention when the step is the stack's or the op's call failed its device checks
 (kernel_op.py), so a failed call is never served. The path not taken costs no kernel of its own.
-Outside a captured graph the stack's attention serves.
+Outside a captured graph the stack's attention serves. torch 2.11 has no conditional-node API:
+there ``attend`` in a capture raises FAILED_PRECONDITION naming the torch version.
 
 The block's mode: "stack" (the stack serves), "op" (the op serves), "canary" (a step is the op's
 with probability ``canary_fraction``, drawn on the device per step). With a lease (``renew``),
