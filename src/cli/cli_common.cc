@@ -12,20 +12,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "fmt/format.h"
+#include "src/common/pem_file.h"
 
 namespace verifyd::cli {
 namespace {
 
+// `path`'s PEM text into `out`; nothing for an empty path.
 absl::Status ReadPem(const char* flag, const std::string& path, std::string* out) {
   if (path.empty()) return absl::OkStatus();
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat(flag, ": cannot read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (ss.str().find("-----BEGIN ") == std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", path, " holds no PEM block"));
-  }
-  *out = ss.str();
+  absl::StatusOr<std::string> pem = ReadPemFile(flag, path);
+  if (!pem.ok()) return pem.status();
+  *out = *std::move(pem);
   return absl::OkStatus();
 }
 

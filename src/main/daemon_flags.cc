@@ -22,6 +22,7 @@
 #include "spdlog/spdlog.h"
 #include "src/common/admin_token.h"
 #include "src/common/malloc_arenas.h"
+#include "src/common/pem_file.h"
 #include "src/common/status_macros.h"
 
 namespace {
@@ -230,17 +231,6 @@ absl::StatusOr<CustomFault> ParseFault(const std::string& s) {
   return f;
 }
 
-absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat(flag, ": cannot read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (ss.str().find("-----BEGIN ") == std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", path, " holds no PEM block"));
-  }
-  return ss.str();
-}
-
 absl::StatusOr<TlsOptions> ParseTls() {
   TlsOptions tls;
   const std::string cert = absl::GetFlag(FLAGS_tls_cert_file);
@@ -255,10 +245,10 @@ absl::StatusOr<TlsOptions> ParseTls() {
         "tls_client_ca_file: needs --tls_cert_file and --tls_key_file");
   }
   if (cert.empty()) return tls;
-  VERIFYD_ASSIGN_OR_RETURN(tls.cert_chain, ReadPem("tls_cert_file", cert));
-  VERIFYD_ASSIGN_OR_RETURN(tls.private_key, ReadPem("tls_key_file", key));
+  VERIFYD_ASSIGN_OR_RETURN(tls.cert_chain, ReadPemFile("tls_cert_file", cert));
+  VERIFYD_ASSIGN_OR_RETURN(tls.private_key, ReadPemFile("tls_key_file", key));
   if (!ca.empty()) {
-    VERIFYD_ASSIGN_OR_RETURN(tls.client_ca, ReadPem("tls_client_ca_file", ca));
+    VERIFYD_ASSIGN_OR_RETURN(tls.client_ca, ReadPemFile("tls_client_ca_file", ca));
   }
   return tls;
 }
