@@ -3,7 +3,7 @@
 // them and ORs what it finds into the op's verdict word; the custom kernel reads the verdict and
 // writes nothing when it is set. After it, Deliver checks the output for NaN and Inf, and its
 // last block turns the verdict into the call's `failed` byte and clears it for the next call.
-// Nothing comes back to the host: the switch reads `failed` on the device.
+// Nothing comes back to the host: the switch reads `failed` on the device (verify_switch.cu).
 
 #include <cuda_runtime.h>
 
@@ -13,6 +13,7 @@
 
 #include "kernels/custom/custom_attention.h"
 #include "kernels/op/verify_op_api.h"
+#include "kernels/op/verify_op_internal.h"
 #include "kernels/verify_problem.h"
 
 #ifndef VERIFYD_GIT_COMMIT
@@ -25,17 +26,18 @@ using verifyd::kernels::CustomConfig;
 using verifyd::kernels::MaskFormat;
 using verifyd::kernels::VerifyProblem;
 
-constexpr uint32_t kAbiVersion = 1;
+constexpr uint32_t kAbiVersion = 2;
 constexpr int kThreads = 256;
 
 // Verdict bits: why a call's output is not to be served.
-enum : unsigned { kLayoutBad = 1, kIndexBad = 2, kMaskBad = 4, kNonFinite = 8 };
+enum : unsigned { kLayoutBad = 1, kIndexBad = 2, kMaskBad = 4, kNonFinite = 8, kNotServing = 16 };
 
 struct CheckArgs {
   const int32_t* kv_indptr;
   const int32_t* kv_indices;
   const int32_t* kv_lens;
   const uint8_t* mask;
+  const uint8_t* serve;  // null: always
   int64_t max_indices, pool_pages, max_kv_len, mask_bytes;
   int batch, draft, page_size, mask_bits, mask_row_bytes;
   unsigned* verdict;
@@ -43,6 +45,11 @@ struct CheckArgs {
 
 __global__ void __launch_bounds__(kThreads) CheckCall(const CheckArgs a) {
   unsigned bad = 0;
+  if (a.serve != nullptr && *a.serve == 0) {
+    // Not this call's step: one bit stops the kernel, and nothing else needs looking at.
+    if (blockIdx.x == 0 && threadIdx.x == 0) atomicOr(a.verdict, kNotServing);
+    return;
+  }
   if (blockIdx.x == 0) {
     for (int b = threadIdx.x; b < a.batch; b += kThreads) {
       const int64_t lo = a.kv_indptr[b], hi = a.kv_indptr[b + 1], len = a.kv_lens[b];
@@ -86,6 +93,8 @@ struct DeliverArgs {
   int64_t lse_n;
   unsigned* words;  // [0] the verdict, [1] blocks done
   uint8_t* failed;
+  bool set_fallback;  // also set `fallback` to the call's failed byte
+  cudaGraphConditionalHandle fallback;
 };
 
 __global__ void __launch_bounds__(kThreads) Deliver(const DeliverArgs a) {
@@ -117,56 +126,23 @@ __global__ void __launch_bounds__(kThreads) Deliver(const DeliverArgs a) {
       // The last block: every block's finding is in the verdict.
       const unsigned v = atomicExch(verdict, 0u);
       *a.failed = v != 0 ? 1 : 0;
+      if (a.set_fallback) cudaGraphSetConditional(a.fallback, v != 0 ? 1u : 0u);
       atomicExch(done, 0u);
     }
   }
 }
 
-__device__ __forceinline__ uint64_t GlobalTimerNs() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-// A step's draw for the canary: a 32-bit mix of the step number (splitmix64's finalizer).
-__device__ __forceinline__ uint32_t StepDraw(uint64_t step) {
-  uint64_t z = step + 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return static_cast<uint32_t>((z ^ (z >> 31)) >> 32);
-}
-
-// One block: thread 0 decides, every thread writes layer bytes.
-__global__ void __launch_bounds__(kThreads) DecideStep(VerifydSwitchBlock* b, uint8_t* use_op,
-                                                       uint8_t* layer_failed, uint32_t layers) {
-  __shared__ uint8_t use;
-  if (threadIdx.x == 0) {
-    volatile VerifydSwitchBlock* v = b;
-    const uint64_t now = GlobalTimerNs();
-    bool op = false;
-    if (v->magic == VERIFYD_SWITCH_MAGIC) {
-      const uint64_t step = v->steps;
-      const uint32_t mode = v->mode;
-      op = mode == 1 || (mode == 2 && StepDraw(step) < v->canary_threshold);
-      const uint64_t epoch = v->lease_epoch;
-      if (epoch != v->seen_epoch) {
-        v->seen_epoch = epoch;
-        v->seen_at_ns = now;
-      }
-      const uint64_t period_ns = uint64_t{v->lease_period_us} * 1000;
-      if (op && period_ns != 0 && now - v->seen_at_ns > period_ns) {
-        op = false;
-        v->lease_expired = v->lease_expired + 1;
-      }
-      v->steps = step + 1;
-      if (op) v->op_steps = v->op_steps + 1;
-      v->last_step_ns = now;
-    }
-    use = op ? 1 : 0;
-    *use_op = use;
+// The served call's output where the caller reads it, when it served and passed every check.
+__global__ void __launch_bounds__(kThreads)
+    CopyServed(const uint8_t* failed, const uint4* o, uint4* to, int64_t o_vectors,
+               const float* lse, float* lse_to, int64_t lse_n) {
+  if (*failed != 0) return;
+  const int64_t first = int64_t{blockIdx.x} * kThreads + threadIdx.x;
+  const int64_t stride = int64_t{gridDim.x} * kThreads;
+  for (int64_t i = first; i < o_vectors; i += stride) to[i] = o[i];
+  if (lse_to != nullptr) {
+    for (int64_t i = first; i < lse_n; i += stride) lse_to[i] = lse[i];
   }
-  __syncthreads();
-  for (uint32_t l = threadIdx.x; l < layers; l += kThreads) layer_failed[l] = 1 - use;
 }
 
 int Blocks(int64_t work, int cap) {
@@ -182,7 +158,7 @@ struct VerifydOp {
   CustomConfig config;    // skip = words
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
-  float* lse = nullptr;  // the kernel's lse when the caller wants none: the check reads it
+  float* lse = nullptr;       // the kernel's lse when the caller wants none: the check reads it
   unsigned* words = nullptr;  // the verdict and the blocks-done count
   int check_blocks = 1, deliver_blocks = 1;
   int64_t mask_bytes = 0, o_vectors = 0, lse_n = 0;
@@ -190,8 +166,7 @@ struct VerifydOp {
 
 extern "C" {
 
-VerifydOp* verifyd_op_create(const VerifydOpGeometry* geometry, char* error,
-                             uint32_t error_bytes) {
+VerifydOp* verifyd_op_create(const VerifydOpGeometry* geometry, char* error, uint32_t error_bytes) {
   auto fail = [&](const std::string& why) -> VerifydOp* {
     if (error != nullptr && error_bytes > 0) std::snprintf(error, error_bytes, "%s", why.c_str());
     return nullptr;
@@ -212,13 +187,13 @@ VerifydOp* verifyd_op_create(const VerifydOpGeometry* geometry, char* error,
   p.max_kv_len = static_cast<int64_t>(g.max_kv_len);
   p.total_kv_len = p.max_kv_len * g.batch;
   std::string why = verifyd::kernels::CheckShape(p.shape);
-  if (why.empty() && (g.batch > 1u << 20 || g.draft > 1u << 20 || g.heads > 1u << 20 ||
-                      g.page_size > 1u << 20)) {
+  if (why.empty() &&
+      (g.batch > 1u << 20 || g.draft > 1u << 20 || g.heads > 1u << 20 || g.page_size > 1u << 20)) {
     why = "geometry: a size past 2^20";
   }
   if (why.empty() && g.mask_bits > 1) why = "mask_bits: must be 0 or 1";
-  if (why.empty() && (g.max_kv_len < g.draft ||
-                      g.max_kv_len > uint64_t(verifyd::kernels::kMaxPrefix) + g.draft)) {
+  if (why.empty() &&
+      (g.max_kv_len < g.draft || g.max_kv_len > uint64_t(verifyd::kernels::kMaxPrefix) + g.draft)) {
     why = "max_kv_len: " + std::to_string(g.max_kv_len) + " is outside [draft, " +
           std::to_string(verifyd::kernels::kMaxPrefix) + " + draft]";
   }
@@ -233,14 +208,14 @@ VerifydOp* verifyd_op_create(const VerifydOpGeometry* geometry, char* error,
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   const int cap = 2 * (sms > 0 ? sms : 1);
-  op->mask_bytes = int64_t{g.batch} * g.draft * verifyd::kernels::MaskRowBytes(p.shape.mask_format, g.draft);
+  op->mask_bytes =
+      int64_t{g.batch} * g.draft * verifyd::kernels::MaskRowBytes(p.shape.mask_format, g.draft);
   op->o_vectors = int64_t{g.batch} * g.draft * g.heads * verifyd::kernels::kHeadDimV / 8;
   op->lse_n = int64_t{g.batch} * g.draft * g.heads;
-  op->check_blocks =
-      Blocks(static_cast<int64_t>(g.max_indices) > op->mask_bytes
-                 ? static_cast<int64_t>(g.max_indices)
-                 : op->mask_bytes,
-             cap);
+  op->check_blocks = Blocks(static_cast<int64_t>(g.max_indices) > op->mask_bytes
+                                ? static_cast<int64_t>(g.max_indices)
+                                : op->mask_bytes,
+                            cap);
   op->deliver_blocks = Blocks(op->o_vectors, cap);
   op->workspace_bytes = verifyd::kernels::CustomWorkspaceBytes(p, op->config);
   cudaError_t e = cudaMalloc(&op->words, 2 * sizeof(unsigned));
@@ -266,29 +241,33 @@ void verifyd_op_destroy(VerifydOp* op) {
   delete op;
 }
 
-int verifyd_op_attend(VerifydOp* op, const VerifydOpCall* c, void* stream) {
+}  // extern "C"
+
+cudaError_t verifyd::op::Attend(VerifydOp* op, const VerifydOpCall* c,
+                                const verifyd::op::CallExtras& x, cudaStream_t s) {
   if (op == nullptr || c == nullptr || c->q == nullptr || c->kv_pool == nullptr ||
       c->kv_indptr == nullptr || c->kv_indices == nullptr || c->kv_lens == nullptr ||
       c->mask == nullptr || c->o == nullptr || c->failed == nullptr ||
       (op->g.want_lse != 0) != (c->lse != nullptr)) {
     return cudaErrorInvalidValue;
   }
-  const auto s = static_cast<cudaStream_t>(stream);
   const VerifydOpGeometry& g = op->g;
-  CheckArgs ca{c->kv_indptr,
-               c->kv_indices,
-               c->kv_lens,
-               c->mask,
-               static_cast<int64_t>(g.max_indices),
-               static_cast<int64_t>(g.pool_pages),
-               static_cast<int64_t>(g.max_kv_len),
-               op->mask_bytes,
-               static_cast<int>(g.batch),
-               static_cast<int>(g.draft),
-               static_cast<int>(g.page_size),
-               static_cast<int>(g.mask_bits),
-               static_cast<int>(verifyd::kernels::MaskRowBytes(op->problem.shape.mask_format, g.draft)),
-               op->words};
+  CheckArgs ca{
+      c->kv_indptr,
+      c->kv_indices,
+      c->kv_lens,
+      c->mask,
+      x.serve,
+      static_cast<int64_t>(g.max_indices),
+      static_cast<int64_t>(g.pool_pages),
+      static_cast<int64_t>(g.max_kv_len),
+      op->mask_bytes,
+      static_cast<int>(g.batch),
+      static_cast<int>(g.draft),
+      static_cast<int>(g.page_size),
+      static_cast<int>(g.mask_bits),
+      static_cast<int>(verifyd::kernels::MaskRowBytes(op->problem.shape.mask_format, g.draft)),
+      op->words};
   CheckCall<<<op->check_blocks, kThreads, 0, s>>>(ca);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
@@ -303,20 +282,27 @@ int verifyd_op_attend(VerifydOp* op, const VerifydOpCall* c, void* stream) {
   p.lse = c->lse != nullptr ? c->lse : op->lse;
   e = verifyd::kernels::LaunchCustom(p, op->config, op->workspace, op->workspace_bytes, s);
   if (e != cudaSuccess) return e;
-  const DeliverArgs da{static_cast<const uint4*>(c->o), op->o_vectors, p.lse, op->lse_n,
-                       op->words, c->failed};
+  const DeliverArgs da{static_cast<const uint4*>(c->o),
+                       op->o_vectors,
+                       p.lse,
+                       op->lse_n,
+                       op->words,
+                       c->failed,
+                       x.set_fallback,
+                       x.fallback};
   Deliver<<<op->deliver_blocks, kThreads, 0, s>>>(da);
+  e = cudaGetLastError();
+  if (e != cudaSuccess || x.copy_o == nullptr) return e;
+  CopyServed<<<op->deliver_blocks, kThreads, 0, s>>>(c->failed, static_cast<const uint4*>(c->o),
+                                                     static_cast<uint4*>(x.copy_o), op->o_vectors,
+                                                     p.lse, x.copy_lse, op->lse_n);
   return cudaGetLastError();
 }
 
-int verifyd_switch_decide(VerifydSwitchBlock* block, uint8_t* use_op, uint8_t* layer_failed,
-                          uint32_t layers, void* stream) {
-  if (block == nullptr || use_op == nullptr || (layers > 0 && layer_failed == nullptr)) {
-    return cudaErrorInvalidValue;
-  }
-  DecideStep<<<1, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(block, use_op, layer_failed,
-                                                                     layers);
-  return cudaGetLastError();
+extern "C" {
+
+int verifyd_op_attend(VerifydOp* op, const VerifydOpCall* c, void* stream) {
+  return verifyd::op::Attend(op, c, verifyd::op::CallExtras{}, static_cast<cudaStream_t>(stream));
 }
 
 uint64_t verifyd_op_device_bytes(const VerifydOp* op) {

@@ -54,8 +54,8 @@ struct VerifydOpCall {
 
 // The switch's control block: host memory the device reads (pinned, mapped), written by whoever
 // controls the serving (verifyd, or the stack's own code), read once per step on the device by
-// verifyd_switch_decide. A step is served by the op when `mode` says so and the lease holds; else
-// by the stack's own attention.
+// verifyd_switch_begin_step. A step is served by the op when `mode` says so and the lease holds;
+// else by the stack's own attention.
 struct VerifydSwitchBlock {
   uint32_t magic;             // kVerifydSwitchMagic once set up
   uint32_t mode;              // 0: the stack serves, 1: the op serves, 2: canary
@@ -76,7 +76,8 @@ typedef struct VerifydOp VerifydOp;
 
 // Checks the geometry and allocates the op's device memory on the current device. Null when it
 // cannot, with a message naming the field in `error` (`error_bytes` of room).
-VERIFYD_OP_EXPORT VerifydOp* verifyd_op_create(const VerifydOpGeometry* geometry, char* error, uint32_t error_bytes);
+VERIFYD_OP_EXPORT VerifydOp* verifyd_op_create(const VerifydOpGeometry* geometry, char* error,
+                                               uint32_t error_bytes);
 VERIFYD_OP_EXPORT void verifyd_op_destroy(VerifydOp* op);
 // Enqueues one call on `stream` (a cudaStream_t). Returns the launches' cudaError_t (0: all
 // enqueued); a null pointer or a want_lse mismatch is cudaErrorInvalidValue (1).
@@ -84,14 +85,85 @@ VERIFYD_OP_EXPORT int verifyd_op_attend(VerifydOp* op, const VerifydOpCall* call
 // Device bytes the op holds (its split partials, its lse when the caller wants none, its check
 // words).
 VERIFYD_OP_EXPORT uint64_t verifyd_op_device_bytes(const VerifydOp* op);
-// Enqueues one step's decision on `stream`: reads `block` (a device-visible pointer to the
-// control block) and writes `use_op` (one byte of device memory: 1 when the op serves this step)
-// and every one of `layers` bytes of `layer_failed` (1 - use_op: the stack's attention runs in a
-// layer whose byte is 1; the op's call in that layer overwrites it with its own verdict). A block
-// without the magic, or a lease not renewed within its period, gives the stack. Returns the
-// launch's cudaError_t.
-VERIFYD_OP_EXPORT int verifyd_switch_decide(VerifydSwitchBlock* block, uint8_t* use_op,
-                                            uint8_t* layer_failed, uint32_t layers, void* stream);
+// The switch (verify_switch.cu): in a captured step, one IF/ELSE conditional node a layer, so
+// the path not taken launches nothing; where the driver has no conditional nodes (before CUDA
+// 12.8), a kernel-side branch. Its calls, per captured step:
+//   verifyd_switch_begin_step(sw, block, use_op, layer_failed, stream)     once, first
+//   per layer, with conditional nodes:
+//     verifyd_switch_layer_op(sw, layer, op, call, stream, &s)  the op's call (its body)
+//       ... the stack's attention on s (the fallback: runs when the op's call failed)
+//     verifyd_switch_layer_else(sw, &s)
+//       ... the stack's attention on s (runs when the step is the stack's)
+//     verifyd_switch_layer_end(sw)
+//   per layer, without: the stack's attention on `stream`, then
+//     verifyd_switch_layer_branch(sw, layer, op, call, o, lse, stream)
+// Or a step as one IF/ELSE node (conditional nodes; instead of begin_step):
+//   verifyd_switch_step_op(sw, block, use_op, layer_failed, stream, &s)
+//     the stack's forward pass on s; in each layer:
+//       verifyd_switch_layer_in_step(sw, layer, op, call, &f)
+//         ... the stack's attention on f (the fallback: runs when the op's call failed)
+//       verifyd_switch_fallback_end(sw)
+//   verifyd_switch_step_stack(sw, &s)
+//     the stack's forward pass on s, with the stack's attention in each layer
+//   verifyd_switch_step_end(sw)
+// Every layer of [0, layers) is to be in each captured step exactly once: a handle begin_step
+// made for a layer without its node fails the graph's instantiation. Calls return 0 or a
+// cudaError_t; verifyd_switch_error says what failed, naming the argument.
+#define VERIFYD_SWITCH_MAX_LAYERS 1024u
+typedef struct VerifydSwitch VerifydSwitch;
+
+// 1 when the driver runs IF/ELSE conditional nodes (CUDA 12.8+).
+VERIFYD_OP_EXPORT uint32_t verifyd_switch_conditional_nodes(void);
+// A switch of `layers` layers (1 to VERIFYD_SWITCH_MAX_LAYERS) on the current device: its own
+// stream, which captures the conditional bodies. `conditional`: 1, a capture's layers are
+// conditional nodes (layer_op/else/end); 0, kernel-side branches (layer_branch). Null with a
+// message when it cannot.
+VERIFYD_OP_EXPORT VerifydSwitch* verifyd_switch_create(uint32_t layers, uint32_t conditional,
+                                                       char* error, uint32_t error_bytes);
+VERIFYD_OP_EXPORT void verifyd_switch_destroy(VerifydSwitch* sw);
+VERIFYD_OP_EXPORT const char* verifyd_switch_error(const VerifydSwitch* sw);
+// Enqueues the step's decision on `stream`: reads `block` (a device-visible pointer to the
+// control block) and writes `use_op` (one device byte: 1 when the op serves this step) and each
+// of the `layers` bytes of `layer_failed` (1 - use_op; a layer whose op call ran holds its
+// verdict after it). A block without the magic, or a lease not renewed within its period, gives
+// the stack. In a capture with conditional nodes it also makes the layers' handles and sets them.
+VERIFYD_OP_EXPORT int verifyd_switch_begin_step(VerifydSwitch* sw, VerifydSwitchBlock* block,
+                                                uint8_t* use_op, uint8_t* layer_failed,
+                                                void* stream);
+// Adds layer `layer`'s IF/ELSE node after `stream`'s work, captures the op's `call` into its
+// then-body (its verdict goes to layer_failed[layer], whatever call->failed says), and leaves
+// the switch's stream capturing the fallback body, returned in `fallback_stream`.
+VERIFYD_OP_EXPORT int verifyd_switch_layer_op(VerifydSwitch* sw, uint32_t layer, VerifydOp* op,
+                                              const VerifydOpCall* call, void* stream,
+                                              void** fallback_stream);
+// Ends the fallback body and starts the else-body (the step is the stack's), on `else_stream`.
+VERIFYD_OP_EXPORT int verifyd_switch_layer_else(VerifydSwitch* sw, void** else_stream);
+// Ends the else-body: the layer is done.
+VERIFYD_OP_EXPORT int verifyd_switch_layer_end(VerifydSwitch* sw);
+// The step's decision (as begin_step), its IF/ELSE node after `stream`'s work, and the op's step
+// body capturing on `op_step_stream`.
+VERIFYD_OP_EXPORT int verifyd_switch_step_op(VerifydSwitch* sw, VerifydSwitchBlock* block,
+                                             uint8_t* use_op, uint8_t* layer_failed, void* stream,
+                                             void** op_step_stream);
+// In the op's step: layer `layer`'s op call (its verdict to layer_failed[layer]) and its
+// fallback's IF node; the fallback body capturing on `fallback_stream`.
+VERIFYD_OP_EXPORT int verifyd_switch_layer_in_step(VerifydSwitch* sw, uint32_t layer, VerifydOp* op,
+                                                   const VerifydOpCall* call,
+                                                   void** fallback_stream);
+// Ends the layer's fallback body: the op's step goes on.
+VERIFYD_OP_EXPORT int verifyd_switch_fallback_end(VerifydSwitch* sw);
+// Ends the op's step body and starts the stack's, on `stack_step_stream`.
+VERIFYD_OP_EXPORT int verifyd_switch_step_stack(VerifydSwitch* sw, void** stack_step_stream);
+// Ends the stack's step body: the step is done.
+VERIFYD_OP_EXPORT int verifyd_switch_step_end(VerifydSwitch* sw);
+// Ends whatever body is being captured, after the caller's code failed in it.
+VERIFYD_OP_EXPORT void verifyd_switch_layer_abort(VerifydSwitch* sw);
+// The kernel-side branch, after the stack's attention wrote `o` (and `lse`): the op's call,
+// computing into call->o (and call->lse) when the step is the op's, then copying them to `o`
+// (and `lse`) when it served and passed every check. Its verdict goes to layer_failed[layer].
+VERIFYD_OP_EXPORT int verifyd_switch_layer_branch(VerifydSwitch* sw, uint32_t layer, VerifydOp* op,
+                                                  const VerifydOpCall* call, void* o, float* lse,
+                                                  void* stream);
 // The build the kernel comes from (the commit), as verifyd reports its own.
 VERIFYD_OP_EXPORT const char* verifyd_op_build(void);
 VERIFYD_OP_EXPORT uint32_t verifyd_op_abi_version(void);

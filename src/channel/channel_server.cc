@@ -27,7 +27,8 @@ class ChannelServer::Channel {
  public:
   Channel(ChannelSummary summary, std::unique_ptr<MappedRegion> map, const ChannelLimits& limits,
           const Serve& serve, const ServeBuilt& serve_built, const Descriptors& descriptors,
-          std::optional<TapOpen> tap, TapServer* tap_server)
+          std::optional<TapOpen> tap, TapServer* tap_server,
+          std::optional<channel::SwitchPlan> serving_switch, SwitchServer* switch_server)
       : summary_(std::move(summary)),
         map_(std::move(map)),
         spin_(limits.spin),
@@ -37,11 +38,22 @@ class ChannelServer::Channel {
         descriptors_(descriptors),
         tap_(std::move(tap)),
         tap_server_(tap_server),
+        switch_(std::move(serving_switch)),
+        switch_server_(switch_server),
         client_(summary_.client_pid) {
     channel::InitHeader(map_->base(), summary_.geometry);
     if (tap_) tap_counts_.backend = tap_->plan.spec.backend();
+    if (switch_) {
+      switch_state_.model = switch_->spec.model();
+      switch_state_.layers = switch_->spec.layers();
+      switch_state_.lease_ms = switch_->lease_ms;
+      // The first renewal before OpenChannel answers: the client's first step sees the mode.
+      RenewSwitchOnce();
+    }
     thread_ = std::thread([this] {
-      if (tap_) {
+      if (switch_) {
+        SwitchLoop();
+      } else if (tap_) {
         TapLoop();
       } else if (!descriptors_.empty()) {
         DoorbellLoop();
@@ -76,6 +88,10 @@ class ChannelServer::Channel {
       s.tap->calls = h->tap_calls.load(std::memory_order_relaxed);
       s.tap->taps = h->tap_taps.load(std::memory_order_relaxed);
       s.tap->dropped = h->tap_dropped.load(std::memory_order_relaxed);
+    }
+    if (switch_) {
+      std::lock_guard<std::mutex> l(switch_mu_);
+      s.serving_switch = switch_state_;
     }
     return s;
   }
@@ -169,6 +185,58 @@ class ChannelServer::Channel {
     if (delta[0] + delta[1] + delta[2] > 0) {
       tap_server_->GpuCounts(tap_->plan.spec.backend(), delta[0], delta[1], delta[2]);
     }
+  }
+
+  // Switch mode: one renewal with the SwitchServer's directive, and what the GPU counted since
+  // the last one, to the state and the SwitchServer.
+  void RenewSwitchOnce() {
+    char* block = map_->base() + switch_->block_offset;
+    const channel::SwitchDirective d = switch_server_->Directive();
+    channel::RenewSwitch(block, d, switch_->lease_ms);
+    const channel::SwitchCounts c = channel::ReadSwitch(block);
+    int64_t op = 0, stack = 0, expired = 0;
+    {
+      std::lock_guard<std::mutex> l(switch_mu_);
+      SwitchState& st = switch_state_;
+      // The GPU's counts only grow; a block the client rewrote from zero restarts them.
+      if (c.steps >= st.counts.steps && c.op_steps >= st.counts.op_steps &&
+          c.lease_expired >= st.counts.lease_expired) {
+        op = static_cast<int64_t>(c.op_steps - st.counts.op_steps);
+        stack = static_cast<int64_t>(c.steps - st.counts.steps) - op;
+        expired = static_cast<int64_t>(c.lease_expired - st.counts.lease_expired);
+      }
+      if (c.steps != st.counts.steps) st.last_step_seen = absl::Now();
+      if (d.path != st.directive.path || d.canary_fraction != st.directive.canary_fraction) {
+        spdlog::info("channel '{}': the switch of model '{}' now asks for {}{}", summary_.name,
+                     st.model, channel::SwitchPathName(d.path),
+                     d.path == channel::SwitchPath::kCanary
+                         ? absl::StrCat(" (", d.canary_fraction, " of the steps)")
+                         : std::string());
+      }
+      st.directive = d;
+      st.counts = c;
+    }
+    if (op + stack + expired > 0) {
+      switch_server_->StepCounts(switch_state_.model, op, std::max<int64_t>(stack, 0), expired);
+    }
+  }
+
+  void SwitchLoop() {
+    const absl::Duration period = absl::Milliseconds(switch_->lease_ms) / 4;
+    const absl::Duration slice = std::min(period, absl::Milliseconds(20));
+    absl::Time next = absl::Now() + period;
+    while (true) {
+      while (absl::Now() < next) {
+        if (stop_.load()) break;
+        std::this_thread::sleep_for(absl::ToChronoMicroseconds(slice));
+      }
+      if (Shrank()) return;
+      if (stop_.load() || Ended()) break;
+      RenewSwitchOnce();
+      next += period;
+      if (next < absl::Now()) next = absl::Now() + period;  // verifyd was stopped: no burst
+    }
+    channel::HandBackSwitch(map_->base() + switch_->block_offset);
   }
 
   void TapLoop() {
@@ -348,7 +416,11 @@ class ChannelServer::Channel {
   bool control_failed_ = false;        // tap mode: a control write failed (logged once)
   uint32_t gpu_seen_[3] = {0, 0, 0};   // tap mode: the GPU's counts last reported
   mutable std::mutex tap_mu_;
-  TapCounts tap_counts_;       // guarded by tap_mu_
+  TapCounts tap_counts_;  // guarded by tap_mu_
+  const std::optional<channel::SwitchPlan> switch_;
+  SwitchServer* const switch_server_;
+  mutable std::mutex switch_mu_;
+  SwitchState switch_state_;   // guarded by switch_mu_
   const ProcessWatch client_;  // the process that opened it (pid 0: none is watched)
   // Its number among the channels this process opened (its calls' layout keys: LayoutKey).
   const uint32_t serial_ = next_serial_.fetch_add(1, std::memory_order_relaxed) + 1;
@@ -418,11 +490,10 @@ void ChannelServer::Notify() {
   if (o) o(n);
 }
 
-absl::StatusOr<ChannelSummary> ChannelServer::Open(const std::string& name, const std::string& key,
-                                                   uint64_t byte_size, const std::string& client,
-                                                   const Peer& by, const Descriptors& descriptors,
-                                                   uint32_t layout_slots,
-                                                   std::optional<TapOpen> tap) {
+absl::StatusOr<ChannelSummary> ChannelServer::Open(
+    const std::string& name, const std::string& key, uint64_t byte_size, const std::string& client,
+    const Peer& by, const Descriptors& descriptors, uint32_t layout_slots,
+    std::optional<TapOpen> tap, const v1::SwitchSpec* serving_switch, absl::string_view build) {
   if (limits_.max_channels == 0) {
     return absl::FailedPreconditionError(
         "OpenChannel: this verifyd serves no call channels (--max_channels=0)");
@@ -447,6 +518,20 @@ absl::StatusOr<ChannelSummary> ChannelServer::Open(const std::string& name, cons
   }
   if (tap && tap_server_ == nullptr) {
     return absl::FailedPreconditionError("tap: this verifyd serves no tap channels");
+  }
+  std::optional<channel::SwitchPlan> switch_plan;
+  if (serving_switch != nullptr) {
+    if (tap || !descriptors.empty()) {
+      return absl::InvalidArgumentError(
+          "serving_switch: a channel is in one mode (doorbell, tap or switch), not two");
+    }
+    if (switch_server_ == nullptr) {
+      return absl::FailedPreconditionError(
+          "serving_switch: this verifyd serves no switch channels");
+    }
+    absl::StatusOr<channel::SwitchPlan> p = channel::PlanSwitch(*serving_switch, build, *g);
+    if (!p.ok()) return p.status();
+    switch_plan = std::move(*p);
   }
   auto check_room = [&]() -> absl::Status {
     if (channels_.count(name) != 0) {
@@ -490,15 +575,21 @@ absl::StatusOr<ChannelSummary> ChannelServer::Open(const std::string& name, cons
   s.descriptors = descriptors.size();
   s.plan = plan;
   const std::string tap_note =
-      tap ? absl::StrCat("; tap mode, backend ", tap->plan.spec.backend(), ", ",
-                         tap->plan.spec.slots(), " slots of ", tap->plan.geometry.slot_bytes,
-                         " bytes in region '", tap->plan.spec.region(), "'")
-          : std::string();
+      tap           ? absl::StrCat("; tap mode, backend ", tap->plan.spec.backend(), ", ",
+                                   tap->plan.spec.slots(), " slots of ", tap->plan.geometry.slot_bytes,
+                                   " bytes in region '", tap->plan.spec.region(), "'")
+      : switch_plan ? absl::StrCat("; switch mode, model ", switch_plan->spec.model(), ", ",
+                                   switch_plan->spec.layers(), " layers, lease of ",
+                                   switch_plan->lease_ms, " ms")
+                    : std::string();
   {
     std::lock_guard<std::mutex> l(mu_);
     if (absl::Status st = check_room(); !st.ok()) return st;  // raced with another Open
-    channels_[name] = std::make_unique<Channel>(s, std::move(*m), limits_, serve_, serve_built_,
-                                                descriptors, std::move(tap), tap_server_);
+    auto c = std::make_unique<Channel>(s, std::move(*m), limits_, serve_, serve_built_, descriptors,
+                                       std::move(tap), tap_server_, std::move(switch_plan),
+                                       switch_server_);
+    s = c->summary();
+    channels_[name] = std::move(c);
   }
   spdlog::info(
       "channel '{}' open on '{}' ({} bytes, areas of {} bytes, client '{}'{}{}; pinned in "

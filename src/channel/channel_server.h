@@ -11,7 +11,9 @@
 // A channel opened with call descriptors is in doorbell mode (doorbell_layout.h): its thread
 // polls the doorbell word that the client's GPU writes, and serves each call through
 // `serve_built`. A channel opened with a tap is in tap mode (tap_layout.h): its thread polls the
-// ring the tap kernel fills and hands each fill to the TapServer.
+// ring the tap kernel fills and hands each fill to the TapServer. A channel opened with a
+// serving switch is in switch mode (switch_control.h): its thread renews the switch's lease
+// with the SwitchServer's directive and reads back what the stack's GPU counted.
 
 #include <condition_variable>
 #include <cstdint>
@@ -30,6 +32,7 @@
 #include "google/protobuf/repeated_ptr_field.h"
 #include "src/channel/channel_layout.h"
 #include "src/channel/doorbell_layout.h"
+#include "src/channel/switch_control.h"
 #include "src/channel/tap_layout.h"
 #include "src/common/peer.h"
 #include "src/common/process_watch.h"
@@ -89,6 +92,28 @@ class TapServer {
                          int64_t dropped) = 0;
 };
 
+// A switch channel's state, as status shows it (verify.proto, SwitchInfo).
+struct SwitchState {
+  std::string model;
+  uint32_t layers = 0, lease_ms = 0;
+  channel::SwitchDirective directive;  // the last one written
+  channel::SwitchCounts counts;
+  absl::Time last_step_seen = absl::InfinitePast();  // when verifyd saw `steps` move last
+};
+
+// What a switch channel needs from above the transport.
+class SwitchServer {
+ public:
+  virtual ~SwitchServer() = default;
+  // What the next steps should serve: from verifyd's mode (shadow: the stack; canary: a
+  // fraction; custom: the op).
+  virtual channel::SwitchDirective Directive() = 0;
+  // What the stack's GPU counted since the last report: steps served by the op and by the
+  // stack, and steps the op would have served but for an expired lease.
+  virtual void StepCounts(const std::string& model, int64_t op_steps, int64_t stack_steps,
+                          int64_t lease_expired) = 0;
+};
+
 // A tap channel to open: its plan and one call per slot (TapSlotCall).
 struct TapOpen {
   channel::TapPlan plan;
@@ -106,8 +131,9 @@ struct ChannelSummary {
   int client_pid = 0;    // the watched process; 0: none
   int descriptors = 0;   // doorbell mode: call descriptors; 0: serialized requests
   channel::DoorbellPlan plan;
-  int64_t failed_calls = 0;      // doorbell mode: calls answered with an error
-  std::optional<TapCounts> tap;  // tap mode
+  int64_t failed_calls = 0;                   // doorbell mode: calls answered with an error
+  std::optional<TapCounts> tap;               // tap mode
+  std::optional<SwitchState> serving_switch;  // switch mode
 };
 
 class ChannelServer {
@@ -140,6 +166,9 @@ class ChannelServer {
   // Serves tap channels (null: Open refuses a tap). Set before the first Open; outlives the
   // server's channels.
   void SetTapServer(TapServer* t) { tap_server_ = t; }
+  // Serves switch channels (null: Open refuses one). Set before the first Open; outlives the
+  // server's channels.
+  void SetSwitchServer(SwitchServer* s) { switch_server_ = s; }
   // Sees each refused close of another peer's channel (metrics, audit). Set before serving.
   void SetDenialObserver(DenialObserver o) { on_denial_ = std::move(o); }
 
@@ -150,12 +179,15 @@ class ChannelServer {
   // exit closes the channel (none: none is watched).
   // `descriptors` (non-empty: doorbell mode) and `layout_slots` as in OpenChannelRequest; bad
   // ones are INVALID_ARGUMENT naming the field (PlanDoorbell). `tap`: tap mode (the caller
-  // planned it with PlanTap against limits() and checked its region).
+  // planned it with PlanTap against limits() and checked its region). `serving_switch`: switch
+  // mode (planned here with PlanSwitch against `build`, verifyd's build).
   absl::StatusOr<ChannelSummary> Open(const std::string& name, const std::string& key,
                                       uint64_t byte_size, const std::string& client, const Peer& by,
                                       const Descriptors& descriptors = Descriptors(),
                                       uint32_t layout_slots = 0,
-                                      std::optional<TapOpen> tap = std::nullopt);
+                                      std::optional<TapOpen> tap = std::nullopt,
+                                      const v1::SwitchSpec* serving_switch = nullptr,
+                                      absl::string_view build = "");
   const ChannelLimits& limits() const { return limits_; }
   // Closes `name`, or with an empty name every channel of `client` that `caller` may close; a
   // call in progress finishes first. The client sees state closed. NOT_FOUND for an unknown name,
@@ -175,6 +207,7 @@ class ChannelServer {
   ServeBuilt serve_built_;
   RegionRegistry::HostPinner pin_host_;
   TapServer* tap_server_ = nullptr;
+  SwitchServer* switch_server_ = nullptr;
   DenialObserver on_denial_;
   Observer observer_;
   mutable std::mutex mu_;

@@ -227,6 +227,19 @@ void PrintRegionsAndChannels(const v1::GetStatusResponse& s) {
           t.stack_breaches(), t.backend(), t.worst_custom_vs_reference(),
           t.worst_stack_vs_reference(), t.worst_custom_vs_stack());
     }
+    if (c.has_serving_switch()) {
+      const v1::SwitchInfo& w = c.serving_switch();
+      const std::string age =
+          w.lease_age_ms() < 0 ? std::string("no step yet")
+                               : fmt::format("lease {:.0f} ms old at the last step ({:.0f} ms ago)",
+                                             w.lease_age_ms(), w.since_last_step_ms());
+      std::cout << fmt::format(
+          "  switch {} ({} layers): asks for {}{}  steps {} (op {}, stack {})  lease of {} ms, "
+          "{}  expired {}\n",
+          w.model(), w.layers(), w.path(),
+          w.path() == "canary" ? fmt::format(" {:.3g}", w.canary_fraction()) : std::string(),
+          w.steps(), w.op_steps(), w.steps() - w.op_steps(), w.lease_ms(), age, w.lease_expired());
+    }
   }
 }
 

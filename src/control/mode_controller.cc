@@ -127,6 +127,11 @@ Mode ModeController::mode() const {
   return state_.mode;
 }
 
+std::pair<Mode, double> ModeController::serving_mode() const {
+  absl::ReaderMutexLock l(&mu_);
+  return {state_.mode, state_.canary_fraction};
+}
+
 double ModeController::shadow_sample_rate() const {
   absl::ReaderMutexLock l(&mu_);
   return state_.shadow_sample_rate;

@@ -13,6 +13,7 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -204,6 +205,8 @@ class ModeController {
   int64_t MalformedAuditLines() const;
   Mode mode() const;
   double shadow_sample_rate() const;  // without a Snapshot(): shadow taps follow it
+  // The mode and its canary fraction, without a Snapshot(): in-process switches follow them.
+  std::pair<Mode, double> serving_mode() const;
 
  private:
   ModeController(StateStore store, ControllerOptions opts, PersistedState s);

@@ -337,6 +337,7 @@ absl::Status Daemon::StartDataPlane() {
   vopts.pin_host = HostPinner();
   vopts.allow_region_tcp = opts.allow_region_tcp;
   vopts.channels = ChannelLimitsFor(opts);
+  vopts.kernel_build = VERIFYD_GIT_COMMIT;
   vopts.receive_keep_bytes = opts.pinned_receive_bytes;
   vopts.streams = opts.streams;
   // After a burst past what --keep_freed_mb keeps, freed heap memory goes back to the system.

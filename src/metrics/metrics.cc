@@ -325,6 +325,26 @@ void DeclareTapMetrics(prometheus::Registry& r, CounterFamily** events,
                    .Register(r);
 }
 
+// In-process switches (switch channels), by model: the steps the stack's GPU decided, by the path
+// that served them, and those the op lost to an expired lease.
+void DeclareSwitchMetrics(prometheus::Registry& r, CounterFamily** steps,
+                          CounterFamily** lease_expired) {
+  *steps = &prometheus::BuildCounter()
+                .Name("verifyd_switch_steps_total")
+                .Help(
+                    "In-process switch: captured steps by model and by the path that served "
+                    "them (op: the custom kernel in the serving process; stack: its own "
+                    "attention), as the stack's GPU counted them")
+                .Register(r);
+  *lease_expired = &prometheus::BuildCounter()
+                        .Name("verifyd_switch_lease_expired_total")
+                        .Help(
+                            "In-process switch: steps the op would have served but for a lease "
+                            "verifyd did not renew in time (it was stopped, hung or starved); "
+                            "the stack served them")
+                        .Register(r);
+}
+
 void DeclareBuildInfo(prometheus::Registry& r, const BuildInfo& info) {
   prometheus::BuildGauge()
       .Name("verifyd_build_info")
@@ -371,6 +391,7 @@ Metrics::Metrics(const BuildInfo& info) : registry_(std::make_shared<prometheus:
                            .Register(r);
   DeclareCaptureMetrics(r, &captures_);
   DeclareTapMetrics(r, &tap_events_, &tap_diff_rel_l2_, &tap_breaches_);
+  DeclareSwitchMetrics(r, &switch_steps_, &switch_lease_expired_);
   DeclareBuildInfo(r, info);
 }
 
@@ -396,6 +417,17 @@ void Metrics::TapEvents(std::string_view backend, std::string_view event, int64_
   if (n <= 0) return;
   tap_events_->Add({{"backend", std::string(backend)}, {"event", std::string(event)}})
       .Increment(static_cast<double>(n));
+}
+
+void Metrics::SwitchSteps(std::string_view model, std::string_view path, int64_t n) {
+  if (n <= 0) return;
+  switch_steps_->Add({{"model", std::string(model)}, {"path", std::string(path)}})
+      .Increment(static_cast<double>(n));
+}
+
+void Metrics::SwitchLeaseExpired(std::string_view model, int64_t n) {
+  if (n <= 0) return;
+  switch_lease_expired_->Add({{"model", std::string(model)}}).Increment(static_cast<double>(n));
 }
 
 namespace {

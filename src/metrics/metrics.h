@@ -73,6 +73,10 @@ class Metrics {
   enum class TapPair { kCustomVsReference, kStackVsReference, kCustomVsStack, kStackVsOracle };
   void TapEvents(std::string_view backend, std::string_view event, int64_t n);
   void TapDiff(std::string_view backend, TapPair pair, const DiffStats& d, bool breach);
+  // In-process switches (switch channels), by model: `n` steps served on `path` (op or stack),
+  // and steps the op would have served but for an expired lease.
+  void SwitchSteps(std::string_view model, std::string_view path, int64_t n);
+  void SwitchLeaseExpired(std::string_view model, int64_t n);
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
@@ -115,6 +119,8 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* tap_events_;
   prometheus::Family<prometheus::Histogram>* tap_diff_rel_l2_;
   prometheus::Family<prometheus::Counter>* tap_breaches_;
+  prometheus::Family<prometheus::Counter>* switch_steps_;
+  prometheus::Family<prometheus::Counter>* switch_lease_expired_;
 };
 
 // Serves a registry in the Prometheus text format on http://ADDRESS/metrics (cpp-httplib: its

@@ -168,6 +168,24 @@ grpc::Status AdminServiceImpl::GetStatus(grpc::ServerContext* ctx, const v1::Get
         t->set_worst_custom_vs_stack(c.tap->worst_custom_vs_stack);
         t->set_stack_breaches(c.tap->stack_breaches);
       }
+      if (c.serving_switch) {
+        const SwitchState& w = *c.serving_switch;
+        v1::SwitchInfo* t = out->mutable_serving_switch();
+        t->set_model(w.model);
+        t->set_layers(w.layers);
+        t->set_path(channel::SwitchPathName(w.directive.path));
+        t->set_canary_fraction(w.directive.canary_fraction);
+        t->set_lease_ms(w.lease_ms);
+        t->set_steps(static_cast<int64_t>(w.counts.steps));
+        t->set_op_steps(static_cast<int64_t>(w.counts.op_steps));
+        t->set_lease_expired(static_cast<int64_t>(w.counts.lease_expired));
+        const bool stepped = w.counts.steps > 0;
+        t->set_lease_age_ms(stepped && w.counts.last_step_ns >= w.counts.seen_at_ns
+                                ? (w.counts.last_step_ns - w.counts.seen_at_ns) / 1e6
+                                : -1);
+        t->set_since_last_step_ms(
+            stepped ? absl::ToDoubleMilliseconds(absl::Now() - w.last_step_seen) : -1);
+      }
     }
   }
   return grpc::Status::OK;

@@ -9,6 +9,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -71,6 +72,8 @@ class VerifyHandler {
   absl::Status WriteRegion(const Peer& owner, RegionKind kind, const std::string& region,
                            uint64_t offset, const void* src, uint64_t bytes);
   double TapSampleRate() const { return controller_->shadow_sample_rate(); }
+  // The mode, and its canary fraction (in-process switches follow both).
+  std::pair<Mode, double> ServingMode() const { return controller_->serving_mode(); }
   const HandlerOptions& options() const { return opts_; }
   // Totals since start, for the admin status.
   v1::Counters counters() const;

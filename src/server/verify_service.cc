@@ -92,6 +92,7 @@ VerifyServiceImpl::VerifyServiceImpl(VerifyHandler* handler, Metrics* metrics,
                  v1::VerifyResponse* resp) { ServeDoorbellCall(owner, call, d, layout_key, resp); },
           opts.pin_host) {
   channels_.SetTapServer(this);
+  channels_.SetSwitchServer(this);
   // The unary call reads its message itself (a streamed unary handler is, to the server, a
   // stream of one message each way), so that its wire bytes go once they are parsed.
   AddMethod(new grpc::internal::RpcServiceMethod(
@@ -342,6 +343,25 @@ absl::Status VerifyServiceImpl::WriteControl(const Peer& owner, const channel::T
                                plan.spec.region(), plan.spec.region_offset() + offset, src, bytes);
 }
 
+channel::SwitchDirective VerifyServiceImpl::Directive() {
+  const auto [mode, fraction] = handler_->ServingMode();
+  channel::SwitchDirective d;
+  if (mode == Mode::kCustom) {
+    d.path = channel::SwitchPath::kOp;
+  } else if (mode == Mode::kCanary) {
+    d.path = channel::SwitchPath::kCanary;
+    d.canary_fraction = fraction;
+  }
+  return d;
+}
+
+void VerifyServiceImpl::StepCounts(const std::string& model, int64_t op_steps, int64_t stack_steps,
+                                   int64_t lease_expired) {
+  metrics_->SwitchSteps(model, "op", op_steps);
+  metrics_->SwitchSteps(model, "stack", stack_steps);
+  metrics_->SwitchLeaseExpired(model, lease_expired);
+}
+
 void VerifyServiceImpl::GpuCounts(const std::string& backend, int64_t calls, int64_t taps,
                                   int64_t dropped) {
   metrics_->TapEvents(backend, "calls", calls);
@@ -362,9 +382,10 @@ absl::Status VerifyServiceImpl::OpenChannel(const grpc::ServerContext& ctx,
     if (!t.ok()) return t.status();
     tap = std::move(*t);
   }
-  absl::StatusOr<ChannelSummary> s =
-      channels_.Open(req.name(), req.key(), req.byte_size(), req.client(), caller,
-                     req.descriptors(), req.layout_slots(), tap);
+  absl::StatusOr<ChannelSummary> s = channels_.Open(
+      req.name(), req.key(), req.byte_size(), req.client(), caller, req.descriptors(),
+      req.layout_slots(), tap, req.has_serving_switch() ? &req.serving_switch() : nullptr,
+      opts_.kernel_build);
   if (!s.ok()) return s.status();
   if (tap) {
     const tap::TapSlotGeometry& tg = tap->plan.geometry;

@@ -44,6 +44,8 @@ struct VerifyServiceOptions {
   RegionRegistry::HostPinner pin_host;
   bool allow_region_tcp = false;  // --allow_region_tcp (channels too)
   ChannelLimits channels;
+  // The build a switch channel's kernel library must come from (verifyd's commit).
+  std::string kernel_build;
   // Receive buffers kept (and pinned) between calls, bytes (--pinned_receive_mb).
   uint64_t receive_keep_bytes = uint64_t{1} << 30;
   // --grpc_max_streams(_per_peer), --grpc_max_waiting_calls_per_peer, --stream_idle_timeout_s,
@@ -55,7 +57,7 @@ struct VerifyServiceOptions {
   HeapTrimmer::Options heap_trim;
 };
 
-class VerifyServiceImpl final : public grpc::Service, private TapServer {
+class VerifyServiceImpl final : public grpc::Service, private TapServer, private SwitchServer {
  public:
   VerifyServiceImpl(VerifyHandler* handler, Metrics* metrics, VerifyServiceOptions opts);
   ChannelServer& channels() { return channels_; }
@@ -118,6 +120,11 @@ class VerifyServiceImpl final : public grpc::Service, private TapServer {
                             const void* src, uint64_t bytes) override;
   double SampleRate() override { return handler_->TapSampleRate(); }
   void GpuCounts(const std::string& backend, int64_t calls, int64_t taps, int64_t dropped) override;
+  // SwitchServer: switch channels follow the mode (shadow and reference: the stack; canary: its
+  // fraction; custom: the op) and report their steps to the metrics.
+  channel::SwitchDirective Directive() override;
+  void StepCounts(const std::string& model, int64_t op_steps, int64_t stack_steps,
+                  int64_t lease_expired) override;
   absl::Status CloseChannel(const grpc::ServerContext& ctx, const v1::CloseChannelRequest& req,
                             v1::CloseChannelResponse* resp);
 

@@ -13,14 +13,16 @@ against the fp64 oracle of the contract (random_bundles.py):
 - bad calls, eager and replayed: a page id past the pool, a kv_len past max_kv_len, a falling
   kv_indptr, a mask byte of 2, a NaN in q: `failed` True, o left as it was (but for the NaN, whose
   output is written and flagged), and the next good call passes again;
-- the switch (switch.py) in a captured step of 4 layers: mode stack, mode op, a rollback taking
-  effect at the next replay, an op call that fails its check served by the stack, a canary of
-  0.3 drawn per step (every layer of a step on one path), and a lease that is not renewed
-  falling back to the stack within twice its period;
+- the switch (switch.py) in a captured step of 4 layers, with a conditional node a layer, one a
+  step (Switch.step) and the kernel-side branch: mode stack, mode op, a rollback taking effect at the next replay, an op
+  call that fails its check and one whose output is not finite, both served by the stack, a
+  canary of 0.3 drawn per step (every layer of a step on one path), and a lease that is not
+  renewed falling back to the stack within twice its period;
 - the cost in a captured step of 61 layers: the step's time per layer, the kernels' device time
   (CUPTI, through torch.profiler: the custom kernel's, which overlaps its split combine, and the
-  two check kernels', which run alone before and after it: the op's overhead), and what the
-  switch adds in mode op (its decision and the two conditional nodes a layer).
+  two check kernels', which run alone before and after it: the op's overhead), and what each
+  switch adds to a layer in mode op (over the op called directly) and in mode stack (over a
+  stand-in of the stack's attention called directly).
 
 Exit status: 0 passed, 1 a check failed, 2 the setup failed.
 """
@@ -251,10 +253,13 @@ def stack_attention(buf, batch, draft, heads, page_size, max_kv_len, out, ran, l
     return fn
 
 
-def test_switch(seed):
-    if not hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node"):
-        check(False, f"switch: torch {torch.__version__} has no CUDA graph conditional nodes")
-        return {}
+SWITCH_KINDS = {"layer": "a conditional node a layer", "step": "a conditional node a step",
+                "branch": "kernel-side branch"}
+
+
+def test_switch(seed, kind):
+    how = SWITCH_KINDS[kind]
+    conditional = kind != "branch"
     batch, draft, heads, ps, prefixes, layers = 4, 8, 16, 16, [100, 37, 260, 9], 4
     rng = np.random.default_rng(seed)
     b = random_bundle(rng, batch, draft, heads, ps, prefixes)
@@ -263,7 +268,7 @@ def test_switch(seed):
     buf = Buffers(batch, draft, heads, ps, pool_pages, max_indices, False, False)
     buf.load(b)
     op = make_op(batch, draft, heads, ps, pool_pages, max_indices, max_kv_len, False, False)
-    sw = Switch(layers)
+    sw = Switch(layers, conditional=conditional)
     outs = [torch.zeros_like(buf.o) for _ in range(layers)]
     ran = torch.zeros(layers, dtype=torch.bool, device="cuda")
     fns = [stack_attention(buf, batch, draft, heads, ps, max_kv_len, outs[i], ran, i)
@@ -274,12 +279,21 @@ def test_switch(seed):
     with torch.cuda.stream(stream):
         sw.begin_step()
         for i in range(layers):
-            sw.attend(i, fns[i], *args, outs[i])  # eager: the stack's
+            sw.attend(i, fns[i], *args, outs[i])  # eager: the kernel-side branch
     stream.synchronize()
-    with torch.cuda.graph(graph, stream=stream):
-        sw.begin_step()
+    def forward():
         for i in range(layers):
-            sw.attend(i, fns[i], *args, outs[i], graph=graph)
+            sw.attend(i, fns[i], *args, outs[i])
+
+    with torch.cuda.graph(graph, stream=stream):
+        if kind == "step":
+            sw.step(forward)
+        else:
+            sw.begin_step()
+            forward()
+
+    def served_by_stack():
+        return [bool(x) for x in sw.layer_failed.cpu().tolist()]
 
     def step(stack, what, check_outputs=True):
         ran.zero_()
@@ -287,18 +301,21 @@ def test_switch(seed):
             o.fill_(3.0)
         graph.replay()
         torch.cuda.synchronize()
-        served = ran.cpu().tolist()
-        check(served == [stack] * layers,
-              f"switch, {what}: every layer served by the {'stack' if stack else 'op'} "
-              f"(stack ran: {served})")
+        served = served_by_stack()
+        ok = served == [stack] * layers
+        if conditional:  # the stack's attention runs only where it serves
+            ok = ok and ran.cpu().tolist() == served
+        check(ok, f"switch ({how}), {what}: every layer served by the "
+                  f"{'stack' if stack else 'op'} (stack served: {served}, "
+                  f"ran: {ran.cpu().tolist()})")
         if check_outputs:
             for i in (0, layers - 1):
-                compare(f"switch, {what}, layer {i}", buf, b, outs[i])
+                compare(f"switch ({how}), {what}, layer {i}", buf, b, outs[i])
 
     sw.set_mode("stack")
     step(True, "mode stack")
     sw.set_mode("op")
-    step(False, "mode op")
+    step(False, "mode op (the next replay)")
     sw.set_mode("stack")
     step(True, "rolled back: the next replay")
     sw.set_mode("op")
@@ -306,21 +323,27 @@ def test_switch(seed):
     step(True, "the op's call failed its check")
     buf.load(b)
     step(False, "the next good step")
+    # A NaN in q: the op computes, its output is not finite, and the stack's serves (the
+    # stack's output is NaN there too, so only who served is checked).
+    buf.q[5, 3, 7] = float("nan")
+    step(True, "the op's output not finite", check_outputs=False)
+    buf.load(b)
+    step(False, "the step after")
 
     sw.set_mode("canary", 0.3)
     before = sw.counters()
     mixed = 0
     for _ in range(300):
-        ran.zero_()
         graph.replay()
         torch.cuda.synchronize()
-        n = int(ran.sum().item())
+        n = sum(served_by_stack())
         mixed += 0 < n < layers
     after = sw.counters()
     steps = after["steps"] - before["steps"]
     share = (after["op_steps"] - before["op_steps"]) / max(steps, 1)
     check(steps == 300 and 0.2 < share < 0.4 and mixed == 0,
-          f"switch, canary 0.3: {steps} steps, {share:.2f} served by the op, {mixed} steps mixed")
+          f"switch ({how}), canary 0.3: {steps} steps, {share:.2f} served by the op, "
+          f"{mixed} steps mixed")
 
     # The lease: the op serves while renewals come; once they stop, the stack from the first
     # step past the period.
@@ -333,20 +356,21 @@ def test_switch(seed):
     t0 = time.monotonic()
     fallback_s = None
     while time.monotonic() - t0 < 10 * period:
-        ran.zero_()
         graph.replay()
         torch.cuda.synchronize()
-        if bool(ran[0].item()):
+        if served_by_stack()[0]:
             fallback_s = time.monotonic() - t0
             break
         time.sleep(0.002)
     check(fallback_s is not None and fallback_s <= 2 * period,
-          f"switch, lease of {period * 1000:.0f} ms not renewed: the stack serves after "
+          f"switch ({how}), lease of {period * 1000:.0f} ms not renewed: the stack serves after "
           f"{(fallback_s or -1) * 1000:.1f} ms")
-    check(sw.counters()["lease_expired"] > expired_before, "switch: expired steps counted")
+    check(sw.counters()["lease_expired"] > expired_before,
+          f"switch ({how}): expired steps counted")
     sw.renew(period)
     step(False, "lease renewed")
     sw.renew(0)
+    sw.close()
     op.close()
     return {"lease_period_ms": period * 1000,
             "lease_fallback_ms": round((fallback_s or -1) * 1000, 2),
@@ -369,7 +393,25 @@ def kernel_times(prof):
     return out
 
 
+def timed_per_layer(graph, layers, replays):
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / layers)
+    return statistics.median(times)
+
+
 def bench_step(seed, layers=61, replays=30):
+    """Per layer of a captured step of ``layers`` layers: the op called directly, the stack's
+    stand-in alone (one fill kernel), and each switch (conditional nodes, kernel-side branch)
+    in mode op and in mode stack, all over the same buffers in one process."""
     rows = []
     for batch, draft, heads, prefix in ((1, 16, 16, 4096), (8, 16, 16, 4096), (32, 8, 16, 2048),
                                         (64, 4, 16, 8192)):
@@ -385,53 +427,62 @@ def bench_step(seed, layers=61, replays=30):
         with torch.cuda.stream(stream):
             buf.call(op)
         stream.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
+
+        def capture(body):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=stream):
+                body()
+            return g
+
+        def direct():
             for _ in range(layers):
                 buf.call(op)
-        for _ in range(3):
-            graph.replay()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(replays):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1000 / layers)
+
+        def stack_only():
+            for _ in range(layers):
+                buf.o.fill_(0.5)
+
+        graph = capture(direct)
+        step_us = timed_per_layer(graph, layers, replays)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(5):
                 graph.replay()
             torch.cuda.synchronize()
         k = {kind: us / (5 * layers) for kind, us in kernel_times(prof).items()}
-        step_us = statistics.median(times)
-        switch_us = None
-        if hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node"):
-            sw = Switch(layers)
+        stack_us = timed_per_layer(capture(stack_only), layers, replays)
+        row = {"shape": f"{batch},{draft},{heads},{prefix}", "page_size": ps, "layers": layers,
+               "layer_us_direct": round(step_us, 2), "layer_us_stack_standin": round(stack_us, 2),
+               "custom_kernel_us": round(k["custom"], 2), "checks_us": round(k["checks"], 2),
+               "per_call_overhead_us": round(k["checks"], 2)}
+        args = (op, buf.q, buf.pool, buf.indptr, buf.indices, buf.lens, buf.mask)
+        for name in SWITCH_KINDS:
+            sw = Switch(layers, conditional=name != "branch")
+
+            def switched(sw=sw, name=name):
+                def forward():
+                    for i in range(layers):
+                        sw.attend(i, lambda: buf.o.fill_(0.5), *args, buf.o)
+                if name == "step":
+                    sw.step(forward)
+                else:
+                    sw.begin_step()
+                    forward()
+
+            sgraph = capture(switched)
             sw.set_mode("op")
-            sgraph = torch.cuda.CUDAGraph()
-            args = (op, buf.q, buf.pool, buf.indptr, buf.indices, buf.lens, buf.mask)
-            with torch.cuda.graph(sgraph, stream=stream):
-                sw.begin_step()
-                for i in range(layers):
-                    sw.attend(i, buf.o.zero_, *args, buf.o, graph=sgraph)
-            stimes = []
-            for _ in range(replays):
-                start, end = (torch.cuda.Event(enable_timing=True),
-                              torch.cuda.Event(enable_timing=True))
-                start.record()
-                sgraph.replay()
-                end.record()
-                end.synchronize()
-                stimes.append(start.elapsed_time(end) * 1000 / layers)
-            switch_us = statistics.median(stimes) - step_us
-        row = {"shape": f"{batch},{draft},{heads},{prefix}", "page_size": ps,
-               "layer_us": round(step_us, 2), "custom_kernel_us": round(k["custom"], 2),
-               "checks_us": round(k["checks"], 2),
-               "per_call_overhead_us": round(k["checks"], 2),
-               "switch_cost_us": None if switch_us is None else round(switch_us, 2),
-               "failed": bool(op.failed.item())}
+            op_us = timed_per_layer(sgraph, layers, replays)
+            served_op = not bool(sw.layer_failed.any().item())
+            sw.set_mode("stack")
+            st_us = timed_per_layer(sgraph, layers, replays)
+            row[f"{name}_layer_us_mode_op"] = round(op_us, 2)
+            row[f"{name}_layer_us_mode_stack"] = round(st_us, 2)
+            # What the switch adds to a layer over calling the served path directly.
+            row[f"{name}_switch_cost_us_mode_op"] = round(op_us - step_us, 2)
+            row[f"{name}_switch_cost_us_mode_stack"] = round(st_us - stack_us, 2)
+            check(served_op, f"bench {row['shape']}, {name}: mode op served every layer")
+            del sgraph
+            sw.close()
+        row["failed"] = bool(op.failed.item())
         rows.append(row)
         print("bench", json.dumps(row))
         check(not row["failed"], f"bench {row['shape']}: every call passes its checks")
@@ -448,11 +499,13 @@ def main():
         print("SETUP FAILED: torch sees no CUDA device")
         return 2
     info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "conditional_nodes": hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node")}
+            "cuda_driver": torch.cuda.driver_version() if hasattr(torch.cuda, "driver_version")
+            else None}
     print("setup", json.dumps(info))
     test_eager_and_graph(args.seed)
     test_bad_calls(args.seed + 100)
-    switch = test_switch(args.seed + 300)
+    switch = {kind: test_switch(args.seed + 300 + 100 * i, kind)
+              for i, kind in enumerate(SWITCH_KINDS)}
     rows = bench_step(args.seed + 200)
     if args.json:
         with open(args.json, "w") as f:

@@ -22,7 +22,7 @@ from . import _native
 from .bundle import HEAD_DIM_QK, HEAD_DIM_V
 from .errors import InvalidBundleError, VerifydError
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 
 class _Geometry(ctypes.Structure):
@@ -138,6 +138,20 @@ class VerifyKernel:
         ``failed``: a one-element torch.bool on the device for the verdict (a Switch's layer
         byte), else ``self.failed``. Returns the tensor the verdict goes to."""
         torch = _torch()
+        c, failed = self.call_struct(q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, o,
+                                     lse, failed)
+        rc = self._lib.verifyd_op_attend(self._op, ctypes.byref(c),
+                                         torch.cuda.current_stream(self.device).cuda_stream)
+        if rc != 0:
+            raise VerifydError(grpc.StatusCode.INTERNAL,
+                               f"verifyd_op_attend: CUDA error {rc} enqueueing the call")
+        return failed
+
+    def call_struct(self, q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, o, lse=None,
+                    failed=None):
+        """The library's call struct for these tensors (checked as ``attend`` says), and the
+        tensor its verdict goes to."""
+        torch = _torch()
         rows = self.batch * self.draft
         for name, t, width in (("q", q, HEAD_DIM_QK), ("o", o, HEAD_DIM_V)):
             if t.numel() != rows * self.heads * width:
@@ -164,9 +178,4 @@ class VerifyKernel:
                                      f"expected, got {failed.dtype} {tuple(failed.shape)} on "
                                      f"{failed.device}")
         c.failed = failed.data_ptr()
-        rc = self._lib.verifyd_op_attend(self._op, ctypes.byref(c),
-                                         torch.cuda.current_stream(self.device).cuda_stream)
-        if rc != 0:
-            raise VerifydError(grpc.StatusCode.INTERNAL,
-                               f"verifyd_op_attend: CUDA error {rc} enqueueing the call")
-        return failed
+        return c, failed

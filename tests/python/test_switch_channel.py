@@ -1,0 +1,156 @@
+"""The in-process switch under verifyd's control (verify.proto, SwitchSpec; switch.py,
+SwitchChannel) against the real verifyd (CPU engine): verifyd writes the mode the switch's block
+asks for and renews its lease; the flip, a rollback and canary reach the block; a stopped verifyd
+stops renewing (the GPU falls back to the stack when the lease ages); closing the channel hands
+the stack back; what the GPU counts reaches `verifyctl status` and the metrics; a library of
+another build, and bad specs, are refused naming the field. The GPU's side of the block
+(verifyd_switch_begin_step) runs in tests/python/gpu_kernel_op_test.py; here the test writes the
+GPU's words itself.
+"""
+
+import mmap
+import os
+import signal
+import time
+import unittest
+import urllib.request
+
+import grpc
+
+from verifyd_client import AdminClient, VerifyClient, VerifydError
+from verifyd_client.switch import MAGIC, SwitchChannel, _Block
+from verifyd_daemon import Daemon
+
+
+def wait_for(pred, seconds=5.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return pred()
+
+
+class SwitchChannelTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.daemon = Daemon()
+        cls.client = VerifyClient(cls.daemon.data, timeout=60)
+        cls.admin = AdminClient(cls.daemon.admin)
+        cls.build = cls.admin.status()["commit"]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.admin.close()
+        cls.client.close()
+        cls.daemon.stop()
+
+    def open(self, lease_ms=40, model="kimi-k2.6", build=None):
+        return SwitchChannel(self.client, 61, model, self.build if build is None else build,
+                             lease_ms=lease_ms, mapped=False)
+
+    def tearDown(self):
+        self.admin.flip("shadow", "test_switch_channel: back to shadow")
+
+    def test_verifyd_writes_the_mode_and_renews_the_lease(self):
+        with self.open() as ch:
+            b = ch.block
+            self.assertEqual(b.magic, MAGIC)  # written before OpenChannel answered
+            self.assertEqual(b.mode, 0)  # shadow: the stack
+            self.assertEqual(b.lease_period_us, 40_000)
+            epoch = b.lease_epoch
+            self.assertTrue(wait_for(lambda: b.lease_epoch >= epoch + 3, 2),
+                            f"lease epoch stayed at {b.lease_epoch}")
+            self.admin.flip("custom", "test_switch_channel: custom", force=True)
+            self.assertTrue(wait_for(lambda: b.mode == 1), f"mode {b.mode}, expected 1 (op)")
+            self.admin.flip("canary", "test_switch_channel: canary", fraction=0.25, force=True)
+            self.assertTrue(wait_for(lambda: b.mode == 2), f"mode {b.mode}, expected 2")
+            self.assertAlmostEqual(b.canary_threshold / 2**32, 0.25, places=6)
+            self.admin.rollback("test_switch_channel: roll back")
+            self.assertTrue(wait_for(lambda: b.mode == 0), f"mode {b.mode} after the rollback")
+
+    def test_a_stopped_verifyd_stops_renewing(self):
+        with self.open() as ch:
+            b = ch.block
+            self.admin.flip("custom", "test_switch_channel: custom", force=True)
+            self.assertTrue(wait_for(lambda: b.mode == 1))
+            os.kill(self.daemon.proc.pid, signal.SIGSTOP)
+            try:
+                time.sleep(0.05)
+                frozen = b.lease_epoch
+                time.sleep(0.3)  # 7 lease periods
+                self.assertEqual(b.lease_epoch, frozen,
+                                 "the lease was renewed while verifyd was stopped")
+            finally:
+                os.kill(self.daemon.proc.pid, signal.SIGCONT)
+            self.assertTrue(wait_for(lambda: b.lease_epoch > frozen, 2),
+                            "renewals did not resume after SIGCONT")
+
+    def test_closing_hands_the_stack_back(self):
+        ch = self.open()
+        self.admin.flip("custom", "test_switch_channel: custom", force=True)
+        self.assertTrue(wait_for(lambda: ch.block.mode == 1))
+        # A mapping of our own outlives close(), which unlinks the object: what verifyd wrote
+        # last stays readable.
+        with open("/dev/shm" + ch.key, "r+b") as f:
+            m = mmap.mmap(f.fileno(), SwitchChannel.BYTE_SIZE)
+        try:
+            block = _Block.from_buffer(m, ch.offset)
+            ch.close()
+            self.assertEqual(block.mode, 0, "closing the channel left the op serving")
+            del block
+        finally:
+            m.close()
+
+    def test_status_and_metrics_show_the_gpu_counts(self):
+        with self.open(model="deepseek-v3") as ch:
+            b = ch.block
+            # What verifyd_switch_begin_step writes: 10 steps, 7 by the op, 2 lost to a lease.
+            b.seen_at_ns = 5_000_000
+            b.last_step_ns = 17_000_000
+            b.op_steps = 7
+            b.lease_expired = 2
+            b.steps = 10
+
+            def info():
+                for c in self.admin.status()["channels"]:
+                    if c["name"] == ch.name:
+                        return c.get("serving_switch")
+                return None
+
+            self.assertTrue(wait_for(lambda: (info() or {}).get("steps") == 10),
+                            f"status shows {info()}")
+            i = info()
+            self.assertEqual(i["model"], "deepseek-v3")
+            self.assertEqual(i["layers"], 61)
+            self.assertEqual(i["op_steps"], 7)
+            self.assertEqual(i["lease_expired"], 2)
+            self.assertEqual(i["path"], "stack")
+            self.assertAlmostEqual(i["lease_age_ms"], 12.0)
+            self.assertGreaterEqual(i["since_last_step_ms"], 0)
+            page = urllib.request.urlopen(self.daemon.metrics_url, timeout=10).read().decode()
+            self.assertIn('verifyd_switch_steps_total{model="deepseek-v3",path="op"} 7', page)
+            self.assertIn('verifyd_switch_steps_total{model="deepseek-v3",path="stack"} 3', page)
+            self.assertIn('verifyd_switch_lease_expired_total{model="deepseek-v3"} 2', page)
+
+    def test_refusals_name_the_field(self):
+        cases = [
+            ({"build": "0000000"}, grpc.StatusCode.FAILED_PRECONDITION, "serving_switch.build"),
+            ({"model": "Kimi K2"}, grpc.StatusCode.INVALID_ARGUMENT, "serving_switch.model"),
+            ({"lease_ms": 5}, grpc.StatusCode.INVALID_ARGUMENT, "serving_switch.lease_ms"),
+        ]
+        for kwargs, code, field in cases:
+            with self.assertRaises(VerifydError) as e:
+                self.open(**kwargs)
+            self.assertEqual(e.exception.code, code, kwargs)
+            self.assertIn(field, str(e.exception), kwargs)
+        with self.assertRaises(VerifydError) as e:
+            SwitchChannel(self.client, 0, "m", self.build, mapped=False)
+        self.assertIn("serving_switch.layers", str(e.exception))
+        # The daemon serves on.
+        with self.open() as ch:
+            self.assertEqual(ch.block.magic, MAGIC)
+
+
+if __name__ == "__main__":
+    unittest.main()
