@@ -7,6 +7,7 @@
 # (<date>-<commit>-cuda-mutation.{md,json}), mutation-drivers.tgz and summary.txt (printed last).
 #
 #   gpu_invariance_run.sh OUT_DIR [--only a,b,...] [--mutation-timeout S]
+# Without --only, the mutation suite runs the mutants whose drivers are in the pack.
 set -uo pipefail
 
 PACK=$(cd "$(dirname "$0")" && pwd)
@@ -69,6 +70,10 @@ fi
 
 if [[ -x $PACK/mutation/run_cuda_mutants.sh ]]; then
   args=(--drivers "$PACK/mutants" --out "$OUT")
+  if [[ -z $only ]]; then  # the mutants whose drivers the pack holds, not the suite's whole list
+    only=$(cd "$PACK/mutants" && ls mutant_driver.* | sed 's/^mutant_driver\.//' | grep -vx clean |
+      paste -sd, -)
+  fi
   [[ -n $only ]] && args+=(--only "$only")
   step "CUDA mutation suite" "$mutation_timeout" "$OUT/mutation.log" \
     "$PACK/mutation/run_cuda_mutants.sh" "${args[@]}"
