@@ -170,6 +170,49 @@ bool Capturing(cudaStream_t stream, unsigned long long* id, cudaGraph_t* graph) 
   return status == cudaStreamCaptureStatusActive;
 }
 
+// Starts capturing `stream` into `graph` (a conditional body).
+cudaError_t BeginCapture(cudaStream_t stream, cudaGraph_t graph) {
+  return cudaStreamBeginCaptureToGraph(stream, graph, nullptr, nullptr, 0,
+                                       cudaStreamCaptureModeRelaxed);
+}
+
+// Ends the body capture on sw->body and starts capturing the stack's body (sw->else_graph).
+cudaError_t CaptureElse(VerifydSwitch* sw) {
+  cudaGraph_t ended = nullptr;
+  const cudaError_t e = cudaStreamEndCapture(sw->body, &ended);
+  return e == cudaSuccess ? BeginCapture(sw->body, sw->else_graph) : e;
+}
+
+// Ends the stack's body, the last of a layer (kElse) or of a step (kStackStep): `what` names the
+// call and `before` the call that must come first.
+int EndStackBody(VerifydSwitch* sw, Stage stage, const std::string& what, const char* before) {
+  if (sw->stage != stage) {
+    EndBody(sw);
+    return Fail(sw, cudaSuccess, what + ": no " + before + " before it");
+  }
+  cudaGraph_t ended = nullptr;
+  const cudaError_t e = cudaStreamEndCapture(sw->body, &ended);
+  sw->stage = Stage::kIdle;
+  return e == cudaSuccess ? 0 : Fail(sw, e, what + ": the stack's body");
+}
+
+// On sw->body, capturing into `graph`: layer `layer`'s op call, whose last check sets a new
+// handle of `graph` to the call's verdict, and the IF node of that handle after it, whose body
+// (the stack's attention, to be captured) comes back in `fallback_body`.
+cudaError_t OpCallWithFallback(VerifydSwitch* sw, uint32_t layer, VerifydOp* op,
+                               const VerifydOpCall* call, cudaGraph_t graph,
+                               cudaGraph_t* fallback_body) {
+  verifyd::op::CallExtras x;
+  x.set_fallback = true;
+  cudaError_t e =
+      cudaGraphConditionalHandleCreate(&x.fallback, graph, 0, cudaGraphCondAssignDefault);
+  if (e != cudaSuccess) return e;
+  VerifydOpCall c = *call;
+  c.failed = sw->layer_failed + layer;
+  e = verifyd::op::Attend(op, &c, x, sw->body);
+  return e == cudaSuccess ? AddIf(sw->body, x.fallback, 1, fallback_body) : e;
+}
+
 }  // namespace
 
 extern "C" {
@@ -283,28 +326,14 @@ int verifyd_switch_layer_op(VerifydSwitch* sw, uint32_t layer, VerifydOp* op,
   sw->layer_done[layer] = true;
   sw->else_graph = bodies[1];
   // Then: the op, whose last check sets the fallback's handle, and the fallback's IF node.
-  cudaGraphConditionalHandle fallback{};
-  e = cudaGraphConditionalHandleCreate(&fallback, bodies[0], 0, cudaGraphCondAssignDefault);
-  if (e == cudaSuccess) {
-    e = cudaStreamBeginCaptureToGraph(sw->body, bodies[0], nullptr, nullptr, 0,
-                                      cudaStreamCaptureModeRelaxed);
-  }
+  e = BeginCapture(sw->body, bodies[0]);
   if (e != cudaSuccess) return Fail(sw, e, "layer_op: the op's body");
-  VerifydOpCall c = *call;
-  c.failed = sw->layer_failed + layer;
-  verifyd::op::CallExtras x;
-  x.set_fallback = true;
-  x.fallback = fallback;
-  e = verifyd::op::Attend(op, &c, x, sw->body);
   cudaGraph_t fallback_body = nullptr;
-  if (e == cudaSuccess) e = AddIf(sw->body, fallback, 1, &fallback_body);
+  e = OpCallWithFallback(sw, layer, op, call, bodies[0], &fallback_body);
   cudaGraph_t ended = nullptr;
   const cudaError_t end = cudaStreamEndCapture(sw->body, &ended);
   if (e == cudaSuccess) e = end;
-  if (e == cudaSuccess) {
-    e = cudaStreamBeginCaptureToGraph(sw->body, fallback_body, nullptr, nullptr, 0,
-                                      cudaStreamCaptureModeRelaxed);
-  }
+  if (e == cudaSuccess) e = BeginCapture(sw->body, fallback_body);
   if (e != cudaSuccess) {
     EndBody(sw);
     return Fail(sw, e, "layer_op: the op's call in its body");
@@ -319,12 +348,7 @@ int verifyd_switch_layer_else(VerifydSwitch* sw, void** else_stream) {
   if (sw->stage != Stage::kFallback || else_stream == nullptr) {
     return Fail(sw, cudaSuccess, "layer_else: no layer_op before it");
   }
-  cudaGraph_t ended = nullptr;
-  cudaError_t e = cudaStreamEndCapture(sw->body, &ended);
-  if (e == cudaSuccess) {
-    e = cudaStreamBeginCaptureToGraph(sw->body, sw->else_graph, nullptr, nullptr, 0,
-                                      cudaStreamCaptureModeRelaxed);
-  }
+  const cudaError_t e = CaptureElse(sw);
   if (e != cudaSuccess) {
     EndBody(sw);
     return Fail(sw, e, "layer_else: the stack's body (the fallback's capture ended badly?)");
@@ -336,14 +360,7 @@ int verifyd_switch_layer_else(VerifydSwitch* sw, void** else_stream) {
 
 int verifyd_switch_layer_end(VerifydSwitch* sw) {
   if (sw == nullptr) return cudaErrorInvalidValue;
-  if (sw->stage != Stage::kElse) {
-    EndBody(sw);
-    return Fail(sw, cudaSuccess, "layer_end: no layer_else before it");
-  }
-  cudaGraph_t ended = nullptr;
-  const cudaError_t e = cudaStreamEndCapture(sw->body, &ended);
-  sw->stage = Stage::kIdle;
-  return e == cudaSuccess ? 0 : Fail(sw, e, "layer_end: the stack's body");
+  return EndStackBody(sw, Stage::kElse, "layer_end", "layer_else");
 }
 
 void verifyd_switch_layer_abort(VerifydSwitch* sw) {
@@ -388,8 +405,7 @@ int verifyd_switch_step_op(VerifydSwitch* sw, VerifydSwitchBlock* block, uint8_t
   e = AddIf(stream, sw->handles.h[0], 2, bodies);
   if (e != cudaSuccess) return Fail(sw, e, "step_op: the step's IF/ELSE node");
   sw->else_graph = bodies[1];
-  e = cudaStreamBeginCaptureToGraph(sw->body, bodies[0], nullptr, nullptr, 0,
-                                    cudaStreamCaptureModeRelaxed);
+  e = BeginCapture(sw->body, bodies[0]);
   if (e != cudaSuccess) return Fail(sw, e, "step_op: the op's step body");
   sw->stage = Stage::kOpStep;
   *op_step_stream = sw->body;
@@ -417,21 +433,9 @@ int verifyd_switch_layer_in_step(VerifydSwitch* sw, uint32_t layer, VerifydOp* o
     return Fail(sw, cudaSuccess, "layer_in_step: the op's step is no longer being captured");
   }
   sw->layer_done[layer] = true;
-  cudaGraphConditionalHandle fallback{};
-  cudaError_t e =
-      cudaGraphConditionalHandleCreate(&fallback, step_graph, 0, cudaGraphCondAssignDefault);
-  VerifydOpCall c = *call;
-  c.failed = sw->layer_failed + layer;
-  verifyd::op::CallExtras x;
-  x.set_fallback = true;
-  x.fallback = fallback;
-  if (e == cudaSuccess) e = verifyd::op::Attend(op, &c, x, sw->body);
   cudaGraph_t fallback_body = nullptr;
-  if (e == cudaSuccess) e = AddIf(sw->body, fallback, 1, &fallback_body);
-  if (e == cudaSuccess) {
-    e = cudaStreamBeginCaptureToGraph(sw->fallback, fallback_body, nullptr, nullptr, 0,
-                                      cudaStreamCaptureModeRelaxed);
-  }
+  cudaError_t e = OpCallWithFallback(sw, layer, op, call, step_graph, &fallback_body);
+  if (e == cudaSuccess) e = BeginCapture(sw->fallback, fallback_body);
   if (e != cudaSuccess) {
     EndBody(sw);
     return Fail(sw, e, "layer_in_step: the op's call and its fallback");
@@ -463,12 +467,7 @@ int verifyd_switch_step_stack(VerifydSwitch* sw, void** stack_step_stream) {
     EndBody(sw);
     return Fail(sw, cudaSuccess, "step_stack: no step_op before it (or a fallback not ended)");
   }
-  cudaGraph_t ended = nullptr;
-  cudaError_t e = cudaStreamEndCapture(sw->body, &ended);
-  if (e == cudaSuccess) {
-    e = cudaStreamBeginCaptureToGraph(sw->body, sw->else_graph, nullptr, nullptr, 0,
-                                      cudaStreamCaptureModeRelaxed);
-  }
+  const cudaError_t e = CaptureElse(sw);
   if (e != cudaSuccess) {
     EndBody(sw);
     return Fail(sw, e, "step_stack: the stack's step body (the op's step ended badly?)");
@@ -480,14 +479,7 @@ int verifyd_switch_step_stack(VerifydSwitch* sw, void** stack_step_stream) {
 
 int verifyd_switch_step_end(VerifydSwitch* sw) {
   if (sw == nullptr) return cudaErrorInvalidValue;
-  if (sw->stage != Stage::kStackStep) {
-    EndBody(sw);
-    return Fail(sw, cudaSuccess, "step_end: no step_stack before it");
-  }
-  cudaGraph_t ended = nullptr;
-  const cudaError_t e = cudaStreamEndCapture(sw->body, &ended);
-  sw->stage = Stage::kIdle;
-  return e == cudaSuccess ? 0 : Fail(sw, e, "step_end: the stack's step body");
+  return EndStackBody(sw, Stage::kStackStep, "step_end", "step_stack");
 }
 
 int verifyd_switch_layer_branch(VerifydSwitch* sw, uint32_t layer, VerifydOp* op,

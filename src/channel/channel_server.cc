@@ -217,7 +217,7 @@ class ChannelServer::Channel {
       st.counts = c;
     }
     if (op + stack + expired > 0) {
-      switch_server_->StepCounts(switch_state_.model, op, std::max<int64_t>(stack, 0), expired);
+      switch_server_->StepCounts(switch_->spec.model(), op, std::max<int64_t>(stack, 0), expired);
     }
   }
 
@@ -585,11 +585,9 @@ absl::StatusOr<ChannelSummary> ChannelServer::Open(
   {
     std::lock_guard<std::mutex> l(mu_);
     if (absl::Status st = check_room(); !st.ok()) return st;  // raced with another Open
-    auto c = std::make_unique<Channel>(s, std::move(*m), limits_, serve_, serve_built_, descriptors,
-                                       std::move(tap), tap_server_, std::move(switch_plan),
-                                       switch_server_);
-    s = c->summary();
-    channels_[name] = std::move(c);
+    channels_[name] = std::make_unique<Channel>(s, std::move(*m), limits_, serve_, serve_built_,
+                                                descriptors, std::move(tap), tap_server_,
+                                                std::move(switch_plan), switch_server_);
   }
   spdlog::info(
       "channel '{}' open on '{}' ({} bytes, areas of {} bytes, client '{}'{}{}; pinned in "
