@@ -189,9 +189,10 @@ def client_role(target):
     return 0 if ok and ok_ch and ok_inline_ch else 1
 
 
-def refuse_role(target, key, owner_uid):
+def refuse_role(target, key, owner_uid, build):
     """As CLIENT2, a member of the group too: verifyd neither registers nor opens as a channel
-    an object of CLIENT_USER's, though the group may open it."""
+    (a call channel, or a switch channel with verifyd's own ``build``) an object of
+    CLIENT_USER's, though the group may open it."""
     import grpc  # noqa: PLC0415
     from verifyd_client import VerifyClient  # noqa: PLC0415
     from verifyd_client._proto import verify_pb2  # noqa: PLC0415
@@ -206,7 +207,12 @@ def refuse_role(target, key, owner_uid):
                     timeout=60)),
                 ("OpenChannel", lambda: stub.OpenChannel(
                     verify_pb2.OpenChannelRequest(name="stolen", key=key, byte_size=1 << 16,
-                                                  client="t"), timeout=60))):
+                                                  client="t"), timeout=60)),
+                ("OpenChannel (switch mode)", lambda: stub.OpenChannel(
+                    verify_pb2.OpenChannelRequest(
+                        name="stolen-switch", key=key, byte_size=1 << 16, client="t",
+                        serving_switch=verify_pb2.SwitchSpec(layers=61, model="m", build=build)),
+                    timeout=60))):
             try:
                 call()
                 failures.append(f"{what} of another user's object was accepted")
@@ -243,9 +249,9 @@ def main():
     if len(sys.argv) == 3 and sys.argv[1] == "--client":
         sys.path[:0] = [HERE]
         return client_role(sys.argv[2])
-    if len(sys.argv) == 5 and sys.argv[1] == "--refuse":
+    if len(sys.argv) == 6 and sys.argv[1] == "--refuse":
         sys.path[:0] = [HERE]
-        return refuse_role(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        return refuse_role(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
     if len(sys.argv) != 3:
         print(__doc__)
         return 2
@@ -292,7 +298,8 @@ def main():
                 uid = int(run("id", "-u", CLIENT_USER).stdout)
                 os.fchown(fd, uid, int(run("getent", "group", GROUP).stdout.split(":")[2]))
                 os.fchmod(fd, 0o660)
-                check_python(daemon, py_dir, "refuse", failures, key, str(uid))
+                build = run(verifyd, "--version").stdout.split("(commit ")[1].split(")")[0]
+                check_python(daemon, py_dir, "refuse", failures, key, str(uid), build)
             finally:
                 os.close(fd)
                 os.unlink("/dev/shm" + key)
