@@ -118,6 +118,9 @@ absl::Status DeviceWorker::Init(size_t pool_bytes, int lanes) {
   return absl::OkStatus();
 }
 
+DeviceWorker::DeviceWorker(int device, absl::Duration sync_spin)
+    : device_(device), sync_spin_(sync_spin) {}
+
 DeviceWorker::~DeviceWorker() {
   cudaSetDevice(device_);
   for (auto& lane : lanes_) {

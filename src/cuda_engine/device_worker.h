@@ -92,7 +92,8 @@ class DeviceWorker {
   absl::Status AwaitCritical(cudaEvent_t e, absl::string_view where);
 
  private:
-  DeviceWorker(int device, absl::Duration sync_spin) : device_(device), sync_spin_(sync_spin) {}
+  // Out of line: a Lane's LayoutCache is complete only in device_worker.cc.
+  DeviceWorker(int device, absl::Duration sync_spin);
   absl::Status Init(size_t pool_bytes, int lanes);
 
   const int device_;
