@@ -86,7 +86,7 @@ cp "$ROOT/scripts/gpu_run.sh" "$ROOT/scripts/gpu_service_bench.sh" "$ROOT/script
 mkdir -p "$PACK/py/clients/python" "$PACK/py/tests/python"
 cp -r "$ROOT/clients/python/verifyd_client" "$ROOT/clients/python/generate.sh" "$PACK/py/clients/python/"
 rm -rf "$PACK/py/clients/python/verifyd_client/_gen" "$PACK/py/clients/python/verifyd_client/__pycache__"
-cp "$ROOT"/tests/python/{gpu_cuda_ipc_test.py,gpu_doorbell_test.py,gpu_vmm_test.py,gpu_region_set_test.py,gpu_tap_test.py,gpu_kernel_op_test.py,random_bundles.py,sglang_reference.py} \
+cp "$ROOT"/tests/python/{gpu_cuda_ipc_test.py,gpu_doorbell_test.py,gpu_vmm_test.py,gpu_region_set_test.py,gpu_tap_test.py,gpu_kernel_op_test.py,gpu_switch_verifyd_test.py,random_bundles.py,sglang_reference.py} \
   "$PACK/py/tests/python/"
 mkdir -p "$PACK/py/bench"
 cp "$ROOT/bench/stack_bench.py" "$ROOT/bench/tap_bench.py" "$PACK/py/bench/"

@@ -140,11 +140,20 @@ PY
   if [[ -e $PACK/lib/libverifyd_kernel.so ]]; then
     VERIFYD_KERNEL_LIB="$PACK/lib/libverifyd_kernel.so" VERIFYD_CLIENT_GEN=$gen timeout 300 \
       python3 "$PACK/py/tests/python/gpu_kernel_op_test.py" --json "$OUT/kernel_op.json" \
-      > "$OUT/kernel_op.txt" 2>&1
+      --md "$OUT/kernel_op.md" --commit "$COMMIT" > "$OUT/kernel_op.txt" 2>&1
     rc=$?
     [[ $rc == 0 ]] || status=1
     echo "gpu_kernel_op_test.py: rc=$rc ($(tail -n 1 "$OUT/kernel_op.txt"))" >> "$SUMMARY"
     grep -E "^(FAIL|bench)" "$OUT/kernel_op.txt" | head -20 >> "$SUMMARY"
+    # The switch under a real verifyd: flip, rollback, verifyd stopped and killed.
+    VERIFYD_BIN="$PACK/bin/verifyd" VERIFYD_KERNEL_LIB="$PACK/lib/libverifyd_kernel.so" \
+      VERIFYD_CLIENT_GEN=$gen timeout 300 \
+      python3 "$PACK/py/tests/python/gpu_switch_verifyd_test.py" --json "$OUT/switch_verifyd.json" \
+      > "$OUT/switch_verifyd.txt" 2>&1
+    rc=$?
+    [[ $rc == 0 ]] || status=1
+    echo "gpu_switch_verifyd_test.py: rc=$rc ($(tail -n 1 "$OUT/switch_verifyd.txt"))" >> "$SUMMARY"
+    grep -E "^FAIL" "$OUT/switch_verifyd.txt" | head -20 >> "$SUMMARY"
   fi
   # The probe suite at its CUDA size (128K prefixes): result and share of GPU time.
   timeout 400 "$PACK/gpu_probe_cost.sh" "$PACK" "$OUT" > "$OUT/probe_cost.txt" 2>&1

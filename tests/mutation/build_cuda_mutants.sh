@@ -23,7 +23,7 @@ out=$(cd "$out" && pwd)
 cmake --build "$build" --target mutant_driver -j "$(nproc)"
 kdir=$build/kernels/custom
 lib=$kdir/libverifyd_custom_kernels.a
-flags_make=$kdir/CMakeFiles/verifyd_custom_kernels.dir/flags.make
+flags_make=$kdir/CMakeFiles/verifyd_custom_objects.dir/flags.make  # where custom_attention.cu is compiled
 link_txt=$build/tests/mutation/CMakeFiles/mutant_driver.dir/link.txt
 for f in "$lib" "$flags_make" "$link_txt"; do
   [ -f "$f" ] || { echo "build_cuda_mutants.sh: $f is missing: not a CUDA build?" >&2; exit 1; }
