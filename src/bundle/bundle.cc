@@ -32,6 +32,14 @@ OwnedBundle::OwnedBundle(const BundleView& v)
   PointViewAtStorage();
 }
 
+int64_t OwnedBundle::BytesFor(const BundleView& v) {
+  const int64_t pool_elems = v.kv_pool_shared
+                                 ? v.shape.num_indices * v.shape.page_size * kernels::kHeadDimQK
+                                 : v.kv_elems();
+  return (v.q_elems() + pool_elems) * 2 +
+         (int64_t{v.shape.batch} * 2 + 1 + v.shape.num_indices) * 4 + v.mask_bytes();
+}
+
 OwnedBundle::OwnedBundle(const BundleView& v, Sized)
     : q_(v.q_elems()),
       kv_pool_(v.kv_elems()),

@@ -70,6 +70,8 @@ struct BundleView {
 class OwnedBundle {
  public:
   explicit OwnedBundle(const BundleView& v);  // v.on_host()
+  // The bytes OwnedBundle(v) allocates for its copy.
+  static int64_t BytesFor(const BundleView& v);
   // Storage sized for `shape_of`'s shape and scalars, tensors left zero for the caller to fill
   // through the mutable accessors (a device-to-host copy lands here directly).
   struct Sized {};

@@ -54,6 +54,12 @@ class CpuPreparedBundle : public PreparedBundle {
   std::map<Path, std::shared_ptr<const PathOutput>> outputs_ ABSL_GUARDED_BY(mu_);
 };
 
+// Whether the paths can read the bundle's bf16 tensors where they are (uint16_t loads).
+bool Aligned(const BundleView& bundle) {
+  return reinterpret_cast<uintptr_t>(bundle.q) % alignof(uint16_t) == 0 &&
+         reinterpret_cast<uintptr_t>(bundle.kv_pool) % alignof(uint16_t) == 0;
+}
+
 class CpuEngine : public Engine {
  public:
   CpuEngine(int threads, const CpuCustomConfig& custom)
@@ -68,6 +74,12 @@ class CpuEngine : public Engine {
     info.device = absl::StrCat("cpu (", threads_, " threads)");
     info.custom_tile_tokens = custom_.tile_tokens;
     return info;
+  }
+
+  // A detached bundle, or one whose inline bytes start at an odd address, is a deep copy in host
+  // memory (CpuPreparedBundle's OwnedBundle).
+  int64_t PreparedHostBytes(const BundleView& bundle, bool detach) const override {
+    return detach || !Aligned(bundle) ? OwnedBundle::BytesFor(bundle) : 0;
   }
 
   absl::StatusOr<std::shared_ptr<PreparedBundle>> Prepare(const BundleView& bundle,
@@ -85,9 +97,7 @@ class CpuEngine : public Engine {
     }
     // The paths read bf16 with uint16_t loads; inline bytes read in place may start at an odd
     // address, and are then copied first.
-    const bool aligned = reinterpret_cast<uintptr_t>(bundle.q) % alignof(uint16_t) == 0 &&
-                         reinterpret_cast<uintptr_t>(bundle.kv_pool) % alignof(uint16_t) == 0;
-    return std::make_shared<CpuPreparedBundle>(bundle, detach || !aligned);
+    return std::make_shared<CpuPreparedBundle>(bundle, detach || !Aligned(bundle));
   }
 
   absl::Status Run(Path path, PreparedBundle& pb) override { return RunPath(path, pb, nullptr); }

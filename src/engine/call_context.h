@@ -1,14 +1,17 @@
 #pragma once
 // Whether the client of a call still waits for it: its deadline and its cancellation, polled
 // before each path and, on the CPU engine, between tiles and KV chunks, so that an abandoned call
-// stops using the engine. And who the client is (the regions it may name).
+// stops using the engine. And who the client is (the regions it may name), and how work that
+// outlives the call holds its share of the memory budget (HoldBytes).
 
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "src/common/peer.h"
 
 namespace verifyd {
@@ -54,7 +57,19 @@ class CallContext {
   bool Abandoned() const { return !Check().ok(); }
   const Peer& peer() const { return peer_; }
 
+  // Admits `bytes` more to the memory budget (--max_inflight_mb) for the caller, held until the
+  // returned handle is dropped: what the call's work keeps after its response (a copy of its
+  // inputs for a comparison still queued) is counted like its request was.
+  // RESOURCE_EXHAUSTED when it does not fit now; an empty handle where no budget is kept.
+  using Hold = std::function<absl::StatusOr<std::shared_ptr<void>>(int64_t bytes)>;
+  void set_hold(Hold hold) { hold_ = std::move(hold); }
+  absl::StatusOr<std::shared_ptr<void>> HoldBytes(int64_t bytes) const {
+    if (!hold_ || bytes <= 0) return std::shared_ptr<void>();
+    return hold_(bytes);
+  }
+
  private:
+  Hold hold_;
   std::function<bool()> cancelled_;
   Clock::time_point deadline_ = Clock::time_point::max();
   Peer peer_;

@@ -93,6 +93,13 @@ class Engine {
     return Prepare(bundle, detach);
   }
   // Runs one path; its output stays in `b` until fetched or compared.
+  // Host memory Prepare(bundle, detach) copies the bundle's inputs into, beyond what the call
+  // itself holds (0: none, or the engine keeps its copy elsewhere, e.g. in device memory).
+  virtual int64_t PreparedHostBytes(const BundleView& bundle, bool detach) const {
+    (void)bundle;
+    (void)detach;
+    return 0;
+  }
   virtual absl::Status Run(Path path, PreparedBundle& b) = 0;
   // Run() for a call whose client may give up: CANCELLED or DEADLINE_EXCEEDED (nothing stored)
   // when `call` is abandoned. Engines check before starting the path; the CPU engine also

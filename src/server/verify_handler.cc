@@ -161,6 +161,18 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
   std::optional<ShadowRunner::Slot> slot = plan.run_other && !req.compare_sync()
                                                ? ReserveComparison(&plan)
                                                : std::optional<ShadowRunner::Slot>();
+  // A copy the engine makes of the inputs (for a comparison that outlives the call, or to read
+  // them aligned) holds its bytes of the memory budget for as long as it lives. A comparison
+  // whose copy does not fit is shed. The call's own aligned copy is held when it fits, and made
+  // regardless: it lives no longer than the call, whose message was admitted.
+  absl::StatusOr<std::shared_ptr<void>> held =
+      call.HoldBytes(engine_->PreparedHostBytes(*view, plan.run_other && !req.compare_sync()));
+  if (!held.ok() && slot) {
+    slot.reset();
+    ShedComparison(&plan, "memory budget full");
+    held = call.HoldBytes(engine_->PreparedHostBytes(*view, false));
+  }
+  if (!held.ok()) held = std::shared_ptr<void>();
   const bool sync = plan.run_other && req.compare_sync();
   const bool async = plan.run_other && !sync;
 
@@ -229,10 +241,11 @@ absl::Status VerifyHandler::Serve(const v1::VerifyRequest& req, v1::VerifyRespon
     } else {
       const auto t2 = Clock::now();
       std::shared_ptr<PreparedBundle> keep = *prepared;
-      shadow_->Submit(std::move(*slot), [this, keep, plan, id = req.request_id(), served_custom_s] {
-        metrics_->SetShadowQueueDepth(shadow_->depth());
-        CompareAndRecord(*keep, plan, id, served_custom_s);
-      });
+      shadow_->Submit(std::move(*slot),
+                      [this, keep, held = *held, plan, id = req.request_id(), served_custom_s] {
+                        metrics_->SetShadowQueueDepth(shadow_->depth());
+                        CompareAndRecord(*keep, plan, id, served_custom_s);
+                      });
       compared = true;
       metrics_->SetShadowQueueDepth(shadow_->depth());
       metrics_->ShadowOverhead(prepare_s + Since(t2));
@@ -259,14 +272,18 @@ std::optional<ShadowRunner::Slot> VerifyHandler::ReserveComparison(Plan* plan) {
     metrics_->SetShadowQueueDepth(shadow_->depth());
     return slot;
   }
+  ShedComparison(plan, "shadow queue full");
+  return std::nullopt;
+}
+
+void VerifyHandler::ShedComparison(Plan* plan, const char* why) {
   if (plan->mode == Mode::kCanary && plan->served == Path::kCustom) {
     metrics_->CanaryShed();
     plan->served = Path::kReference;
   } else {
-    Record({OutcomeKind::kSkipped, plan->mode, "shadow queue full", std::nullopt});
+    Record({OutcomeKind::kSkipped, plan->mode, why, std::nullopt});
   }
   plan->run_other = false;
-  return std::nullopt;
 }
 
 absl::Status VerifyHandler::RunServed(const Plan& plan, PreparedBundle& b, const CallContext& call,

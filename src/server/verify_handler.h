@@ -88,6 +88,8 @@ class VerifyHandler {
   // reference instead (every canary call is checked; counted as shed); any other call goes
   // uncompared and counts as skipped. Either way `plan` no longer runs the other path.
   std::optional<ShadowRunner::Slot> ReserveComparison(Plan* plan);
+  // No comparison for this call (`why`: counted as a skip); a canary call serves reference.
+  void ShedComparison(Plan* plan, const char* why);
   // Runs the plan's served path into `*served`. A custom path that fails, or whose output is not
   // finite, is recorded as an outcome (error; breach with its comparison) and the reference
   // serves the call instead: only a reference failure fails the call. `decoded`: a served custom

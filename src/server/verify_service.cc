@@ -189,6 +189,14 @@ absl::Status VerifyServiceImpl::Admit(int64_t bytes, MemoryBudget::Admission* ad
   return absl::OkStatus();
 }
 
+CallContext::Hold VerifyServiceImpl::HoldFor(std::string peer) {
+  return [this, peer = std::move(peer)](int64_t bytes) -> absl::StatusOr<std::shared_ptr<void>> {
+    MemoryBudget::Admission a;
+    if (absl::Status st = Admit(bytes, &a, peer); !st.ok()) return st;
+    return std::shared_ptr<void>(std::make_shared<MemoryBudget::Admission>(std::move(a)));
+  };
+}
+
 absl::Status VerifyServiceImpl::AdmitDeclared(const grpc::ServerContext& ctx,
                                               std::optional<int64_t>* declared,
                                               MemoryBudget::Admission* admitted) {
@@ -251,7 +259,8 @@ absl::Status VerifyServiceImpl::Serve(grpc::ServerContext* ctx, Raw& in,
   in.Clear();
   const double parse_s = Since(t0);
   if (st.ok()) st = region_rpcs_.CheckRequest(*ctx, *req);
-  const CallContext call([ctx] { return ctx->IsCancelled(); }, ctx->deadline(), CallerOf(*ctx, ""));
+  CallContext call([ctx] { return ctx->IsCancelled(); }, ctx->deadline(), CallerOf(*ctx, ""));
+  call.set_hold(HoldFor(ShareKey(ctx->peer())));
   return Handle(st, t0, parse_s, *req, resp, call, &in_place);
 }
 
@@ -266,7 +275,9 @@ void VerifyServiceImpl::ServeChannelCall(const Peer& owner, absl::string_view re
   if (st.ok()) st = Parse(request, &req, &in_place);
   // The channel was opened over a transport regions are served on: its calls may name the
   // regions its owner may.
-  st = Handle(st, t0, Since(t0), req, resp, CallContext(owner), &in_place);
+  CallContext call(owner);
+  call.set_hold(HoldFor(owner.uid ? UidShareKey(*owner.uid) : std::string()));
+  st = Handle(st, t0, Since(t0), req, resp, call, &in_place);
   if (!st.ok()) ErrorInResponse(st, req.request_id(), resp);
 }
 
@@ -277,8 +288,9 @@ void VerifyServiceImpl::ServeDoorbellCall(const Peer& owner,
   const auto t0 = std::chrono::steady_clock::now();
   // No bytes arrive with the call (its tensors are in regions): nothing to admit or parse.
   const v1::VerifyRequest& req = call.ok() ? *call : v1::VerifyRequest::default_instance();
-  absl::Status st =
-      Handle(call.status(), t0, 0, req, resp, CallContext(owner), nullptr, layout_key);
+  CallContext ctx(owner);
+  ctx.set_hold(HoldFor(owner.uid ? UidShareKey(*owner.uid) : std::string()));
+  absl::Status st = Handle(call.status(), t0, 0, req, resp, ctx, nullptr, layout_key);
   if (st.ok()) return;
   ErrorInResponse(st, req.request_id(), resp);
   if (descriptor != nullptr) handler_->ZeroOutputs(*descriptor, owner);

@@ -98,6 +98,8 @@ class VerifyServiceImpl final : public grpc::Service, private TapServer, private
                       uint64_t layout_key = 0);
   // `peer`: whose share of the budget it counts against (ShareKey; empty: none).
   absl::Status Admit(int64_t bytes, MemoryBudget::Admission* admitted, const std::string& peer);
+  // CallContext::HoldBytes for a call of `peer`: Admit() into a handle that holds the bytes.
+  CallContext::Hold HoldFor(std::string peer);
   // The size a unary call declared in its metadata (`declared`, nullopt when none), admitted like
   // a message of that size: INVALID_ARGUMENT for a malformed declaration, RESOURCE_EXHAUSTED
   // when it does not fit; both name the key.

@@ -142,6 +142,7 @@ absl::StatusOr<ReceiveBuffers::Message> ReceiveBuffers::Receive(grpc::ByteBuffer
   std::vector<grpc::Slice> slices;
   if (!in.Dump(&slices).ok()) return absl::InternalError("the message's bytes could not be read");
   const uint64_t size = in.Length();
+  in.Clear();  // `slices` now hold the wire bytes' only references
   absl::StatusOr<Message::Block> b = Take(CapacityFor(size));
   if (!b.ok()) return b.status();
   Message m;
@@ -149,12 +150,11 @@ absl::StatusOr<ReceiveBuffers::Message> ReceiveBuffers::Receive(grpc::ByteBuffer
   m.block_ = *std::move(b);
   m.size_ = size;
   uint64_t at = 0;
-  for (const grpc::Slice& s : slices) {
+  for (grpc::Slice& s : slices) {
     std::memcpy(m.block_.base + at, s.begin(), s.size());
     at += s.size();
+    s = grpc::Slice();  // each slice's bytes go as soon as they are copied
   }
-  slices.clear();
-  in.Clear();
   return m;
 }
 

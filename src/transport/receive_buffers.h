@@ -61,7 +61,8 @@ class ReceiveBuffers {
   ReceiveBuffers(const ReceiveBuffers&) = delete;
   ReceiveBuffers& operator=(const ReceiveBuffers&) = delete;
 
-  // Copies `in`'s slices into a buffer and clears `in` (its wire bytes are freed).
+  // Copies `in`'s slices into a buffer and clears `in`. Each slice's wire bytes are freed as soon
+  // as they are copied, so a message is held about once, not twice, while it is received.
   // RESOURCE_EXHAUSTED when no host memory is left for the buffer.
   absl::StatusOr<Message> Receive(grpc::ByteBuffer& in);
 

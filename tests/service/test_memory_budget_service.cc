@@ -157,6 +157,45 @@ TEST_F(MemoryBudgetTest, ARequestThatDoesNotFitNextToOneInFlightIsRefusedAtOnce)
             std::string::npos);
 }
 
+// A comparison that runs after its call's response keeps a copy of the call's inputs (the CPU
+// engine detaches them): that copy holds its bytes of the budget until the comparison is done,
+// and a comparison whose copy does not fit is shed, not queued beyond the budget. Before, a queue
+// of comparisons held copies the budget did not count.
+TEST_F(MemoryBudgetTest, AQueuedComparisonsCopyOfTheInputsHoldsItsBytesUntilItRuns) {
+  const v1::VerifyRequest slow = SlowRequest();
+  const int64_t slow_bytes = static_cast<int64_t>(slow.ByteSizeLong());
+  DaemonOptions o = testing::TestOptions(testing::TestDir("budget"));
+  o.max_inflight_bytes = slow_bytes * 5 / 2;
+  o.inflight_peer_share = 1;
+  o.shadow_sample_rate = 1;  // every call compared, after its response
+  o.shadow_threads = 1;
+  StartDaemon(o);
+  const MemoryBudget& budget = daemon_->verify_service().budget();
+  // The one shadow thread waits here, so the calls' comparisons stay queued.
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  ASSERT_TRUE(daemon_->shadow().TrySubmit([released] { released.wait(); }));
+
+  v1::VerifyResponse resp;
+  grpc::Status st = Verify(slow, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  // The call is over; its comparison's copy (q and the pool) still holds about its size.
+  const int64_t held = budget.in_flight();
+  EXPECT_GT(held, slow_bytes * 9 / 10) << "of " << slow_bytes;
+  EXPECT_LE(held, slow_bytes);
+  // A second call fits (its message and the first copy), its own copy does not: its comparison
+  // is shed and counted as a skip, and the call is served.
+  st = Verify(slow, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(budget.in_flight(), held);
+  const std::string metrics = testing::Scrape(daemon_->metrics_port());
+  EXPECT_NE(metrics.find("verifyd_comparisons_total{outcome=\"skipped\"} 1\n"), std::string::npos)
+      << metrics.substr(metrics.find("verifyd_comparisons_total"), 400);
+  release.set_value();
+  daemon_->shadow().WaitIdle();
+  EXPECT_TRUE(WaitFor([&] { return budget.in_flight() == 0; }));
+}
+
 // The daemon refuses a call whose declared size cannot be admitted without waiting for its
 // message: here the message never comes, and the refusal must not wait for it either.
 TEST_F(MemoryBudgetTest, ADeclaredSizeOverTheBudgetIsRefusedBeforeTheMessage) {
