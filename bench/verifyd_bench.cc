@@ -33,6 +33,9 @@
 #include "kernels/reference/reference_attention.h"
 #endif
 
+#if __has_include("verifyd_commit.h")  // the build's commit (scripts/commit_stamp.cmake)
+#include "verifyd_commit.h"
+#endif
 #ifndef VERIFYD_GIT_COMMIT
 #define VERIFYD_GIT_COMMIT "unknown"
 #endif

@@ -16,6 +16,9 @@
 #include "kernels/op/verify_op_internal.h"
 #include "kernels/verify_problem.h"
 
+#if __has_include("verifyd_commit.h")  // the build's commit (scripts/commit_stamp.cmake)
+#include "verifyd_commit.h"
+#endif
 #ifndef VERIFYD_GIT_COMMIT
 #define VERIFYD_GIT_COMMIT "unknown"
 #endif

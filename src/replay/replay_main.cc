@@ -2,6 +2,7 @@
 // engine (`verifyctl replay` hands over to it).
 
 #include "CLI/CLI.hpp"
+#include "src/common/build_version.h"
 #include "src/common/malloc_arenas.h"
 #include "src/replay/replay_command.h"
 
