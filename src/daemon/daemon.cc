@@ -6,6 +6,7 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <memory>
 
@@ -189,6 +190,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
   VERIFYD_RETURN_IF_ERROR(d->StartCalls());
   VERIFYD_RETURN_IF_ERROR(d->StartDataPlane());
   VERIFYD_RETURN_IF_ERROR(d->StartAdmin());
+  VERIFYD_RETURN_IF_ERROR(d->StartFleet());
   d->LogStarted();
   d->ready_ = true;
   return d;
@@ -442,6 +444,38 @@ absl::Status Daemon::StartAdmin() {
     admin_address_ = Bound(opts.admin_listen, port);
   }
   return absl::OkStatus();
+}
+
+absl::Status Daemon::StartFleet() {
+  if (opts_.fleet_file.empty()) return absl::OkStatus();
+  fleet::FollowerOptions fo;
+  fo.path = opts_.fleet_file;
+  fo.node = opts_.node_name;
+  if (fo.node.empty()) {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    fo.node = host;
+  }
+  fo.build = build_.commit;
+  ModeController* const controller = controller_.get();
+  Metrics* const metrics = metrics_.get();
+  // The fleet proposes; the controller's gate decides, as for an operator's flip, and audits it
+  // (who "fleet").
+  auto propose = [controller, path = fo.path](const fleet::NodeTarget& t,
+                                              const std::string& reason) -> absl::Status {
+    ModeChange c;
+    c.mode = t.mode;
+    c.canary_fraction = t.canary_fraction;
+    c.reason = reason;
+    c.who = "fleet";
+    c.peer = absl::StrCat("fleet file ", path);
+    return controller->SetMode(c).status();
+  };
+  fleet_ = std::make_unique<fleet::FleetFollower>(
+      fo, propose,
+      [metrics](const fleet::FollowerStatus& s, bool acted) { metrics->Fleet(s, acted); });
+  spdlog::info("following the fleet's desired state in {} as node '{}'", fo.path, fo.node);
+  return fleet_->Start();
 }
 
 void Daemon::LogStarted() const {

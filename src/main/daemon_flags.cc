@@ -193,6 +193,11 @@ ABSL_FLAG(uint64_t, seed, 0x5eed, "Seed of sampling draws for calls without a re
 ABSL_FLAG(std::string, inject_custom_fault, "",
           "TEST ONLY: make the custom path fail: error | nan | perturb:AMOUNT | bf16_pv (P·V "
           "accumulated in bf16, CPU engine only)");
+ABSL_FLAG(std::string, fleet_file, "",
+          "Follow a fleet's desired state from this file (a mounted ConfigMap's key; "
+          "docs/operations.md, \"Fleets\"); empty = none");
+ABSL_FLAG(std::string, node_name, "",
+          "This node's name in the fleet's rollout steps; empty = the host name");
 ABSL_FLAG(std::string, capture_dir, "",
           "Where breaching and requested bundles are written; empty = STATE_DIR/captures, "
           "'off' = no capture");
@@ -503,6 +508,12 @@ absl::Status ParseShadow(DaemonOptions* o) {
   return absl::OkStatus();
 }
 
+// The fleet's desired state this node follows, and its name in the rollout's steps.
+void ParseFleet(DaemonOptions* o) {
+  o->fleet_file = absl::GetFlag(FLAGS_fleet_file);
+  o->node_name = absl::GetFlag(FLAGS_node_name);
+}
+
 // Where bundles are captured (under the state directory unless given) and the captures' quotas.
 void ParseCapture(DaemonOptions* o) {
   const std::string cap = absl::GetFlag(FLAGS_capture_dir);
@@ -557,6 +568,7 @@ absl::StatusOr<DaemonOptions> ParseDaemonFlags(int argc, char** argv) {
   VERIFYD_RETURN_IF_ERROR(ParseHandler(&o));
   VERIFYD_RETURN_IF_ERROR(ParseShadow(&o));
   ParseCapture(&o);
+  ParseFleet(&o);
   VERIFYD_ASSIGN_OR_RETURN(o.inject_custom_fault,
                            ParseFault(absl::GetFlag(FLAGS_inject_custom_fault)));
   return o;

@@ -345,6 +345,35 @@ void DeclareSwitchMetrics(prometheus::Registry& r, CounterFamily** steps,
                         .Register(r);
 }
 
+// A fleet's desired state as this node follows it (src/fleet/).
+void DeclareFleetMetrics(prometheus::Registry& r, GaugeFamily** source_up, GaugeFamily** generation,
+                         GaugeFamily** in_step, CounterFamily** proposals) {
+  *source_up = &prometheus::BuildGauge()
+                    .Name("verifyd_fleet_source_up")
+                    .Help(
+                        "1 while the fleet's desired state (--fleet_file) was read and valid at "
+                        "the last look; 0 while it is missing, unreadable or invalid (the node "
+                        "keeps its mode)")
+                    .Register(r);
+  *generation = &prometheus::BuildGauge()
+                     .Name("verifyd_fleet_generation")
+                     .Help(
+                         "The newest generation of the fleet's desired state this node has seen "
+                         "(of=seen) and acted on (of=acted)")
+                     .Register(r);
+  *in_step = &prometheus::BuildGauge()
+                  .Name("verifyd_fleet_in_step")
+                  .Help("1 when this node is in the rollout step of the generation it acted on")
+                  .Register(r);
+  *proposals = &prometheus::BuildCounter()
+                    .Name("verifyd_fleet_proposals_total")
+                    .Help(
+                        "Generations of the fleet's desired state this node acted on, by "
+                        "outcome: applied, refused (its gate or probe said no), other_build (the "
+                        "state is for another build)")
+                    .Register(r);
+}
+
 void DeclareBuildInfo(prometheus::Registry& r, const BuildInfo& info) {
   prometheus::BuildGauge()
       .Name("verifyd_build_info")
@@ -392,6 +421,7 @@ Metrics::Metrics(const BuildInfo& info) : registry_(std::make_shared<prometheus:
   DeclareCaptureMetrics(r, &captures_);
   DeclareTapMetrics(r, &tap_events_, &tap_diff_rel_l2_, &tap_breaches_);
   DeclareSwitchMetrics(r, &switch_steps_, &switch_lease_expired_);
+  DeclareFleetMetrics(r, &fleet_source_up_, &fleet_generation_, &fleet_in_step_, &fleet_proposals_);
   DeclareBuildInfo(r, info);
 }
 
@@ -417,6 +447,16 @@ void Metrics::TapEvents(std::string_view backend, std::string_view event, int64_
   if (n <= 0) return;
   tap_events_->Add({{"backend", std::string(backend)}, {"event", std::string(event)}})
       .Increment(static_cast<double>(n));
+}
+
+void Metrics::Fleet(const fleet::FollowerStatus& s, bool acted) {
+  fleet_source_up_->Add({}).Set(s.source_up ? 1 : 0);
+  fleet_generation_->Add({{"of", "seen"}}).Set(static_cast<double>(s.generation_seen));
+  fleet_generation_->Add({{"of", "acted"}}).Set(static_cast<double>(s.generation_acted));
+  fleet_in_step_->Add({}).Set(s.in_step ? 1 : 0);
+  for (const char* o : {"applied", "refused", "other_build"})
+    fleet_proposals_->Add({{"outcome", o}});
+  if (acted) fleet_proposals_->Add({{"outcome", s.last_outcome}}).Increment();
 }
 
 void Metrics::SwitchSteps(std::string_view model, std::string_view path, int64_t n) {

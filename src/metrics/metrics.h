@@ -20,6 +20,7 @@
 #include "src/control/mode.h"
 #include "src/control/mode_controller.h"
 #include "src/engine/engine.h"
+#include "src/fleet/fleet_follower.h"
 
 namespace verifyd {
 
@@ -77,6 +78,9 @@ class Metrics {
   // and steps the op would have served but for an expired lease.
   void SwitchSteps(std::string_view model, std::string_view path, int64_t n);
   void SwitchLeaseExpired(std::string_view model, int64_t n);
+  // The fleet's desired state as this node follows it (--fleet_file): after each look, and
+  // `acted` when it acted on a new generation. Nothing is exported until the first call.
+  void Fleet(const fleet::FollowerStatus& s, bool acted);
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
@@ -121,6 +125,10 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* tap_breaches_;
   prometheus::Family<prometheus::Counter>* switch_steps_;
   prometheus::Family<prometheus::Counter>* switch_lease_expired_;
+  prometheus::Family<prometheus::Gauge>* fleet_source_up_;
+  prometheus::Family<prometheus::Gauge>* fleet_generation_;
+  prometheus::Family<prometheus::Gauge>* fleet_in_step_;
+  prometheus::Family<prometheus::Counter>* fleet_proposals_;
 };
 
 // Serves a registry in the Prometheus text format on http://ADDRESS/metrics (cpp-httplib: its

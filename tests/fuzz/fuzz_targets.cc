@@ -18,6 +18,7 @@
 #include "src/channel/doorbell_layout.h"
 #include "src/channel/tap_layout.h"
 #include "src/control/state_store.h"
+#include "src/fleet/desired_state.h"
 #include "src/io/bundle_file.h"
 #include "src/io/safetensors.h"
 #include "src/transport/vmm_fd_payload.h"
@@ -151,6 +152,22 @@ absl::Status State(const uint8_t* data, size_t size) {
   if (const std::string twice = SerializeState(*again); twice != once) {
     return RoundTripBroke("state", once, twice);
   }
+  return absl::OkStatus();
+}
+
+absl::Status DesiredState(const uint8_t* data, size_t size) {
+  absl::StatusOr<fleet::DesiredState> s =
+      fleet::ParseDesiredState(std::string_view(reinterpret_cast<const char*>(data), size));
+  if (!s.ok()) return s.status();
+  const std::string once = fleet::SerializeDesiredState(*s);
+  absl::StatusOr<fleet::DesiredState> again = fleet::ParseDesiredState(once);
+  if (!again.ok()) {
+    return absl::InternalError(absl::StrCat("canonical text refused: ", again.status().message()));
+  }
+  if (const std::string twice = fleet::SerializeDesiredState(*again); twice != once) {
+    return absl::InternalError(absl::StrCat("canonical text changed: ", once, " -> ", twice));
+  }
+  (void)fleet::TargetFor(*s, "node-a");
   return absl::OkStatus();
 }
 
@@ -313,8 +330,15 @@ absl::Status VmmFds(const uint8_t* data, size_t size) {
 
 const std::vector<Target>& Targets() {
   static const std::vector<Target> targets = {
-      {"request", &Request}, {"safetensors", &Safetensors}, {"state", &State},    {"audit", &Audit},
-      {"channel", &Channel}, {"doorbell", &Doorbell},       {"vmm_fds", &VmmFds}, {"tap", &Tap},
+      {"request", &Request},
+      {"safetensors", &Safetensors},
+      {"state", &State},
+      {"audit", &Audit},
+      {"desired_state", &DesiredState},
+      {"channel", &Channel},
+      {"doorbell", &Doorbell},
+      {"vmm_fds", &VmmFds},
+      {"tap", &Tap},
   };
   return targets;
 }

@@ -44,6 +44,10 @@ absl::Status VmmFds(const uint8_t* data, size_t size);
 // is the record. INTERNAL when the built call leaves the slot's ranges or disagrees with itself.
 absl::Status Tap(const uint8_t* data, size_t size);
 
+// A fleet's desired state (src/fleet/desired_state.h) as a node reads its file: what parses
+// must serialize and parse back to the same text (INTERNAL when it does not).
+absl::Status DesiredState(const uint8_t* data, size_t size);
+
 struct Target {
   const char* name;  // the corpus directory: tests/fuzz/corpus/<name>, regressions/<name>
   absl::Status (*run)(const uint8_t*, size_t);

@@ -183,6 +183,12 @@ def main():
           '{"time":"2026-01-01T00:01:00Z","from":"canary","to":"shadow","canary_fraction":0,'
           '"reason":"rollback","forced":false,"who":"verifyd"}\n')
     write("audit", "bad_torn", '\n{"time":"2026-01-01T00:00:00Z","from":"shadow"')
+    write("desired_state", "canary_step",
+          '{"generation":7,"mode":"canary","canary_fraction":0.1,"build":"0123456789ab",'
+          '"step":{"fraction":0.25},"stable_mode":"shadow","reason":"r3 step 2"}')
+    write("desired_state", "custom_nodes",
+          '{"generation":2,"mode":"custom","step":{"nodes":["node-a","node-b"]}}')
+    write("desired_state", "bad_torn", '{"generation":4,"mode":"sha')
 
 
 if __name__ == "__main__":

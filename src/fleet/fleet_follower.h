@@ -1,0 +1,76 @@
+#pragma once
+// Follows a fleet's desired state (desired_state.h) from a file, as Kubernetes mounts a
+// ConfigMap: the kubelet swaps a symlink (..data) to a new directory, so the file's directory is
+// watched (inotify) and the file read again whenever anything in it changes, and at least once
+// a poll period. The node only proposes what the state asks of it (Propose: the mode
+// controller, whose gate and probe may refuse); each generation is acted on once, so a node
+// that rolled itself back is not flipped again until the fleet writes a new generation. A file
+// that is missing, unreadable or not a valid state (one caught half written) changes nothing:
+// the node keeps its mode, and the source is reported down until a valid state is read.
+
+#include <functional>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "src/fleet/desired_state.h"
+
+namespace verifyd::fleet {
+
+struct FollowerOptions {
+  std::string path;   // the desired-state file
+  std::string node;   // this node's name (the step's hash and node lists use it)
+  std::string build;  // this verifyd's commit; a state for another build is refused
+  absl::Duration poll = absl::Seconds(5);  // a look at least this often, events or not
+};
+
+// What the follower last saw and did.
+struct FollowerStatus {
+  bool source_up = false;        // the last look read a valid state
+  std::string source_error;      // why not (empty when up)
+  int64_t generation_seen = 0;   // the newest generation read
+  int64_t generation_acted = 0;  // the newest generation proposed (or refused for its build)
+  bool in_step = false;          // for that generation
+  std::string last_outcome;      // "applied", "refused", "other_build"
+  std::string last_detail;       // what was asked, and the refusal's reason
+};
+
+class FleetFollower {
+ public:
+  // Asks the node for `target` (the reason names the generation); OK when it took it, else the
+  // refusal (the gate's FAILED_PRECONDITION).
+  using Propose = std::function<absl::Status(const NodeTarget& target, const std::string& reason)>;
+  // Called after each look, with the status then (metrics, log).
+  using Observe = std::function<void(const FollowerStatus& status, bool acted)>;
+
+  FleetFollower(FollowerOptions opts, Propose propose, Observe observe = nullptr);
+  ~FleetFollower();  // stops the watch
+  FleetFollower(const FleetFollower&) = delete;
+  FleetFollower& operator=(const FleetFollower&) = delete;
+
+  // Looks once, then watches in a thread of its own. INVALID_ARGUMENT when the file's directory
+  // cannot be watched (it does not exist).
+  absl::Status Start();
+  // One look now, in the caller's thread.
+  void LookNow();
+  FollowerStatus status() const;
+  const FollowerOptions& options() const { return opts_; }
+
+ private:
+  void Watch();
+  const FollowerOptions opts_;
+  const Propose propose_;
+  const Observe observe_;
+  mutable absl::Mutex mu_;
+  FollowerStatus status_ ABSL_GUARDED_BY(mu_);
+  std::string last_text_ ABSL_GUARDED_BY(mu_);  // the last valid state's text
+  absl::Mutex look_mu_;                         // one look at a time
+  int inotify_fd_ = -1;
+  int stop_fd_ = -1;  // an eventfd: written to stop the watch
+  std::thread watcher_;
+};
+
+}  // namespace verifyd::fleet
