@@ -59,16 +59,24 @@ absl::Status FleetFollower::Start() {
   if (inotify_fd_ < 0 || stop_fd_ < 0) {
     return absl::InternalError(absl::StrCat("fleet_file: inotify: ", std::strerror(errno)));
   }
-  const std::string dir = Dir(opts_.path);
-  if (inotify_add_watch(
-          inotify_fd_, dir.c_str(),
-          IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_CLOSE_WRITE | IN_DELETE | IN_ATTRIB) < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("fleet_file: cannot watch the directory ", dir, ": ", std::strerror(errno)));
-  }
+  AddWatch();
   LookNow();
   watcher_ = std::thread([this] { Watch(); });
   return absl::OkStatus();
+}
+
+bool FleetFollower::AddWatch() {
+  if (watching_) return true;
+  const std::string dir = Dir(opts_.path);
+  watching_ = inotify_add_watch(inotify_fd_, dir.c_str(),
+                                IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_CLOSE_WRITE |
+                                    IN_DELETE | IN_ATTRIB) >= 0;
+  if (!watching_) {
+    absl::MutexLock l(&mu_);
+    watch_error_ = absl::StrCat("cannot watch the directory ", dir, ": ", std::strerror(errno),
+                                " (looking again every poll)");
+  }
+  return watching_;
 }
 
 void FleetFollower::Watch() {
@@ -83,6 +91,7 @@ void FleetFollower::Watch() {
       while (read(inotify_fd_, events, sizeof(events)) > 0) {
       }
     }
+    AddWatch();  // a directory that did not exist at start may now
     LookNow();
   }
 }
@@ -102,6 +111,7 @@ void FleetFollower::LookNow() {
       }
       status_.source_up = false;
       status_.source_error = std::string(state.status().message());
+      if (!watching_) absl::StrAppend(&status_.source_error, "; ", watch_error_);
       now = status_;
     } else {
       status_.source_up = true;

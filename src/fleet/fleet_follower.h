@@ -8,6 +8,7 @@
 // that is missing, unreadable or not a valid state (one caught half written) changes nothing:
 // the node keeps its mode, and the source is reported down until a valid state is read.
 
+#include <atomic>
 #include <functional>
 #include <string>
 #include <thread>
@@ -51,8 +52,8 @@ class FleetFollower {
   FleetFollower(const FleetFollower&) = delete;
   FleetFollower& operator=(const FleetFollower&) = delete;
 
-  // Looks once, then watches in a thread of its own. INVALID_ARGUMENT when the file's directory
-  // cannot be watched (it does not exist).
+  // Looks once, then watches in a thread of its own. A directory that cannot be watched (it
+  // does not exist yet) is a source down, and is looked for again at every poll.
   absl::Status Start();
   // One look now, in the caller's thread.
   void LookNow();
@@ -61,13 +62,16 @@ class FleetFollower {
 
  private:
   void Watch();
+  bool AddWatch();  // watches the file's directory unless it does already
   const FollowerOptions opts_;
   const Propose propose_;
   const Observe observe_;
   mutable absl::Mutex mu_;
   FollowerStatus status_ ABSL_GUARDED_BY(mu_);
-  std::string last_text_ ABSL_GUARDED_BY(mu_);  // the last valid state's text
-  absl::Mutex look_mu_;                         // one look at a time
+  std::string last_text_ ABSL_GUARDED_BY(mu_);    // the last valid state's text
+  absl::Mutex look_mu_;                           // one look at a time
+  std::string watch_error_ ABSL_GUARDED_BY(mu_);  // why the directory is not watched
+  bool watching_ = false;                         // Start's, then the watch thread's alone
   int inotify_fd_ = -1;
   int stop_fd_ = -1;  // an eventfd: written to stop the watch
   std::thread watcher_;

@@ -156,12 +156,23 @@ TEST(FleetFollower, AMissingFileIsASourceDownAndNothingIsProposed) {
   EXPECT_EQ(f.status().generation_acted, 4);
   EXPECT_EQ(p.count(), 1u);
 
+  // A directory that does not exist yet (a ConfigMap not mounted) is a source down, not a
+  // failure to start; once it appears it is watched.
+  const std::string later = d.file() + ".d";
   FollowerOptions nowhere = Options(d);
-  nowhere.path = "/nonexistent-dir-of-verifyd/fleet.json";
-  FleetFollower g(nowhere, p.fn());
-  const absl::Status st = g.Start();
-  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(st.message().find("fleet_file: cannot watch the directory"), std::string::npos);
+  nowhere.path = later + "/fleet.json";
+  nowhere.poll = absl::Milliseconds(50);
+  Proposals q;
+  FleetFollower g(nowhere, q.fn());
+  ASSERT_TRUE(g.Start().ok());
+  EXPECT_FALSE(g.status().source_up);
+  EXPECT_NE(g.status().source_error.find("cannot watch the directory " + later), std::string::npos)
+      << g.status().source_error;
+  std::filesystem::create_directory(later);
+  std::ofstream(later + "/fleet.json") << R"({"generation": 1, "mode": "shadow"})";
+  ASSERT_TRUE(WaitFor([&] { return q.count() == 1; }));
+  EXPECT_TRUE(g.status().source_up);
+  std::filesystem::remove_all(later);
 }
 
 TEST(FleetFollower, AStateForAnotherBuildIsRefusedAndARefusalIsReported) {
