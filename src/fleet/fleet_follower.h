@@ -71,7 +71,7 @@ class FleetFollower {
   std::string last_text_ ABSL_GUARDED_BY(mu_);    // the last valid state's text
   absl::Mutex look_mu_;                           // one look at a time
   std::string watch_error_ ABSL_GUARDED_BY(mu_);  // why the directory is not watched
-  bool watching_ = false;                         // Start's, then the watch thread's alone
+  std::atomic<bool> watching_{false};             // set by Start, then by the watch thread
   int inotify_fd_ = -1;
   int stop_fd_ = -1;  // an eventfd: written to stop the watch
   std::thread watcher_;
