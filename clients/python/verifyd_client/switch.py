@@ -189,6 +189,7 @@ class Switch:
             self._pool = torch.cuda.MemPool() if hasattr(torch.cuda, "MemPool") else None
         self._scratch = {}
         self._in_step = None  # while step() captures: "op" or "stack", the body being captured
+        self._in_pool = False  # while _run_on has the pool taking this thread's allocations
 
     def close(self):
         """Destroys the switch (and closes its channel). No captured step may run afterwards."""
@@ -280,10 +281,16 @@ class Switch:
         pool taking what it allocates."""
         torch = _torch()
         with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=self.device)):
-            if self._pool is None:
+            # Inside a step's body the thread already allocates from the pool (torch refuses a
+            # second use_mem_pool): a layer's fallback inside it only changes the stream.
+            if self._pool is None or self._in_pool:
                 return fn()
-            with torch.cuda.use_mem_pool(self._pool):
-                return fn()
+            self._in_pool = True
+            try:
+                with torch.cuda.use_mem_pool(self._pool):
+                    return fn()
+            finally:
+                self._in_pool = False
 
     def attend(self, layer, stack_fn, op, q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask,
                o, lse=None):
