@@ -318,6 +318,22 @@ int RunStatus(const GlobalOptions& g) {
                                   "dropped {})\n",
                                   cap.files(), cap.bytes() / 1e6, cap.dir(), cap.pending(),
                                   cap.written(), cap.dropped()));
+  if (s.has_fleet()) {
+    // "generation 3 (in its step): applied custom", "...: custom refused: gate: ...".
+    const v1::FleetStatus& f = s.fleet();
+    std::string acted = "none acted on";
+    if (!f.last_outcome().empty()) {
+      acted = fmt::format("generation {} ({}): {}{}", f.generation_acted(),
+                          f.in_step() ? "in its step" : "stable",
+                          f.last_outcome() == "applied" ? "applied " : "", Clip(f.last_detail()));
+    }
+    std::cout << fmt::format(
+        "fleet       node {} follows {}: {}; {}{}\n", f.node(), f.file(),
+        f.source_up() ? "source up" : "SOURCE DOWN (" + Clip(f.source_error()) + ")", acted,
+        f.generation_seen() > f.generation_acted()
+            ? fmt::format(" (generation {} seen)", f.generation_seen())
+            : std::string());
+  }
   std::cout << fmt::format(
       "rollbacks   {}{}\n", c.rollbacks(),
       s.last_rollback_reason().empty() ? "" : "   last: " + Clip(s.last_rollback_reason()));

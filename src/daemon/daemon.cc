@@ -189,8 +189,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions opts) {
   VERIFYD_RETURN_IF_ERROR(d->StartEngineAndState());
   VERIFYD_RETURN_IF_ERROR(d->StartCalls());
   VERIFYD_RETURN_IF_ERROR(d->StartDataPlane());
-  VERIFYD_RETURN_IF_ERROR(d->StartAdmin());
   VERIFYD_RETURN_IF_ERROR(d->StartFleet());
+  VERIFYD_RETURN_IF_ERROR(d->StartAdmin());
   d->LogStarted();
   d->ready_ = true;
   return d;
@@ -418,6 +418,7 @@ absl::Status Daemon::StartAdmin() {
     actx.regions = regions_.get();
     actx.channels = &verify_service_->channels();
     actx.probes = probes_.get();
+    actx.fleet = fleet_.get();
     actx.counters = [this] { return handler_->counters(); };
     actx.token = IsUnixAddress(opts.admin_listen) ? "" : opts.admin_token;
     admin_service_ = std::make_unique<AdminServiceImpl>(std::move(actx));

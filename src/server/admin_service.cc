@@ -116,6 +116,19 @@ grpc::Status AdminServiceImpl::GetStatus(grpc::ServerContext* ctx, const v1::Get
   resp->set_last_rollback_reason(s.last_rollback_reason);
   resp->set_comparisons_since_mode_change(s.compared_since_mode_change);
   resp->set_mode_since(s.mode_since);
+  if (ctx_.fleet != nullptr) {
+    const fleet::FollowerStatus f = ctx_.fleet->status();
+    v1::FleetStatus* out = resp->mutable_fleet();
+    out->set_file(ctx_.fleet->options().path);
+    out->set_node(ctx_.fleet->options().node);
+    out->set_source_up(f.source_up);
+    out->set_source_error(f.source_error);
+    out->set_generation_seen(f.generation_seen);
+    out->set_generation_acted(f.generation_acted);
+    out->set_in_step(f.in_step);
+    out->set_last_outcome(f.last_outcome);
+    out->set_last_detail(f.last_detail);
+  }
   for (const AuditEntry& a : ctx_.controller->RecentAudit(10)) {
     auto* pa = resp->add_recent_audit();
     pa->set_time(a.time);

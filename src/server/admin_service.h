@@ -14,6 +14,7 @@
 #include "src/channel/channel_server.h"
 #include "src/control/mode_controller.h"
 #include "src/engine/engine.h"
+#include "src/fleet/fleet_follower.h"
 #include "src/metrics/metrics.h"
 #include "src/probe/probe_scheduler.h"
 #include "src/region/region_registry.h"
@@ -28,11 +29,12 @@ struct AdminContext {
   EngineInfo engine;
   BuildInfo build;
   RuntimeFacts runtime;
-  std::string token;                        // empty: no token required
-  Capturer* capturer = nullptr;             // null: capture off
-  const RegionRegistry* regions = nullptr;  // null: no regions
-  const ChannelServer* channels = nullptr;  // null: no call channels
-  ProbeScheduler* probes = nullptr;         // null: RunProbes is unavailable
+  std::string token;                            // empty: no token required
+  Capturer* capturer = nullptr;                 // null: capture off
+  const RegionRegistry* regions = nullptr;      // null: no regions
+  const ChannelServer* channels = nullptr;      // null: no call channels
+  const fleet::FleetFollower* fleet = nullptr;  // null: no --fleet_file
+  ProbeScheduler* probes = nullptr;             // null: RunProbes is unavailable
   // Request counters, owned by the daemon.
   std::function<v1::Counters()> counters;
   // Failed authentications are logged at most once per this interval (the rest are counted).

@@ -97,6 +97,12 @@ class FleetFileTest(unittest.TestCase):
             lambda: metric(self.nodes["node-a"], 'verifyd_fleet_generation{of="acted"}') == 2))
         self.assertEqual(self.status("node-a")["mode"], "shadow")
         self.assertEqual(metric(self.nodes["node-a"], "verifyd_fleet_in_step"), 0.0)
+        fleet = self.status("node-a")["fleet"]
+        self.assertEqual((fleet["node"], fleet["file"], fleet["source_up"]),
+                         ("node-a", self.volume.file, True))
+        self.assertEqual((fleet["generation_acted"], fleet.get("in_step", False),
+                          fleet["last_outcome"], fleet["last_detail"]),
+                         (2, False, "applied", "shadow"))
         self.assertEqual(metric(self.nodes["node-b"], "verifyd_fleet_in_step"), 1.0)
 
         # Custom for every node: node-a's gate has seen clean comparisons and passes; node-b's
@@ -113,6 +119,9 @@ class FleetFileTest(unittest.TestCase):
             lambda: metric(node_b, 'verifyd_fleet_proposals_total{outcome="refused"}') == 1))
         self.assertEqual(self.status("node-b")["mode"], "reference")
         self.assertIn("fleet: generation 3: custom refused", node_b.log())
+        fleet = self.status("node-b")["fleet"]
+        self.assertEqual((fleet["generation_acted"], fleet["last_outcome"]), (3, "refused"))
+        self.assertTrue(fleet["last_detail"].startswith("custom refused: "), fleet["last_detail"])
         self.assertEqual(
             metric(self.nodes["node-a"], 'verifyd_fleet_proposals_total{outcome="applied"}'), 3)
 
@@ -122,6 +131,10 @@ class FleetFileTest(unittest.TestCase):
         for d in self.nodes.values():
             self.assertTrue(wait_for(lambda d=d: metric(d, "verifyd_fleet_source_up") == 0))
         self.assertEqual(self.status("node-a")["mode"], "custom")
+        fleet = self.status("node-a")["fleet"]
+        self.assertFalse(fleet.get("source_up", False))
+        self.assertTrue(fleet["source_error"].startswith("desired state: not JSON"),
+                        fleet["source_error"])
         self.volume.write_in_place('{"generation": 4, "mode": "shadow", "reason": "r1 aborted"}')
         for name in self.nodes:
             self.assertTrue(wait_for(lambda name=name: self.status(name)["mode"] == "shadow"),
