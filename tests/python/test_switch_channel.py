@@ -86,6 +86,19 @@ class SwitchChannelTest(unittest.TestCase):
             self.assertTrue(wait_for(lambda: b.lease_epoch > frozen, 2),
                             "renewals did not resume after SIGCONT")
 
+    def test_a_close_verifyd_cannot_hear_still_frees_the_memory(self):
+        # The gRPC client closed first (a failed test, an interpreter exiting): close() says so,
+        # and the shm object is gone all the same; verifyd closes its side when the process ends.
+        client = VerifyClient(self.daemon.data, timeout=60)
+        ch = SwitchChannel(client, 61, "m", self.build, lease_ms=40, mapped=False)
+        key = ch.key
+        self.assertTrue(os.path.exists("/dev/shm" + key))
+        client.close()
+        with self.assertRaises(Exception):  # noqa: B017 - grpc's own error for a closed channel
+            ch.close()
+        self.assertFalse(os.path.exists("/dev/shm" + key))
+        ch.close()  # once more: nothing left to do
+
     def test_closing_hands_the_stack_back(self):
         ch = self.open()
         self.admin.flip("custom", "test_switch_channel: custom", force=True)

@@ -107,13 +107,17 @@ class SwitchChannel:
     def close(self):
         """Closes the channel at verifyd (which hands the stack back first) and frees the
         memory. No captured step may read the block afterwards."""
-        if getattr(self, "_open", False):
-            self._open = False
-            close_channel(self._stub, self.name, self.timeout)
-        self.block = None
-        if getattr(self, "_mem", None) is not None:
-            self._mem.free()
-            self._mem = None
+        try:
+            if getattr(self, "_open", False):
+                self._open = False
+                close_channel(self._stub, self.name, self.timeout)
+        finally:
+            # Freed even when verifyd cannot be told (its client closed, verifyd gone): verifyd
+            # closes the channel itself when this process exits.
+            self.block = None
+            if getattr(self, "_mem", None) is not None:
+                self._mem.free()
+                self._mem = None
 
 
 def _bind(lib):
@@ -201,7 +205,10 @@ class Switch:
             self.channel = None
 
     def __del__(self):
-        self.close()
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - a finalizer must not raise; close() freed what it could
+            pass
 
     def _own_block(self, what):
         if self.channel is not None:
