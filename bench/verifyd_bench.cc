@@ -27,17 +27,11 @@
 #include "kernels/custom/custom_launch_plan.h"
 #include "src/bundle/random_bundle.h"
 #include "src/bundle/validate.h"
+#include "src/common/build_version.h"
 #include "src/compare/compare.h"
 #include "src/io/bundle_file.h"
 #if VERIFYD_BENCH_HAVE_REFERENCE
 #include "kernels/reference/reference_attention.h"
-#endif
-
-#if __has_include("verifyd_commit.h")  // the build's commit (scripts/commit_stamp.cmake)
-#include "verifyd_commit.h"
-#endif
-#ifndef VERIFYD_GIT_COMMIT
-#define VERIFYD_GIT_COMMIT "unknown"
 #endif
 
 namespace verifyd::bench {

@@ -13,6 +13,7 @@
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "src/cli/proto_json.h"
+#include "src/common/host_name.h"
 #include "verifyd/v1/admin.grpc.pb.h"
 
 namespace verifyd::cli {
@@ -33,9 +34,7 @@ std::string Who() {
     const passwd* pw = getpwuid(getuid());
     user = pw ? pw->pw_name : nullptr;
   }
-  char host[256] = {0};
-  gethostname(host, sizeof host - 1);
-  return fmt::format("{}@{}", user ? user : "unknown", host);
+  return fmt::format("{}@{}", user ? user : "unknown", HostName());
 }
 
 std::string Num(double v) { return std::isfinite(v) ? fmt::format("{:.3g}", v) : "-"; }

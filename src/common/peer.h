@@ -52,6 +52,10 @@ struct Peer {
 // What fair shares (streams, calls, the memory budget) count a Unix-socket peer by: its uid, all
 // its processes together.
 inline std::string UidShareKey(uint32_t uid) { return absl::StrCat("uid ", uid); }
+// A channel's owner's key: its uid's, or none (counted against the ceiling only) without a uid.
+inline std::string UidShareKey(const Peer& p) {
+  return p.uid ? UidShareKey(*p.uid) : std::string();
+}
 
 // Who else may use, list, unregister or close what a peer registered or opened.
 enum class Sharing {

@@ -6,7 +6,6 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <memory>
 
@@ -23,6 +22,7 @@
 #include "grpcpp/server_builder.h"
 #include "spdlog/spdlog.h"
 #include "src/common/build_version.h"
+#include "src/common/host_name.h"
 #include "src/common/status_macros.h"
 #include "src/server/admin_service.h"
 #include "src/server/runtime_facts.h"
@@ -451,12 +451,7 @@ absl::Status Daemon::StartFleet() {
   if (opts_.fleet_file.empty()) return absl::OkStatus();
   fleet::FollowerOptions fo;
   fo.path = opts_.fleet_file;
-  fo.node = opts_.node_name;
-  if (fo.node.empty()) {
-    char host[256] = {};
-    gethostname(host, sizeof(host) - 1);
-    fo.node = host;
-  }
+  fo.node = opts_.node_name.empty() ? HostName() : opts_.node_name;
   fo.build = build_.commit;
   ModeController* const controller = controller_.get();
   Metrics* const metrics = metrics_.get();

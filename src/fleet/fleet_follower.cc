@@ -117,7 +117,6 @@ void FleetFollower::LookNow() {
       status_.source_up = true;
       status_.source_error.clear();
       status_.generation_seen = std::max(status_.generation_seen, state->generation);
-      last_text_ = *text;
       now = status_;
     }
   }

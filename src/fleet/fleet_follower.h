@@ -68,7 +68,6 @@ class FleetFollower {
   const Observe observe_;
   mutable absl::Mutex mu_;
   FollowerStatus status_ ABSL_GUARDED_BY(mu_);
-  std::string last_text_ ABSL_GUARDED_BY(mu_);    // the last valid state's text
   absl::Mutex look_mu_;                           // one look at a time
   std::string watch_error_ ABSL_GUARDED_BY(mu_);  // why the directory is not watched
   std::atomic<bool> watching_{false};             // set by Start, then by the watch thread

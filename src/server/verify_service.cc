@@ -270,13 +270,12 @@ void VerifyServiceImpl::ServeChannelCall(const Peer& owner, absl::string_view re
   MemoryBudget::Admission admitted;
   v1::VerifyRequest req;
   InPlaceTensors in_place;
-  absl::Status st = Admit(static_cast<int64_t>(request.size()), &admitted,
-                          owner.uid ? UidShareKey(*owner.uid) : std::string());
+  absl::Status st = Admit(static_cast<int64_t>(request.size()), &admitted, UidShareKey(owner));
   if (st.ok()) st = Parse(request, &req, &in_place);
   // The channel was opened over a transport regions are served on: its calls may name the
   // regions its owner may.
   CallContext call(owner);
-  call.set_hold(HoldFor(owner.uid ? UidShareKey(*owner.uid) : std::string()));
+  call.set_hold(HoldFor(UidShareKey(owner)));
   st = Handle(st, t0, Since(t0), req, resp, call, &in_place);
   if (!st.ok()) ErrorInResponse(st, req.request_id(), resp);
 }
@@ -289,7 +288,7 @@ void VerifyServiceImpl::ServeDoorbellCall(const Peer& owner,
   // No bytes arrive with the call (its tensors are in regions): nothing to admit or parse.
   const v1::VerifyRequest& req = call.ok() ? *call : v1::VerifyRequest::default_instance();
   CallContext ctx(owner);
-  ctx.set_hold(HoldFor(owner.uid ? UidShareKey(*owner.uid) : std::string()));
+  ctx.set_hold(HoldFor(UidShareKey(owner)));
   absl::Status st = Handle(call.status(), t0, 0, req, resp, ctx, nullptr, layout_key);
   if (st.ok()) return;
   ErrorInResponse(st, req.request_id(), resp);
