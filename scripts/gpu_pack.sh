@@ -9,6 +9,7 @@
 #   extra binaries (paths relative to BUILD_DIR): VERIFYD_PACK_BINS="tests/x/test_y ..."
 #   only these binaries instead of the list below (a kernel-only pack): VERIFYD_PACK_ONLY="..."
 #   the CUDA mutation suite's drivers: VERIFYD_PACK_MUTANTS=DIR (build_cuda_mutants.sh's output)
+#   FlashMLA, the peer of gpu_inprocess_bench.sh: VERIFYD_PACK_FLASHMLA=DIR (bench/flashmla_peer)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -78,7 +79,7 @@ fi
 cp "$ROOT/scripts/gpu_run.sh" "$ROOT/scripts/gpu_service_bench.sh" "$ROOT/scripts/gpu_region_test.sh" \
   "$ROOT/scripts/gpu_probe_cost.sh" "$ROOT/scripts/gpu_stack_bench.sh" "$ROOT/scripts/gpu_tap_bench.sh" \
   "$ROOT/scripts/gpu_stack_rounds.sh" "$ROOT/scripts/gpu_stack_env.sh" \
-  "$ROOT/scripts/gpu_invariance_run.sh" \
+  "$ROOT/scripts/gpu_invariance_run.sh" "$ROOT/scripts/gpu_inprocess_bench.sh" \
   "$PACK/"
 
 # The Python client, its GPU test (cuda_ipc with torch) and stubs generated here; the GPU machine
@@ -89,7 +90,15 @@ rm -rf "$PACK/py/clients/python/verifyd_client/_gen" "$PACK/py/clients/python/ve
 cp "$ROOT"/tests/python/{gpu_cuda_ipc_test.py,gpu_doorbell_test.py,gpu_vmm_test.py,gpu_region_set_test.py,gpu_tap_test.py,gpu_kernel_op_test.py,gpu_switch_verifyd_test.py,random_bundles.py,sglang_reference.py} \
   "$PACK/py/tests/python/"
 mkdir -p "$PACK/py/bench"
-cp "$ROOT/bench/stack_bench.py" "$ROOT/bench/tap_bench.py" "$PACK/py/bench/"
+cp "$ROOT/bench/stack_bench.py" "$ROOT/bench/tap_bench.py" "$ROOT/bench/inprocess_bench.py" \
+  "$PACK/py/bench/"
+cp -r "$ROOT/bench/flashmla_peer" "$PACK/py/bench/"
+# FlashMLA as the peer, when bench/flashmla_peer/prepare.sh laid it out (VERIFYD_PACK_FLASHMLA=DIR:
+# its sources, or a folder holding an already built flashmla_dense.so).
+if [[ -n ${VERIFYD_PACK_FLASHMLA:-} ]]; then
+  cp -r "$VERIFYD_PACK_FLASHMLA" "$PACK/flashmla"
+  rm -rf "$PACK/flashmla/build"
+fi
 # The SGLang adapters' test; gpu_run.sh runs it on CUDA tensors and through verifyd.
 cp "$ROOT"/tests/python/{test_adapters.py,verifyd_daemon.py} "$PACK/py/tests/python/"
 cp -r "$ROOT/proto" "$PACK/py/"

@@ -224,11 +224,20 @@ class ChannelServer::Channel {
   void SwitchLoop() {
     const absl::Duration period = absl::Milliseconds(switch_->lease_ms) / 4;
     const absl::Duration slice = std::min(period, absl::Milliseconds(20));
+    // A change of the directive (a flip, a rollback) renews at once: the next step serves it.
+    const ChangeSignal* changes = switch_server_->DirectiveChanges();
+    uint64_t seen = changes != nullptr ? changes->generation() : 0;
     absl::Time next = absl::Now() + period;
     while (true) {
       while (absl::Now() < next) {
         if (stop_.load()) break;
-        std::this_thread::sleep_for(absl::ToChronoMicroseconds(slice));
+        const absl::Duration wait = std::min(slice, next - absl::Now());
+        if (changes == nullptr) {
+          std::this_thread::sleep_for(absl::ToChronoMicroseconds(wait));
+        } else if (const uint64_t g = changes->WaitFor(seen, wait); g != seen) {
+          seen = g;
+          break;
+        }
       }
       if (Shrank()) return;
       if (stop_.load() || Ended()) break;

@@ -34,6 +34,7 @@
 #include "src/channel/doorbell_layout.h"
 #include "src/channel/switch_control.h"
 #include "src/channel/tap_layout.h"
+#include "src/common/change_signal.h"
 #include "src/common/peer.h"
 #include "src/common/process_watch.h"
 #include "src/region/region_registry.h"
@@ -112,6 +113,9 @@ class SwitchServer {
   // stack, and steps the op would have served but for an expired lease.
   virtual void StepCounts(const std::string& model, int64_t op_steps, int64_t stack_steps,
                           int64_t lease_expired) = 0;
+  // Notified whenever the directive may have changed (a flip, a rollback): a switch channel
+  // renews at once instead of at its next quarter lease. Null: renewals keep their period.
+  virtual const ChangeSignal* DirectiveChanges() { return nullptr; }
 };
 
 // A tap channel to open: its plan and one call per slot (TapSlotCall).

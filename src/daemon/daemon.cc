@@ -234,9 +234,11 @@ absl::Status Daemon::StartEngineAndState() {
   copts.on_drift = [metrics](const DriftReading& r, bool b) { metrics->Drift(r, b); };
   copts.require_probe = opts.probe.at_start;
   copts.on_audit = [metrics](const AuditEntry& e) { metrics->LastChange(e); };
-  copts.on_change = [metrics](const PersistedState& s, const GateStatus& g) {
+  copts.on_change = [metrics, changes = &mode_changes_](const PersistedState& s,
+                                                        const GateStatus& g) {
     metrics->SetMode(s.mode, s.canary_fraction);
     metrics->SetGate(g);
+    changes->Notify();
   };
   auto controller = ModeController::Create(std::move(*store), std::move(copts));
   if (!controller.ok()) return controller.status();
@@ -340,6 +342,7 @@ absl::Status Daemon::StartDataPlane() {
   vopts.allow_region_tcp = opts.allow_region_tcp;
   vopts.channels = ChannelLimitsFor(opts);
   vopts.kernel_build = VERIFYD_GIT_COMMIT;
+  vopts.mode_changes = &mode_changes_;
   vopts.receive_keep_bytes = opts.pinned_receive_bytes;
   vopts.streams = opts.streams;
   // After a burst past what --keep_freed_mb keeps, freed heap memory goes back to the system.

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "src/channel/channel_server.h"
 #include "src/common/admin_address.h"
+#include "src/common/change_signal.h"
 #include "src/common/malloc_arenas.h"
 #include "src/compare/compare.h"
 #include "src/control/mode_controller.h"
@@ -141,6 +142,7 @@ class Daemon {
   BuildInfo build_;
   std::unique_ptr<StateDirLock> state_lock_;  // first member: released last
   std::atomic<bool> ready_{false};            // /readyz: serving, engine up and mode loaded
+  ChangeSignal mode_changes_;                 // each change of the mode (switch channels)
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<ModeController> controller_;
   std::unique_ptr<Metrics> metrics_;

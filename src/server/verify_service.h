@@ -46,6 +46,8 @@ struct VerifyServiceOptions {
   ChannelLimits channels;
   // The build a switch channel's kernel library must come from (verifyd's commit).
   std::string kernel_build;
+  // Notified at each change of the mode (switch channels renew at once); null: none.
+  const ChangeSignal* mode_changes = nullptr;
   // Receive buffers kept (and pinned) between calls, bytes (--pinned_receive_mb).
   uint64_t receive_keep_bytes = uint64_t{1} << 30;
   // --grpc_max_streams(_per_peer), --grpc_max_waiting_calls_per_peer, --stream_idle_timeout_s,
@@ -125,6 +127,7 @@ class VerifyServiceImpl final : public grpc::Service, private TapServer, private
   // SwitchServer: switch channels follow the mode (shadow and reference: the stack; canary: its
   // fraction; custom: the op) and report their steps to the metrics.
   channel::SwitchDirective Directive() override;
+  const ChangeSignal* DirectiveChanges() override { return opts_.mode_changes; }
   void StepCounts(const std::string& model, int64_t op_steps, int64_t stack_steps,
                   int64_t lease_expired) override;
   absl::Status CloseChannel(const grpc::ServerContext& ctx, const v1::CloseChannelRequest& req,

@@ -69,6 +69,24 @@ class SwitchChannelTest(unittest.TestCase):
             self.admin.rollback("test_switch_channel: roll back")
             self.assertTrue(wait_for(lambda: b.mode == 0), f"mode {b.mode} after the rollback")
 
+    def test_a_flip_reaches_the_block_at_once_not_at_the_next_renewal(self):
+        # A lease of 60 s renews every 15 s: the flip and the rollback must not wait for that.
+        with self.open(lease_ms=60000) as ch:
+            b = ch.block
+            epoch = b.lease_epoch
+            t0 = time.monotonic()
+            self.admin.flip("custom", "test_switch_channel: custom", force=True)
+            self.assertTrue(wait_for(lambda: b.mode == 1, 2), f"mode {b.mode}, expected 1 (op)")
+            flip_s = time.monotonic() - t0
+            self.assertGreater(b.lease_epoch, epoch, "the flip came without a renewal")
+            t0 = time.monotonic()
+            self.admin.rollback("test_switch_channel: roll back")
+            self.assertTrue(wait_for(lambda: b.mode == 0, 2), f"mode {b.mode} after the rollback")
+            rollback_s = time.monotonic() - t0
+            # The admin call's own round trip is most of it; a quarter lease would be 15 s.
+            self.assertLess(flip_s, 0.5)
+            self.assertLess(rollback_s, 0.5)
+
     def test_a_stopped_verifyd_stops_renewing(self):
         with self.open() as ch:
             b = ch.block
