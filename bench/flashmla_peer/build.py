@@ -11,7 +11,7 @@ import shutil
 import sys
 import time
 
-from torch.utils.cpp_extension import load
+from torch.utils.cpp_extension import CUDA_HOME, load
 
 
 def main():
@@ -26,6 +26,14 @@ def main():
              "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "--expt-relaxed-constexpr",
              "--expt-extended-lambda", "--use_fast_math", "-lineinfo",
              "-gencode", "arch=compute_90a,code=sm_90a"]
+    includes = [csrc, os.path.join(csrc, "kerutils", "include"), os.path.join(csrc, "sm90"),
+                os.path.join(csrc, "cutlass", "include"),
+                os.path.join(csrc, "cutlass", "tools", "util", "include")]
+    # CUDA 13 keeps libcu++ (cuda/std/...) under include/cccl, which nvcc finds by itself and the
+    # host compiler of the module's C++ file does not.
+    cccl = os.path.join(CUDA_HOME or "/usr/local/cuda", "include", "cccl")
+    if os.path.isdir(cccl):
+        includes.append(cccl)
     t0 = time.monotonic()
     mod = load(name="flashmla_dense",
                sources=[os.path.join(peer, "flashmla_dense_decode.cpp"),
@@ -33,10 +41,7 @@ def main():
                                      "get_decoding_sched_meta.cu"),
                         os.path.join(csrc, "smxx/decode/combine/combine.cu"),
                         os.path.join(csrc, "sm90/decode/dense/instantiations/bf16.cu")],
-               extra_include_paths=[csrc, os.path.join(csrc, "kerutils", "include"),
-                                    os.path.join(csrc, "sm90"),
-                                    os.path.join(csrc, "cutlass", "include"),
-                                    os.path.join(csrc, "cutlass", "tools", "util", "include")],
+               extra_include_paths=includes,
                extra_cflags=["-O3", "-std=c++20", "-DNDEBUG", "-DFLASH_MLA_DISABLE_FP16",
                              "-Wno-deprecated-declarations"],
                extra_cuda_cflags=flags, build_directory=build, verbose=False)
