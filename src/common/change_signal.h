@@ -24,9 +24,8 @@ class ChangeSignal {
   // `seen`).
   uint64_t WaitFor(uint64_t seen, absl::Duration timeout) const {
     absl::MutexLock l(&mu_);
-    const auto changed = [this, seen]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return generation_ != seen;
-    };
+    const auto changed = [this, seen]()
+                             ABSL_SHARED_LOCKS_REQUIRED(mu_) { return generation_ != seen; };
     mu_.AwaitWithTimeout(absl::Condition(&changed), timeout);
     return generation_;
   }
