@@ -35,7 +35,7 @@ for mps in 0 1; do
     { echo "FAIL inprocess_bench.py (mps $mps): $(tail -3 "$OUT/inprocess_mps$mps.txt")"; status=1; }
   [[ $mps == 1 ]] && quit_mps
 done
-python3 "$PACK/py/bench/inprocess_bench.py" --report "$rows" "$(cat "$PACK/COMMIT" 2>/dev/null)" \
+python3 "$PACK/py/bench/inprocess_report.py" "$rows" "$(cat "$PACK/COMMIT" 2>/dev/null)" \
   > "$OUT/inprocess.md"
 cat "$OUT/inprocess.md"
 exit $status

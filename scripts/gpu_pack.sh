@@ -90,7 +90,7 @@ rm -rf "$PACK/py/clients/python/verifyd_client/_gen" "$PACK/py/clients/python/ve
 cp "$ROOT"/tests/python/{gpu_cuda_ipc_test.py,gpu_doorbell_test.py,gpu_vmm_test.py,gpu_region_set_test.py,gpu_tap_test.py,gpu_kernel_op_test.py,gpu_switch_verifyd_test.py,random_bundles.py,sglang_reference.py} \
   "$PACK/py/tests/python/"
 mkdir -p "$PACK/py/bench"
-cp "$ROOT/bench/stack_bench.py" "$ROOT/bench/tap_bench.py" "$ROOT/bench/inprocess_bench.py" \
+cp "$ROOT/bench/stack_bench.py" "$ROOT/bench/tap_bench.py" "$ROOT/bench/inprocess_bench.py" "$ROOT/bench/inprocess_report.py" \
   "$PACK/py/bench/"
 cp -r "$ROOT/bench/flashmla_peer" "$PACK/py/bench/"
 # FlashMLA as the peer, when bench/flashmla_peer/prepare.sh laid it out (VERIFYD_PACK_FLASHMLA=DIR:

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages verifyd builds with, if any is missing. nvcc is optional: with
 # CUDA installed (/usr/local/cuda) the kernels and the CUDA engine build too. clang-14 builds the
-# libFuzzer targets (tests/fuzz/run_fuzz.sh).
+# libFuzzer targets (tests/fuzz/run_fuzz.sh). etcd-server (/usr/bin/etcd, 3.4) is run by
+# tests/fleet/test_etcd_source as an unprivileged process on loopback ports and a temporary data
+# directory; its packaged systemd unit is not used.
 # python3-torch (1.13, CPU) is not in the list: tests/python/test_adapters.py passes with it (13
 # tests in 0.7 s) and skips without it, but on Debian 12 it adds 285 packages (OpenCV, GDAL, Qt,
 # LLVM 15 among them) beside these: 205 MB to download (20.6 s here) and 844 MB installed, whose
@@ -15,6 +17,7 @@ packages=(
   python3-numpy python3-grpcio python3-protobuf python3-yaml prometheus
   python3-pip python3-setuptools python3-wheel systemd
   clang-14 libclang-rt-14-dev clang-format
+  etcd-server
 )
 missing=()
 for p in "${packages[@]}"; do
