@@ -40,11 +40,13 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.normpath(os.path.join(HERE, "..", "clients", "python")),
+sys.path[:0] = [HERE, os.path.normpath(os.path.join(HERE, "..", "clients", "python")),
                 os.path.normpath(os.path.join(HERE, "..", "tests", "python")),
                 os.path.join(HERE, "flashmla_peer")]
 
 import torch  # noqa: E402
+
+import cuda_timing  # noqa: E402
 
 from flashmla_peer import FlashMLADense  # noqa: E402
 from verifyd_client import AdminClient, VerifyClient  # noqa: E402
@@ -58,18 +60,7 @@ SCALE = 0.1352
 
 
 def median_ms(graph, reps):
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return cuda_timing.median_ms(graph.replay, reps, warmup=3)
 
 
 def profile_us(graph, layers, replays=5):

@@ -23,27 +23,16 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.normpath(os.path.join(HERE, "..", "clients", "python"))]
+sys.path[:0] = [HERE, os.path.normpath(os.path.join(HERE, "..", "clients", "python"))]
 
 import torch  # noqa: E402
 
+from cuda_timing import median_ms  # noqa: E402
 from verifyd_client import AdminClient, VerifyClient  # noqa: E402
 
 SHAPES = [(1, 16, 16, 4096), (8, 16, 16, 4096), (32, 8, 16, 2048), (64, 4, 16, 8192)]
 PAGE = 64
 SCALE = 0.1352
-
-
-def median_ms(fn, reps):
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def make_inputs(shape, device, gen):

@@ -91,7 +91,7 @@ cp "$ROOT"/tests/python/{gpu_cuda_ipc_test.py,gpu_doorbell_test.py,gpu_vmm_test.
   "$PACK/py/tests/python/"
 mkdir -p "$PACK/py/bench"
 cp "$ROOT/bench/stack_bench.py" "$ROOT/bench/tap_bench.py" "$ROOT/bench/inprocess_bench.py" "$ROOT/bench/inprocess_report.py" \
-  "$PACK/py/bench/"
+  "$ROOT/bench/cuda_timing.py" "$PACK/py/bench/"
 cp -r "$ROOT/bench/flashmla_peer" "$PACK/py/bench/"
 # FlashMLA as the peer, when bench/flashmla_peer/prepare.sh laid it out (VERIFYD_PACK_FLASHMLA=DIR:
 # its sources, or a folder holding an already built flashmla_dense.so).
