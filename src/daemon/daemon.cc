@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "grpc/grpc.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -451,30 +452,57 @@ absl::Status Daemon::StartAdmin() {
 }
 
 absl::Status Daemon::StartFleet() {
-  if (opts_.fleet_file.empty()) return absl::OkStatus();
+  const bool etcd = !opts_.fleet_etcd.empty();
+  if (opts_.fleet_file.empty() && !etcd) return absl::OkStatus();
+  if (!opts_.fleet_file.empty() && etcd) {
+    return absl::InvalidArgumentError("fleet_file and fleet_etcd: give one source, not both");
+  }
   fleet::FollowerOptions fo;
   fo.path = opts_.fleet_file;
   fo.node = opts_.node_name.empty() ? HostName() : opts_.node_name;
   fo.build = build_.commit;
+  fleet::EtcdOptions eo;
+  if (etcd) {
+    eo.endpoints = opts_.fleet_etcd;
+    eo.prefix = opts_.fleet_etcd_prefix;
+    eo.node = fo.node;
+    eo.build = fo.build;
+    fo.source = absl::StrCat("etcd ", absl::StrJoin(eo.endpoints, ","),
+                             absl::StripSuffix(eo.prefix, "/"), "/desired");
+  }
   ModeController* const controller = controller_.get();
   Metrics* const metrics = metrics_.get();
   // The fleet proposes; the controller's gate decides, as for an operator's flip, and audits it
-  // (who "fleet").
-  auto propose = [controller, path = fo.path](const fleet::NodeTarget& t,
-                                              const std::string& reason) -> absl::Status {
+  // (who "fleet", the peer its source: "fleet file PATH", "fleet etcd ENDPOINT PREFIX/desired").
+  auto propose = [this, controller](const fleet::NodeTarget& t,
+                                    const std::string& reason) -> absl::Status {
     ModeChange c;
     c.mode = t.mode;
     c.canary_fraction = t.canary_fraction;
     c.reason = reason;
     c.who = "fleet";
-    c.peer = absl::StrCat("fleet file ", path);
+    c.peer = fleet_etcd_ ? absl::StrCat("fleet ", fleet_etcd_->Describe())
+                         : absl::StrCat("fleet file ", opts_.fleet_file);
     return controller->SetMode(c).status();
   };
   fleet_ = std::make_unique<fleet::FleetFollower>(
       fo, propose,
       [metrics](const fleet::FollowerStatus& s, bool acted) { metrics->Fleet(s, acted); });
-  spdlog::info("following the fleet's desired state in {} as node '{}'", fo.path, fo.node);
-  return fleet_->Start();
+  spdlog::info("following the fleet's desired state in {} as node '{}'", fleet_->source(), fo.node);
+  if (!etcd) return fleet_->Start();
+  // What the node's status key reports of its mode and gate.
+  auto node_state = [controller] {
+    const ControllerSnapshot s = controller->Snapshot();
+    fleet::NodeState n;
+    n.mode = ModeName(s.state.mode);
+    n.canary_fraction = s.state.canary_fraction;
+    n.gate_open = s.gate.ready;
+    n.gate_reason = s.gate.reason;
+    return n;
+  };
+  fleet_etcd_ = std::make_unique<fleet::EtcdSource>(eo, fleet_.get(), node_state);
+  fleet_etcd_->Start();
+  return absl::OkStatus();
 }
 
 void Daemon::LogStarted() const {

@@ -18,6 +18,7 @@
 #include "src/daemon/state_dir_lock.h"
 #include "src/engine/engine.h"
 #include "src/engine/engine_factory.h"
+#include "src/fleet/etcd_source.h"
 #include "src/fleet/fleet_follower.h"
 #include "src/metrics/metrics.h"
 #include "src/probe/probe_scheduler.h"
@@ -88,9 +89,12 @@ struct DaemonOptions {
   ChannelLimits channels;           // max_channels 0: no call channels
   CustomFault inject_custom_fault;  // test only
   ProbeOptions probe;               // probe.at_start off: no start-up probe, the gate needs none
-  // A fleet's desired state to follow (src/fleet/): the file a ConfigMap is mounted as; empty:
-  // none. The node's name for the state's steps (empty: the host name).
+  // A fleet's desired state to follow (src/fleet/): the file a ConfigMap is mounted as, or etcd's
+  // endpoints (host:port) and the prefix of its keys; neither: none. The node's name for the
+  // state's steps and its status key (empty: the host name).
   std::string fleet_file;
+  std::vector<std::string> fleet_etcd;
+  std::string fleet_etcd_prefix = "/verifyd/fleet";
   std::string node_name;
 };
 
@@ -130,7 +134,7 @@ class Daemon {
   absl::Status StartCalls();           // probes, shadow runner, handler, regions
   absl::Status StartDataPlane();       // the data-plane gRPC server and its Unix sockets
   absl::Status StartAdmin();           // the admin gRPC server
-  absl::Status StartFleet();           // the fleet's desired state, followed (--fleet_file)
+  absl::Status StartFleet();  // the fleet's desired state, followed (--fleet_file, --fleet_etcd)
   void LogStarted() const;
   // Makes host memory readable by the engine's devices (regions, channels, receive buffers).
   RegionRegistry::HostPinner HostPinner() const;
@@ -158,7 +162,8 @@ class Daemon {
   std::vector<std::unique_ptr<UnixSocketAcceptor>> data_acceptors_;  // the unix: listeners
   std::unique_ptr<UnixSocketAcceptor> admin_acceptor_;               // a unix: admin_listen
   std::vector<std::unique_ptr<VmmFdSocket>> vmm_fd_sockets_;  // PATH.fds of each unix: listener
-  std::unique_ptr<fleet::FleetFollower> fleet_;               // --fleet_file
+  std::unique_ptr<fleet::FleetFollower> fleet_;               // --fleet_file or --fleet_etcd
+  std::unique_ptr<fleet::EtcdSource> fleet_etcd_;             // --fleet_etcd: fleet_'s source
   std::unique_ptr<ProbeScheduler> probes_;                    // last member: stopped first
   std::vector<std::string> listen_addresses_;
   std::string admin_address_;

@@ -97,21 +97,30 @@ void FleetFollower::Watch() {
 }
 
 void FleetFollower::LookNow() {
-  absl::MutexLock one(&look_mu_);
   absl::StatusOr<std::string> text = ReadFile(opts_.path);
+  if (!text.ok() && !watching_) {
+    absl::MutexLock l(&mu_);
+    text = absl::Status(text.status().code(),
+                        absl::StrCat(text.status().message(), "; ", watch_error_));
+  }
+  Consider(std::move(text));
+}
+
+void FleetFollower::Consider(absl::StatusOr<std::string> text) {
+  absl::MutexLock one(&look_mu_);
   absl::StatusOr<DesiredState> state =
       text.ok() ? ParseDesiredState(*text) : absl::StatusOr<DesiredState>(text.status());
   FollowerStatus now;
   {
     absl::MutexLock l(&mu_);
     if (!state.ok()) {
-      if (status_.source_up || status_.source_error != state.status().message()) {
-        spdlog::warn("fleet: {} (keeping mode; generation {} stays acted on)",
-                     std::string(state.status().message()), status_.generation_acted);
+      const std::string error(state.status().message());
+      if (status_.source_up || status_.source_error != error) {
+        spdlog::warn("fleet: {} (keeping mode; generation {} stays acted on)", error,
+                     status_.generation_acted);
       }
       status_.source_up = false;
-      status_.source_error = std::string(state.status().message());
-      if (!watching_) absl::StrAppend(&status_.source_error, "; ", watch_error_);
+      status_.source_error = error;
       now = status_;
     } else {
       status_.source_up = true;

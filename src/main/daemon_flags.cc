@@ -24,6 +24,7 @@
 #include "src/common/malloc_arenas.h"
 #include "src/common/pem_file.h"
 #include "src/common/status_macros.h"
+#include "src/fleet/etcd_source.h"
 
 namespace {
 // Every flag's default is the default of the option it sets: DaemonOptions is the one source.
@@ -196,8 +197,15 @@ ABSL_FLAG(std::string, inject_custom_fault, "",
 ABSL_FLAG(std::string, fleet_file, "",
           "Follow a fleet's desired state from this file (a mounted ConfigMap's key; "
           "docs/operations.md, \"Fleets\"); empty = none");
+ABSL_FLAG(std::string, fleet_etcd, "",
+          "Follow a fleet's desired state from etcd, host:port[,host:port] (its v3 gRPC API, "
+          "without TLS: loopback or a cluster-internal network only); the node's status is "
+          "reported there too. Not with --fleet_file; empty = none");
+ABSL_FLAG(std::string, fleet_etcd_prefix, "/verifyd/fleet",
+          "The etcd keys of --fleet_etcd: PREFIX/desired (read), PREFIX/nodes/NODE (written)");
 ABSL_FLAG(std::string, node_name, "",
-          "This node's name in the fleet's rollout steps; empty = the host name");
+          "This node's name in the fleet's rollout steps and its status key; empty = the host "
+          "name");
 ABSL_FLAG(std::string, capture_dir, "",
           "Where breaching and requested bundles are written; empty = STATE_DIR/captures, "
           "'off' = no capture");
@@ -509,9 +517,21 @@ absl::Status ParseShadow(DaemonOptions* o) {
 }
 
 // The fleet's desired state this node follows, and its name in the rollout's steps.
-void ParseFleet(DaemonOptions* o) {
+absl::Status ParseFleet(DaemonOptions* o) {
   o->fleet_file = absl::GetFlag(FLAGS_fleet_file);
   o->node_name = absl::GetFlag(FLAGS_node_name);
+  const std::string etcd = absl::GetFlag(FLAGS_fleet_etcd);
+  o->fleet_etcd_prefix = absl::GetFlag(FLAGS_fleet_etcd_prefix);
+  if (etcd.empty()) return absl::OkStatus();
+  if (!o->fleet_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--fleet_file and --fleet_etcd are two sources of the fleet's desired state: give one");
+  }
+  VERIFYD_ASSIGN_OR_RETURN(o->fleet_etcd, fleet::ParseEtcdEndpoints(etcd));
+  if (!absl::StartsWith(o->fleet_etcd_prefix, "/")) {
+    return absl::InvalidArgumentError("fleet_etcd_prefix: must start with '/'");
+  }
+  return absl::OkStatus();
 }
 
 // Where bundles are captured (under the state directory unless given) and the captures' quotas.
@@ -568,7 +588,7 @@ absl::StatusOr<DaemonOptions> ParseDaemonFlags(int argc, char** argv) {
   VERIFYD_RETURN_IF_ERROR(ParseHandler(&o));
   VERIFYD_RETURN_IF_ERROR(ParseShadow(&o));
   ParseCapture(&o);
-  ParseFleet(&o);
+  VERIFYD_RETURN_IF_ERROR(ParseFleet(&o));
   VERIFYD_ASSIGN_OR_RETURN(o.inject_custom_fault,
                            ParseFault(absl::GetFlag(FLAGS_inject_custom_fault)));
   return o;

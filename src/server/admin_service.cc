@@ -119,7 +119,7 @@ grpc::Status AdminServiceImpl::GetStatus(grpc::ServerContext* ctx, const v1::Get
   if (ctx_.fleet != nullptr) {
     const fleet::FollowerStatus f = ctx_.fleet->status();
     v1::FleetStatus* out = resp->mutable_fleet();
-    out->set_file(ctx_.fleet->options().path);
+    out->set_file(ctx_.fleet->source());
     out->set_node(ctx_.fleet->options().node);
     out->set_source_up(f.source_up);
     out->set_source_error(f.source_error);

@@ -33,7 +33,7 @@ struct AdminContext {
   Capturer* capturer = nullptr;                 // null: capture off
   const RegionRegistry* regions = nullptr;      // null: no regions
   const ChannelServer* channels = nullptr;      // null: no call channels
-  const fleet::FleetFollower* fleet = nullptr;  // null: no --fleet_file
+  const fleet::FleetFollower* fleet = nullptr;  // null: no --fleet_file nor --fleet_etcd
   ProbeScheduler* probes = nullptr;             // null: RunProbes is unavailable
   // Request counters, owned by the daemon.
   std::function<v1::Counters()> counters;
