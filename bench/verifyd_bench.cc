@@ -80,7 +80,9 @@ cudaError_t Upload(const BundleView& v, InputSet* s) {
   };
   cudaError_t e;
   if ((e = up(s->q, v.q, v.q_elems())) != cudaSuccess) return e;
-  if ((e = up(s->kv, v.kv_pool, v.kv_elems())) != cudaSuccess) return e;
+  if ((e = up(s->kv, static_cast<const uint16_t*>(v.kv_pool), v.kv_elems())) != cudaSuccess) {
+    return e;
+  }
   if ((e = up(s->indptr, v.kv_indptr, v.shape.batch + 1)) != cudaSuccess) return e;
   if ((e = up(s->indices, v.kv_indices, v.shape.num_indices)) != cudaSuccess) return e;
   if ((e = up(s->lens, v.kv_lens, v.shape.batch)) != cudaSuccess) return e;

@@ -24,6 +24,13 @@ inline int64_t MaskRowBytes(MaskFormat f, int draft) {
   return f == MaskFormat::kBytes ? draft : (draft + 7) / 8;
 }
 
+// The KV pool's element type. kE4m3: OCP FP8 E4M3 bytes (kernels/e4m3.h), each value times the
+// bundle's kv_scale; q stays bf16 and the outputs keep their types.
+enum class KvDtype : int { kBf16 = 0, kE4m3 = 1 };
+
+inline int KvElemBytes(KvDtype d) { return d == KvDtype::kE4m3 ? 1 : 2; }
+inline const char* KvDtypeName(KvDtype d) { return d == KvDtype::kE4m3 ? "e4m3" : "bf16"; }
+
 // Sizes known on the host before any launch.
 struct ProblemShape {
   int batch = 0;       // B
@@ -33,6 +40,7 @@ struct ProblemShape {
   int64_t num_pages = 0;
   int64_t num_indices = 0;  // kv_indptr[B]
   MaskFormat mask_format = MaskFormat::kBytes;
+  KvDtype kv_dtype = KvDtype::kBf16;
 };
 
 // Returns "" when the shape is supported, else a one-line reason that starts with the field name

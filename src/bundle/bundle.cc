@@ -16,33 +16,32 @@ OwnedBundle::OwnedBundle(const BundleView& v)
       view_(v) {
   std::memcpy(q_.data(), v.q, q_.size() * 2);
   if (v.kv_pool_shared) {
-    const int64_t page_elems = int64_t{v.shape.page_size} * kernels::kHeadDimQK;
-    kv_pool_.resize(static_cast<size_t>(v.shape.num_indices * page_elems));
+    const int64_t page_bytes = v.page_bytes();
+    kv_pool_.resize(static_cast<size_t>(v.shape.num_indices * page_bytes));
     for (int64_t i = 0; i < v.shape.num_indices; ++i) {
-      std::memcpy(kv_pool_.data() + i * page_elems, v.kv_pool + v.kv_indices[i] * page_elems,
-                  static_cast<size_t>(page_elems) * 2);
+      std::memcpy(kv_pool_.data() + i * page_bytes,
+                  static_cast<const uint8_t*>(v.kv_pool) + v.kv_indices[i] * page_bytes,
+                  static_cast<size_t>(page_bytes));
       kv_indices_[i] = static_cast<int32_t>(i);
     }
     view_.shape.num_pages = v.shape.num_indices;
     view_.kv_pool_shared = false;
   } else {
-    kv_pool_.resize(static_cast<size_t>(v.kv_elems()));
-    std::memcpy(kv_pool_.data(), v.kv_pool, kv_pool_.size() * 2);
+    kv_pool_.resize(static_cast<size_t>(v.kv_bytes()));
+    std::memcpy(kv_pool_.data(), v.kv_pool, kv_pool_.size());
   }
   PointViewAtStorage();
 }
 
 int64_t OwnedBundle::BytesFor(const BundleView& v) {
-  const int64_t pool_elems = v.kv_pool_shared
-                                 ? v.shape.num_indices * v.shape.page_size * kernels::kHeadDimQK
-                                 : v.kv_elems();
-  return (v.q_elems() + pool_elems) * 2 +
-         (int64_t{v.shape.batch} * 2 + 1 + v.shape.num_indices) * 4 + v.mask_bytes();
+  const int64_t pool_bytes = v.kv_pool_shared ? v.shape.num_indices * v.page_bytes() : v.kv_bytes();
+  return v.q_elems() * 2 + pool_bytes + (int64_t{v.shape.batch} * 2 + 1 + v.shape.num_indices) * 4 +
+         v.mask_bytes();
 }
 
 OwnedBundle::OwnedBundle(const BundleView& v, Sized)
     : q_(v.q_elems()),
-      kv_pool_(v.kv_elems()),
+      kv_pool_(v.kv_bytes()),
       kv_indptr_(v.shape.batch + 1),
       kv_indices_(v.shape.num_indices),
       kv_lens_(v.shape.batch),

@@ -6,20 +6,28 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/e4m3.h"
 #include "kernels/verify_problem.h"
+#include "src/common/bf16.h"
 
 namespace verifyd {
 
 // Non-owning, host memory. Only Validate() (bundle/validate.h) produces one that engines accept.
 struct BundleView {
   kernels::ProblemShape shape;
-  const uint16_t* q = nullptr;          // bf16 [B*T, H, 576]
-  const uint16_t* kv_pool = nullptr;    // bf16 [num_pages, page_size, 576]
+  const uint16_t* q = nullptr;  // bf16 [B*T, H, 576]
+  // [num_pages, page_size, 576] of shape.kv_dtype: bf16, or e4m3 bytes whose values are
+  // e4m3 x kv_scale.
+  const void* kv_pool = nullptr;
   const int32_t* kv_indptr = nullptr;   // [B+1]
   const int32_t* kv_indices = nullptr;  // [kv_indptr[B]]
   const int32_t* kv_lens = nullptr;     // [B]
   const uint8_t* tree_mask = nullptr;   // [B, T, T] bytes or [B, T, ceil(T/8)] bits
   float sm_scale = 0.f;
+  float kv_scale = 1.f;      // an e4m3 pool's scale; 1 for a bf16 pool
+  // The reference and custom paths multiply o by this before they round it: an e4m3 pool's
+  // kv_scale, moved out of the pool by DequantizedBundle. 1 in every other view.
+  float o_scale = 1.f;
   int64_t max_kv_len = 0;    // filled by Validate()
   int64_t total_kv_len = 0;  // filled by Validate()
   // Where q and kv_pool are: -1 for host memory (inline bytes or a shm region), else the GPU of
@@ -47,6 +55,11 @@ struct BundleView {
   int64_t o_elems() const { return rows() * shape.heads * kernels::kHeadDimV; }
   int64_t lse_elems() const { return rows() * shape.heads; }
   int64_t kv_elems() const { return shape.num_pages * shape.page_size * kernels::kHeadDimQK; }
+  int64_t kv_elem_bytes() const { return kernels::KvElemBytes(shape.kv_dtype); }
+  int64_t kv_bytes() const { return kv_elems() * kv_elem_bytes(); }
+  int64_t page_bytes() const {
+    return int64_t{shape.page_size} * kernels::kHeadDimQK * kv_elem_bytes();
+  }
   int64_t mask_bytes() const {
     return rows() * kernels::MaskRowBytes(shape.mask_format, shape.draft);
   }
@@ -57,10 +70,26 @@ struct BundleView {
     return shape.mask_format == kernels::MaskFormat::kBytes ? row[j] != 0
                                                             : ((row[j >> 3] >> (j & 7)) & 1) != 0;
   }
-  // Pointer to the 576 dims of token t of request b.
-  const uint16_t* KvRow(int b, int64_t t) const {
+  // Index of token t of request b's row in the pool, in units of 576 elements.
+  int64_t KvSlot(int b, int64_t t) const {
     const int64_t page = kv_indices[kv_indptr[b] + t / shape.page_size];
-    return kv_pool + (page * shape.page_size + t % shape.page_size) * kernels::kHeadDimQK;
+    return page * shape.page_size + t % shape.page_size;
+  }
+  // The 576 dims of token t of request b, in a bf16 pool.
+  const uint16_t* KvRow(int b, int64_t t) const {
+    return static_cast<const uint16_t*>(kv_pool) + KvSlot(b, t) * kernels::kHeadDimQK;
+  }
+  // The first `dims` values of that row as fp32, from either pool type: an e4m3 pool's dequantised
+  // to e4m3 x kv_scale in fp32 (the oracle's reading).
+  void KvRowFloat(int b, int64_t t, int dims, float* out) const {
+    if (shape.kv_dtype == kernels::KvDtype::kE4m3) {
+      const uint8_t* row =
+          static_cast<const uint8_t*>(kv_pool) + KvSlot(b, t) * kernels::kHeadDimQK;
+      for (int d = 0; d < dims; ++d) out[d] = kernels::E4m3ToFloat(row[d]) * kv_scale;
+    } else {
+      const uint16_t* row = KvRow(b, t);
+      for (int d = 0; d < dims; ++d) out[d] = Bf16ToFloat(row[d]);
+    }
   }
 };
 
@@ -79,14 +108,15 @@ class OwnedBundle {
   const BundleView& view() const { return view_; }
 
   uint16_t* mutable_q() { return q_.data(); }
-  uint16_t* mutable_kv_pool() { return kv_pool_.data(); }
+  void* mutable_kv_pool() { return kv_pool_.data(); }
   int32_t* mutable_kv_indptr() { return kv_indptr_.data(); }
   int32_t* mutable_kv_indices() { return kv_indices_.data(); }
   int32_t* mutable_kv_lens() { return kv_lens_.data(); }
   uint8_t* mutable_tree_mask() { return tree_mask_.data(); }
 
  private:
-  std::vector<uint16_t> q_, kv_pool_;
+  std::vector<uint16_t> q_;
+  std::vector<uint8_t> kv_pool_;  // the pool's bytes, of either element type
   std::vector<int32_t> kv_indptr_, kv_indices_, kv_lens_;
   std::vector<uint8_t> tree_mask_;
   BundleView view_;

@@ -266,23 +266,30 @@ absl::Status DecodeRequest(const v1::VerifyRequest& req, const RegionRegistry* r
         absl::StrCat("q: heads H = ", heads, " is outside [1, ", kernels::kMaxHeads, "]"));
   }
   const v1::Tensor& pool = req.kv_pool();
+  if (pool.dtype() != v1::DTYPE_BF16 && pool.dtype() != v1::DTYPE_F8E4M3 &&
+      pool.contents_case() != v1::Tensor::CONTENTS_NOT_SET) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_pool: dtype ", v1::DType_Name(pool.dtype()),
+                                                   ", expected DTYPE_BF16 or DTYPE_F8E4M3"));
+  }
+  const bool e4m3 = pool.dtype() == v1::DTYPE_F8E4M3;
+  v.shape.kv_dtype = e4m3 ? kernels::KvDtype::kE4m3 : kernels::KvDtype::kBf16;
   if (pool.shape_size() == 3 && pool.shape(1) > 0 &&
       (pool.contents_case() == v1::Tensor::kShm || pool.contents_case() == v1::Tensor::kCudaIpc)) {
-    // A registered pool is named whole: a whole number of pages of page_size x 576 bf16.
-    const uint64_t page_bytes = static_cast<uint64_t>(pool.shape(1)) * kHeadDimQK * 2;
+    // A registered pool is named whole: a whole number of pages of page_size x 576 elements.
+    const uint64_t page_bytes = static_cast<uint64_t>(pool.shape(1)) * kHeadDimQK * (e4m3 ? 1 : 2);
     const uint64_t bytes = pool.contents_case() == v1::Tensor::kShm ? pool.shm().byte_size()
                                                                     : pool.cuda_ipc().byte_size();
     if (bytes % page_bytes != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("kv_pool: byte_size ", bytes, " is not a whole number of pages of ",
-                       page_bytes, " bytes (page_size ", pool.shape(1), " x 576 bf16)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "kv_pool: byte_size ", bytes, " is not a whole number of pages of ", page_bytes,
+          " bytes (page_size ", pool.shape(1), " x 576 ", e4m3 ? "e4m3" : "bf16", ")"));
     }
     v.kv_pool_shared = true;
   }
-  VERIFYD_ASSIGN_OR_RETURN(p,
-                           at.Locate("kv_pool", req.kv_pool(), v1::DTYPE_BF16, 3, &v.kv_pool_device,
-                                     in_place != nullptr ? &in_place->kv_pool : nullptr));
-  v.kv_pool = static_cast<const uint16_t*>(p);
+  VERIFYD_ASSIGN_OR_RETURN(
+      p, at.Locate("kv_pool", req.kv_pool(), e4m3 ? v1::DTYPE_F8E4M3 : v1::DTYPE_BF16, 3,
+                   &v.kv_pool_device, in_place != nullptr ? &in_place->kv_pool : nullptr));
+  v.kv_pool = p;
   VERIFYD_RETURN_IF_ERROR(DimIs("kv_pool", req.kv_pool(), 2, kHeadDimQK, "576"));
   const int64_t page_size = req.kv_pool().shape(1);
   if (page_size < 1 || page_size > kernels::kMaxPageSize) {
@@ -313,6 +320,7 @@ absl::Status DecodeRequest(const v1::VerifyRequest& req, const RegionRegistry* r
   v.shape.num_indices = req.kv_indices().shape(0);
   v.shape.mask_format = mask_format;
   v.sm_scale = req.sm_scale();
+  if (req.has_kv_scale()) v.kv_scale = req.kv_scale();
   VERIFYD_RETURN_IF_ERROR(ValidateBundle(v));
 
   if (req.has_o_out()) {
@@ -373,16 +381,21 @@ void EncodeF32(const std::vector<int64_t>& shape, const float* data, v1::Tensor*
 
 void EncodeRequest(const BundleView& v, v1::VerifyRequest* req, InPlaceTensors* bulk) {
   const auto& s = v.shape;
-  for (auto [t, data, shape, in_place] :
-       {std::tuple{req->mutable_q(), v.q, std::vector<int64_t>{v.rows(), s.heads, kHeadDimQK},
-                   bulk ? &bulk->q : nullptr},
-        std::tuple{req->mutable_kv_pool(), v.kv_pool,
+  const bool e4m3 = s.kv_dtype == kernels::KvDtype::kE4m3;
+  for (auto [t, data, dtype, shape, in_place] :
+       {std::tuple{req->mutable_q(), static_cast<const void*>(v.q), v1::DTYPE_BF16,
+                   std::vector<int64_t>{v.rows(), s.heads, kHeadDimQK}, bulk ? &bulk->q : nullptr},
+        std::tuple{req->mutable_kv_pool(), v.kv_pool, e4m3 ? v1::DTYPE_F8E4M3 : v1::DTYPE_BF16,
                    std::vector<int64_t>{s.num_pages, s.page_size, kHeadDimQK},
                    bulk ? &bulk->kv_pool : nullptr}}) {
-    const int64_t bytes = Count(shape) * 2;
-    SetRaw(v1::DTYPE_BF16, shape, in_place ? static_cast<const void*>("") : data,
-           in_place ? 0 : bytes, t);
-    if (in_place) *in_place = absl::string_view(reinterpret_cast<const char*>(data), bytes);
+    const int64_t bytes = Count(shape) * DTypeBytes(dtype);
+    SetRaw(dtype, shape, in_place ? static_cast<const void*>("") : data, in_place ? 0 : bytes, t);
+    if (in_place) *in_place = absl::string_view(static_cast<const char*>(data), bytes);
+  }
+  if (e4m3) {
+    req->set_kv_scale(v.kv_scale);
+  } else {
+    req->clear_kv_scale();
   }
   SetRaw(v1::DTYPE_I32, {s.batch + 1}, v.kv_indptr, (s.batch + 1) * 4, req->mutable_kv_indptr());
   SetRaw(v1::DTYPE_I32, {s.num_indices}, v.kv_indices, s.num_indices * 4,

@@ -38,6 +38,18 @@ absl::Status ValidateBundle(BundleView& v) {
   if (!std::isfinite(v.sm_scale) || v.sm_scale <= 0.f) {
     return Bad(absl::StrCat("sm_scale: ", v.sm_scale, " must be finite and > 0"));
   }
+  if (!std::isfinite(v.kv_scale) || v.kv_scale <= 0.f) {
+    return Bad(absl::StrCat("kv_scale: ", v.kv_scale, " must be finite and > 0"));
+  }
+  if (const float folded = v.sm_scale * v.kv_scale; !std::isfinite(folded) || folded <= 0.f) {
+    // The paths scale the logits by both at once (DequantizedBundle).
+    return Bad(absl::StrCat("kv_scale: ", v.kv_scale, " times sm_scale ", v.sm_scale,
+                            " is not a finite positive float"));
+  }
+  if (s.kv_dtype == kernels::KvDtype::kBf16 && v.kv_scale != 1.f) {
+    return Bad(absl::StrCat("kv_scale: ", v.kv_scale,
+                            " is for an e4m3 pool; a bf16 kv_pool takes none (or 1)"));
+  }
   if (v.kv_indptr[0] != 0) {
     return Bad(absl::StrCat("kv_indptr[0]: ", v.kv_indptr[0], " must be 0"));
   }

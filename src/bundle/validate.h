@@ -1,8 +1,8 @@
 #pragma once
 // Semantic validation of a bundle per the contract (README.md, "The computation"), after the
 // tensors' dtypes and sizes are known to match the shape: kv_indptr, kv_indices, kv_lens, tree mask
-// values, sm_scale. Page ids and mask bytes in a GPU's memory are the engine's to check there
-// (BundleView::indices_device).
+// values, sm_scale, kv_scale. Page ids and mask bytes in a GPU's memory are the engine's to check
+// there (BundleView::indices_device).
 
 #include <cstdint>
 #include <string>

@@ -184,7 +184,7 @@ absl::StatusOr<std::string> Capturer::Write(const ComparisonRecord& r, const std
     meta["zero_row_breaches"] = std::to_string(d.zero_row_breaches);
   }
   // Size estimate: inputs + extras; refuse rather than fill the disk.
-  int64_t need = v.q_elems() * 2 + v.kv_elems() * 2 + v.mask_bytes() + (v.shape.batch * 3 + 1) * 4;
+  int64_t need = v.q_elems() * 2 + v.kv_bytes() + v.mask_bytes() + (v.shape.batch * 3 + 1) * 4;
   need += extra_bytes;
   struct statvfs sv;
   if (::statvfs(opts_.dir.c_str(), &sv) == 0) {

@@ -18,6 +18,7 @@ inline int64_t DTypeBytes(v1::DType d) {
     case v1::DTYPE_I32:
       return 4;
     case v1::DTYPE_U8:
+    case v1::DTYPE_F8E4M3:
       return 1;
     default:
       return 0;

@@ -152,7 +152,8 @@ void CustomRequestHeads(const BundleView& v, int b, int h0, int h1, const CpuCus
     const int i = r / rb.nh, h = h0 + r % rb.nh;
     const int64_t row = (int64_t{b} * T + i) * H + h;
     // Merged weights sum to d (not 1) once splits share a max; divide it out.
-    const float inv = merged[r].empty() ? 0.f : 1.f / merged[r].d;
+    // o_scale: an e4m3 pool's kv_scale, applied to V's sum before the rounding (DequantizedBundle).
+    const float inv = merged[r].empty() ? 0.f : v.o_scale / merged[r].d;
     const float* acc = out.data() + int64_t{r} * kHeadDimV;
     uint16_t* dst = o + row * kHeadDimV;
     for (int d = 0; d < kHeadDimV; ++d) dst[d] = FloatToBf16(acc[d] * inv);

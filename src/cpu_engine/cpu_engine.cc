@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -16,6 +17,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "src/bundle/dequantized_bundle.h"
 #include "src/common/bf16.h"
 #include "src/cpu_engine/cpu_oracle.h"
 #include "src/cpu_engine/cpu_reference.h"
@@ -23,15 +25,22 @@
 namespace verifyd {
 namespace {
 
-// The bundle (borrowed or owned) and the outputs of the paths that ran on it.
+// The bundle (borrowed or owned) and the outputs of the paths that ran on it. An e4m3 pool is
+// also held dequantised to bf16, which the reference and custom paths read; the oracle reads the
+// e4m3 bytes.
 class CpuPreparedBundle : public PreparedBundle {
  public:
   CpuPreparedBundle(const BundleView& v, bool detach)
       : PreparedBundle(v.shape),
         owned_(detach ? std::make_shared<const OwnedBundle>(v) : nullptr),
-        view_(detach ? owned_->view() : v) {}
+        view_(detach ? owned_->view() : v),
+        bf16_(v.shape.kv_dtype == kernels::KvDtype::kE4m3
+                  ? std::make_unique<const DequantizedBundle>(view_)
+                  : nullptr) {}
 
   const BundleView& view() const { return view_; }
+  // What the reference and custom paths read: the view, its pool in bf16.
+  const BundleView& bf16_view() const { return bf16_ ? bf16_->view() : view_; }
   std::shared_ptr<const OwnedBundle> Inputs() const {
     return owned_ ? owned_ : std::make_shared<const OwnedBundle>(view_);
   }
@@ -50,14 +59,17 @@ class CpuPreparedBundle : public PreparedBundle {
  private:
   std::shared_ptr<const OwnedBundle> owned_;
   BundleView view_;
+  std::unique_ptr<const DequantizedBundle> bf16_;
   mutable absl::Mutex mu_;
   std::map<Path, std::shared_ptr<const PathOutput>> outputs_ ABSL_GUARDED_BY(mu_);
 };
 
-// Whether the paths can read the bundle's bf16 tensors where they are (uint16_t loads).
+// Whether the paths can read the bundle's bf16 tensors where they are (uint16_t loads; an e4m3
+// pool is read by bytes).
 bool Aligned(const BundleView& bundle) {
   return reinterpret_cast<uintptr_t>(bundle.q) % alignof(uint16_t) == 0 &&
-         reinterpret_cast<uintptr_t>(bundle.kv_pool) % alignof(uint16_t) == 0;
+         (bundle.shape.kv_dtype == kernels::KvDtype::kE4m3 ||
+          reinterpret_cast<uintptr_t>(bundle.kv_pool) % alignof(uint16_t) == 0);
 }
 
 class CpuEngine : public Engine {
@@ -77,9 +89,11 @@ class CpuEngine : public Engine {
   }
 
   // A detached bundle, or one whose inline bytes start at an odd address, is a deep copy in host
-  // memory (CpuPreparedBundle's OwnedBundle).
+  // memory (CpuPreparedBundle's OwnedBundle); an e4m3 pool's named pages are also held in bf16.
   int64_t PreparedHostBytes(const BundleView& bundle, bool detach) const override {
-    return detach || !Aligned(bundle) ? OwnedBundle::BytesFor(bundle) : 0;
+    return (detach || !Aligned(bundle) ? OwnedBundle::BytesFor(bundle) : 0) +
+           (bundle.shape.kv_dtype == kernels::KvDtype::kE4m3 ? DequantizedBundle::BytesFor(bundle)
+                                                             : 0);
   }
 
   absl::StatusOr<std::shared_ptr<PreparedBundle>> Prepare(const BundleView& bundle,
@@ -114,7 +128,7 @@ class CpuEngine : public Engine {
   absl::Status RunPath(Path path, PreparedBundle& pb, const CallContext* call,
                        int force_splits = 0) {
     auto& b = static_cast<CpuPreparedBundle&>(pb);
-    const BundleView& v = b.view();
+    const BundleView& v = path == Path::kOracle ? b.view() : b.bf16_view();
     const auto start = std::chrono::steady_clock::now();
     PathOutput out;
     switch (path) {

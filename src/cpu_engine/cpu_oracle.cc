@@ -21,6 +21,12 @@ void ToDouble(const uint16_t* src, int n, double* dst) {
   for (int k = 0; k < n; ++k) dst[k] = Bf16ToFloat(src[k]);
 }
 
+// Token t's first n dims, from a bf16 or an e4m3 pool (e4m3 x kv_scale in fp32).
+void KvToDouble(const BundleView& v, int b, int64_t t, int n, float* scratch, double* dst) {
+  v.KvRowFloat(b, t, n, scratch);
+  for (int k = 0; k < n; ++k) dst[k] = scratch[k];
+}
+
 double Dot(const double* a, const double* b, int n) {
   double acc[4] = {0, 0, 0, 0};
   for (int k = 0; k < n; k += 4) {
@@ -56,10 +62,11 @@ bool OracleHeadGroup(const BundleView& v, int b, int i, int h0, int h1, double* 
 
   // Pass 1: scaled scores and their max per head.
   std::vector<double> s(nh * n), row(kHeadDimQK);
+  float scratch[kHeadDimQK];
   std::vector<double> mx(nh, -std::numeric_limits<double>::infinity());
   for (int64_t k = 0; k < n; ++k) {
     if (k % kKeysPerPoll == 0 && poll.Abandoned(kKeysPerPoll * nh * kHeadDimQK)) return false;
-    ToDouble(v.KvRow(b, visible[k]), kHeadDimQK, row.data());
+    KvToDouble(v, b, visible[k], kHeadDimQK, scratch, row.data());
     for (int h = 0; h < nh; ++h) {
       const double x = scale * Dot(q.data() + int64_t{h} * kHeadDimQK, row.data(), kHeadDimQK);
       s[h * n + k] = x;
@@ -70,7 +77,7 @@ bool OracleHeadGroup(const BundleView& v, int b, int i, int h0, int h1, double* 
   std::vector<double> den(nh, 0.0);
   for (int64_t k = 0; k < n; ++k) {
     if (k % kKeysPerPoll == 0 && poll.Abandoned(kKeysPerPoll * nh * kHeadDimV)) return false;
-    ToDouble(v.KvRow(b, visible[k]), kHeadDimV, row.data());
+    KvToDouble(v, b, visible[k], kHeadDimV, scratch, row.data());
     for (int h = 0; h < nh; ++h) {
       const double p = std::exp(s[h * n + k] - mx[h]);
       den[h] += p;

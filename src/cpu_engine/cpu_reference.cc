@@ -18,7 +18,7 @@ void ReferenceRequestHeads(const BundleView& v, int b, int h0, int h1, uint16_t*
     const int64_t row = (int64_t{b} * T + i) * H + h0;
     uint16_t* dst = o + row * kHeadDimV;
     for (int64_t k = 0; k < int64_t{nh} * kHeadDimV; ++k) {
-      dst[k] = FloatToBf16(static_cast<float>(o_row[k]));
+      dst[k] = FloatToBf16(static_cast<float>(o_row[k] * v.o_scale));
     }
     if (lse != nullptr) {
       for (int h = 0; h < nh; ++h) lse[row + h] = static_cast<float>(lse_row[h]);

@@ -319,6 +319,11 @@ absl::StatusOr<std::shared_ptr<PreparedBundle>> CudaEngine::PrepareOn(int device
           "device: the bundle's CUDA IPC tensors are on device ", d, ", not ", device_index));
     }
   }
+  if (bundle.shape.kv_dtype != kernels::KvDtype::kBf16) {
+    return absl::UnimplementedError(absl::StrCat(
+        "kv_pool: the CUDA engine reads bf16 pools only, this one is ",
+        kernels::KvDtypeName(bundle.shape.kv_dtype), " (the CPU engine, --engine=cpu, reads it)"));
+  }
   // Page ids checked on the device are checked as they are copied for a pool read there.
   if (bundle.indices_device >= 0 && bundle.kv_pool_device < 0) {
     return absl::InvalidArgumentError(

@@ -150,8 +150,8 @@ void PlaceAt(char* dev, UploadPlan* u) {
 void PointProblemAt(const UploadPlan& u, const BundleView& v, kernels::VerifyProblem* problem) {
   const auto& pieces = u.pieces;
   problem->q = u.q_in_place ? v.q : reinterpret_cast<const uint16_t*>(pieces[kQ].at);
-  problem->kv_pool =
-      u.pool_in_place ? v.kv_pool : reinterpret_cast<const uint16_t*>(pieces[kPool].at);
+  problem->kv_pool = u.pool_in_place ? static_cast<const uint16_t*>(v.kv_pool)
+                                     : reinterpret_cast<const uint16_t*>(pieces[kPool].at);
   problem->kv_indptr = reinterpret_cast<const int32_t*>(pieces[kIndptr].at);
   problem->kv_indices = reinterpret_cast<const int32_t*>(pieces[kIndices].at);
   problem->kv_lens = reinterpret_cast<const int32_t*>(pieces[kLens].at);

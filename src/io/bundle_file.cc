@@ -49,7 +49,11 @@ absl::Status ExpectShape(const std::string& what, const char* name, const Tensor
 
 absl::StatusOr<BundleFile> BundleFileFromSafetensors(SafetensorsFile f, const std::string& what) {
   VERIFYD_ASSIGN_OR_RETURN(const Tensor* q, Get(f, what, "q", DType::kBF16, 3));
-  VERIFYD_ASSIGN_OR_RETURN(const Tensor* kv_pool, Get(f, what, "kv_pool", DType::kBF16, 3));
+  // The pool is bf16, or e4m3 with its scale in the tensor kv_scale (F32 [1]).
+  const Tensor* pool_any = f.Find("kv_pool");
+  const bool e4m3 = pool_any != nullptr && pool_any->dtype == DType::kF8E4M3;
+  VERIFYD_ASSIGN_OR_RETURN(const Tensor* kv_pool,
+                           Get(f, what, "kv_pool", e4m3 ? DType::kF8E4M3 : DType::kBF16, 3));
   VERIFYD_ASSIGN_OR_RETURN(const Tensor* kv_indptr, Get(f, what, "kv_indptr", DType::kI32, 1));
   VERIFYD_ASSIGN_OR_RETURN(const Tensor* kv_indices, Get(f, what, "kv_indices", DType::kI32, 1));
   VERIFYD_ASSIGN_OR_RETURN(const Tensor* kv_lens, Get(f, what, "kv_lens", DType::kI32, 1));
@@ -59,6 +63,13 @@ absl::StatusOr<BundleFile> BundleFileFromSafetensors(SafetensorsFile f, const st
   if (sm_scale->dtype != DType::kF32 || sm_scale->numel() != 1 || sm_scale->shape.size() > 1) {
     return Bad(what, absl::StrCat("sm_scale: ", DTypeName(sm_scale->dtype), " ",
                                   ShapeString(sm_scale->shape), ", expected F32 [1]"));
+  }
+
+  const Tensor* kv_scale = f.Find("kv_scale");
+  if (kv_scale != nullptr &&
+      (kv_scale->dtype != DType::kF32 || kv_scale->numel() != 1 || kv_scale->shape.size() > 1)) {
+    return Bad(what, absl::StrCat("kv_scale: ", DTypeName(kv_scale->dtype), " ",
+                                  ShapeString(kv_scale->shape), ", expected F32 [1]"));
   }
 
   const int64_t B = kv_lens->shape[0];
@@ -101,8 +112,10 @@ absl::StatusOr<BundleFile> BundleFileFromSafetensors(SafetensorsFile f, const st
   v.shape.num_pages = kv_pool->shape[0];
   v.shape.num_indices = kv_indices->shape[0];
   v.shape.mask_format = mask_format;
+  v.shape.kv_dtype = e4m3 ? kernels::KvDtype::kE4m3 : kernels::KvDtype::kBf16;
   v.q = q->as<uint16_t>();
-  v.kv_pool = kv_pool->as<uint16_t>();
+  v.kv_pool = kv_pool->data.data();
+  if (kv_scale != nullptr) v.kv_scale = *kv_scale->as<float>();
   v.kv_indptr = kv_indptr->as<int32_t>();
   v.kv_indices = kv_indices->as<int32_t>();
   v.kv_lens = kv_lens->as<int32_t>();
@@ -146,16 +159,21 @@ absl::Status SaveBundleFile(const std::string& path, const BundleView& v,
       }
     }
   }
-  const float sm_scale = v.sm_scale;
+  const float sm_scale = v.sm_scale, kv_scale = v.kv_scale;
+  const bool e4m3 = s.kv_dtype == kernels::KvDtype::kE4m3;
   std::vector<TensorRef> tensors = {
       {"q", DType::kBF16, {B * T, H, kHeadDimQK}, v.q},
-      {"kv_pool", DType::kBF16, {s.num_pages, s.page_size, kHeadDimQK}, v.kv_pool},
+      {"kv_pool",
+       e4m3 ? DType::kF8E4M3 : DType::kBF16,
+       {s.num_pages, s.page_size, kHeadDimQK},
+       v.kv_pool},
       {"kv_indptr", DType::kI32, {B + 1}, v.kv_indptr},
       {"kv_indices", DType::kI32, {s.num_indices}, v.kv_indices},
       {"kv_lens", DType::kI32, {B}, v.kv_lens},
       {"tree_mask", DType::kU8, {B, T, T}, mask.data()},
       {"sm_scale", DType::kF32, {1}, &sm_scale},
   };
+  if (e4m3) tensors.push_back({"kv_scale", DType::kF32, {1}, &kv_scale});
   tensors.insert(tensors.end(), extra.begin(), extra.end());
   std::map<std::string, std::string> meta = metadata;
   meta.emplace("B", std::to_string(B));

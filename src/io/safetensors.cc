@@ -30,9 +30,9 @@ struct DTypeInfo {
   int size;
 };
 constexpr DTypeInfo kDTypes[] = {
-    {DType::kBF16, "BF16", 2}, {DType::kF16, "F16", 2}, {DType::kF32, "F32", 4},
-    {DType::kF64, "F64", 8},   {DType::kI32, "I32", 4}, {DType::kI64, "I64", 8},
-    {DType::kU8, "U8", 1},
+    {DType::kBF16, "BF16", 2}, {DType::kF16, "F16", 2},        {DType::kF32, "F32", 4},
+    {DType::kF64, "F64", 8},   {DType::kI32, "I32", 4},        {DType::kI64, "I64", 8},
+    {DType::kU8, "U8", 1},     {DType::kF8E4M3, "F8_E4M3", 1},
 };
 
 // numel of `shape`, or nullopt on a negative dimension or overflow.

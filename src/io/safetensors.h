@@ -15,7 +15,7 @@
 
 namespace verifyd {
 
-enum class DType { kBF16, kF16, kF32, kF64, kI32, kI64, kU8 };
+enum class DType { kBF16, kF16, kF32, kF64, kI32, kI64, kU8, kF8E4M3 };  // kF8E4M3: "F8_E4M3"
 
 const char* DTypeName(DType t);  // "BF16", "F32", ...
 int DTypeSize(DType t);          // bytes per element

@@ -65,7 +65,7 @@ absl::StatusOr<std::unique_ptr<SendRegion>> SendRegion::Create(SendTransport t,
     return here;
   };
   l.q = take(v.q_elems() * 2);
-  l.kv_pool = take(v.kv_elems() * 2);
+  l.kv_pool = take(v.kv_bytes());
   if (t == SendTransport::kShm) {
     l.kv_indptr = take((s.batch + 1) * 4);
     l.kv_indices = take(s.num_indices * 4);
@@ -213,7 +213,7 @@ absl::Status SendRegion::Stage(int slot, const BundleView& v, v1::VerifyRequest*
   };
   std::vector<Piece> pieces = {
       {req->mutable_q(), l.q, v.q, uint64_t(v.q_elems()) * 2},
-      {req->mutable_kv_pool(), l.kv_pool, v.kv_pool, uint64_t(v.kv_elems()) * 2}};
+      {req->mutable_kv_pool(), l.kv_pool, v.kv_pool, uint64_t(v.kv_bytes())}};
   if (transport_ == SendTransport::kShm) {
     pieces.push_back(
         {req->mutable_kv_indptr(), l.kv_indptr, v.kv_indptr, uint64_t(s.batch + 1) * 4});

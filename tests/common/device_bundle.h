@@ -85,7 +85,9 @@ struct DeviceBundle {
     };
     cudaError_t e;
     if ((e = up(q, v.q, v.q_elems())) != cudaSuccess) return e;
-    if ((e = up(kv_pool, v.kv_pool, v.kv_elems())) != cudaSuccess) return e;
+    if ((e = up(kv_pool, static_cast<const uint16_t*>(v.kv_pool), v.kv_elems())) != cudaSuccess) {
+      return e;
+    }
     if ((e = up(kv_indptr, v.kv_indptr, v.shape.batch + 1)) != cudaSuccess) return e;
     if ((e = up(kv_indices, v.kv_indices, v.shape.num_indices)) != cudaSuccess) return e;
     if ((e = up(kv_lens, v.kv_lens, v.shape.batch)) != cudaSuccess) return e;

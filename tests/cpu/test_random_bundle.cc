@@ -67,7 +67,7 @@ TEST(RandomBundle, UnusedSlotsAreNanUsedOnesFinite) {
     for (int b = 0; b < v.shape.batch; ++b) {
       for (int64_t t = 0; t < v.kv_lens[b]; ++t) {
         const uint16_t* row = v.KvRow(b, t);
-        used.insert((row - v.kv_pool) / kHeadDimQK);
+        used.insert((row - rb.kv_pool.data()) / kHeadDimQK);
         for (int d = 0; d < kHeadDimQK; ++d) ASSERT_TRUE(std::isfinite(Bf16ToFloat(row[d])));
       }
     }
@@ -77,7 +77,7 @@ TEST(RandomBundle, UnusedSlotsAreNanUsedOnesFinite) {
     for (int64_t slot = 0; slot < slots; ++slot) {
       if (used.count(slot)) continue;
       for (int d = 0; d < kHeadDimQK; ++d) {
-        ASSERT_EQ(v.kv_pool[slot * kHeadDimQK + d], 0x7fc0) << "slot " << slot;
+        ASSERT_EQ(rb.kv_pool[slot * kHeadDimQK + d], 0x7fc0) << "slot " << slot;
       }
     }
   }

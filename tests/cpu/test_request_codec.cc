@@ -63,7 +63,7 @@ TEST(RequestCodec, ShmIndicesAreCheckedCopiesAndValuesAreReadInPlace) {
   reinterpret_cast<uint16_t*>(shm.data() + l.q)[0] ^= 0x8000;
   reinterpret_cast<uint16_t*>(shm.data() + l.kv_pool)[5] ^= 0x8000;
   EXPECT_EQ(v.q[0], b.view().q[0] ^ 0x8000);
-  EXPECT_EQ(v.kv_pool[5], b.view().kv_pool[5] ^ 0x8000);
+  EXPECT_EQ(static_cast<const uint16_t*>(v.kv_pool)[5], b.kv_pool[5] ^ 0x8000);
   // The client rewrites every page id past the pool, every length past its pages, the mask and
   // the offsets: none of it reaches the checked bundle.
   auto* ids = reinterpret_cast<int32_t*>(shm.data() + l.kv_indices);

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -283,7 +284,7 @@ TEST_F(SafetensorsTest, BundleFileRoundTrip) {
   EXPECT_EQ(w.sm_scale, v.sm_scale);
   EXPECT_TRUE(std::equal(v.q, v.q + v.q_elems(), w.q));
   // NaN bit patterns survive byte for byte.
-  EXPECT_TRUE(std::equal(v.kv_pool, v.kv_pool + v.kv_elems(), w.kv_pool));
+  EXPECT_EQ(std::memcmp(v.kv_pool, w.kv_pool, v.kv_bytes()), 0);
   EXPECT_TRUE(std::equal(v.kv_indptr, v.kv_indptr + 3, w.kv_indptr));
   EXPECT_TRUE(std::equal(v.kv_indices, v.kv_indices + v.shape.num_indices, w.kv_indices));
   EXPECT_TRUE(std::equal(v.kv_lens, v.kv_lens + 2, w.kv_lens));
@@ -303,6 +304,40 @@ TEST_F(SafetensorsTest, BundleFileRoundTrip) {
   BundleFile copy = *bf;
   bf = absl::UnknownError("gone");
   EXPECT_EQ(copy.view.q[0], v.q[0]);
+}
+
+// A capture of an fp8 call keeps its pool's e4m3 bytes (dtype F8_E4M3) and its scale.
+TEST_F(SafetensorsTest, BundleFileRoundTripOfAnE4m3Pool) {
+  RandomBundleSpec spec;
+  spec.batch = 2;
+  spec.draft = 5;
+  spec.heads = 2;
+  spec.page_size = 16;
+  spec.prefix_lens = {21, 3};
+  spec.seed = 78;
+  RandomBundle rb(spec);
+  BundleView v = rb.view();
+  std::vector<uint8_t> e4m3(rb.kv_pool.size());
+  for (size_t i = 0; i < e4m3.size(); ++i) e4m3[i] = static_cast<uint8_t>(i * 37 % 255);
+  v.kv_pool = e4m3.data();
+  v.shape.kv_dtype = kernels::KvDtype::kE4m3;
+  v.kv_scale = 0.375f;
+  ASSERT_TRUE(SaveBundleFile(Path("fp8.safetensors"), v).ok());
+  auto raw = ReadSafetensors(Path("fp8.safetensors"));
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  ASSERT_NE(raw->Find("kv_pool"), nullptr);
+  EXPECT_EQ(raw->Find("kv_pool")->dtype, DType::kF8E4M3);
+  auto bf = LoadBundleFile(Path("fp8.safetensors"));
+  ASSERT_TRUE(bf.ok()) << bf.status();
+  const BundleView& w = bf->view;
+  EXPECT_EQ(w.shape.kv_dtype, kernels::KvDtype::kE4m3);
+  EXPECT_EQ(w.kv_scale, 0.375f);
+  EXPECT_EQ(std::memcmp(w.kv_pool, e4m3.data(), e4m3.size()), 0);
+  // A bf16 bundle's file has no kv_scale and reads back at 1.
+  ASSERT_TRUE(SaveBundleFile(Path("bf16.safetensors"), rb.view()).ok());
+  auto plain = ReadSafetensors(Path("bf16.safetensors"));
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->Find("kv_scale"), nullptr);
 }
 
 TEST_F(SafetensorsTest, BundleFileLayoutErrorsNameTheTensor) {

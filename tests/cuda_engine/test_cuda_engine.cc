@@ -331,6 +331,25 @@ TEST(CudaEngine, InfoNamesTheDevice) {
               info.compute_capability.c_str(), VisibleCudaDevices());
 }
 
+// An e4m3 pool is the CPU engine's for now: refused by name, with nothing launched.
+TEST(CudaEngine, RefusesAnE4m3PoolNamingIt) {
+  REQUIRE_GPU_ENGINE();
+  RandomBundleSpec s;
+  s.draft = 3;
+  s.prefix = 10;
+  s.seed = 6;
+  RandomBundle rb(s);
+  std::vector<uint8_t> e4m3(rb.kv_pool.size(), 0x38);
+  BundleView v = rb.view();
+  v.kv_pool = e4m3.data();
+  v.shape.kv_dtype = kernels::KvDtype::kE4m3;
+  ASSERT_TRUE(ValidateBundle(v).ok());
+  auto pb = Gpu()->Prepare(v, false);
+  ASSERT_FALSE(pb.ok());
+  EXPECT_EQ(pb.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(std::string(pb.status().message()).rfind("kv_pool: ", 0), 0u) << pb.status();
+}
+
 TEST(CudaEngine, RefusesUnvalidatedBundlesAndPathsThatHaveNotRun) {
   REQUIRE_GPU_ENGINE();
   RandomBundleSpec s;

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from verifyd_client import from_bf16, to_bf16
+from verifyd_client import from_bf16, from_e4m3, to_bf16
 
 SM_SCALE = 1.0 / np.sqrt(192.0)
 BF16_NAN = np.uint16(0x7FC0)
@@ -61,9 +61,14 @@ def random_bundle(rng, batch, draft, heads, page_size, prefixes, unused_pages=0,
 
 
 def oracle(bundle):
-    """fp64 o [B*T, H, 512] and lse [B*T, H] from the bf16 inputs (tree_mask as 0/1 bytes)."""
+    """fp64 o [B*T, H, 512] and lse [B*T, H] from the inputs (tree_mask as 0/1 bytes); a uint8
+    kv_pool is e4m3 bits, read as e4m3 x bundle["kv_scale"] (1 when absent)."""
     q = from_bf16(bundle["q"]).astype(np.float64)
-    pool = from_bf16(bundle["kv_pool"]).astype(np.float64)
+    raw = np.asarray(bundle["kv_pool"])
+    if raw.dtype == np.uint8:
+        pool = from_e4m3(raw, bundle.get("kv_scale") or 1.0).astype(np.float64)
+    else:
+        pool = from_bf16(raw).astype(np.float64)
     indptr, indices, lens = bundle["kv_indptr"], bundle["kv_indices"], bundle["kv_lens"]
     mask = bundle["tree_mask"]
     batch, draft = mask.shape[0], mask.shape[1]

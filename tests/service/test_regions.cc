@@ -198,7 +198,8 @@ TEST_F(RegionTest, ACallReadsOnlyItsPagesOfAPool) {
   std::vector<int32_t> indices(v.kv_indices, v.kv_indices + v.shape.num_indices);
   for (int32_t& p : indices) {
     const int32_t to = 3 * p + 1;
-    std::memcpy(shm.data() + to * page_bytes, v.kv_pool + p * page_bytes / 2, page_bytes);
+    std::memcpy(shm.data() + to * page_bytes, static_cast<const char*>(v.kv_pool) + p * page_bytes,
+                page_bytes);
     p = to;
   }
   ASSERT_TRUE(RegisterShm("kv", shm).ok());

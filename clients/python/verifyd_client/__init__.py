@@ -38,9 +38,9 @@ from .client import REQUEST_BYTES_KEY, VerifyClient, VerifyStream  # noqa: E402
 from .errors import InvalidBundleError, VerifydError  # noqa: E402
 from .result import VerifyResult  # noqa: E402
 from .sglang import sglang_target_verify  # noqa: E402
-from .tensors import from_bf16, pack_mask, to_bf16, unpack_mask  # noqa: E402
+from .tensors import from_bf16, from_e4m3, pack_mask, to_bf16, to_e4m3, unpack_mask  # noqa: E402
 
 __all__ = ["AdminClient", "Bundle", "CallChannel", "InvalidBundleError", "REQUEST_BYTES_KEY",
            "VerifyClient", "VerifyResult",
-           "VerifyStream", "VerifydError", "from_bf16", "make_bundle", "pack_mask",
-           "sglang_target_verify", "to_bf16", "unpack_mask"]
+           "VerifyStream", "VerifydError", "from_bf16", "from_e4m3", "make_bundle", "pack_mask",
+           "sglang_target_verify", "to_bf16", "to_e4m3", "unpack_mask"]

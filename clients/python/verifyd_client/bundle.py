@@ -1,8 +1,8 @@
 """A verify-attention call's tensors: checked, compacted and encoded as a VerifyRequest.
 
 Shapes (README.md, "The computation"):
-  q [B*T, H, 576] bf16, kv_pool [num_pages, page_size, 576] bf16, kv_indptr [B+1] i32,
-  kv_indices [kv_indptr[B]] i32, kv_lens [B] i32 (prefix + T),
+  q [B*T, H, 576] bf16, kv_pool [num_pages, page_size, 576] bf16 or e4m3 (with kv_scale),
+  kv_indptr [B+1] i32, kv_indices [kv_indptr[B]] i32, kv_lens [B] i32 (prefix + T),
   tree_mask u8 [B, T, T] (0/1) or [B, T, ceil(T/8)] (bit-packed), sm_scale > 0.
 The checks mirror the daemon's (src/bundle/validate.cc), so a bad bundle fails here, before a
 large pool is copied, with the message the daemon would give.
@@ -42,7 +42,8 @@ def _fail(msg):
 class Bundle:
     """The host-side, checked form of one call: numpy arrays ready to encode."""
     q: Any                   # uint16 bf16 bits [B*T, H, 576] (check_call: as given)
-    kv_pool: Any             # uint16 bf16 bits [num_pages, page_size, 576] (check_call: as given)
+    kv_pool: Any             # bits [num_pages, page_size, 576]: uint16 bf16 or uint8 e4m3
+    #                          (check_call: as given)
     kv_indptr: np.ndarray    # int32 [B+1]
     kv_indices: np.ndarray   # int32 [kv_indptr[B]]
     kv_lens: np.ndarray      # int32 [B]
@@ -52,6 +53,8 @@ class Bundle:
     batch: int
     draft: int
     heads: int
+    kv_dtype: str = tensors.KV_BF16   # or tensors.KV_E4M3
+    kv_scale: float = 1.0             # an e4m3 pool's values are e4m3 x kv_scale
 
     def to_request(self, want_lse=False, request_id=None, device=0, compare_sync=False,
                    refs=None):
@@ -65,6 +68,8 @@ class Bundle:
                          else verify_pb2.MASK_FORMAT_BYTES),
             sm_scale=self.sm_scale, want_lse=want_lse, device=device,
             compare_sync=compare_sync)
+        if self.kv_dtype == tensors.KV_E4M3:
+            req.kv_scale = self.kv_scale
         for name, dtype, a in self.inputs():
             if name in refs:
                 getattr(req, name).CopyFrom(refs[name])
@@ -78,7 +83,8 @@ class Bundle:
     def inputs(self):
         """(field, DType, array) of the six input tensors, in request order."""
         return (("q", types_pb2.DTYPE_BF16, self.q),
-                ("kv_pool", types_pb2.DTYPE_BF16, self.kv_pool),
+                ("kv_pool", (types_pb2.DTYPE_F8E4M3 if self.kv_dtype == tensors.KV_E4M3
+                             else types_pb2.DTYPE_BF16), self.kv_pool),
                 ("kv_indptr", types_pb2.DTYPE_I32, self.kv_indptr),
                 ("kv_indices", types_pb2.DTYPE_I32, self.kv_indices),
                 ("kv_lens", types_pb2.DTYPE_I32, self.kv_lens),
@@ -158,8 +164,11 @@ def _check_metadata(kv_indptr, kv_indices, kv_lens, mask, mask_format, batch, dr
 
 
 def make_bundle(q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale,
-                mask_format=None, compact=True):
+                mask_format=None, compact=True, kv_scale=None):
     """Checks one call's tensors and returns its Bundle.
+
+    kv_pool is bf16, or e4m3 (torch.float8_e4m3fn, or numpy uint8 bits) whose values are
+    e4m3 x ``kv_scale`` (SGLang's k_scale; None: 1).
 
     With ``compact`` only the pages the requests read (the first ceil(kv_lens[b] / page_size)
     of each request's pages) are copied out of ``kv_pool``, deduplicated, and ``kv_indices`` is
@@ -167,7 +176,7 @@ def make_bundle(q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale,
     GPU serving pool is never copied whole.
     """
     b = check_call(q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale,
-                   mask_format=mask_format)
+                   mask_format=mask_format, kv_scale=kv_scale)
     compact_pool(b, kv_pool, compact)
     b.q = tensors.bf16_bits("q", q)
     return b
@@ -180,11 +189,11 @@ def compact_pool(b, kv_pool, compact):
         b.kv_pool, b.kv_indptr, b.kv_indices = _compact(kv_pool, b.kv_indptr, b.kv_indices,
                                                         b.kv_lens, _shape(kv_pool)[1])
     else:
-        b.kv_pool = tensors.bf16_bits("kv_pool", kv_pool)
+        b.kv_pool = tensors.kv_bits("kv_pool", kv_pool)
 
 
 def check_call(q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale,
-               mask_format=None):
+               mask_format=None, kv_scale=None):
     """The checks of make_bundle without touching q's or kv_pool's data: a Bundle whose q and
     kv_pool are the arguments as given (a transport that names them in place fills them in).
     """
@@ -242,10 +251,21 @@ def check_call(q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale,
         _fail(f"sm_scale: {sm_scale!r} is not a number")
     if not (math.isfinite(scale) and scale > 0):
         _fail(f"sm_scale: {scale} must be finite and > 0")
+    kv_dtype = tensors.kv_dtype_of("kv_pool", kv_pool)
+    kscale = 1.0
+    if kv_scale is not None:
+        try:
+            kscale = float(kv_scale)
+        except (TypeError, ValueError):
+            _fail(f"kv_scale: {kv_scale!r} is not a number")
+        if not (math.isfinite(kscale) and kscale > 0):
+            _fail(f"kv_scale: {kscale} must be finite and > 0")
+        if kv_dtype == tensors.KV_BF16 and kscale != 1.0:
+            _fail(f"kv_scale: {kscale} is for an e4m3 pool; a bf16 kv_pool takes none (or 1)")
     _check_metadata(indptr, indices, lens, mask, fmt, batch, draft, page_size, pool_shape[0])
     return Bundle(q=q, kv_pool=kv_pool, kv_indptr=indptr, kv_indices=indices, kv_lens=lens,
                   tree_mask=mask, mask_format=fmt, sm_scale=scale, batch=batch, draft=draft,
-                  heads=heads)
+                  heads=heads, kv_dtype=kv_dtype, kv_scale=kscale)
 
 
 def _compact(kv_pool, indptr, indices, lens, page_size):
@@ -265,8 +285,10 @@ def _take_pages(kv_pool, pages):
         import torch  # noqa: PLC0415 - present whenever kv_pool is a tensor
 
         idx = torch.as_tensor(pages, dtype=torch.long, device=kv_pool.device)
-        return tensors.bf16_bits("kv_pool", kv_pool.index_select(0, idx))
+        if kv_pool.dtype == torch.float8_e4m3fn:  # index_select has no fp8 kernel: take bytes
+            return tensors.kv_bits("kv_pool", kv_pool.view(torch.uint8).index_select(0, idx)
+                                   .view(torch.float8_e4m3fn))
+        return tensors.kv_bits("kv_pool", kv_pool.index_select(0, idx))
     pool = np.asarray(kv_pool)
-    if pool.dtype not in (np.uint16, np.int16):
-        tensors.bf16_bits("kv_pool", pool)  # raises with the dtype
-    return np.ascontiguousarray(pool.take(pages, axis=0).view(np.uint16))
+    tensors.kv_dtype_of("kv_pool", pool)  # raises with the dtype
+    return np.ascontiguousarray(pool.take(pages, axis=0))

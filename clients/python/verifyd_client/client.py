@@ -87,8 +87,11 @@ class VerifyClient(ChannelClient):
 
     def verify(self, q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale,
                want_lse=False, request_id=None, compact=True, device=None, compare_sync=False,
-               mask_format=None):
+               mask_format=None, kv_scale=None):
         """One Verify call; see bundle.make_bundle for the tensors and what ``compact`` does.
+
+        kv_scale: an e4m3 pool's scale (its values are e4m3 x kv_scale; None: 1). e4m3 pools go
+        inline or through shm; the CUDA engine does not read them yet.
 
         device: the GPU worker (default 0; with cuda_ipc, q's device). A kv_pool registered
         with ``register_kv_pool`` is named whole and in place, never compacted.
@@ -97,7 +100,8 @@ class VerifyClient(ChannelClient):
         """
         req, pending = self._transport.encode(q, kv_pool, kv_indptr, kv_indices, kv_lens,
                                               tree_mask, sm_scale, want_lse, request_id,
-                                              compact, device, compare_sync, mask_format)
+                                              compact, device, compare_sync, mask_format,
+                                              kv_scale=kv_scale)
         try:
             wire = req.SerializeToString()
             resp = self._verify(wire, timeout=self.timeout,
@@ -307,12 +311,13 @@ class VerifyStream:
 
     def send(self, q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale,
              want_lse=False, request_id=None, compact=True, device=None, compare_sync=False,
-             mask_format=None):
+             mask_format=None, kv_scale=None):
         if self._closed:
             raise RuntimeError("VerifyStream: send after close")
         req, pending = self._transport.encode(q, kv_pool, kv_indptr, kv_indices, kv_lens,
                                               tree_mask, sm_scale, want_lse, request_id,
-                                              compact, device, compare_sync, mask_format)
+                                              compact, device, compare_sync, mask_format,
+                                              kv_scale=kv_scale)
         with self._lock:
             self._pending.append(pending)
             self._requests.put(req)

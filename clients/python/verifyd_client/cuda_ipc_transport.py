@@ -347,7 +347,7 @@ class CudaIpcTransport(Transport):
         return ring
 
     def encode(self, q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale, want_lse,
-               request_id, compact, device, compare_sync, mask_format):
+               request_id, compact, device, compare_sync, mask_format, kv_scale=None):
         torch = _torch()
         _cuda_bf16("q", q)
         _cuda_bf16("kv_pool", kv_pool)
@@ -359,7 +359,7 @@ class CudaIpcTransport(Transport):
             raise InvalidBundleError(f"device: {device}, but q is on {dev} (cuda_ipc tensors "
                                      f"are read on the GPU they live on)")
         b = check_call(q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale,
-                       mask_format=mask_format)
+                       mask_format=mask_format, kv_scale=kv_scale)
         pool_at = self._locate(kv_pool)
         if pool_at is None:  # registered on first use, then named in place on every call
             if not kv_pool.is_contiguous():

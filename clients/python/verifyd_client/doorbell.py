@@ -103,6 +103,9 @@ class Descriptor:
                 raise InvalidBundleError(f"{name}: expected a contiguous torch CUDA tensor")
             if t.device != self.q.device:
                 raise InvalidBundleError(f"{name}: on {t.device}, q on {self.q.device}")
+        if self.kv_pool.dtype != torch.bfloat16:
+            raise InvalidBundleError(f"kv_pool: dtype {self.kv_pool.dtype}, expected "
+                                     f"torch.bfloat16 (the doorbell serves bf16 pools only)")
         req = verify_pb2.VerifyRequest(sm_scale=self.sm_scale, device=self.q.device.index,
                                        want_lse=self.lse is not None)
         req.mask_format = (verify_pb2.MASK_FORMAT_BITS if self.mask_format == "bits"

@@ -16,7 +16,7 @@ from ._proto import types_pb2, verify_pb2
 from .errors import VerifydError
 
 DTYPE_SIZE = {types_pb2.DTYPE_BF16: 2, types_pb2.DTYPE_F32: 4, types_pb2.DTYPE_I32: 4,
-              types_pb2.DTYPE_U8: 1}
+              types_pb2.DTYPE_U8: 1, types_pb2.DTYPE_F8E4M3: 1}
 ALIGN = 256  # every tensor a transport places starts on this boundary
 OFFSET_GRID = 16  # verifyd refuses a range whose offset is not a multiple of this
 

@@ -167,13 +167,13 @@ class ShmTransport(Transport):
         return None
 
     def encode(self, q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale, want_lse,
-               request_id, compact, device, compare_sync, mask_format):
+               request_id, compact, device, compare_sync, mask_format, kv_scale=None):
         b = check_call(q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale,
-                       mask_format=mask_format)
+                       mask_format=mask_format, kv_scale=kv_scale)
         refs = {}
         pool_at = self._locate(kv_pool)
         if pool_at is not None:  # the registered pool, whole and in place
-            b.kv_pool = tensors.bf16_bits("kv_pool", kv_pool)
+            b.kv_pool = tensors.kv_bits("kv_pool", kv_pool)
         else:
             compact_pool(b, kv_pool, compact)
         b.q = tensors.bf16_bits("q", q)

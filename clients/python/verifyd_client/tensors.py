@@ -1,7 +1,8 @@
 """Array conversions: numpy or torch in, little-endian numpy bytes out.
 
 numpy has no bfloat16, so bf16 data travels as uint16 bit patterns; a torch bf16 tensor is
-viewed as int16 bits (no copy on the host, one device-to-host copy on a GPU).
+viewed as int16 bits (no copy on the host, one device-to-host copy on a GPU). Nor has it an fp8
+type: an e4m3 KV pool (torch.float8_e4m3fn) travels as uint8 bit patterns.
 """
 
 import sys
@@ -40,6 +41,43 @@ def bf16_bits(name, x):
     return np.ascontiguousarray(a.view(np.uint16))
 
 
+KV_BF16 = "bf16"
+KV_E4M3 = "e4m3"
+
+
+def kv_dtype_of(name, x):
+    """The pool's element type without touching its data: "bf16" for torch.bfloat16 or numpy
+    uint16/int16 bits, "e4m3" for torch.float8_e4m3fn or numpy uint8/int8 bits."""
+    if is_torch(x):
+        import torch  # noqa: PLC0415 - present whenever x is a tensor
+
+        if x.dtype == torch.bfloat16:
+            return KV_BF16
+        if x.dtype == torch.float8_e4m3fn:
+            return KV_E4M3
+    else:
+        a = np.asarray(x)
+        if a.dtype in (np.uint16, np.int16):
+            return KV_BF16
+        if a.dtype in (np.uint8, np.int8):
+            return KV_E4M3
+    raise InvalidBundleError(
+        f"{name}: dtype {x.dtype}, expected torch.bfloat16 or torch.float8_e4m3fn (numpy: uint16 "
+        f"bf16 bits or uint8 e4m3 bits)")
+
+
+def kv_bits(name, x):
+    """A KV pool's data as a C-contiguous numpy array of bit patterns: uint16 for bf16, uint8
+    for e4m3 (kv_dtype_of)."""
+    if kv_dtype_of(name, x) == KV_BF16:
+        return bf16_bits(name, x)
+    if is_torch(x):
+        import torch  # noqa: PLC0415 - present whenever x is a tensor
+
+        return np.ascontiguousarray(x.detach().contiguous().view(torch.uint8).cpu().numpy())
+    return np.ascontiguousarray(np.asarray(x).view(np.uint8))
+
+
 def int32_array(name, x):
     """An integer array as C-contiguous int32, refusing values that do not fit."""
     a = x.detach().cpu().numpy() if is_torch(x) else np.asarray(x)
@@ -73,6 +111,38 @@ def from_bf16(bits):
     """bf16 bit patterns (uint16) -> float32."""
     b = np.ascontiguousarray(bits).view(np.uint16)
     return (b.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def _e4m3_table():
+    """The float32 value of each of the 256 e4m3 bit patterns (NaN for S.1111.111)."""
+    x = np.arange(256, dtype=np.uint32)
+    e, m = (x >> 3) & 0xF, (x & 7).astype(np.float32)
+    mag = np.where(e == 0, m * 2.0 ** -9, (8 + m) * np.exp2(e.astype(np.float32) - 10))
+    mag = np.where((x & 0x7F) == 0x7F, np.nan, mag).astype(np.float32)
+    return np.where(x & 0x80, -mag, mag).astype(np.float32)
+
+
+E4M3_VALUES = _e4m3_table()
+_E4M3_POSITIVE = E4M3_VALUES[:0x7F]  # 0 .. 448, increasing
+
+
+def to_e4m3(x):
+    """float array -> e4m3 bit patterns (uint8), nearest value with ties to even; magnitudes past
+    448 saturate to 448 and NaN stays NaN (kernels/e4m3.h's FloatToE4m3)."""
+    f = np.ascontiguousarray(x, dtype=np.float32)
+    a = np.minimum(np.abs(f), np.float32(448))
+    hi = np.clip(np.searchsorted(_E4M3_POSITIVE, a, side="left"), 0, 0x7E)
+    lo = np.maximum(hi - 1, 0)
+    d_hi, d_lo = _E4M3_POSITIVE[hi] - a, a - _E4M3_POSITIVE[lo]
+    pick_lo = (d_lo < d_hi) | ((d_lo == d_hi) & (lo % 2 == 0))
+    code = np.where(pick_lo, lo, hi).astype(np.uint8)
+    code = np.where(np.signbit(f), code | np.uint8(0x80), code)
+    return np.where(np.isnan(f), np.uint8(0x7F), code).astype(np.uint8)
+
+
+def from_e4m3(bits, scale=1.0):
+    """e4m3 bit patterns (uint8) -> float32 values times ``scale`` (an fp8 pool's kv_scale)."""
+    return E4M3_VALUES[np.ascontiguousarray(bits).view(np.uint8)] * np.float32(scale)
 
 
 def pack_mask(mask):

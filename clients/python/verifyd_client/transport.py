@@ -56,10 +56,10 @@ class Transport:
     kind = "inline"
 
     def encode(self, q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale, want_lse,
-               request_id, compact, device, compare_sync, mask_format):
+               request_id, compact, device, compare_sync, mask_format, kv_scale=None):
         """(VerifyRequest, Pending) of one call."""
         bundle = make_bundle(q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale,
-                             mask_format=mask_format, compact=compact)
+                             mask_format=mask_format, compact=compact, kv_scale=kv_scale)
         req = bundle.to_request(want_lse=want_lse, request_id=request_id,
                                 device=0 if device is None else device,
                                 compare_sync=compare_sync)
