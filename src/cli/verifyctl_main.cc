@@ -7,6 +7,7 @@
 
 #include "CLI/CLI.hpp"
 #include "src/cli/admin_commands.h"
+#include "src/cli/fleet_commands.h"
 #include "src/cli/replay_handoff.h"
 #include "src/common/admin_token.h"
 #include "src/common/build_version.h"
@@ -122,6 +123,9 @@ int main(int argc, char** argv) {
   rp->fallthrough(false);  // every argument after `replay` is verifyd-replay's
   rp->allow_extras();
 
+  FleetOptions fleet_opts;
+  auto* fleet = AddFleetCommands(&app, &fleet_opts);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -140,6 +144,7 @@ int main(int argc, char** argv) {
     g.admin_token = *token;
   }
   if (absl::Status st = LoadTls(&g); !st.ok()) return Fail(g, "tls", std::string(st.message()));
+  if (*fleet) return RunFleet(g, *fleet, fleet_opts);
   if (!*rp) {
     const bool data = static_cast<bool>(*s);
     if (absl::Status st = CheckAddress(data ? "--target" : "--admin", data ? g.target : g.admin);

@@ -6,50 +6,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "etcdserverpb/rpc.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 
 namespace verifyd::fleet {
-namespace {
-
-absl::Status FromGrpc(const grpc::Status& st, absl::string_view what) {
-  return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
-                      absl::StrCat(what, ": ", st.error_message()));
-}
-
-// Reconnects within a second of etcd coming back (gRPC's default backoff grows to minutes), and
-// notices a dead peer on an idle watch by keepalive pings (etcd permits one per 5 s).
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& endpoint) {
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-  return grpc::CreateCustomChannel(endpoint, grpc::InsecureChannelCredentials(), args);
-}
-
-}  // namespace
-
-absl::StatusOr<std::vector<std::string>> ParseEtcdEndpoints(absl::string_view list) {
-  std::vector<std::string> out;
-  for (absl::string_view e : absl::StrSplit(list, ',')) {
-    e = absl::StripAsciiWhitespace(e);
-    if (e.empty()) continue;
-    const size_t colon = e.rfind(':');
-    if (colon == absl::string_view::npos || colon == 0 || colon + 1 == e.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("fleet_etcd: '", e, "' is not host:port"));
-    }
-    out.emplace_back(e);
-  }
-  if (out.empty()) return absl::InvalidArgumentError("fleet_etcd: no endpoint given");
-  return out;
-}
-
 std::string NodeStatusJson(const std::string& node, const std::string& build,
                            const NodeState& state, const FollowerStatus& f,
                            const std::string& time) {
@@ -77,7 +39,7 @@ EtcdSource::EtcdSource(EtcdOptions opts, FleetFollower* follower, NodeStateFn no
       prefix_(absl::StripSuffix(opts_.prefix, "/")),
       follower_(follower),
       node_state_(std::move(node_state)) {
-  for (const std::string& e : opts_.endpoints) channels_.push_back(MakeChannel(e));
+  for (const std::string& e : opts_.endpoints) channels_.push_back(MakeEtcdChannel(e));
 }
 
 EtcdSource::~EtcdSource() {

@@ -17,8 +17,7 @@
 // canary fraction, gate (open or closed), the generations seen and acted on, the last outcome
 // and its detail (a refusal's reason), the source's state, build and time.
 //
-// The connection is plain gRPC without TLS or authentication: for an etcd on loopback or on a
-// cluster-internal network only.
+// The connection is plain gRPC without TLS or authentication (etcd_client.h).
 
 #include <atomic>
 #include <cstdint>
@@ -34,6 +33,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "src/fleet/etcd_client.h"
 #include "src/fleet/fleet_follower.h"
 
 namespace grpc {
@@ -61,9 +61,6 @@ struct NodeState {
   bool gate_open = false;
   std::string gate_reason;
 };
-
-// "host:port[,host:port...]": INVALID_ARGUMENT for an empty list or an entry without a port.
-absl::StatusOr<std::vector<std::string>> ParseEtcdEndpoints(absl::string_view list);
 
 // A node's status key's JSON (see above); `time` is RFC 3339.
 std::string NodeStatusJson(const std::string& node, const std::string& build,

@@ -19,6 +19,8 @@
 #include "src/channel/tap_layout.h"
 #include "src/control/state_store.h"
 #include "src/fleet/desired_state.h"
+#include "src/fleet/rollout.h"
+#include "src/fleet/rollout_plan.h"
 #include "src/io/bundle_file.h"
 #include "src/io/safetensors.h"
 #include "src/transport/vmm_fd_payload.h"
@@ -168,6 +170,34 @@ absl::Status DesiredState(const uint8_t* data, size_t size) {
     return absl::InternalError(absl::StrCat("canonical text changed: ", once, " -> ", twice));
   }
   (void)fleet::TargetFor(*s, "node-a");
+  return absl::OkStatus();
+}
+
+absl::Status RolloutPlan(const uint8_t* data, size_t size) {
+  absl::StatusOr<fleet::RolloutPlan> p =
+      fleet::ParseRolloutPlan(std::string_view(reinterpret_cast<const char*>(data), size));
+  if (!p.ok()) return p.status();
+  const std::string once = fleet::SerializeRolloutPlan(*p);
+  absl::StatusOr<fleet::RolloutPlan> again = fleet::ParseRolloutPlan(once);
+  if (!again.ok()) {
+    return absl::InternalError(absl::StrCat("canonical text refused: ", again.status().message()));
+  }
+  if (const std::string twice = fleet::SerializeRolloutPlan(*again); twice != once) {
+    return absl::InternalError(absl::StrCat("canonical text changed: ", once, " -> ", twice));
+  }
+  for (int i = -1; i < static_cast<int>(p->steps.size()); ++i) {
+    const fleet::DesiredState s = fleet::PlanState(*p, i, 1, p->name);
+    absl::StatusOr<fleet::DesiredState> read =
+        fleet::ParseDesiredState(fleet::SerializeDesiredState(s));
+    if (!read.ok()) {
+      return absl::InternalError(
+          absl::StrCat("step ", i, "'s desired state refused: ", read.status().message()));
+    }
+    if (fleet::StepOf(*p, *read) != i) {
+      return absl::InternalError(
+          absl::StrCat("step ", i, " reads back as step ", fleet::StepOf(*p, *read)));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -330,14 +360,9 @@ absl::Status VmmFds(const uint8_t* data, size_t size) {
 
 const std::vector<Target>& Targets() {
   static const std::vector<Target> targets = {
-      {"request", &Request},
-      {"safetensors", &Safetensors},
-      {"state", &State},
-      {"audit", &Audit},
-      {"desired_state", &DesiredState},
-      {"channel", &Channel},
-      {"doorbell", &Doorbell},
-      {"vmm_fds", &VmmFds},
+      {"request", &Request}, {"safetensors", &Safetensors},    {"state", &State},
+      {"audit", &Audit},     {"desired_state", &DesiredState}, {"rollout_plan", &RolloutPlan},
+      {"channel", &Channel}, {"doorbell", &Doorbell},          {"vmm_fds", &VmmFds},
       {"tap", &Tap},
   };
   return targets;

@@ -48,6 +48,11 @@ absl::Status Tap(const uint8_t* data, size_t size);
 // must serialize and parse back to the same text (INTERNAL when it does not).
 absl::Status DesiredState(const uint8_t* data, size_t size);
 
+// A rollout plan (src/fleet/rollout_plan.h) as `verifyctl fleet` reads its file: what parses must
+// serialize and parse back to the same text (INTERNAL when it does not), and every step of it
+// must make a desired state that a node parses.
+absl::Status RolloutPlan(const uint8_t* data, size_t size);
+
 struct Target {
   const char* name;  // the corpus directory: tests/fuzz/corpus/<name>, regressions/<name>
   absl::Status (*run)(const uint8_t*, size_t);

@@ -189,6 +189,17 @@ def main():
     write("desired_state", "custom_nodes",
           '{"generation":2,"mode":"custom","step":{"nodes":["node-a","node-b"]}}')
     write("desired_state", "bad_torn", '{"generation":4,"mode":"sha')
+    write("rollout_plan", "custom_three_steps",
+          '{"name":"r7","mode":"custom","build":"0123456789ab","stable_mode":"shadow",'
+          '"steps":[0.125,0.25,1.0],"step_duration_s":300,"analysis_interval_s":30,'
+          '"settle_timeout_s":120,"prometheus":"http://prometheus:9090","queries":['
+          '{"name":"breach_rate","query":"sum(rate(verifyd_comparisons_total[5m]))","max":0.001},'
+          '{"name":"up","query":"count(up)","min":1}]}')
+    write("rollout_plan", "canary",
+          '{"name":"c","mode":"canary","canary_fraction":0.05,"steps":[1],"step_duration_s":1,'
+          '"analysis_interval_s":0.5,"queries":[{"name":"a","query":"vector(0)","min":0,"max":0}]}')
+    write("rollout_plan", "bad_steps",
+          '{"name":"r","mode":"custom","steps":[0.5,0.25],"step_duration_s":1}')
 
 
 if __name__ == "__main__":

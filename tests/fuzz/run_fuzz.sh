@@ -2,8 +2,8 @@
 # Builds the libFuzzer targets with clang under ASan/UBSan into their own build directory and runs
 # each one for a bounded time, starting from the seed corpus and the kept crashing inputs.
 #   FUZZ_SECONDS   seconds per target (default 60)
-#   FUZZ_TARGETS   which targets (default: request safetensors state audit desired_state channel doorbell vmm_fds
-#                  tap)
+#   FUZZ_TARGETS   which targets (default: request safetensors state audit desired_state
+#                  rollout_plan channel doorbell vmm_fds tap)
 #   FUZZ_BUILD_DIR build directory (default: build-fuzz next to the sources)
 #   FUZZ_JOBS      targets run at once (default: one per core)
 # Fails when a target crashes, leaks, hits UB or a timeout; the input that did it is written to
@@ -13,7 +13,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${FUZZ_BUILD_DIR:-$root/build-fuzz}
 seconds=${FUZZ_SECONDS:-60}
-targets=${FUZZ_TARGETS:-request safetensors state audit desired_state channel doorbell vmm_fds tap}
+targets=${FUZZ_TARGETS:-request safetensors state audit desired_state rollout_plan channel doorbell vmm_fds tap}
 clang=${FUZZ_CXX:-clang++-14}
 command -v "$clang" >/dev/null || { echo "run_fuzz.sh: $clang not found (apt-get install clang-14 libclang-rt-14-dev)" >&2; exit 1; }
 

@@ -1,0 +1,76 @@
+#pragma once
+// The rollout controller behind `verifyctl fleet`: reads the fleet from etcd (PREFIX/desired and
+// the nodes' status keys PREFIX/nodes/NODE), writes the desired state of each action with a new
+// generation, and runs a plan step by step with its analysis (rollout_plan.h).
+//
+//   promote  the plan's next step (the first from any other state)
+//   undo     the step before the current one (from the first: the stable state)
+//   abort    the stable state on every node (the rollback)
+//   run      from the current step (written anew, so that every node acts on it again) to the
+//            last: each step waits until every node acted on its generation, then evaluates the
+//            analysis every interval for the step's duration. A node that refused (once every
+//            node acted) or did not act in time holds the rollout at its step; a query outside its
+//            bounds (or that cannot be evaluated) aborts the rollout.
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "src/fleet/desired_state.h"
+#include "src/fleet/etcd_client.h"
+#include "src/fleet/rollout.h"
+#include "src/fleet/rollout_plan.h"
+
+namespace verifyd::fleet {
+
+struct FleetView {
+  std::optional<DesiredState> desired;
+  std::string desired_error;  // a PREFIX/desired that does not parse
+  int64_t desired_revision = 0;
+  std::vector<NodeReport> nodes;
+  std::vector<std::string> unreadable;  // "KEY: why", status keys that do not parse
+};
+
+struct RunResult {
+  enum class Outcome { kComplete, kHeld, kRolledBack } outcome = Outcome::kComplete;
+  int step = -1;       // the step reached (held at, or rolled back from)
+  std::string detail;  // why it held, or the failing query and its value
+};
+const char* OutcomeName(RunResult::Outcome o);
+
+class RolloutController {
+ public:
+  // `say` gets one line per event of a run (a step written, nodes acted, each analysis round).
+  RolloutController(EtcdKv* kv, std::string prefix, std::function<void(const std::string&)> say);
+
+  absl::StatusOr<FleetView> Read();
+  // Writes step `index` of `plan` (-1: the stable state) with the next generation, unless the
+  // desired state changed since `view` was read (ABORTED).
+  absl::StatusOr<DesiredState> Write(const FleetView& view, const RolloutPlan& plan, int index,
+                                     const std::string& reason);
+
+  absl::StatusOr<DesiredState> Promote(const RolloutPlan& plan);
+  absl::StatusOr<DesiredState> Undo(const RolloutPlan& plan);
+  // `plan` may be absent: the stable mode is then the current desired state's (else shadow).
+  absl::StatusOr<DesiredState> Abort(const std::optional<RolloutPlan>& plan,
+                                     const std::string& why);
+  // An error only when etcd fails; a held or rolled back rollout is a result.
+  absl::StatusOr<RunResult> Run(const RolloutPlan& plan, const std::string& prometheus);
+
+ private:
+  // Waits until every node acted on `desired`: OK when none refused it, else FAILED_PRECONDITION
+  // naming each refusal; FAILED_PRECONDITION naming the late nodes once settle_timeout passed.
+  absl::Status Settle(const RolloutPlan& plan, const DesiredState& desired);
+  // Every query once; the failing ones' details (empty: all passed).
+  std::vector<std::string> Analyze(const RolloutPlan& plan, const std::string& prometheus);
+
+  EtcdKv* const kv_;
+  const std::string prefix_;  // without a trailing '/'
+  const std::function<void(const std::string&)> say_;
+};
+
+}  // namespace verifyd::fleet
