@@ -24,7 +24,7 @@ struct BundleView {
   const int32_t* kv_lens = nullptr;     // [B]
   const uint8_t* tree_mask = nullptr;   // [B, T, T] bytes or [B, T, ceil(T/8)] bits
   float sm_scale = 0.f;
-  float kv_scale = 1.f;      // an e4m3 pool's scale; 1 for a bf16 pool
+  float kv_scale = 1.f;  // an e4m3 pool's scale; 1 for a bf16 pool
   // The reference and custom paths multiply o by this before they round it: an e4m3 pool's
   // kv_scale, moved out of the pool by DequantizedBundle. 1 in every other view.
   float o_scale = 1.f;

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
+#include "src/fleet/json_fields.h"
 
 namespace verifyd::fleet {
 namespace {
@@ -17,13 +18,7 @@ absl::Status Bad(absl::string_view field, absl::string_view why) {
 }
 
 absl::StatusOr<Mode> ModeField(const Json& j, absl::string_view field) {
-  if (!j.is_string()) return Bad(field, "must be a mode name (reference, shadow, canary, custom)");
-  std::optional<Mode> m = ParseMode(j.get<std::string>());
-  if (!m) {
-    return Bad(field, absl::StrCat("'", j.get<std::string>(),
-                                   "' is not a mode (reference, shadow, canary, custom)"));
-  }
-  return *m;
+  return ModeFromJson(j, field);
 }
 
 absl::StatusOr<double> FractionField(const Json& j, absl::string_view field, bool zero_ok) {
