@@ -245,27 +245,28 @@ def check_call(q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale,
     page_size = pool_shape[1]
     if not (1 <= page_size <= MAX_PAGE_SIZE and page_size & (page_size - 1) == 0):
         _fail(f"kv_pool: page_size {page_size} is not a power of two in [1, {MAX_PAGE_SIZE}]")
-    try:
-        scale = float(sm_scale)
-    except (TypeError, ValueError):
-        _fail(f"sm_scale: {sm_scale!r} is not a number")
-    if not (math.isfinite(scale) and scale > 0):
-        _fail(f"sm_scale: {scale} must be finite and > 0")
+    scale = _positive("sm_scale", sm_scale)
     kv_dtype = tensors.kv_dtype_of("kv_pool", kv_pool)
     kscale = 1.0
     if kv_scale is not None:
-        try:
-            kscale = float(kv_scale)
-        except (TypeError, ValueError):
-            _fail(f"kv_scale: {kv_scale!r} is not a number")
-        if not (math.isfinite(kscale) and kscale > 0):
-            _fail(f"kv_scale: {kscale} must be finite and > 0")
+        kscale = _positive("kv_scale", kv_scale)
         if kv_dtype == tensors.KV_BF16 and kscale != 1.0:
             _fail(f"kv_scale: {kscale} is for an e4m3 pool; a bf16 kv_pool takes none (or 1)")
     _check_metadata(indptr, indices, lens, mask, fmt, batch, draft, page_size, pool_shape[0])
     return Bundle(q=q, kv_pool=kv_pool, kv_indptr=indptr, kv_indices=indices, kv_lens=lens,
                   tree_mask=mask, mask_format=fmt, sm_scale=scale, batch=batch, draft=draft,
                   heads=heads, kv_dtype=kv_dtype, kv_scale=kscale)
+
+
+def _positive(name, x):
+    """``x`` as a float that is finite and > 0, else the daemon's error naming ``name``."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        _fail(f"{name}: {x!r} is not a number")
+    if not (math.isfinite(v) and v > 0):
+        _fail(f"{name}: {v} must be finite and > 0")
+    return v
 
 
 def _compact(kv_pool, indptr, indices, lens, page_size):
