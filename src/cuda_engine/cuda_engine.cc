@@ -9,6 +9,7 @@
 #include "kernels/custom/custom_plan.h"
 #include "kernels/reference/compare_kernels.h"
 #include "kernels/reference/finite_check_kernels.h"
+#include "kernels/reference/kv_dequantize_kernels.h"
 #include "kernels/reference/oracle_kernel.h"
 #include "kernels/reference/output_fault_kernels.h"
 #include "kernels/reference/page_gather_kernels.h"
@@ -53,6 +54,13 @@ class ScopedWorkspace {
   size_t bytes_ = 0;
 };
 
+// An e4m3 pool's scale onto a path's bf16 o (CudaPreparedBundle::o_scale): after the kernels,
+// which read the pool's values unscaled.
+absl::Status ScaleOutput(CudaPreparedBundle& b, uint16_t* o, cudaStream_t s, const char* where) {
+  if (b.o_scale() == 1.f) return absl::OkStatus();
+  return b.worker().Check(kernels::LaunchScaleBf16(o, b.o_elems(), b.o_scale(), s), where);
+}
+
 absl::Status RunReference(CudaPreparedBundle& b) {
   DeviceWorker& w = b.worker();
   Lane& lane = b.lane();
@@ -70,6 +78,7 @@ absl::Status RunReference(CudaPreparedBundle& b) {
     VERIFYD_RETURN_IF_ERROR(w.Check(cudaEventRecord(out.start, s), where));
     VERIFYD_RETURN_IF_ERROR(
         w.Check(kernels::LaunchReference(p, ws.get(), ws.bytes(), lane.blas, s), where));
+    VERIFYD_RETURN_IF_ERROR(ScaleOutput(b, p.o, s, where));
     VERIFYD_RETURN_IF_ERROR(w.Check(cudaEventRecord(out.done, s), where));
   }
   b.MarkRan(Path::kReference);
@@ -89,6 +98,7 @@ absl::Status LaunchCustomPath(CudaPreparedBundle& b, const kernels::CustomConfig
   VERIFYD_RETURN_IF_ERROR(w.Check(cudaEventRecord(out.start, s), where));
   VERIFYD_RETURN_IF_ERROR(
       w.Check(kernels::LaunchCustom(p, config, ws.get(), ws.bytes(), s), where));
+  VERIFYD_RETURN_IF_ERROR(ScaleOutput(b, p.o, s, where));
   const int64_t n = b.o_elems();
   if (fault.kind == CustomFault::Kind::kPerturb) {
     VERIFYD_RETURN_IF_ERROR(
@@ -128,6 +138,10 @@ absl::Status RunOracle(CudaPreparedBundle& b) {
   absl::Status st = w.Check(cudaEventRecord(out.start, s), where);
   if (st.ok()) {
     st = w.Check(kernels::LaunchOracle(b.problem(), static_cast<float*>(out.o), out.lse, s), where);
+  }
+  if (st.ok() && b.o_scale() != 1.f) {
+    st = w.Check(kernels::LaunchScaleF32(static_cast<float*>(out.o), b.o_elems(), b.o_scale(), s),
+                 where);
   }
   if (st.ok()) st = w.Check(cudaEventRecord(out.done, s), where);
   if (absl::Status rec = b.RecordShadowUse(); st.ok()) st = rec;
@@ -319,11 +333,6 @@ absl::StatusOr<std::shared_ptr<PreparedBundle>> CudaEngine::PrepareOn(int device
           "device: the bundle's CUDA IPC tensors are on device ", d, ", not ", device_index));
     }
   }
-  if (bundle.shape.kv_dtype != kernels::KvDtype::kBf16) {
-    return absl::UnimplementedError(absl::StrCat(
-        "kv_pool: the CUDA engine reads bf16 pools only, this one is ",
-        kernels::KvDtypeName(bundle.shape.kv_dtype), " (the CPU engine, --engine=cpu, reads it)"));
-  }
   // Page ids checked on the device are checked as they are copied for a pool read there.
   if (bundle.indices_device >= 0 && bundle.kv_pool_device < 0) {
     return absl::InvalidArgumentError(
@@ -340,10 +349,11 @@ absl::StatusOr<std::shared_ptr<const OwnedBundle>> CudaEngine::FetchInputs(Prepa
   auto& b = static_cast<CudaPreparedBundle&>(pb);
   DeviceWorker& w = b.worker();
   VERIFYD_RETURN_IF_ERROR(w.Activate());
-  const kernels::VerifyProblem& p = b.problem();
+  const kernels::VerifyProblem& p = b.sent();  // an e4m3 pool as e4m3
   BundleView v;
   v.shape = p.shape;
   v.sm_scale = p.sm_scale;
+  v.kv_scale = b.kv_scale();
   v.max_kv_len = p.max_kv_len;
   v.total_kv_len = p.total_kv_len;
   // A pool read in place is the client's whole pool: the capture takes the named pages only.
@@ -356,11 +366,10 @@ absl::StatusOr<std::shared_ptr<const OwnedBundle>> CudaEngine::FetchInputs(Prepa
   const void* pool = p.kv_pool;
   ScopedWorkspace gathered(s);
   if (b.pool_in_place()) {
-    VERIFYD_RETURN_IF_ERROR(gathered.Allocate(w, o.kv_elems() * 2, where));
+    VERIFYD_RETURN_IF_ERROR(gathered.Allocate(w, o.kv_bytes(), where));
     VERIFYD_RETURN_IF_ERROR(
         w.Check(kernels::LaunchGatherPages(p.kv_pool, p.kv_indices, p.shape.num_indices,
-                                           int64_t{p.shape.page_size} * kernels::kHeadDimQK * 2,
-                                           gathered.get(), s),
+                                           o.page_bytes(), gathered.get(), s),
                 where));
     pool = gathered.get();
   }
@@ -369,7 +378,7 @@ absl::StatusOr<std::shared_ptr<const OwnedBundle>> CudaEngine::FetchInputs(Prepa
                       : w.Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s), where);
   };
   VERIFYD_RETURN_IF_ERROR(d2h(owned->mutable_q(), p.q, o.q_elems() * 2));
-  VERIFYD_RETURN_IF_ERROR(d2h(owned->mutable_kv_pool(), pool, o.kv_elems() * 2));
+  VERIFYD_RETURN_IF_ERROR(d2h(owned->mutable_kv_pool(), pool, o.kv_bytes()));
   VERIFYD_RETURN_IF_ERROR(d2h(owned->mutable_kv_indptr(), p.kv_indptr, (o.shape.batch + 1) * 4));
   VERIFYD_RETURN_IF_ERROR(d2h(owned->mutable_kv_indices(), p.kv_indices, o.shape.num_indices * 4));
   VERIFYD_RETURN_IF_ERROR(d2h(owned->mutable_kv_lens(), p.kv_lens, o.shape.batch * 4));

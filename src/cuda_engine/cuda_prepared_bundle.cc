@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/reference/input_check_kernels.h"
+#include "kernels/reference/kv_dequantize_kernels.h"
 #include "kernels/reference/page_gather_kernels.h"
 #include "src/common/status_macros.h"
 
@@ -74,7 +75,7 @@ void PlanUpload(const BundleView& v, bool detach, Group group, UploadPlan* plan)
   const auto& s = v.shape;
   UploadPlan& u = *plan;
   u.group = group;
-  u.page_bytes = size_t(s.page_size) * kernels::kHeadDimQK * 2;
+  u.page_bytes = size_t(v.page_bytes());
   u.n_idx = size_t(s.num_indices);
   // In place: q and the pool are read where the client keeps them (a CUDA IPC region), for a
   // call that is over before the client may change them. Work after the response (detach) reads
@@ -108,7 +109,7 @@ void PlanUpload(const BundleView& v, bool detach, Group group, UploadPlan* plan)
   if (!u.pool_in_place) {
     pieces[kPool] = u.compact
                         ? Piece{u.gather_on_device ? nullptr : v.kv_pool, u.n_idx * u.page_bytes}
-                        : Piece{u.pool_direct ? nullptr : v.kv_pool, size_t(v.kv_elems()) * 2};
+                        : Piece{u.pool_direct ? nullptr : v.kv_pool, size_t(v.kv_bytes())};
   }
   pieces[kIndptr] = {v.kv_indptr, size_t(s.batch + 1) * 4};
   pieces[kIndices] = {u.compact ? u.renumbered.data() : v.kv_indices, u.n_idx * 4};
@@ -276,6 +277,7 @@ CudaPreparedBundle::CudaPreparedBundle(DeviceWorker& worker, Lane& lane, const B
       lse_elems_(v.lse_elems()) {
   problem_.shape = v.shape;
   problem_.sm_scale = v.sm_scale;
+  kv_scale_ = v.kv_scale;
   problem_.max_kv_len = v.max_kv_len;
   problem_.total_kv_len = v.total_kv_len;
 }
@@ -332,7 +334,42 @@ absl::Status CudaPreparedBundle::Upload(const BundleView& v, bool detach) {
                         ? Send(v, worker_, lane_, &plan, &inputs_, inputs_ready_, nullptr)
                         : absl::OkStatus();
   PointProblemAt(plan, v, &problem_);
+  if (st.ok() && v.shape.kv_dtype == kernels::KvDtype::kE4m3) st = Dequantize();
   return st;
+}
+
+absl::Status CudaPreparedBundle::Dequantize() {
+  const char* where = "dequantising the e4m3 KV pages";
+  sent_ = problem_;
+  const int64_t n = problem_.shape.num_indices;
+  const int64_t page_elems = int64_t{problem_.shape.page_size} * kernels::kHeadDimQK;
+  const size_t pool_bytes = AlignUp(size_t(n * page_elems) * 2);
+  VERIFYD_RETURN_IF_ERROR(
+      worker_.Check(cudaMallocFromPoolAsync(&dequantized_, pool_bytes + size_t(n) * 4 + 4,
+                                            worker_.pool(), lane_.served),
+                    where));
+  auto* pool = static_cast<uint16_t*>(dequantized_);
+  auto* ids = reinterpret_cast<int32_t*>(static_cast<char*>(dequantized_) + pool_bytes);
+  // After the upload on the same stream; page ids past the pool read nothing (and the device's
+  // input checks refuse the call).
+  VERIFYD_RETURN_IF_ERROR(worker_.Check(
+      kernels::LaunchDequantizeE4m3Pages(reinterpret_cast<const uint8_t*>(sent_.kv_pool),
+                                         sent_.kv_indices, n, sent_.shape.num_pages, page_elems,
+                                         pool, ids, lane_.served),
+      where));
+  problem_.kv_pool = pool;
+  problem_.kv_indices = ids;
+  problem_.shape.num_pages = n;
+  problem_.shape.kv_dtype = kernels::KvDtype::kBf16;
+  problem_.sm_scale = sent_.sm_scale * kv_scale_;  // ValidateBundle: finite and > 0
+  o_scale_ = kv_scale_;
+  // The paths wait for the pages, not only for the copies before them.
+  if (!owns_inputs_ready_) {
+    VERIFYD_RETURN_IF_ERROR(TakeEvent(worker_, lane_, &inputs_ready_));
+    owns_inputs_ready_ = true;
+  }
+  inputs_done_ = false;
+  return worker_.Check(cudaEventRecord(inputs_ready_, lane_.served), where);
 }
 
 absl::Status CudaPreparedBundle::AwaitInputsOn(cudaStream_t s, absl::string_view where) {
@@ -405,6 +442,7 @@ CudaPreparedBundle::~CudaPreparedBundle() {
     lane_.events.Give(EventPool::Kind::kTiming, p.done);
   }
   if (inputs_ != nullptr) cudaFreeAsync(inputs_, lane_.served);
+  if (dequantized_ != nullptr) cudaFreeAsync(dequantized_, lane_.served);
   if (owns_inputs_ready_) lane_.events.Give(EventPool::Kind::kOrdering, inputs_ready_);
   lane_.events.Give(EventPool::Kind::kOrdering, shadow_last_);
   cudaGetLastError();  // nothing to report from a destructor

@@ -37,8 +37,17 @@ class CudaPreparedBundle : public PreparedBundle {
 
   DeviceWorker& worker() const { return worker_; }
   Lane& lane() const { return lane_; }
-  // Device pointers of the inputs; o and lse are left null for each path to fill in.
+  // Device pointers of the inputs; o and lse are left null for each path to fill in. The pool is
+  // bf16: an e4m3 pool's named pages are dequantised on the device after the upload, into a
+  // compact bf16 pool of their exact values, with the scale on sm_scale and on o (o_scale()).
   const kernels::VerifyProblem& problem() const { return problem_; }
+  // Each path multiplies its o by this (an e4m3 pool's kv_scale; 1 for a bf16 pool).
+  float o_scale() const { return o_scale_; }
+  // The inputs as the call sent them: problem() but for an e4m3 pool, which this keeps as e4m3
+  // (kv_pool then points at e4m3 bytes, shape.kv_dtype says so; its scale is kv_scale()). What a
+  // capture writes out.
+  const kernels::VerifyProblem& sent() const { return dequantized_ ? sent_ : problem_; }
+  float kv_scale() const { return kv_scale_; }
   cudaEvent_t inputs_ready() const { return inputs_ready_; }
   // Makes `s`'s later work wait for the inputs (none when they are known to be there already: a
   // layout read earlier, and nothing else to copy).
@@ -74,7 +83,12 @@ class CudaPreparedBundle : public PreparedBundle {
 
   DeviceWorker& worker_;
   Lane& lane_;
-  kernels::VerifyProblem problem_;
+  // The bf16 pages of an e4m3 pool, and their page ids 0, 1, ... (problem_ points at them).
+  absl::Status Dequantize();
+
+  kernels::VerifyProblem problem_, sent_;
+  float kv_scale_ = 1.f, o_scale_ = 1.f;
+  void* dequantized_ = nullptr;
   int64_t o_elems_ = 0, lse_elems_ = 0;
   void* inputs_ = nullptr;
   cudaEvent_t inputs_ready_ = nullptr;

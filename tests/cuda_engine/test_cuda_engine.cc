@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kernels/e4m3.h"
 #include "src/bundle/random_bundle.h"
 #include "src/bundle/validate.h"
 #include "src/common/bf16.h"
@@ -331,23 +332,72 @@ TEST(CudaEngine, InfoNamesTheDevice) {
               info.compute_capability.c_str(), VisibleCudaDevices());
 }
 
-// An e4m3 pool is the CPU engine's for now: refused by name, with nothing launched.
-TEST(CudaEngine, RefusesAnE4m3PoolNamingIt) {
+// An e4m3 pool: the named pages dequantised on the device, the scale on the logits and on o. Every
+// path matches the fp64 oracle of the e4m3 values (the CPU engine's, which reads e4m3 x
+// kv_scale), at a scale of 1 and at scales that are not powers of two; a capture of the call
+// keeps the e4m3 bytes and the scale.
+TEST(CudaEngine, AnE4m3PoolMatchesTheOracleOfItsValues) {
   REQUIRE_GPU_ENGINE();
-  RandomBundleSpec s;
-  s.draft = 3;
-  s.prefix = 10;
-  s.seed = 6;
-  RandomBundle rb(s);
-  std::vector<uint8_t> e4m3(rb.kv_pool.size(), 0x38);
-  BundleView v = rb.view();
-  v.kv_pool = e4m3.data();
-  v.shape.kv_dtype = kernels::KvDtype::kE4m3;
-  ASSERT_TRUE(ValidateBundle(v).ok());
-  auto pb = Gpu()->Prepare(v, false);
-  ASSERT_FALSE(pb.ok());
-  EXPECT_EQ(pb.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_EQ(std::string(pb.status().message()).rfind("kv_pool: ", 0), 0u) << pb.status();
+  auto cpu = MakeCpuEngine(2);
+  for (float scale : {1.f, 0.37f, 3.1f}) {
+    for (int page : {1, 64}) {
+      RandomBundleSpec s;
+      s.batch = 3;
+      s.draft = 7;
+      s.heads = 16;
+      s.page_size = page;
+      s.prefix_lens = {130, 0, 1000};
+      s.traffic = Traffic::kRealistic;
+      s.seed = 40 + page;
+      RandomBundle rb(s);
+      std::vector<uint8_t> e4m3(rb.kv_pool.size());
+      for (size_t i = 0; i < e4m3.size(); ++i) {
+        e4m3[i] = kernels::FloatToE4m3(Bf16ToFloat(rb.kv_pool[i]) / scale);
+      }
+      BundleView v = rb.view();
+      v.kv_pool = e4m3.data();
+      v.shape.kv_dtype = kernels::KvDtype::kE4m3;
+      v.kv_scale = scale;
+      ASSERT_TRUE(ValidateBundle(v).ok());
+      const std::string what = absl::StrCat("scale ", scale, " page ", page);
+      auto want = cpu->Prepare(v, false);
+      ASSERT_TRUE(want.ok()) << want.status();
+      ASSERT_TRUE(cpu->Run(Path::kOracle, **want).ok());
+      PathOutput oracle;
+      ASSERT_TRUE(cpu->Fetch(Path::kOracle, **want, &oracle).ok());
+      auto pb = Gpu()->Prepare(v, /*detach=*/true);
+      ASSERT_TRUE(pb.ok()) << what << ": " << pb.status();
+      for (Path p : {Path::kReference, Path::kCustom, Path::kOracle}) {
+        ASSERT_TRUE(Gpu()->Run(p, **pb).ok()) << what << " " << PathName(p);
+        PathOutput got;
+        ASSERT_TRUE(Gpu()->Fetch(p, **pb, &got).ok()) << what << " " << PathName(p);
+        const DiffStats d =
+            p == Path::kOracle
+                ? CompareF32(got.o_f32.data(), oracle.o_f32.data(), v.o_elems(), got.lse.data(),
+                             oracle.lse.data(), v.lse_elems(), Tolerance{})
+                : CompareBf16ToF32(got.o.data(), oracle.o_f32.data(), v.o_elems(), got.lse.data(),
+                                   oracle.lse.data(), v.lse_elems(), Tolerance{});
+        const Verdict verdict = Judge(d, Tolerance{});
+        EXPECT_TRUE(verdict.match) << what << " " << PathName(p) << ": " << verdict.reason;
+        EXPECT_LT(d.rel_l2, p == Path::kOracle ? 1e-5 : 1e-2) << what << " " << PathName(p);
+        EXPECT_LT(d.lse_max_abs, 1e-3) << what << " " << PathName(p);
+      }
+      auto inputs = Gpu()->FetchInputs(**pb);
+      ASSERT_TRUE(inputs.ok()) << inputs.status();
+      const BundleView& c = (*inputs)->view();
+      EXPECT_EQ(c.shape.kv_dtype, kernels::KvDtype::kE4m3) << what;
+      EXPECT_EQ(c.kv_scale, scale) << what;
+      EXPECT_EQ(c.sm_scale, v.sm_scale) << what;
+      for (int b = 0; b < c.shape.batch; ++b) {
+        for (int64_t t = 0; t < c.kv_lens[b]; t += 37) {
+          float x[kernels::kHeadDimQK], y[kernels::kHeadDimQK];
+          v.KvRowFloat(b, t, kernels::kHeadDimQK, x);
+          c.KvRowFloat(b, t, kernels::kHeadDimQK, y);
+          ASSERT_EQ(std::memcmp(x, y, sizeof x), 0) << what << " request " << b << " token " << t;
+        }
+      }
+    }
+  }
 }
 
 TEST(CudaEngine, RefusesUnvalidatedBundlesAndPathsThatHaveNotRun) {
