@@ -49,7 +49,7 @@ read -r -a libs <<<"$(pkg-config --libs absl_strings absl_str_format absl_status
   absl_statusor absl_synchronization tbb fmt)"
 
 # Everything but the custom path is compiled once.
-sources=(src/compare/compare.cc src/bundle/bundle.cc src/bundle/validate.cc
+sources=(src/compare/compare.cc src/bundle/bundle.cc src/bundle/dequantized_bundle.cc src/bundle/validate.cc
          src/bundle/random_bundle.cc kernels/verify_problem.cc src/cpu_engine/cpu_oracle.cc
          src/cpu_engine/cpu_reference.cc src/cpu_engine/cpu_engine.cc src/engine/engine.cc
          src/engine/engine_factory.cc
