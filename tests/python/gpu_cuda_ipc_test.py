@@ -25,6 +25,9 @@ Checks, each reported PASS/FAIL with its reason:
   errors      a device mismatch and an unregistered region are refused naming the field
   hazard      shadow mode: after each response q and the pool pages the call read are
               overwritten with garbage; the comparisons of those calls must show 0 breaches
+  fp8         an e4m3 pool (torch.float8_e4m3fn) named in place, at scales 1 and 0.37: o within
+              bf16 tolerance of the fp64 oracle of e4m3 x kv_scale, lse within 1e-3, and at
+              scale 1 bit for bit the inline call with the same values as a bf16 pool
   sglang      the SGLang target-verify adapter with torch CUDA tensors vs an independent torch
               implementation, and vs the inline transport bit for bit
   cleanup     close() leaves no region of the client registered
@@ -74,10 +77,11 @@ try:
     import torch
 except ImportError as e:
     setup_fail(f"{e}")
-from random_bundles import random_bundle  # noqa: E402
+from random_bundles import oracle, random_bundle, rel_l2  # noqa: E402
 from sglang_reference import extend_attention_torch, random_target_verify  # noqa: E402
 from verifyd_client import (AdminClient, InvalidBundleError, VerifyClient,  # noqa: E402
-                            VerifydError, sglang_target_verify)
+                            VerifydError, from_bf16, from_e4m3, sglang_target_verify, to_bf16,
+                            to_e4m3)
 from verifyd_client import cuda_driver  # noqa: E402
 
 RESULTS = []
@@ -230,6 +234,33 @@ def check_equal(args, device):
               f"{[(r['name'], r['byte_size'], r['calls']) for r in regions]}")
         expect(all(r["kind"] == "cuda_ipc" and r["device"] == device.index for r in regions),
                f"unexpected regions {regions}")
+
+
+@check("fp8")
+def check_fp8(args, device):
+    rng = np.random.default_rng(53)
+    with VerifyClient(args.data, timeout=120) as inline, \
+            VerifyClient(args.data, timeout=120, transport="cuda_ipc") as c:
+        for i, shape in enumerate(SHAPES[1:3]):
+            for scale in (1.0, 0.37):
+                b = random_bundle(rng, **shape)
+                e4m3 = to_e4m3(from_bf16(b["kv_pool"]) / np.float32(scale))
+                fb = dict(b, kv_pool=e4m3, kv_scale=scale)
+                want_o, want_lse = oracle(fb)
+                tb = dict(torch_bundle(b, device), kv_scale=scale,
+                          kv_pool=torch.from_numpy(e4m3).to(device).view(torch.float8_e4m3fn))
+                got = c.verify(**tb, want_lse=True)
+                o = from_bf16(o_bits(got.o)).astype(np.float64)
+                err = rel_l2(o, want_o)
+                expect(err < 4e-3, f"shape {i} scale {scale}: rel-L2 {err:.2e} vs the oracle")
+                lse_err = float(np.nanmax(np.abs(got.lse.cpu().numpy() - want_lse)))
+                expect(lse_err < 1e-3, f"shape {i} scale {scale}: lse off by {lse_err:.2e}")
+                if scale == 1.0:
+                    as_bf16 = dict(b, kv_pool=to_bf16(from_e4m3(e4m3)))
+                    assert_same(got, inline.verify(**as_bf16, want_lse=True, compact=False,
+                                                   device=device.index),
+                                f"shape {i} e4m3 at scale 1 vs bf16")
+                print(f"  shape {i} scale {scale}: rel-L2 {err:.2e}, lse {lse_err:.1e}")
 
 
 @check("errors")
@@ -405,6 +436,7 @@ def main():
     check_handle(device)
     check_equal(args, device)
     check_errors(args, device)
+    check_fp8(args, device)
     check_hazard(args, device)
     check_sglang(args, device)
     check_cleanup(args, device)

@@ -316,9 +316,9 @@ class CudaIpcTransport(Transport):
         return None
 
     def register_kv_pool(self, pool):
-        """Registers the allocation holding ``pool`` (CUDA bf16 [num_pages, page_size, 576],
-        contiguous) and returns ``pool``; calls name it in place."""
-        _cuda_bf16("kv_pool", pool)
+        """Registers the allocation holding ``pool`` (CUDA bf16 or float8_e4m3fn
+        [num_pages, page_size, 576], contiguous) and returns ``pool``; calls name it in place."""
+        _cuda_pool(pool)
         if len(pool.shape) != 3 or int(pool.shape[2]) != HEAD_DIM_QK:
             raise InvalidBundleError(f"kv_pool: shape {list(pool.shape)}, expected "
                                      f"[num_pages, page_size, {HEAD_DIM_QK}]")
@@ -350,7 +350,7 @@ class CudaIpcTransport(Transport):
                request_id, compact, device, compare_sync, mask_format, kv_scale=None):
         torch = _torch()
         _cuda_bf16("q", q)
-        _cuda_bf16("kv_pool", kv_pool)
+        _cuda_pool(kv_pool)
         dev = q.device
         if kv_pool.device != dev:
             raise InvalidBundleError(f"kv_pool: on {kv_pool.device}, q on {dev}; verifyd reads "
@@ -384,7 +384,8 @@ class CudaIpcTransport(Transport):
                 torch.cuda.current_stream(dev).synchronize()
             refs = {
                 "q": _ref(q_at, types_pb2.DTYPE_BF16, q.shape),
-                "kv_pool": _ref(pool_at, types_pb2.DTYPE_BF16, kv_pool.shape),
+                "kv_pool": _ref(pool_at, (types_pb2.DTYPE_F8E4M3 if b.kv_dtype == tensors.KV_E4M3
+                                          else types_pb2.DTYPE_BF16), kv_pool.shape),
                 "o_out": ref("cuda_ipc", slot.region, slot.offset + o_at[0],
                              types_pb2.DTYPE_BF16, o_shape),
             }
@@ -424,11 +425,21 @@ def _check_pool_offset(pool):
                                  f"place with {OFFSET_GRID}-byte loads")
 
 
+def _cuda_pool(x):
+    """A KV pool as cuda_ipc names it: a CUDA tensor of bf16, or of e4m3 (with kv_scale)."""
+    _cuda_tensor("kv_pool", x, ("bfloat16", "float8_e4m3fn"))
+
+
 def _cuda_bf16(name, x):
+    _cuda_tensor(name, x, ("bfloat16",))
+
+
+def _cuda_tensor(name, x, dtypes):
     torch = _torch()
     if not (tensors.is_torch(x) and x.is_cuda):
         raise InvalidBundleError(f"{name}: transport cuda_ipc needs a torch CUDA tensor, not "
                                  f"{type(x).__name__}" + ("" if not tensors.is_torch(x) else
                                                           f" on {x.device}"))
-    if x.dtype != torch.bfloat16:
-        raise InvalidBundleError(f"{name}: dtype {x.dtype}, expected torch.bfloat16")
+    if x.dtype not in tuple(getattr(torch, d) for d in dtypes):
+        raise InvalidBundleError(f"{name}: dtype {x.dtype}, expected "
+                                 + " or ".join(f"torch.{d}" for d in dtypes))
