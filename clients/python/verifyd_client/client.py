@@ -90,8 +90,7 @@ class VerifyClient(ChannelClient):
                mask_format=None, kv_scale=None):
         """One Verify call; see bundle.make_bundle for the tensors and what ``compact`` does.
 
-        kv_scale: an e4m3 pool's scale (its values are e4m3 x kv_scale; None: 1). e4m3 pools go
-        inline or through shm (cuda_ipc takes bf16 pools only).
+        kv_scale: an e4m3 pool's scale (its values are e4m3 x kv_scale; None: 1).
 
         device: the GPU worker (default 0; with cuda_ipc, q's device). A kv_pool registered
         with ``register_kv_pool`` is named whole and in place, never compacted.
