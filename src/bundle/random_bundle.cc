@@ -6,6 +6,7 @@
 #include <random>
 #include <utility>
 
+#include "kernels/e4m3.h"
 #include "src/common/bf16.h"
 
 namespace verifyd {
@@ -190,6 +191,15 @@ RandomBundle::RandomBundle(const RandomBundleSpec& spec) : spec_(spec) {
   view_.total_kv_len = std::accumulate(kv_lens.begin(), kv_lens.end(), int64_t{0});
   if (spec.traffic == Traffic::kRealistic) {
     FillRealisticQueries(view_, parents, spec.seed, q.data());
+  }
+  if (spec.kv_dtype == kernels::KvDtype::kE4m3) {
+    kv_pool_e4m3.resize(kv_pool.size());
+    for (size_t i = 0; i < kv_pool.size(); ++i) {
+      kv_pool_e4m3[i] = kernels::FloatToE4m3(Bf16ToFloat(kv_pool[i]) / spec.kv_scale);
+    }
+    view_.kv_pool = kv_pool_e4m3.data();
+    view_.shape.kv_dtype = kernels::KvDtype::kE4m3;
+    view_.kv_scale = spec.kv_scale;
   }
 }
 

@@ -48,6 +48,10 @@ struct RandomBundleSpec {
   float sm_scale = kPlainSmScale;
   int extra_pages = 3;  // unused pages in the pool, NaN-poisoned
   uint64_t seed = 1;
+  // kE4m3: the pool quantised to e4m3 at kv_scale (each value v becomes e4m3(v / kv_scale); the
+  // queries are drawn from the bf16 values first).
+  kernels::KvDtype kv_dtype = kernels::KvDtype::kBf16;
+  float kv_scale = 1.f;
 };
 
 // Owns the tensors; view() is already validated (max_kv_len/total_kv_len filled).
@@ -61,7 +65,8 @@ class RandomBundle {
   const BundleView& view() const { return view_; }
   const RandomBundleSpec& spec() const { return spec_; }
 
-  std::vector<uint16_t> q, kv_pool;
+  std::vector<uint16_t> q, kv_pool;   // kv_pool: the bf16 values, before any quantisation
+  std::vector<uint8_t> kv_pool_e4m3;  // the pool view() names when spec.kv_dtype is kE4m3
   std::vector<int32_t> kv_indptr, kv_indices, kv_lens;
   std::vector<uint8_t> tree_mask;
 

@@ -55,26 +55,27 @@ TEST(E4m3, RoundsToNearestEvenAndSaturates) {
   EXPECT_EQ(FloatToE4m3(0.0009766f), 0x01);
 }
 
-// A random bundle's pool quantised to e4m3 at `scale` (each value v becomes e4m3(v / scale)), and
-// the same values as a bf16 pool (exact at scale 1), for the bf16 paths to agree with.
+// A random bundle with its pool in e4m3 at `scale`, and the same values as a bf16 pool (exact at
+// scale 1), for the bf16 paths to agree with.
 struct Fp8Bundle {
-  Fp8Bundle(const RandomBundleSpec& spec, float scale) : rb(spec) {
-    const auto& v = rb.view();
-    e4m3.resize(rb.kv_pool.size());
-    as_bf16.resize(rb.kv_pool.size());
+  Fp8Bundle(RandomBundleSpec spec, float scale) : rb(WithE4m3(spec, scale)), e4m3(rb.kv_pool_e4m3) {
+    as_bf16.resize(e4m3.size());
     for (size_t i = 0; i < e4m3.size(); ++i) {
-      e4m3[i] = FloatToE4m3(Bf16ToFloat(rb.kv_pool[i]) / scale);
       as_bf16[i] = FloatToBf16(E4m3ToFloat(e4m3[i]) * scale);
     }
-    view = v;
-    view.kv_pool = e4m3.data();
-    view.shape.kv_dtype = KvDtype::kE4m3;
-    view.kv_scale = scale;
-    bf16_view = v;
+    view = rb.view();
+    bf16_view = view;
     bf16_view.kv_pool = as_bf16.data();
+    bf16_view.shape.kv_dtype = KvDtype::kBf16;
+    bf16_view.kv_scale = 1.f;
+  }
+  static RandomBundleSpec WithE4m3(RandomBundleSpec s, float scale) {
+    s.kv_dtype = KvDtype::kE4m3;
+    s.kv_scale = scale;
+    return s;
   }
   RandomBundle rb;
-  std::vector<uint8_t> e4m3;
+  const std::vector<uint8_t>& e4m3;
   std::vector<uint16_t> as_bf16;
   BundleView view, bf16_view;
 };

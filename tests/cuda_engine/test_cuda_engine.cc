@@ -15,7 +15,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "kernels/e4m3.h"
 #include "src/bundle/random_bundle.h"
 #include "src/bundle/validate.h"
 #include "src/common/bf16.h"
@@ -349,15 +348,10 @@ TEST(CudaEngine, AnE4m3PoolMatchesTheOracleOfItsValues) {
       s.prefix_lens = {130, 0, 1000};
       s.traffic = Traffic::kRealistic;
       s.seed = 40 + page;
+      s.kv_dtype = kernels::KvDtype::kE4m3;
+      s.kv_scale = scale;
       RandomBundle rb(s);
-      std::vector<uint8_t> e4m3(rb.kv_pool.size());
-      for (size_t i = 0; i < e4m3.size(); ++i) {
-        e4m3[i] = kernels::FloatToE4m3(Bf16ToFloat(rb.kv_pool[i]) / scale);
-      }
       BundleView v = rb.view();
-      v.kv_pool = e4m3.data();
-      v.shape.kv_dtype = kernels::KvDtype::kE4m3;
-      v.kv_scale = scale;
       ASSERT_TRUE(ValidateBundle(v).ok());
       const std::string what = absl::StrCat("scale ", scale, " page ", page);
       auto want = cpu->Prepare(v, false);
