@@ -20,7 +20,7 @@ __global__ void DequantizeE4m3PagesKernel(const uint8_t* src, const int32_t* src
        c += int64_t{gridDim.x} * kThreads) {
     const int64_t i = c / chunks, k = c % chunks;
     const int32_t page = src_pages[i];
-    uint16_t out[16];
+    alignas(16) uint16_t out[16];  // stored as two 16-byte vectors
     if (page < 0 || page >= src_num_pages) {
       for (int e = 0; e < 16; ++e) out[e] = 0x7fc0;  // bf16 quiet NaN
     } else {
