@@ -65,6 +65,9 @@ struct EtcdKv::Impl {
           st.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
         return last;
       }
+      // A fresh channel for the next call: one whose connection was lost may keep failing its
+      // attempts after the endpoint is back.
+      channels[current] = MakeEtcdChannel(endpoints[current]);
       current = (current + 1) % channels.size();
     }
     return last;

@@ -19,6 +19,12 @@ void Pause(absl::Duration d) { std::this_thread::sleep_for(absl::ToChronoNanosec
 
 std::string Seconds(absl::Duration d) { return absl::StrCat(absl::ToInt64Seconds(d), " s"); }
 
+// etcd did not answer (down, unreachable, too slow), as opposed to an answer that is an error.
+bool Lost(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kUnavailable ||
+         s.code() == absl::StatusCode::kDeadlineExceeded;
+}
+
 }  // namespace
 
 const char* OutcomeName(RunResult::Outcome o) {
@@ -74,6 +80,41 @@ absl::StatusOr<DesiredState> RolloutController::Write(const FleetView& view,
   return s;
 }
 
+absl::StatusOr<FleetView> RolloutController::ReadThroughLoss(absl::Duration* lost) {
+  if (lost) *lost = absl::ZeroDuration();
+  absl::StatusOr<FleetView> view = Read();
+  if (view.ok() || !Lost(view.status())) return view;
+  say_(absl::StrCat("  etcd lost: ", view.status().message(),
+                    ": waiting for it, the desired state unchanged"));
+  const absl::Time since = absl::Now();
+  while (!view.ok() && Lost(view.status())) {
+    Pause(kPoll);
+    view = Read();
+  }
+  if (lost) *lost = absl::Now() - since;
+  if (view.ok()) say_(absl::StrCat("  etcd back after ", Seconds(absl::Now() - since)));
+  return view;
+}
+
+absl::StatusOr<DesiredState> RolloutController::WriteThroughLoss(const FleetView& view,
+                                                                 const RolloutPlan& plan, int index,
+                                                                 const std::string& reason) {
+  for (;;) {
+    absl::StatusOr<DesiredState> s = Write(view, plan, index, reason);
+    if (s.ok() || !Lost(s.status())) return s;
+    absl::StatusOr<FleetView> now = ReadThroughLoss();
+    if (!now.ok()) return now.status();
+    if (now->desired_revision == view.desired_revision) continue;  // it did not land
+    const int64_t generation = (view.desired ? view.desired->generation : 0) + 1;
+    const DesiredState want = PlanState(plan, index, generation, reason);
+    if (now->desired && SerializeDesiredState(*now->desired) == SerializeDesiredState(want)) {
+      return want;
+    }
+    return absl::AbortedError(
+        absl::StrCat(prefix_, "/desired changed while etcd was lost: another writer came first"));
+  }
+}
+
 absl::StatusOr<DesiredState> RolloutController::Promote(const RolloutPlan& plan) {
   absl::StatusOr<FleetView> view = Read();
   if (!view.ok()) return view.status();
@@ -114,32 +155,31 @@ absl::StatusOr<DesiredState> RolloutController::Abort(const std::optional<Rollou
 }
 
 absl::Status RolloutController::Settle(const RolloutPlan& plan, const DesiredState& desired) {
-  const absl::Time deadline = absl::Now() + plan.settle_timeout;
+  absl::Time deadline = absl::Now() + plan.settle_timeout;
   for (;;) {
-    absl::StatusOr<FleetView> view = Read();
-    if (view.ok()) {
-      const GenerationProgress p = ProgressOf(desired, view->nodes);
-      if (view->nodes.empty()) {
-        if (absl::Now() >= deadline) {
-          return absl::FailedPreconditionError(
-              absl::StrCat("no node reports under ", prefix_, "/nodes/"));
-        }
-      } else if (p.pending.empty() && !p.refused.empty()) {
+    absl::Duration lost;
+    absl::StatusOr<FleetView> view = ReadThroughLoss(&lost);
+    if (!view.ok()) return view.status();
+    deadline += lost;  // no node could report while etcd was lost
+    const GenerationProgress p = ProgressOf(desired, view->nodes);
+    if (view->nodes.empty()) {
+      if (absl::Now() >= deadline) {
         return absl::FailedPreconditionError(
-            absl::StrCat(p.refused.size(), " node(s) refused generation ", desired.generation, ": ",
-                         absl::StrJoin(p.refused, "; ")));
-      } else if (p.pending.empty()) {
-        say_(absl::StrCat("  every node acted on generation ", desired.generation, ": ", p.in_step,
-                          " of ", view->nodes.size(), " in the step"));
-        return absl::OkStatus();
-      } else if (absl::Now() >= deadline) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            p.pending.size(), " node(s) did not act on generation ", desired.generation, " within ",
-            Seconds(plan.settle_timeout), ": ", absl::StrJoin(p.pending, ", "),
-            p.refused.empty() ? "" : absl::StrCat("; refused: ", absl::StrJoin(p.refused, "; "))));
+            absl::StrCat("no node reports under ", prefix_, "/nodes/"));
       }
+    } else if (p.pending.empty() && !p.refused.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(p.refused.size(), " node(s) refused generation ", desired.generation, ": ",
+                       absl::StrJoin(p.refused, "; ")));
+    } else if (p.pending.empty()) {
+      say_(absl::StrCat("  every node acted on generation ", desired.generation, ": ", p.in_step,
+                        " of ", view->nodes.size(), " in the step"));
+      return absl::OkStatus();
     } else if (absl::Now() >= deadline) {
-      return view.status();
+      return absl::FailedPreconditionError(absl::StrCat(
+          p.pending.size(), " node(s) did not act on generation ", desired.generation, " within ",
+          Seconds(plan.settle_timeout), ": ", absl::StrJoin(p.pending, ", "),
+          p.refused.empty() ? "" : absl::StrCat("; refused: ", absl::StrJoin(p.refused, "; "))));
     }
     Pause(kPoll);
   }
@@ -164,9 +204,9 @@ absl::StatusOr<RunResult> RolloutController::Run(const RolloutPlan& plan,
   const int last = static_cast<int>(plan.steps.size()) - 1;
   int step = std::max(0, StepOf(plan, view->desired));
   for (;; ++step) {
-    absl::StatusOr<DesiredState> desired =
-        Write(*view, plan, step,
-              absl::StrCat("rollout ", plan.name, ": run at ", DescribeStep(plan, step)));
+    absl::StatusOr<DesiredState> desired = WriteThroughLoss(
+        *view, plan, step,
+        absl::StrCat("rollout ", plan.name, ": run at ", DescribeStep(plan, step)));
     if (!desired.ok()) return desired.status();
     say_(absl::StrCat(DescribeStep(plan, step), ": generation ", desired->generation, ", ",
                       ModeName(plan.mode), " on the nodes below ", plan.steps[step],
@@ -182,7 +222,10 @@ absl::StatusOr<RunResult> RolloutController::Run(const RolloutPlan& plan,
       if (!failed.empty()) {
         const std::string why = absl::StrCat("analysis failed at ", DescribeStep(plan, step), ": ",
                                              absl::StrJoin(failed, "; "));
-        absl::StatusOr<DesiredState> back = Abort(plan, why);
+        absl::StatusOr<FleetView> now = ReadThroughLoss();
+        if (!now.ok()) return now.status();
+        absl::StatusOr<DesiredState> back = WriteThroughLoss(
+            *now, plan, -1, absl::StrCat("rollout ", plan.name, " aborted: ", why));
         if (!back.ok()) return back.status();
         say_(absl::StrCat("  rolled back: generation ", back->generation, ", every node to ",
                           ModeName(plan.stable_mode)));
@@ -199,7 +242,7 @@ absl::StatusOr<RunResult> RolloutController::Run(const RolloutPlan& plan,
           RunResult::Outcome::kComplete, step,
           absl::StrCat("rollout ", plan.name, " complete at ", DescribeStep(plan, step))};
     }
-    view = Read();
+    view = ReadThroughLoss();
     if (!view.ok()) return view.status();
   }
 }

@@ -10,7 +10,9 @@
 //            last: each step waits until every node acted on its generation, then evaluates the
 //            analysis every interval for the step's duration. A node that refused (once every
 //            node acted) or did not act in time holds the rollout at its step; a query outside its
-//            bounds (or that cannot be evaluated) aborts the rollout.
+//            bounds (or that cannot be evaluated) aborts the rollout. A lost etcd (once the run
+//            started) neither advances nor rolls back anything: the run waits for it, then goes on
+//            where it was (a step's settle timeout counts only the time etcd answered).
 
 #include <cstdint>
 #include <functional>
@@ -58,10 +60,18 @@ class RolloutController {
   // `plan` may be absent: the stable mode is then the current desired state's (else shadow).
   absl::StatusOr<DesiredState> Abort(const std::optional<RolloutPlan>& plan,
                                      const std::string& why);
-  // An error only when etcd fails; a held or rolled back rollout is a result.
+  // An error only when etcd fails otherwise than by being lost (or is not there at the start);
+  // a held or rolled back rollout is a result.
   absl::StatusOr<RunResult> Run(const RolloutPlan& plan, const std::string& prometheus);
 
  private:
+  // Read(), waiting while etcd is lost (UNAVAILABLE, DEADLINE_EXCEEDED) until it answers; `lost`
+  // (if given) gets how long that was.
+  absl::StatusOr<FleetView> ReadThroughLoss(absl::Duration* lost = nullptr);
+  // Write(), and when etcd was lost on the way, once it is back: written again if the key is
+  // still `view`'s, the state itself if that write landed, else ABORTED (another writer).
+  absl::StatusOr<DesiredState> WriteThroughLoss(const FleetView& view, const RolloutPlan& plan,
+                                                int index, const std::string& reason);
   // Waits until every node acted on `desired`: OK when none refused it, else FAILED_PRECONDITION
   // naming each refusal; FAILED_PRECONDITION naming the late nodes once settle_timeout passed.
   absl::Status Settle(const RolloutPlan& plan, const DesiredState& desired);

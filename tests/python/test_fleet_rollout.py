@@ -1,7 +1,8 @@
 """The rollout controller (`verifyctl fleet`) against a real etcd, a real Prometheus scraping the
 nodes, and real verifyd daemons (CPU engine) following the fleet's desired state from etcd, all
 on loopback ports of their own: a staged promotion whose analysis passes, a node that refuses
-holding its step, and a node with an injected fault whose breaches roll the whole fleet back.
+holding its step, a node with an injected fault whose breaches roll the whole fleet back, and
+etcd lost in the middle of a run (nothing moves until it is back, then the run goes on).
 
 The nodes' names are chosen for where they hash (desired_state.h): papa 0.015, echo 0.188,
 hotel 0.26, india 0.515, golf 0.613, mike 0.852, kilo 0.936.
@@ -15,6 +16,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 import unittest
 import urllib.parse
@@ -23,7 +25,7 @@ import urllib.request
 import numpy as np
 
 from random_bundles import random_bundle
-from test_fleet_etcd import ETCD, Etcd, free_port, wait_for
+from test_fleet_etcd import ETCD, Etcd, free_port, metric, wait_for
 from verifyd_client import AdminClient, VerifyClient
 from verifyd_daemon import Daemon
 
@@ -90,7 +92,7 @@ class Prometheus:
 @unittest.skipUnless(os.access(ETCD, os.X_OK) and os.access(PROMETHEUS, os.X_OK),
                      f"{ETCD} or {PROMETHEUS} is absent (apt-get install etcd-server prometheus)")
 class FleetRolloutTest(unittest.TestCase):
-    def start_fleet(self, nodes, steps):
+    def start_fleet(self, nodes, steps, step_duration_s=2):
         """nodes: {name: extra verifyd flags}; a plan of `steps` for custom."""
         self.etcd = Etcd()
         self.etcd.start()
@@ -106,7 +108,7 @@ class FleetRolloutTest(unittest.TestCase):
         self.plan = os.path.join(self.prom.dir, "plan.json")
         with open(self.plan, "w") as f:
             json.dump({"name": "t", "mode": "custom", "stable_mode": "shadow", "steps": steps,
-                       "step_duration_s": 2, "analysis_interval_s": 1, "settle_timeout_s": 15,
+                       "step_duration_s": step_duration_s, "analysis_interval_s": 1, "settle_timeout_s": 15,
                        "prometheus": self.prom.url, "queries": QUERIES}, f)
 
     def fleet(self, *args, json_out=True):
@@ -213,6 +215,65 @@ class FleetRolloutTest(unittest.TestCase):
         rc, _, r = self.fleet("promote")
         self.assertEqual(rc, 1)
         self.assertIn("steps[1]: 0.25 is not above the step before it", r.stdout + r.stderr)
+
+    def test_etcd_lost_mid_run_holds_everything_until_it_is_back(self):
+        self.start_fleet({n: ["--gate_window=2"] for n in ("papa", "hotel", "mike")}, [0.5, 1.0])
+        for n in self.nodes:
+            self.send(n, 2, True)
+        start = time.monotonic()
+        run = subprocess.Popen([os.environ["VERIFYCTL_BIN"], "fleet", f"--etcd={self.etcd.endpoint}",
+                                f"--prefix={PREFIX}", f"--plan={self.plan}", "run"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.addCleanup(lambda: run.poll() is not None or (run.kill(), run.wait()))
+        lines = []
+        reader = threading.Thread(target=lambda: lines.extend(run.stdout), daemon=True)
+        reader.start()
+        said = lambda text: any(text in line for line in list(lines))
+
+        # Step 1 (papa and hotel custom, mike shadow) is taken; then etcd goes.
+        self.assertTrue(wait_for(lambda: said("every node acted on generation 1"), 15),
+                        "".join(lines))
+        self.etcd.kill()
+        held = {"papa": "custom", "hotel": "custom", "mike": "shadow"}
+        self.assertTrue(wait_for(lambda: all(metric(d, "verifyd_fleet_source_up") == 0
+                                             for d in self.nodes.values()), 5))
+        for n in held:
+            with AdminClient(self.nodes[n].admin) as a:
+                fleet = a.status()["fleet"]
+            self.assertFalse(fleet["source_up"], n)
+        # Step 1's analysis passes meanwhile, yet step 2 is not written: the run waits.
+        self.assertTrue(wait_for(lambda: said("step 1 of 2 (0.5) passed its analysis"), 10),
+                        "".join(lines))
+        self.assertTrue(wait_for(lambda: said("etcd lost"), 5), "".join(lines))
+        time.sleep(2)
+        self.assertIsNone(run.poll(), "".join(lines))
+        self.assertFalse(said("step 2 of 2"), "".join(lines))
+        self.assertFalse(said("rolled back"), "".join(lines))
+        self.assertEqual({n: self.mode(n) for n in held}, held)
+
+        # etcd is back on the same data and port: the run goes on to the last step.
+        self.etcd.start()
+        try:
+            rc = run.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            run.kill()
+            rc = run.wait()
+        reader.join(5)
+        self.assertEqual(rc, 0, "".join(lines))
+        out = "".join(lines)
+        self.assertIn("etcd back after", out)
+        self.assertIn("step 2 of 2 (1): generation 2", out)
+        self.assertIn("complete: rollout t complete at step 2 of 2 (1)", out)
+        self.assertNotIn("rolled back", out)
+        for n in self.nodes:
+            self.assertEqual(self.mode(n), "custom", n)
+            self.assertEqual(metric(self.nodes[n], "verifyd_fleet_source_up"), 1.0, n)
+            last = self.audit(n)[-1]
+            self.assertEqual((last["to"], last["who"]), ("custom", "fleet"), n)
+        rc, st, _ = self.fleet("status")
+        self.assertEqual((rc, st["desired"]["generation"], st["totals"]["modes"],
+                          st["totals"]["source_down"]), (0, 2, {"custom": 3}, 0))
+        self.assertLess(time.monotonic() - start, 40)
 
 
 if __name__ == "__main__":
