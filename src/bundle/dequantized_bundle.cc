@@ -5,20 +5,26 @@
 
 namespace verifyd {
 
-uint16_t E4m3ToBf16(uint8_t x) { return FloatToBf16(kernels::E4m3ToFloat(x)); }
+namespace {
+
+// Elements of one page, and of the bf16 copy of the pages `v` names.
+int64_t PageElems(const BundleView& v) { return int64_t{v.shape.page_size} * kernels::kHeadDimQK; }
+int64_t CopyElems(const BundleView& v) { return v.shape.num_indices * PageElems(v); }
+
+}  // namespace
 
 int64_t DequantizedBundle::BytesFor(const BundleView& v) {
-  return v.shape.num_indices * v.shape.page_size * kernels::kHeadDimQK * 2 +
-         v.shape.num_indices * 4;
+  return CopyElems(v) * 2 + v.shape.num_indices * 4;
 }
 
 DequantizedBundle::DequantizedBundle(const BundleView& v)
-    : pool_(static_cast<size_t>(v.shape.num_indices * v.shape.page_size * kernels::kHeadDimQK)),
+    : pool_(static_cast<size_t>(CopyElems(v))),
       indices_(static_cast<size_t>(v.shape.num_indices)),
       view_(v) {
-  uint16_t table[256];
-  for (int x = 0; x < 256; ++x) table[x] = E4m3ToBf16(static_cast<uint8_t>(x));
-  const int64_t page_elems = int64_t{v.shape.page_size} * kernels::kHeadDimQK;
+  uint16_t table[256];  // every e4m3 value is exact in bf16
+  for (int x = 0; x < 256; ++x)
+    table[x] = FloatToBf16(kernels::E4m3ToFloat(static_cast<uint8_t>(x)));
+  const int64_t page_elems = PageElems(v);
   const auto* src = static_cast<const uint8_t*>(v.kv_pool);
   for (int64_t i = 0; i < v.shape.num_indices; ++i) {
     const uint8_t* page = src + v.kv_indices[i] * page_elems;

@@ -32,7 +32,4 @@ class DequantizedBundle {
   BundleView view_;
 };
 
-// The bf16 bits of an e4m3 byte's value (exact).
-uint16_t E4m3ToBf16(uint8_t x);
-
 }  // namespace verifyd

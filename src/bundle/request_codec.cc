@@ -273,16 +273,18 @@ absl::Status DecodeRequest(const v1::VerifyRequest& req, const RegionRegistry* r
   }
   const bool e4m3 = pool.dtype() == v1::DTYPE_F8E4M3;
   v.shape.kv_dtype = e4m3 ? kernels::KvDtype::kE4m3 : kernels::KvDtype::kBf16;
+  const char* elem = kernels::KvDtypeName(v.shape.kv_dtype);
   if (pool.shape_size() == 3 && pool.shape(1) > 0 &&
       (pool.contents_case() == v1::Tensor::kShm || pool.contents_case() == v1::Tensor::kCudaIpc)) {
     // A registered pool is named whole: a whole number of pages of page_size x 576 elements.
-    const uint64_t page_bytes = static_cast<uint64_t>(pool.shape(1)) * kHeadDimQK * (e4m3 ? 1 : 2);
+    const uint64_t page_bytes =
+        static_cast<uint64_t>(pool.shape(1)) * kHeadDimQK * kernels::KvElemBytes(v.shape.kv_dtype);
     const uint64_t bytes = pool.contents_case() == v1::Tensor::kShm ? pool.shm().byte_size()
                                                                     : pool.cuda_ipc().byte_size();
     if (bytes % page_bytes != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "kv_pool: byte_size ", bytes, " is not a whole number of pages of ", page_bytes,
-          " bytes (page_size ", pool.shape(1), " x 576 ", e4m3 ? "e4m3" : "bf16", ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("kv_pool: byte_size ", bytes, " is not a whole number of pages of ",
+                       page_bytes, " bytes (page_size ", pool.shape(1), " x 576 ", elem, ")"));
     }
     v.kv_pool_shared = true;
   }

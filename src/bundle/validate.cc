@@ -10,6 +10,11 @@ namespace {
 
 absl::Status Bad(const std::string& msg) { return absl::InvalidArgumentError(msg); }
 
+absl::Status FinitePositive(const char* field, float x) {
+  if (std::isfinite(x) && x > 0.f) return absl::OkStatus();
+  return Bad(absl::StrCat(field, ": ", x, " must be finite and > 0"));
+}
+
 }  // namespace
 
 absl::Status BadPageId(int64_t i, int64_t page, int64_t num_pages) {
@@ -35,12 +40,8 @@ absl::Status ValidateBundle(BundleView& v) {
       (s.num_indices > 0 && !v.kv_indices)) {
     return Bad("bundle: a tensor is missing");
   }
-  if (!std::isfinite(v.sm_scale) || v.sm_scale <= 0.f) {
-    return Bad(absl::StrCat("sm_scale: ", v.sm_scale, " must be finite and > 0"));
-  }
-  if (!std::isfinite(v.kv_scale) || v.kv_scale <= 0.f) {
-    return Bad(absl::StrCat("kv_scale: ", v.kv_scale, " must be finite and > 0"));
-  }
+  if (absl::Status st = FinitePositive("sm_scale", v.sm_scale); !st.ok()) return st;
+  if (absl::Status st = FinitePositive("kv_scale", v.kv_scale); !st.ok()) return st;
   if (const float folded = v.sm_scale * v.kv_scale; !std::isfinite(folded) || folded <= 0.f) {
     // The paths scale the logits by both at once (DequantizedBundle).
     return Bad(absl::StrCat("kv_scale: ", v.kv_scale, " times sm_scale ", v.sm_scale,

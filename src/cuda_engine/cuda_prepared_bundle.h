@@ -42,7 +42,7 @@ class CudaPreparedBundle : public PreparedBundle {
   // compact bf16 pool of their exact values, with the scale on sm_scale and on o (o_scale()).
   const kernels::VerifyProblem& problem() const { return problem_; }
   // Each path multiplies its o by this (an e4m3 pool's kv_scale; 1 for a bf16 pool).
-  float o_scale() const { return o_scale_; }
+  float o_scale() const { return dequantized_ ? kv_scale_ : 1.f; }
   // The inputs as the call sent them: problem() but for an e4m3 pool, which this keeps as e4m3
   // (kv_pool then points at e4m3 bytes, shape.kv_dtype says so; its scale is kv_scale()). What a
   // capture writes out.
@@ -87,7 +87,7 @@ class CudaPreparedBundle : public PreparedBundle {
   absl::Status Dequantize();
 
   kernels::VerifyProblem problem_, sent_;
-  float kv_scale_ = 1.f, o_scale_ = 1.f;
+  float kv_scale_ = 1.f;
   void* dequantized_ = nullptr;
   int64_t o_elems_ = 0, lse_elems_ = 0;
   void* inputs_ = nullptr;

@@ -36,6 +36,21 @@ absl::StatusOr<const Tensor*> Get(const SafetensorsFile& f, const std::string& w
   return t;
 }
 
+// The scalar `name`: an F32 tensor of one element, rank 0 or 1; null when absent and `optional`.
+absl::StatusOr<const Tensor*> ScalarF32(const SafetensorsFile& f, const std::string& what,
+                                        const std::string& name, bool optional = false) {
+  const Tensor* t = f.Find(name);
+  if (t == nullptr) {
+    if (optional) return nullptr;
+    return Bad(what, absl::StrCat("tensor '", name, "' is missing"));
+  }
+  if (t->dtype != DType::kF32 || t->numel() != 1 || t->shape.size() > 1) {
+    return Bad(what, absl::StrCat(name, ": ", DTypeName(t->dtype), " ", ShapeString(t->shape),
+                                  ", expected F32 [1]"));
+  }
+  return t;
+}
+
 absl::Status ExpectShape(const std::string& what, const char* name, const Tensor& t,
                          const std::vector<int64_t>& want) {
   if (t.shape != want) {
@@ -58,19 +73,9 @@ absl::StatusOr<BundleFile> BundleFileFromSafetensors(SafetensorsFile f, const st
   VERIFYD_ASSIGN_OR_RETURN(const Tensor* kv_indices, Get(f, what, "kv_indices", DType::kI32, 1));
   VERIFYD_ASSIGN_OR_RETURN(const Tensor* kv_lens, Get(f, what, "kv_lens", DType::kI32, 1));
   VERIFYD_ASSIGN_OR_RETURN(const Tensor* tree_mask, Get(f, what, "tree_mask", DType::kU8, 3));
-  const Tensor* sm_scale = f.Find("sm_scale");
-  if (sm_scale == nullptr) return Bad(what, "tensor 'sm_scale' is missing");
-  if (sm_scale->dtype != DType::kF32 || sm_scale->numel() != 1 || sm_scale->shape.size() > 1) {
-    return Bad(what, absl::StrCat("sm_scale: ", DTypeName(sm_scale->dtype), " ",
-                                  ShapeString(sm_scale->shape), ", expected F32 [1]"));
-  }
-
-  const Tensor* kv_scale = f.Find("kv_scale");
-  if (kv_scale != nullptr &&
-      (kv_scale->dtype != DType::kF32 || kv_scale->numel() != 1 || kv_scale->shape.size() > 1)) {
-    return Bad(what, absl::StrCat("kv_scale: ", DTypeName(kv_scale->dtype), " ",
-                                  ShapeString(kv_scale->shape), ", expected F32 [1]"));
-  }
+  VERIFYD_ASSIGN_OR_RETURN(const Tensor* sm_scale, ScalarF32(f, what, "sm_scale"));
+  VERIFYD_ASSIGN_OR_RETURN(const Tensor* kv_scale,
+                           ScalarF32(f, what, "kv_scale", /*optional=*/true));
 
   const int64_t B = kv_lens->shape[0];
   const int64_t T = tree_mask->shape[1];

@@ -83,12 +83,15 @@ class Bundle:
     def inputs(self):
         """(field, DType, array) of the six input tensors, in request order."""
         return (("q", types_pb2.DTYPE_BF16, self.q),
-                ("kv_pool", (types_pb2.DTYPE_F8E4M3 if self.kv_dtype == tensors.KV_E4M3
-                             else types_pb2.DTYPE_BF16), self.kv_pool),
+                ("kv_pool", self.kv_pool_dtype(), self.kv_pool),
                 ("kv_indptr", types_pb2.DTYPE_I32, self.kv_indptr),
                 ("kv_indices", types_pb2.DTYPE_I32, self.kv_indices),
                 ("kv_lens", types_pb2.DTYPE_I32, self.kv_lens),
                 ("tree_mask", types_pb2.DTYPE_U8, self.tree_mask))
+
+    def kv_pool_dtype(self):
+        """The pool's DType on the wire."""
+        return types_pb2.DTYPE_F8E4M3 if self.kv_dtype == tensors.KV_E4M3 else types_pb2.DTYPE_BF16
 
     def o_shape(self):
         return (self.batch * self.draft, self.heads, HEAD_DIM_V)

@@ -384,8 +384,7 @@ class CudaIpcTransport(Transport):
                 torch.cuda.current_stream(dev).synchronize()
             refs = {
                 "q": _ref(q_at, types_pb2.DTYPE_BF16, q.shape),
-                "kv_pool": _ref(pool_at, (types_pb2.DTYPE_F8E4M3 if b.kv_dtype == tensors.KV_E4M3
-                                          else types_pb2.DTYPE_BF16), kv_pool.shape),
+                "kv_pool": _ref(pool_at, b.kv_pool_dtype(), kv_pool.shape),
                 "o_out": ref("cuda_ipc", slot.region, slot.offset + o_at[0],
                              types_pb2.DTYPE_BF16, o_shape),
             }
