@@ -132,6 +132,9 @@ void FleetFollower::Consider(absl::StatusOr<std::string> text) {
   bool acted = false;
   if (state.ok() && state->generation > now.generation_acted) {
     acted = true;
+    // The source's state is told before the node changes mode on it: whoever sees the new mode
+    // sees the source that asked for it as up.
+    if (observe_) observe_(now, false);
     const NodeTarget target = TargetFor(*state, opts_.node);
     const bool in_step = InStep(*state, opts_.node);
     std::string outcome, detail;

@@ -48,7 +48,8 @@ class FleetFollower {
   // Asks the node for `target` (the reason names the generation); OK when it took it, else the
   // refusal (the gate's FAILED_PRECONDITION).
   using Propose = std::function<absl::Status(const NodeTarget& target, const std::string& reason)>;
-  // Called after each look, with the status then (metrics, log).
+  // Called after each look, with the status then (metrics, log); for a look that proposes a mode,
+  // also before the proposal, with acted false.
   using Observe = std::function<void(const FollowerStatus& status, bool acted)>;
 
   FleetFollower(FollowerOptions opts, Propose propose, Observe observe = nullptr);

@@ -142,6 +142,26 @@ TEST(FleetFollower, ATornFileIsRefusedAndTheNodeKeepsItsModeUntilAValidOneComes)
   EXPECT_EQ(p.last(), "reference 0 | fleet generation 2 (in its step)");
 }
 
+// The node's mode changes only after observe has seen the source up again: a look at the mode
+// and then at the source never finds the new mode beside a source still down.
+TEST(FleetFollower, ASourceBackUpIsObservedBeforeTheModeItAsksForIsProposed) {
+  ConfigMapDir d;
+  bool observed_up = false;
+  std::vector<bool> up_when_proposed;
+  FleetFollower f(
+      Options(d),
+      [&](const NodeTarget&, const std::string&) {
+        up_when_proposed.push_back(observed_up);
+        return absl::OkStatus();
+      },
+      [&](const FollowerStatus& s, bool) { observed_up = s.source_up; });
+  f.Consider(absl::UnavailableError("gone"));
+  ASSERT_FALSE(observed_up);
+  f.Consider(std::string(R"({"generation": 1, "mode": "custom"})"));
+  EXPECT_EQ(up_when_proposed, std::vector<bool>{true});
+  EXPECT_TRUE(observed_up);
+}
+
 TEST(FleetFollower, AMissingFileIsASourceDownAndNothingIsProposed) {
   ConfigMapDir d;
   Proposals p;
