@@ -14,6 +14,37 @@ std::string Fmt(const char* f, double v) {
   return buf;
 }
 
+// Each e4m3 row beside the bf16 row of the same path, shape and page: the time ratio against
+// the targets (<= 0.6 memory-bound, where half the bytes are read; <= 1 compute-bound).
+// Empty when the report has no e4m3 row.
+std::string E4m3Comparison(const BenchReport& r) {
+  std::string s;
+  for (const BenchRow& e : r.rows) {
+    if (e.kv_dtype != "e4m3") continue;
+    const BenchRow* b = nullptr;
+    for (const BenchRow& x : r.rows) {
+      if (x.kv_dtype == "bf16" && x.path == e.path && x.batch == e.batch && x.draft == e.draft &&
+          x.heads == e.heads && x.prefix == e.prefix && x.page_size == e.page_size) {
+        b = &x;
+      }
+    }
+    if (b == nullptr || b->ms <= 0 || e.ms <= 0) continue;
+    if (s.empty()) {
+      s = "\n## e4m3 pools against bf16 (same values, same path)\n\n"
+          "| path | B,T,H,prefix | page | bf16 ms | e4m3 ms | e4m3 / bf16 | target |\n"
+          "|---|---|---:|---:|---:|---:|---|\n";
+    }
+    const double ratio = e.ms / b->ms;
+    const double target = b->compute_bound ? 1.0 : 0.6;
+    s += "| " + e.path + " | " + std::to_string(e.batch) + "," + std::to_string(e.draft) + "," +
+         std::to_string(e.heads) + "," + std::to_string(e.prefix) + " | " +
+         std::to_string(e.page_size) + " | " + Fmt("%.4f", b->ms) + " | " + Fmt("%.4f", e.ms) +
+         " | " + Fmt("%.2f", ratio) + " | " + (ratio <= target ? "met" : "missed") +
+         " (<= " + Fmt("%.1f", target) + ") |\n";
+  }
+  return s;
+}
+
 }  // namespace
 
 std::string TargetVerdict(const BenchRow& r) {
@@ -33,13 +64,13 @@ std::string ToMarkdown(const BenchReport& r) {
        Fmt("%.2f", r.ceilings.copy_bytes / 1073741824.0) + " GiB " +
        Fmt("%.0f", r.ceilings.copy_gbps) + " GB/s (read + write).\n\n";
   if (!r.ceilings.error.empty()) s += "Ceiling error: " + r.ceilings.error + "\n\n";
-  s += "| path | B | T | H | prefix | page | ms | TFLOP/s | GB/s | floor ms | ratio | bound | "
+  s += "| path | kv | B | T | H | prefix | page | ms | TFLOP/s | GB/s | floor ms | ratio | bound | "
        "splits | rel-L2 vs ref | target |\n";
-  s += "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|\n";
+  s += "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|\n";
   for (const BenchRow& x : r.rows) {
-    s += "| " + x.path + " | " + std::to_string(x.batch) + " | " + std::to_string(x.draft) + " | " +
-         std::to_string(x.heads) + " | " + std::to_string(x.prefix) + " | " +
-         std::to_string(x.page_size) + " | ";
+    s += "| " + x.path + " | " + x.kv_dtype + " | " + std::to_string(x.batch) + " | " +
+         std::to_string(x.draft) + " | " + std::to_string(x.heads) + " | " +
+         std::to_string(x.prefix) + " | " + std::to_string(x.page_size) + " | ";
     if (x.ms > 0) {
       s += Fmt("%.4f", x.ms) + " | " + Fmt("%.1f", x.tflops) + " | " + Fmt("%.0f", x.gbps) + " | " +
            Fmt("%.4f", x.floor_ms) + " | " + Fmt("%.2f", x.ms / x.floor_ms) + " | ";
@@ -51,6 +82,7 @@ std::string ToMarkdown(const BenchReport& r) {
          (x.rel_l2_vs_reference >= 0 ? Fmt("%.2e", x.rel_l2_vs_reference) : std::string("")) +
          " | " + TargetVerdict(x) + " |\n";
   }
+  s += E4m3Comparison(r);
   return s;
 }
 
@@ -67,6 +99,7 @@ std::string ToJson(const BenchReport& r) {
   j["rows"] = nlohmann::json::array();
   for (const BenchRow& x : r.rows) {
     nlohmann::json row = {{"path", x.path},
+                          {"kv_dtype", x.kv_dtype},
                           {"B", x.batch},
                           {"T", x.draft},
                           {"H", x.heads},

@@ -1,7 +1,7 @@
 #pragma once
 // verifyd-bench's result rows and their markdown and JSON forms:
 // {"device", "commit", "date", "ceilings": {...}, "rows": [{"path", "B", "T", "H", "prefix",
-//  "page_size", "ms", "tflops", "gbps", "floor_ms", ...}]}
+//  "kv_dtype", "page_size", "ms", "tflops", "gbps", "floor_ms", ...}]}
 
 #include <cstdint>
 #include <string>
@@ -16,11 +16,12 @@ struct BenchRow {
   // (the wgmma schedules by name), "custom-qkwgmma" (wgmma Q·Kᵀ only), "custom-mma" (mma.sync
   // only), "custom-sm120cfg" (sm_120 tiles), "reference"
   std::string path;
+  std::string kv_dtype = "bf16";  // the pool as sent: "bf16", or "e4m3" (dequantised first)
   int batch = 0, draft = 0, heads = 0, page_size = 0;
   int64_t prefix = 0;
   double ms = 0;                    // median; <= 0 when the path failed
   double tflops = 0;                // sum_b 2*T*H*kv_len_b*(576+512) / time
-  double gbps = 0;                  // (KV bytes read once + q + o) / time
+  double gbps = 0;                  // (KV bytes read once, in kv_dtype, + q + o) / time
   double floor_ms = 0;              // max(flops / GEMM ceiling, bytes / copy ceiling)
   bool compute_bound = false;       // the floor's larger term is the arithmetic one
   int splits = 0;                   // custom paths: KV split the planner chose

@@ -31,6 +31,7 @@
 #include "src/compare/compare.h"
 #include "src/io/bundle_file.h"
 #if VERIFYD_BENCH_HAVE_REFERENCE
+#include "kernels/reference/kv_dequantize_kernels.h"
 #include "kernels/reference/reference_attention.h"
 #endif
 
@@ -61,14 +62,22 @@ struct DevPtr {
   }
 };
 
-// One copy of a bundle's inputs and outputs on the device.
+// One copy of a bundle's inputs and outputs on the device. An e4m3 pool is kept as sent (kv8,
+// named by indices) and every launch first turns its named pages into the compact bf16 pool `kv`
+// (named by dq_ids), as the CUDA engine does; `problem` names that pool.
 struct InputSet {
   DevPtr<uint16_t> q, kv, o;
-  DevPtr<int32_t> indptr, indices, lens;
-  DevPtr<uint8_t> mask;
+  DevPtr<int32_t> indptr, indices, lens, dq_ids;
+  DevPtr<uint8_t> mask, kv8;
   DevPtr<float> lse;
   kernels::VerifyProblem problem;
+  bool e4m3 = false;
+  float kv_scale = 1.f;
+  int64_t src_pages = 0;
 };
+
+// The bytes of one KV element of the bundle's pool.
+int KvBytes(const BundleView& v) { return v.shape.kv_dtype == kernels::KvDtype::kE4m3 ? 1 : 2; }
 
 cudaError_t Upload(const BundleView& v, InputSet* s) {
   auto up = [](auto& d, const auto* src, size_t n) {
@@ -80,7 +89,17 @@ cudaError_t Upload(const BundleView& v, InputSet* s) {
   };
   cudaError_t e;
   if ((e = up(s->q, v.q, v.q_elems())) != cudaSuccess) return e;
-  if ((e = up(s->kv, static_cast<const uint16_t*>(v.kv_pool), v.kv_elems())) != cudaSuccess) {
+  s->e4m3 = v.shape.kv_dtype == kernels::KvDtype::kE4m3;
+  const int64_t n_named = v.shape.num_indices;
+  const int64_t page_elems = int64_t{v.shape.page_size} * kernels::kHeadDimQK;
+  if (s->e4m3) {
+    if ((e = up(s->kv8, static_cast<const uint8_t*>(v.kv_pool), v.kv_elems())) != cudaSuccess ||
+        (e = s->kv.Alloc(size_t(n_named * page_elems))) != cudaSuccess ||
+        (e = s->dq_ids.Alloc(size_t(n_named))) != cudaSuccess) {
+      return e;
+    }
+  } else if ((e = up(s->kv, static_cast<const uint16_t*>(v.kv_pool), v.kv_elems())) !=
+             cudaSuccess) {
     return e;
   }
   if ((e = up(s->indptr, v.kv_indptr, v.shape.batch + 1)) != cudaSuccess) return e;
@@ -94,10 +113,16 @@ cudaError_t Upload(const BundleView& v, InputSet* s) {
   p.q = s->q.p;
   p.kv_pool = s->kv.p;
   p.kv_indptr = s->indptr.p;
-  p.kv_indices = s->indices.p;
+  p.kv_indices = s->e4m3 ? s->dq_ids.p : s->indices.p;
   p.kv_lens = s->lens.p;
   p.tree_mask = s->mask.p;
-  p.sm_scale = v.sm_scale;
+  p.sm_scale = s->e4m3 ? v.sm_scale * v.kv_scale : v.sm_scale;
+  if (s->e4m3) {  // the paths read the compact bf16 pool of the named pages
+    s->kv_scale = v.kv_scale;
+    s->src_pages = v.shape.num_pages;
+    p.shape.num_pages = n_named;
+    p.shape.kv_dtype = kernels::KvDtype::kBf16;
+  }
   p.max_kv_len = v.max_kv_len;
   p.total_kv_len = v.total_kv_len;
   p.o = s->o.p;
@@ -134,6 +159,8 @@ struct Options {
   std::string out_dir = ".";
   std::string commit = VERIFYD_GIT_COMMIT;
   std::vector<int> pages = {1, 64};
+  std::vector<std::string> kv_dtypes = {"bf16"};  // and/or "e4m3" (random shapes only)
+  float kv_scale = 0.37f;                         // the e4m3 rows' pool scale
   std::vector<std::string> paths = {"custom",         "custom-v3",  "custom-v4",       "custom-v4k",
                                     "custom-v4c",     "custom-v5",  "custom-v5s",      "custom-v5t",
                                     "custom-qkwgmma", "custom-mma", "custom-sm120cfg", "reference"};
@@ -186,6 +213,7 @@ class Bench {
   BenchRow RunPath(const std::string& path, BundleRun& b);
   Launch PathLaunch(const std::string& path, const BundleRun& b, DevPtr<uint8_t>* ws,
                     BenchRow* row);
+  Launch WithDequantization(Launch path, const BundleRun& b, BenchRow* row);
   void TimeRow(const Launch& launch, const std::string& path, BundleRun& b, BenchRow* row);
   bool WriteReport();  // false when a file could not be written
 
@@ -259,16 +287,22 @@ void Bench::BenchRandomShapes() {
       if (opt_.max_shapes > 0 && shapes_done >= opt_.max_shapes) break;
       ++shapes_done;
       if (opt_.shape_index >= 0 && &sh != &kShapes[opt_.shape_index]) continue;
-      RandomBundleSpec spec;
-      spec.batch = sh.batch;
-      spec.draft = sh.draft;
-      spec.heads = sh.heads;
-      spec.page_size = page;
-      spec.prefix = sh.prefix;
-      spec.tree = TreeKind::kRandomTree;
-      spec.seed = 1000 + shapes_done;
-      const RandomBundle bundle(spec);
-      BenchOne(bundle.view(), sh, page);
+      for (const std::string& kv : opt_.kv_dtypes) {
+        RandomBundleSpec spec;
+        spec.batch = sh.batch;
+        spec.draft = sh.draft;
+        spec.heads = sh.heads;
+        spec.page_size = page;
+        spec.prefix = sh.prefix;
+        spec.tree = TreeKind::kRandomTree;
+        spec.seed = 1000 + shapes_done;  // the same values in both dtypes
+        if (kv == "e4m3") {
+          spec.kv_dtype = kernels::KvDtype::kE4m3;
+          spec.kv_scale = opt_.kv_scale;
+        }
+        const RandomBundle bundle(spec);
+        BenchOne(bundle.view(), sh, page);
+      }
     }
   }
 }
@@ -278,14 +312,14 @@ void Bench::BenchOne(const BundleView& v, const Shape& sh, int page) {
   BundleRun b(v, sh, page);
   b.flops = 2.0 * sh.draft * sh.heads * double(v.total_kv_len) *
             (kernels::kHeadDimQK + kernels::kHeadDimV);
-  b.bytes = double(v.total_kv_len) * kernels::kHeadDimQK * 2 + double(v.q_elems()) * 2 +
+  b.bytes = double(v.total_kv_len) * kernels::kHeadDimQK * KvBytes(v) + double(v.q_elems()) * 2 +
             double(v.o_elems()) * 2;
   b.t_flop_ms = b.flops / (report_.ceilings.gemm_tflops * 1e12) * 1e3;
   b.t_byte_ms = b.bytes / (report_.ceilings.copy_gbps * 1e9) * 1e3;
 
   // Enough distinct copies that one pass over them is >= 4x the L2 cache.
   const double set_bytes =
-      double(v.kv_elems()) * 2 + double(v.q_elems()) * 2 + double(v.o_elems()) * 2;
+      double(v.kv_elems()) * KvBytes(v) + double(v.q_elems()) * 2 + double(v.o_elems()) * 2;
   b.sets = std::clamp(static_cast<int>(std::ceil(4.0 * prop_.l2CacheSize / set_bytes)), 2, 16);
   bool ok = true;
   for (int k = 0; k < b.sets && ok; ++k) {
@@ -313,17 +347,19 @@ BenchRow Bench::RunPath(const std::string& path, BundleRun& b) {
   row.heads = b.sh.heads;
   row.prefix = b.sh.prefix;
   row.page_size = b.page;
+  row.kv_dtype = b.in[0]->e4m3 ? "e4m3" : "bf16";
   row.floor_ms = std::max(b.t_flop_ms, b.t_byte_ms);
   row.compute_bound = b.t_flop_ms >= b.t_byte_ms;
   DevPtr<uint8_t> ws;
-  const Launch launch = PathLaunch(path, b, &ws, &row);
+  Launch launch = PathLaunch(path, b, &ws, &row);
+  if (row.error.empty() && b.in[0]->e4m3) launch = WithDequantization(std::move(launch), b, &row);
   if (row.error.empty()) TimeRow(launch, path, b, &row);
   std::printf(
-      "%-16s B=%-3d T=%-4d H=%-3d prefix=%-6lld page=%-3d %9.4f ms %7.1f TFLOP/s "
+      "%-16s %-4s B=%-3d T=%-4d H=%-3d prefix=%-6lld page=%-3d %9.4f ms %7.1f TFLOP/s "
       "%6.0f GB/s floor %.4f ms ratio %.2f splits %d %s\n",
-      path.c_str(), b.sh.batch, b.sh.draft, b.sh.heads, static_cast<long long>(b.sh.prefix), b.page,
-      row.ms, row.tflops, row.gbps, row.floor_ms, row.ms > 0 ? row.ms / row.floor_ms : 0.0,
-      row.splits, row.error.c_str());
+      path.c_str(), row.kv_dtype.c_str(), b.sh.batch, b.sh.draft, b.sh.heads,
+      static_cast<long long>(b.sh.prefix), b.page, row.ms, row.tflops, row.gbps, row.floor_ms,
+      row.ms > 0 ? row.ms / row.floor_ms : 0.0, row.splits, row.error.c_str());
   std::fflush(stdout);
   return row;
 }
@@ -354,6 +390,29 @@ Bench::Launch Bench::PathLaunch(const std::string& path, const BundleRun& b, Dev
   };
 #else
   row->error = "reference path not built";
+  return nullptr;
+#endif
+}
+
+// An e4m3 bundle's launch as the CUDA engine makes it: the named pages to bf16, the path on them,
+// then its output times kv_scale.
+Bench::Launch Bench::WithDequantization(Launch path, const BundleRun& b, BenchRow* row) {
+#if VERIFYD_BENCH_HAVE_REFERENCE
+  (void)row;
+  return [this, &b, path = std::move(path)](int i) {
+    const InputSet& s = *b.in[i % b.sets];
+    const int64_t page_elems = int64_t{s.problem.shape.page_size} * kernels::kHeadDimQK;
+    cudaError_t e =
+        kernels::LaunchDequantizeE4m3Pages(s.kv8.p, s.indices.p, s.problem.shape.num_indices,
+                                           s.src_pages, page_elems, s.kv.p, s.dq_ids.p, stream_);
+    if (e == cudaSuccess) e = path(i);
+    if (e == cudaSuccess) e = kernels::LaunchScaleBf16(s.o.p, b.v.o_elems(), s.kv_scale, stream_);
+    return e;
+  };
+#else
+  (void)path;
+  (void)b;
+  row->error = "e4m3 rows need the reference kernels (their dequantisation)";
   return nullptr;
 #endif
 }
@@ -411,6 +470,12 @@ int main(int argc, char** argv) {
   app.add_option("--out", opt.out_dir, "directory for <date>-<commit>-<device>.{md,json}");
   app.add_option("--commit", opt.commit, "commit the binaries were built from");
   app.add_option("--pages", opt.pages, "page sizes to run");
+  app.add_option("--kv-dtypes", opt.kv_dtypes,
+                 "KV pool dtypes of the random shapes: bf16 and/or e4m3 (the pages dequantised "
+                 "to bf16 before each path, as the CUDA engine does)")
+      ->check(CLI::IsMember({"bf16", "e4m3"}));
+  app.add_option("--kv-scale", opt.kv_scale, "the e4m3 rows' pool scale")
+      ->check(CLI::PositiveNumber);
   app.add_option(
       "--paths", opt.paths,
       "custom, custom-v3, custom-v4, custom-v4k, custom-v4c, custom-v5, custom-v5s, custom-v5t, "

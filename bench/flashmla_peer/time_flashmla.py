@@ -74,7 +74,8 @@ def main():
     report["flashmla"] = open(os.path.join(os.path.dirname(args.so), "SOURCES")).read().split()
     with open(args.bench_json, "w") as f:
         json.dump(report, f, indent=2)
-    paths = sorted({r["path"] for r in report["rows"] if r.get("page_size") == PAGE
+    bf16 = [r for r in report["rows"] if r.get("kv_dtype", "bf16") == "bf16"]  # the peer's dtype
+    paths = sorted({r["path"] for r in bf16 if r.get("page_size") == PAGE
                     and r["path"] != PATH and r["path"] != "reference"})
     print("| B,T,H,prefix | FlashMLA ms | FlashMLA TFLOP/s | "
           + " | ".join(f"{p} ms | {p} / FlashMLA" for p in paths) + " |")
@@ -84,7 +85,7 @@ def main():
                  f"{m['ms']:.4f}" if m["ms"] > 0 else m.get("error", "-"),
                  f"{m.get('tflops', 0):.0f}"]
         for p in paths:
-            r = next((r for r in report["rows"] if r["path"] == p and r["page_size"] == PAGE and
+            r = next((r for r in bf16 if r["path"] == p and r["page_size"] == PAGE and
                       (r["B"], r["T"], r["H"], r["prefix"]) ==
                       (m["B"], m["T"], m["H"], m["prefix"])), None)
             ok = r is not None and r["ms"] > 0 and m["ms"] > 0
