@@ -95,7 +95,7 @@ if [[ -d "$PACK/py" ]]; then
   # Doorbell channels from a captured CUDA graph: 10,000 calls per client, two client processes.
   VERIFYD_CLIENT_GEN=$gen timeout 400 python3 "$PACK/py/tests/python/gpu_doorbell_test.py" \
     --data "unix://$dir/verifyd.sock" --admin "unix://$dir/admin.sock" --replays 2500 --clients 2 --verifyd "$bin/verifyd" \
-    --custom_replays 500 \
+    --custom_replays 500 --fp8_replays 200 \
     > "$OUT/python_doorbell.txt" 2>&1
   rc=$?
   if [[ $rc == 0 ]]; then

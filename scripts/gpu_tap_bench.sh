@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Shadow taps on the GPU machine: the graph test with a planted bug in the stack's own attention
-# (tests/python/gpu_tap_test.py), then the cost of taps to a captured 61-layer step at sample
+# (tests/python/gpu_tap_test.py), on a bf16 pool and on an e4m3 one, then the cost of taps to a captured 61-layer step at sample
 # rates 0, 1% and 100%, the step with verifyd stopped, and a long run in which every tap must be
 # accounted for (bench/tap_bench.py), with the shipped libverifyd_tap.so (the copy that keeps four
 # loads in flight per thread). When the pack has libverifyd_tap_one_load.so (the copy before it,
@@ -32,9 +32,12 @@ start_verifyd() {  # $1: a tag for the log
 }
 
 if start_verifyd test; then
-  timeout 300 python3 "$PACK/py/tests/python/gpu_tap_test.py" --data "unix://$dir/verifyd.sock" \
-    --admin "unix://$dir/admin.sock" --verifyd_log "$OUT/tap_verifyd_test.log" \
-    > "$OUT/tap_test.txt" 2>&1 || { echo "FAIL gpu_tap_test.py: $(tail -3 "$OUT/tap_test.txt")"; status=1; }
+  for kv in bf16 e4m3; do  # the second on an fp8 pool: the tap copies e4m3 pages and their scale
+    timeout 300 python3 "$PACK/py/tests/python/gpu_tap_test.py" --data "unix://$dir/verifyd.sock" \
+      --admin "unix://$dir/admin.sock" --verifyd_log "$OUT/tap_verifyd_test.log" --kv_dtype $kv \
+      > "$OUT/tap_test_$kv.txt" 2>&1 ||
+      { echo "FAIL gpu_tap_test.py --kv_dtype $kv: $(tail -3 "$OUT/tap_test_$kv.txt")"; status=1; }
+  done
   kill "$vpid"; wait "$vpid" 2>/dev/null
 fi
 if start_verifyd bench; then

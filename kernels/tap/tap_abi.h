@@ -7,13 +7,15 @@
 // block in its first kTapControlBytes, then `slots` ring slots of TapSlotGeometry::slot_bytes:
 //   q  bf16 [max_batch * T, H, 576]   the call's queries
 //   o  bf16 [max_batch * T, H, 512]   the stack's own attention output
-//   kv bf16 [max_pages, page_size, 576] the pages the call read, in kv_indices order
+//   kv [max_pages, page_size, 576] of the pool's dtype (bf16, or e4m3: one byte an element)
+//                                     the pages the call read, in kv_indices order
 // each at a multiple of 256 bytes. The channel's request area holds one record per slot,
 // record_bytes each, as int32 words:
 //   [0] call   the tap call's number   [1] batch   [2] pages (kv_indptr[batch])
 //   [3] flags  (kTapMalformed: the tap found a bad input and copied no tensor)
-//   [4, 5 + max_batch)                 kv_indptr (the first batch + 1 used)
-//   [5 + max_batch, 5 + 2 * max_batch) kv_lens   (the first batch used)
+//   [4] kv_scale, the float's bits (an e4m3 pool's scale; 1 for bf16)
+//   [5, 6 + max_batch)                 kv_indptr (the first batch + 1 used)
+//   [6 + max_batch, 6 + 2 * max_batch) kv_lens   (the first batch used)
 //   then the tree mask's bytes [max_batch, T, mask row bytes], the first batch used.
 // The kv_indptr in a record indexes the slot's kv, whose page i is the call's kv_indices[i]:
 // verifyd reads it with kv_indices 0, 1, ..., pages - 1.
@@ -32,7 +34,7 @@ inline constexpr uint64_t kTapControlBytes = 256;
 inline constexpr uint64_t kTapAlign = 256;
 inline constexpr uint32_t kTapDrop = 0xffffffffu;  // TapControl::decision: sampled, ring full
 inline constexpr uint32_t kTapMalformed = 1u;      // record flags
-inline constexpr uint32_t kTapRecordWords = 4;     // call, batch, pages, flags
+inline constexpr uint32_t kTapRecordWords = 5;     // call, batch, pages, flags, kv_scale
 inline constexpr uint32_t kPpmAll = 1000000u;      // sample_ppm: every call
 
 // Device memory, at the start of the slots region. verifyd writes the first line (its first 16
@@ -73,13 +75,15 @@ struct TapSlotGeometry {
 };
 
 // `bits_mask`: the tree mask is bit-packed ([B, T, ceil(T/8)]) rather than one byte per entry.
+// `kv_elem_bytes`: 2 for a bf16 pool, 1 for e4m3.
 inline TapSlotGeometry TapGeometry(uint64_t max_batch, uint64_t draft, uint64_t heads,
-                                   uint64_t max_pages, uint64_t page_size, bool bits_mask) {
+                                   uint64_t max_pages, uint64_t page_size, bool bits_mask,
+                                   uint64_t kv_elem_bytes) {
   TapSlotGeometry g;
   const uint64_t rows = max_batch * draft;
   g.q_bytes = rows * heads * 576 * 2;
   g.o_bytes = rows * heads * 512 * 2;
-  g.kv_bytes = max_pages * page_size * 576 * 2;
+  g.kv_bytes = max_pages * page_size * 576 * kv_elem_bytes;
   g.o_offset = TapAlignUp(g.q_bytes);
   g.kv_offset = g.o_offset + TapAlignUp(g.o_bytes);
   g.slot_bytes = g.kv_offset + TapAlignUp(g.kv_bytes);

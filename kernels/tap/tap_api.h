@@ -17,10 +17,13 @@ struct VerifydTapArgs {
   void* header_words;  // device-visible pointer to the channel header's tap_produced (4 words)
   uint64_t slot_bytes, o_offset, kv_offset, record_bytes, mask_row_bytes;
   uint32_t slots_n, max_batch, draft, heads, max_pages, page_size;
-  // One layer's call: the stack's tensors, contiguous, on the device.
+  uint32_t kv_elem_bytes;  // 2: a bf16 pool, 1: e4m3
+  // One layer's call: its pool's scale (1 for bf16), then the stack's tensors, contiguous, on
+  // the device.
+  float kv_scale;
   const void* q;        // bf16 [batch * T, H, 576]
   const void* o;        // bf16 [batch * T, H, 512]: the stack's output
-  const void* kv_pool;  // bf16 [pool_pages, page_size, 576]
+  const void* kv_pool;  // [pool_pages, page_size, 576] of bf16 or e4m3 (kv_elem_bytes)
   uint64_t pool_pages;
   const int32_t* kv_indptr;   // [batch + 1]
   const int32_t* kv_indices;  // [kv_indptr[batch]]
@@ -37,6 +40,7 @@ uint32_t verifyd_tap_args_bytes(void);
 // out[0..7] = slot_bytes, o_offset, kv_offset, record_bytes, mask_row_bytes, the first slot's
 // offset, and the region's bytes for `slots` slots, then 0.
 void verifyd_tap_geometry(uint32_t max_batch, uint32_t draft, uint32_t heads, uint32_t max_pages,
-                          uint32_t page_size, int bits_mask, uint32_t slots, uint64_t out[8]);
+                          uint32_t page_size, int bits_mask, uint32_t kv_elem_bytes,
+                          uint32_t slots, uint64_t out[8]);
 
 }  // extern "C"

@@ -27,11 +27,12 @@ namespace verifyd::tap {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kRowVecs = 576 * 2 / 16;  // 16-byte vectors in a row of 576 bf16 (q, a KV token)
+constexpr int kRowVecs = 576 * 2 / 16;  // 16-byte vectors in a row of 576 bf16 (q, a bf16 token)
 
 // CopyVectors: n 16-byte vectors, thread `first` of `stride` taking every stride-th.
 // CopyPages: the pages a call read; token t of the slot's kv is token t % page_size of page
-// kv_indices[t / page_size] of the pool. Both are spread over every thread of the grid.
+// kv_indices[t / page_size] of the pool, a token being row_vecs 16-byte vectors (kRowVecs for
+// bf16, half as many for e4m3). Both are spread over every thread of the grid.
 #if VERIFYD_TAP_COPY == 1
 
 __device__ void CopyVectors(uint4* dst, const uint4* src, uint64_t n, uint64_t first,
@@ -42,10 +43,11 @@ __device__ void CopyVectors(uint4* dst, const uint4* src, uint64_t n, uint64_t f
 // Flattened into 16-byte vectors: vector v of the slot's kv is vector v % per_page of page
 // kv_indices[v / per_page] of the pool.
 __device__ void CopyPages(uint4* out, const uint4* pool, const int32_t* kv_indices, uint64_t pages,
-                          uint32_t page_size, uint64_t pool_pages, uint32_t* bad) {
+                          uint32_t page_size, uint32_t row_vecs, uint64_t pool_pages,
+                          uint32_t* bad) {
   const uint64_t first = uint64_t{blockIdx.x} * kThreads + threadIdx.x;
   const uint64_t stride = uint64_t{gridDim.x} * kThreads;
-  const uint64_t per_page = uint64_t{page_size} * kRowVecs;
+  const uint64_t per_page = uint64_t{page_size} * row_vecs;
   for (uint64_t v = first; v < pages * per_page; v += stride) {
     const int32_t id = kv_indices[v / per_page];
     if (id < 0 || static_cast<uint64_t>(id) >= pool_pages) {
@@ -75,10 +77,10 @@ __device__ void CopyVectors(uint4* __restrict__ dst, const uint4* __restrict__ s
 }
 
 // Each warp copies kUnroll consecutive tokens at a time: one division per token rather than per
-// vector, and a token's 72 vectors in three loads per lane.
+// vector, and a token's 72 vectors (bf16; 36 for e4m3) in at most three loads per lane.
 __device__ void CopyPages(uint4* __restrict__ out, const uint4* __restrict__ pool,
                           const int32_t* kv_indices, uint64_t pages, uint32_t page_size,
-                          uint64_t pool_pages, uint32_t* bad) {
+                          uint32_t row_vecs, uint64_t pool_pages, uint32_t* bad) {
   const uint64_t tokens = pages * page_size;
   const uint32_t lane = threadIdx.x & 31;
   const uint64_t warp = (uint64_t{blockIdx.x} * kThreads + threadIdx.x) >> 5;
@@ -102,7 +104,7 @@ __device__ void CopyPages(uint4* __restrict__ out, const uint4* __restrict__ poo
         ok[k] = false;
         continue;
       }
-      src[k] = pool + (static_cast<uint64_t>(id) * page_size + t32 % page_size) * kRowVecs;
+      src[k] = pool + (static_cast<uint64_t>(id) * page_size + t32 % page_size) * row_vecs;
     }
     uint4 v[kUnroll][3];
 #pragma unroll
@@ -110,7 +112,7 @@ __device__ void CopyPages(uint4* __restrict__ out, const uint4* __restrict__ poo
 #pragma unroll
       for (int j = 0; j < 3; ++j) {
         const uint32_t x = lane + 32 * j;
-        if (ok[k] && x < kRowVecs) v[k][j] = __ldcs(src[k] + x);
+        if (ok[k] && x < row_vecs) v[k][j] = __ldcs(src[k] + x);
       }
     }
 #pragma unroll
@@ -118,7 +120,7 @@ __device__ void CopyPages(uint4* __restrict__ out, const uint4* __restrict__ poo
 #pragma unroll
       for (int j = 0; j < 3; ++j) {
         const uint32_t x = lane + 32 * j;
-        if (ok[k] && x < kRowVecs) __stcs(out + (t0 + k) * kRowVecs + x, v[k][j]);
+        if (ok[k] && x < row_vecs) __stcs(out + (t0 + k) * row_vecs + x, v[k][j]);
       }
     }
   }
@@ -157,8 +159,8 @@ __global__ void __launch_bounds__(kThreads) TapKernel(VerifydTapArgs a) {
       CopyVectors(reinterpret_cast<uint4*>(s + a.o_offset), static_cast<const uint4*>(a.o),
                   rows * a.heads * 512 * 2 / 16, first, stride);
       CopyPages(reinterpret_cast<uint4*>(s + a.kv_offset), static_cast<const uint4*>(a.kv_pool),
-                a.kv_indices, static_cast<uint32_t>(a.kv_indptr[batch]), a.page_size, a.pool_pages,
-                &c->bad);
+                a.kv_indices, static_cast<uint32_t>(a.kv_indptr[batch]), a.page_size,
+                576 * a.kv_elem_bytes / 16, a.pool_pages, &c->bad);
       if (blockIdx.x == 0) {  // the layout, into the host record
         const uint32_t words = 2 * a.max_batch + 1;
         for (uint32_t i = threadIdx.x; i <= batch; i += kThreads) {
@@ -178,6 +180,7 @@ __global__ void __launch_bounds__(kThreads) TapKernel(VerifydTapArgs a) {
       rec[1] = static_cast<int32_t>(batch);
       rec[2] = valid ? a.kv_indptr[batch] : 0;
       rec[3] = valid ? 0 : static_cast<int32_t>(kTapMalformed);
+      rec[4] = __float_as_int(a.kv_scale);
     }
     __threadfence_system();  // this block's slot and record writes, before its arrival
   }
@@ -217,7 +220,10 @@ __global__ void __launch_bounds__(kThreads) TapKernel(VerifydTapArgs a) {
 }  // namespace verifyd::tap
 
 extern "C" int verifyd_tap_launch(const VerifydTapArgs* args, void* stream) {
-  if (args == nullptr || args->grid == 0 || args->slots_n == 0) return cudaErrorInvalidValue;
+  if (args == nullptr || args->grid == 0 || args->slots_n == 0 ||
+      (args->kv_elem_bytes != 1 && args->kv_elem_bytes != 2)) {
+    return cudaErrorInvalidValue;
+  }
   verifyd::tap::
       TapKernel<<<args->grid, verifyd::tap::kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
           *args);
@@ -228,9 +234,9 @@ extern "C" uint32_t verifyd_tap_args_bytes(void) { return sizeof(VerifydTapArgs)
 
 extern "C" void verifyd_tap_geometry(uint32_t max_batch, uint32_t draft, uint32_t heads,
                                      uint32_t max_pages, uint32_t page_size, int bits_mask,
-                                     uint32_t slots, uint64_t out[8]) {
-  const verifyd::tap::TapSlotGeometry g =
-      verifyd::tap::TapGeometry(max_batch, draft, heads, max_pages, page_size, bits_mask != 0);
+                                     uint32_t kv_elem_bytes, uint32_t slots, uint64_t out[8]) {
+  const verifyd::tap::TapSlotGeometry g = verifyd::tap::TapGeometry(
+      max_batch, draft, heads, max_pages, page_size, bits_mask != 0, kv_elem_bytes);
   const uint64_t values[8] = {
       g.slot_bytes,     g.o_offset,      g.kv_offset,         g.record_bytes,
       g.mask_row_bytes, g.SlotOffset(0), g.SlotOffset(slots), 0};

@@ -73,8 +73,15 @@ absl::StatusOr<TapPlan> PlanTap(const v1::TapSpec& spec, uint64_t capacity) {
   }
   TapPlan plan;
   plan.spec = spec;
+  if (spec.kv_dtype() == v1::DTYPE_UNSPECIFIED) plan.spec.set_kv_dtype(v1::DTYPE_BF16);
+  if (plan.spec.kv_dtype() != v1::DTYPE_BF16 && plan.spec.kv_dtype() != v1::DTYPE_F8E4M3) {
+    const std::string name = v1::DType_Name(spec.kv_dtype());
+    return Bad("kv_dtype", absl::StrCat(name.empty() ? std::to_string(spec.kv_dtype()) : name,
+                                        " is not a KV pool dtype: DTYPE_BF16 or DTYPE_F8E4M3"));
+  }
   plan.geometry = tap::TapGeometry(spec.max_batch(), spec.draft(), spec.heads(), spec.max_pages(),
-                                   spec.page_size(), spec.mask_format() == v1::MASK_FORMAT_BITS);
+                                   spec.page_size(), spec.mask_format() == v1::MASK_FORMAT_BITS,
+                                   static_cast<uint64_t>(DTypeBytes(plan.spec.kv_dtype())));
   plan.region_bytes = plan.geometry.SlotOffset(spec.slots());
   if (uint64_t{spec.slots()} * plan.geometry.record_bytes > capacity) {
     return Bad("slots", absl::StrCat(spec.slots(), " records of ", plan.geometry.record_bytes,
@@ -94,7 +101,7 @@ v1::VerifyRequest TapSlotCall(const TapPlan& plan, uint32_t slot, bool shm_regio
   RegionRange(call.mutable_q(), s.region(), shm_region, at, g.q_bytes);
   Shape(call.mutable_o_out(), v1::DTYPE_BF16, {rows, s.heads(), 512});
   RegionRange(call.mutable_o_out(), s.region(), shm_region, at + g.o_offset, g.o_bytes);
-  Shape(call.mutable_kv_pool(), v1::DTYPE_BF16, {s.max_pages(), s.page_size(), 576});
+  Shape(call.mutable_kv_pool(), s.kv_dtype(), {s.max_pages(), s.page_size(), 576});
   RegionRange(call.mutable_kv_pool(), s.region(), shm_region, at + g.kv_offset, g.kv_bytes);
   call.set_mask_format(s.mask_format());
   call.set_sm_scale(s.sm_scale());
@@ -141,6 +148,11 @@ absl::Status BuildTapCall(const TapPlan& plan, const v1::VerifyRequest& slot_cal
   }
   *call = slot_call;
   call->set_request_id(absl::StrCat("tap:", s.backend(), ":", *call_number));
+  if (s.kv_dtype() == v1::DTYPE_F8E4M3) {  // checked as any call's kv_scale (ValidateBundle)
+    float kv_scale;
+    std::memcpy(&kv_scale, &head[4], 4);
+    call->set_kv_scale(kv_scale);
+  }
   CutRows(call->mutable_q(), batch * s.draft());
   CutRows(call->mutable_o_out(), batch * s.draft());
   CutRows(call->mutable_kv_pool(), pages);

@@ -13,7 +13,9 @@ clean; a bad page id in the page table gives a zero-filled o, a counted failure 
 naming kv_indices, and the graph goes on; two client processes at once (--clients 2) both pass;
 with --verifyd, a private verifyd killed under a captured graph does not hang the next replay; with
 --custom_replays, the same replays with the custom output served (checked finite as it is copied
-into o) are checked against fp32 torch too.
+into o) are checked against fp32 torch too; with --fp8_replays, the same replays on e4m3 pools
+(torch.float8_e4m3fn, a kv_scale per layer), checked against fp32 torch of e4m3 x kv_scale, and
+bad scales refused naming kv_scale.
 Exit status: 0 passed, 1 a check failed, 2 the setup failed.
 """
 
@@ -37,6 +39,7 @@ from verifyd_client import AdminClient, VerifyClient, VerifydError  # noqa: E402
 
 LAYERS, MAX_BATCH, DRAFT, HEADS, MAX_PREFIX, SLOTS = 4, 4, 8, 16, 400, 6000
 SCALE = 0.1352  # a DeepSeek-like scale (YaRN), not 1/sqrt(192)
+FP8_SCALES = [0.37, 1.0, 3.1, 0.0625]  # each e4m3 layer's kv_scale (k_scale)
 
 
 def reference(q, pool, indptr, indices, lens, mask):
@@ -63,10 +66,17 @@ def rel_l2(got, want):
 class Pass:
     """The device inputs a forward pass reads, rewritten in place before each replay."""
 
-    def __init__(self, gen, device):
+    def __init__(self, gen, device, fp8=False):
         self.gen, self.device = gen, device
-        self.pools = [torch.randn(SLOTS, 1, 576, generator=gen, device=device)
-                      .to(torch.bfloat16) for _ in range(LAYERS)]
+        values = [torch.randn(SLOTS, 1, 576, generator=gen, device=device) for _ in range(LAYERS)]
+        if fp8:  # e4m3 pools; the reference reads e4m3 x kv_scale in fp32
+            self.kv_scales = FP8_SCALES[:LAYERS]
+            self.pools = [(v / s).to(torch.float8_e4m3fn) for v, s in zip(values, self.kv_scales)]
+            self.ref_pools = [p.float() * s for p, s in zip(self.pools, self.kv_scales)]
+        else:
+            self.kv_scales = None
+            self.pools = [v.to(torch.bfloat16) for v in values]
+            self.ref_pools = self.pools
         self.indptr = torch.zeros(MAX_BATCH + 1, dtype=torch.int32, device=device)
         self.indices = torch.zeros(MAX_BATCH * (MAX_PREFIX + DRAFT), dtype=torch.int32,
                                    device=device)
@@ -114,19 +124,20 @@ def capture(step, p):
     return graph
 
 
-def run_replays(args, device, seed, replays=None, label=""):
+def run_replays(args, device, seed, replays=None, label="", fp8=False):
     replays = args.replays if replays is None else replays
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
-    p = Pass(gen, device)
+    p = Pass(gen, device, fp8)
     worst, t0 = 0.0, time.monotonic()
     with VerifyClient(args.data, transport="cuda_ipc", timeout=30) as client:
-        step = client.verify_step(p.pools, MAX_BATCH, DRAFT, HEADS, p.indices.shape[0], SCALE)
+        step = client.verify_step(p.pools, MAX_BATCH, DRAFT, HEADS, p.indices.shape[0], SCALE,
+                                  kv_scales=p.kv_scales)
         p.rewrite()
         graph = capture(step, p)
         for i in range(replays):
             p.rewrite()
-            want = [reference(p.q[layer].view(-1, HEADS, 576), p.pools[layer], p.indptr,
+            want = [reference(p.q[layer].view(-1, HEADS, 576), p.ref_pools[layer], p.indptr,
                               p.indices, p.lens, p.mask) for layer in range(LAYERS)]
             graph.replay()
             p.scribble()  # verifyd has answered every call of the replay once the step is done
@@ -210,6 +221,32 @@ def check_verifyd_gone(verifyd_bin, device):
           f"UNAVAILABLE", flush=True)
 
 
+def check_fp8_refusals(args, device):
+    """Bad pool scales are refused by the client before a channel opens, each naming its field."""
+    from verifyd_client import InvalidBundleError  # noqa: PLC0415
+
+    gen = torch.Generator(device=device)
+    gen.manual_seed(7)
+    p = Pass(gen, device, fp8=True)
+    bf16 = Pass(gen, device)
+    cases = [("kv_scale", p.pools, [float("nan")] + FP8_SCALES[1:LAYERS]),
+             ("kv_scale", p.pools, [0.0] + FP8_SCALES[1:LAYERS]),
+             ("kv_scale", bf16.pools, [2.0] * LAYERS),  # a scale on a bf16 pool
+             ("kv_scales", p.pools, FP8_SCALES[:LAYERS - 1])]
+    with VerifyClient(args.data, transport="cuda_ipc", timeout=30) as client:
+        for field, pools, scales in cases:
+            try:
+                client.verify_step(pools, MAX_BATCH, DRAFT, HEADS, p.indices.shape[0], SCALE,
+                                   kv_scales=scales)
+                got = "accepted"
+            except InvalidBundleError as e:
+                got = str(e)
+            if not got.startswith(field + ":"):
+                raise AssertionError(f"kv_scales {scales}: expected an error naming {field}, "
+                                     f"got {got!r}")
+    print(f"ok   {len(cases)} bad pool scales refused, each naming kv_scale(s)", flush=True)
+
+
 def comparisons(admin_target):
     with AdminClient(admin_target) as admin:
         c = admin.status()["counters"]
@@ -227,6 +264,9 @@ def main():
     ap.add_argument("--custom_replays", type=int, default=0,
                     help="then this many replays with verifyd flipped to custom mode (the custom "
                          "output is served, checked finite as it is copied into o), then back")
+    ap.add_argument("--fp8_replays", type=int, default=0,
+                    help="then this many replays on e4m3 pools (a kv_scale per layer), in shadow "
+                         "mode and, with --custom_replays, in custom mode")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("SETUP FAILED: torch sees no CUDA device")
@@ -275,6 +315,36 @@ def main():
                 status = 1
             finally:
                 admin.flip("shadow", "doorbell graph test done", force=True)
+    if args.fp8_replays > 0:
+        status |= run_fp8(args, device)
+    return status
+
+
+def run_fp8(args, device):
+    """The replays on e4m3 pools: shadow mode (whose comparisons must be clean), custom mode,
+    and the refusals of bad scales."""
+    status = 0
+    before = comparisons(args.admin)
+    try:
+        run_replays(args, device, args.seed + 200, args.fp8_replays, " on e4m3 pools", fp8=True)
+        time.sleep(2)  # the last comparisons run off the critical path
+        match, breach, error = (a - b for a, b in zip(comparisons(args.admin), before))
+        print(f"shadow comparisons of the e4m3 calls: match {match} breach {breach} error {error}",
+              flush=True)
+        if breach or error or not match:
+            raise AssertionError("the shadow comparisons of e4m3 calls were not all clean")
+        if args.custom_replays > 0:
+            with AdminClient(args.admin) as admin:
+                admin.flip("custom", "doorbell graph test, e4m3 in custom mode", force=True)
+                try:
+                    run_replays(args, device, args.seed + 300, args.fp8_replays,
+                                " on e4m3 pools in custom mode", fp8=True)
+                finally:
+                    admin.flip("shadow", "doorbell graph test done", force=True)
+        check_fp8_refusals(args, device)
+    except Exception as e:  # noqa: BLE001
+        print(f"FAIL e4m3 pools: {type(e).__name__}: {e}", flush=True)
+        status = 1
     return status
 
 

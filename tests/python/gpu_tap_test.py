@@ -12,6 +12,8 @@ one bit flipped (row 0 of request 0 sees draft token 1): a bug in the stack's ke
 rate of 1 every replay after the first is tapped and compared; verifyd must report a
 stack-vs-reference breach on exactly the planted calls (its log names each by call number), none
 on the others, and custom within tolerance of the reference everywhere. Every tap ends compared.
+With --kv_dtype e4m3 the pool is torch.float8_e4m3fn at kv_scale KV_SCALE (the stack reads
+e4m3 x kv_scale in fp32), and the tap copies its e4m3 pages and names the scale.
 Exit status: 0 passed, 1 a check failed, 2 the setup failed.
 """
 
@@ -35,7 +37,7 @@ from verifyd_client import AdminClient, VerifyClient  # noqa: E402
 B, T, H, PREFIX, SLOTS = 4, 8, 16, 120, 4096
 L = PREFIX + T
 SCALE = 0.1352
-BACKEND = "torch_test"
+KV_SCALE = 0.37  # the e4m3 pool's k_scale
 
 
 def stack_attention(q, pool, indices, mask, out):
@@ -65,11 +67,19 @@ def main():
     ap.add_argument("--admin", required=True)
     ap.add_argument("--verifyd_log", required=True)
     ap.add_argument("--replays", type=int, default=300)
+    ap.add_argument("--kv_dtype", choices=["bf16", "e4m3"], default="bf16")
     args = ap.parse_args()
+    backend = "torch_test" if args.kv_dtype == "bf16" else "torch_test_e4m3"
     dev = torch.device("cuda", 0)
     gen = torch.Generator(device=dev)
     gen.manual_seed(2026)
-    pool = torch.randn(SLOTS, 1, 576, generator=gen, device=dev).to(torch.bfloat16)
+    values = torch.randn(SLOTS, 1, 576, generator=gen, device=dev)
+    if args.kv_dtype == "e4m3":
+        pool, kv_scale = (values / KV_SCALE).to(torch.float8_e4m3fn), KV_SCALE
+        stack_pool = pool.float() * KV_SCALE  # what the stack's attention reads
+    else:
+        pool, kv_scale = values.to(torch.bfloat16), None
+        stack_pool = pool
     q = torch.zeros(B * T, H * 576, dtype=torch.bfloat16, device=dev)
     o = torch.zeros(B * T, H * 512, dtype=torch.bfloat16, device=dev)
     indices = torch.zeros(B * L, dtype=torch.int32, device=dev)
@@ -82,17 +92,17 @@ def main():
     client = VerifyClient(args.data, transport="cuda_ipc")
     admin = AdminClient(args.admin)
     admin.set_sampling("shadow", 1.0, "tap test: every call")
-    tap = client.tap_channel(BACKEND, B, T, H, B * L, 1, SCALE, slots=8)
+    tap = client.tap_channel(backend, B, T, H, B * L, 1, SCALE, slots=8, kv_dtype=args.kv_dtype)
     time.sleep(0.3)  # the rate reaches the control block
 
     def layer():
-        stack_attention(q, pool, indices, stack_mask, o)
-        tap.tap(q, o, pool, indptr, indices, lens, mask)
+        stack_attention(q, stack_pool, indices, stack_mask, o)
+        tap.tap(q, o, pool, indptr, indices, lens, mask, kv_scale=kv_scale)
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        stack_attention(q, pool, indices, stack_mask, o)  # warm-up without a tap
+        stack_attention(q, stack_pool, indices, stack_mask, o)  # warm-up without a tap
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
@@ -129,7 +139,7 @@ def main():
         failures.append(f"compared {c['compared']}, dropped {c['dropped']}, refused "
                         f"{c['refused']}: every tap should be compared")
     log = open(args.verifyd_log, encoding="utf-8", errors="replace").read()
-    breached = {int(m) for m in re.findall(rf"breached against the reference on tap:{BACKEND}:"
+    breached = {int(m) for m in re.findall(rf"breached against the reference on tap:{backend}:"
                                            r"(\d+)", log)}
     print(f"planted {sorted(planted)}, stack breaches logged on calls {sorted(breached)}")
     if breached != planted:

@@ -4,9 +4,11 @@
 // calls are compared three ways, and a planted bug in the stack's output shows as a
 // stack-vs-reference breach on exactly those calls; a full ring drops calls and counts them; a
 // malformed fill is refused and counted and the channel goes on; a breach's capture holds the
-// stack's output and replays bit for bit; a bad tap spec is refused naming the field.
+// stack's output and replays bit for bit; a bad tap spec is refused naming the field; an e4m3
+// pool is tapped at one byte an element with each call's scale in its record.
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -88,7 +90,7 @@ class HostTap {
     std::memcpy(s, v.q, v.q_elems() * 2);
     std::memcpy(s + g_.tap_o_offset(), stack_o, v.o_elems() * 2);
     const int64_t batch = v.shape.batch, pages = v.kv_indptr[batch];
-    const size_t page_bytes = static_cast<size_t>(v.shape.page_size) * 576 * 2;
+    const size_t page_bytes = static_cast<size_t>(v.shape.page_size) * 576 * v.kv_elem_bytes();
     for (int64_t p = 0; p < pages; ++p) {
       std::memcpy(s + g_.tap_kv_offset() + p * page_bytes,
                   reinterpret_cast<const char*>(v.kv_pool) + v.kv_indices[p] * page_bytes,
@@ -99,6 +101,7 @@ class HostTap {
     rec[1] = static_cast<int32_t>(batch);
     rec[2] = static_cast<int32_t>(pages);
     rec[3] = 0;
+    std::memcpy(rec + 4, &v.kv_scale, 4);
     std::memcpy(rec + tap::kTapRecordWords, v.kv_indptr, (batch + 1) * 4);
     std::memcpy(rec + tap::kTapRecordWords + kMaxBatch + 1, v.kv_lens, batch * 4);
     std::memcpy(rec + tap::kTapRecordWords + 2 * kMaxBatch + 1, v.tree_mask, v.mask_bytes());
@@ -156,7 +159,8 @@ class TapTest : public DaemonTest {
   grpc::Status OpenTap(const v1::TapSpec& spec, v1::OpenChannelResponse* g,
                        uint64_t region_bytes = 0) {
     const tap::TapSlotGeometry geo =
-        tap::TapGeometry(kMaxBatch, kDraft, kHeads, kMaxPages, kPage, false);
+        tap::TapGeometry(kMaxBatch, kDraft, kHeads, kMaxPages, kPage, false,
+                         spec.kv_dtype() == v1::DTYPE_F8E4M3 ? 1 : 2);
     if (region_bytes == 0) region_bytes = geo.SlotOffset(spec.slots());
     tap_.reset();
     chan_.reset();
@@ -403,6 +407,8 @@ TEST_F(TapTest, BadSpecsAreRefusedNamingTheField) {
       {[](v1::TapSpec* t) { t->set_max_batch(0); }, "tap.max_batch"},
       {[](v1::TapSpec* t) { t->set_page_size(0); }, "tap.page_size"},
       {[](v1::TapSpec* t) { t->set_sm_scale(-1); }, "tap.sm_scale"},
+      {[](v1::TapSpec* t) { t->set_kv_dtype(v1::DTYPE_U8); }, "tap.kv_dtype"},
+      {[](v1::TapSpec* t) { t->set_kv_dtype(static_cast<v1::DType>(77)); }, "tap.kv_dtype"},
       {[](v1::TapSpec* t) { t->set_region("nope"); }, "tap.region", grpc::StatusCode::NOT_FOUND},
   };
   for (const Case& c : cases) {
@@ -421,6 +427,67 @@ TEST_F(TapTest, BadSpecsAreRefusedNamingTheField) {
   v1::OpenChannelResponse g;
   const grpc::Status st = OpenTap(Spec(2), &g, 4096);
   EXPECT_NE(st.error_message().find("tap.region"), std::string::npos) << st.error_message();
+}
+
+// An e4m3 pool is tapped at one byte an element, each call's scale in its record: the calls are
+// compared (the stack's output being the reference's, a planted bug breaching on its calls
+// only), at two scales in one channel; a record whose scale is not a finite positive float is
+// refused and counted, and the channel goes on.
+TEST_F(TapTest, AnE4m3PoolIsTappedWithEachCallsScale) {
+  Start("e4m3");
+  v1::TapSpec spec = Spec(2);
+  spec.set_kv_dtype(v1::DTYPE_F8E4M3);
+  v1::OpenChannelResponse g;
+  ASSERT_TRUE(OpenTap(spec, &g).ok());
+  const tap::TapSlotGeometry bf16 =
+      tap::TapGeometry(kMaxBatch, kDraft, kHeads, kMaxPages, kPage, false, 2);
+  EXPECT_EQ(g.tap_slot_bytes(), bf16.slot_bytes - tap::TapAlignUp(bf16.kv_bytes) +
+                                    tap::TapAlignUp(uint64_t{kMaxPages} * kPage * 576));
+  std::vector<std::unique_ptr<RandomBundle>> bundles;
+  for (auto [seed, batch, prefix, scale] :
+       {std::tuple{61u, 3, 17, 0.37f}, std::tuple{62u, 2, 30, 2.5f}}) {
+    RandomBundleSpec s = TapSpecBundle(seed, batch, prefix);
+    s.kv_dtype = kernels::KvDtype::kE4m3;
+    s.kv_scale = scale;
+    bundles.push_back(std::make_unique<RandomBundle>(s));
+  }
+  const std::set<int> planted = {3, 6};
+  int planted_filled = 0, filled = 0;
+  for (int call = 0; call < 8; ++call) {
+    const BundleView& v = bundles[call % 2]->view();
+    ASSERT_EQ(v.shape.kv_dtype, kernels::KvDtype::kE4m3);
+    const std::vector<uint16_t> o = StackOutput(v, planted.count(call) > 0);
+    const bool f = tap_->Call(v, o.data());
+    filled += f;
+    planted_filled += f && planted.count(call) > 0;
+    ASSERT_TRUE(Drain());
+  }
+  EXPECT_EQ(filled, 7);
+  EXPECT_EQ(planted_filled, 2);
+  v1::TapInfo t = Tap();
+  EXPECT_EQ(t.compared(), 7);
+  EXPECT_EQ(t.refused(), 0);
+  EXPECT_EQ(t.stack_breaches(), 2);
+  EXPECT_LT(t.worst_custom_vs_reference(), 0.01);
+  // The record's scale is what the call is judged with: the wrong one breaches.
+  const BundleView& v = bundles[0]->view();
+  const std::vector<uint16_t> o = StackOutput(v, false);
+  const float wrong = 0.5f;
+  ASSERT_TRUE(tap_->Call(v, o.data(), [wrong](int32_t* r) { std::memcpy(r + 4, &wrong, 4); }));
+  ASSERT_TRUE(Drain());
+  EXPECT_EQ(Tap().stack_breaches(), 3);
+  for (float bad : {0.f, -1.f, std::nanf(""), INFINITY}) {
+    ASSERT_TRUE(tap_->Call(v, o.data(), [bad](int32_t* r) { std::memcpy(r + 4, &bad, 4); }));
+    ASSERT_TRUE(Drain());
+  }
+  t = Tap();
+  EXPECT_EQ(t.refused(), 4);
+  EXPECT_EQ(t.compared(), 8);
+  ASSERT_TRUE(tap_->Call(v, o.data()));
+  ASSERT_TRUE(Drain());
+  EXPECT_EQ(Tap().compared(), 9);
+  v1::VerifyResponse resp;
+  EXPECT_TRUE(Verify(SmallRequest(5), &resp).ok()) << "the daemon stopped serving";
 }
 
 // A tapped deployment's gate also needs a window of tapped comparisons, and custom no further

@@ -91,7 +91,7 @@ class Bundle:
 
     def kv_pool_dtype(self):
         """The pool's DType on the wire."""
-        return types_pb2.DTYPE_F8E4M3 if self.kv_dtype == tensors.KV_E4M3 else types_pb2.DTYPE_BF16
+        return wire_kv_dtype(self.kv_dtype)
 
     def o_shape(self):
         return (self.batch * self.draft, self.heads, HEAD_DIM_V)
@@ -250,15 +250,27 @@ def check_call(q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale,
         _fail(f"kv_pool: page_size {page_size} is not a power of two in [1, {MAX_PAGE_SIZE}]")
     scale = _positive("sm_scale", sm_scale)
     kv_dtype = tensors.kv_dtype_of("kv_pool", kv_pool)
-    kscale = 1.0
-    if kv_scale is not None:
-        kscale = _positive("kv_scale", kv_scale)
-        if kv_dtype == tensors.KV_BF16 and kscale != 1.0:
-            _fail(f"kv_scale: {kscale} is for an e4m3 pool; a bf16 kv_pool takes none (or 1)")
+    kscale = checked_kv_scale(kv_dtype, kv_scale)
     _check_metadata(indptr, indices, lens, mask, fmt, batch, draft, page_size, pool_shape[0])
     return Bundle(q=q, kv_pool=kv_pool, kv_indptr=indptr, kv_indices=indices, kv_lens=lens,
                   tree_mask=mask, mask_format=fmt, sm_scale=scale, batch=batch, draft=draft,
                   heads=heads, kv_dtype=kv_dtype, kv_scale=kscale)
+
+
+def checked_kv_scale(kv_dtype, kv_scale):
+    """The pool's scale as a float (None: 1): finite and > 0, and 1 for a bf16 pool; else the
+    daemon's error naming kv_scale."""
+    if kv_scale is None:
+        return 1.0
+    kscale = _positive("kv_scale", kv_scale)
+    if kv_dtype == tensors.KV_BF16 and kscale != 1.0:
+        _fail(f"kv_scale: {kscale} is for an e4m3 pool; a bf16 kv_pool takes none (or 1)")
+    return kscale
+
+
+def wire_kv_dtype(kv_dtype):
+    """A pool's DType on the wire, from tensors.kv_dtype_of."""
+    return types_pb2.DTYPE_F8E4M3 if kv_dtype == tensors.KV_E4M3 else types_pb2.DTYPE_BF16
 
 
 def _positive(name, x):

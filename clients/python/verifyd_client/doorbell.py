@@ -35,7 +35,8 @@ import grpc
 from . import cuda_driver
 from ._channel_memory import HEADER_BYTES, ChannelMemory, close_channel
 from ._proto import types_pb2, verify_pb2
-from .bundle import HEAD_DIM_QK, HEAD_DIM_V
+from . import tensors
+from .bundle import HEAD_DIM_QK, HEAD_DIM_V, checked_kv_scale, wire_kv_dtype
 from .errors import InvalidBundleError, VerifydError, status_code
 from .regions import OFFSET_GRID, ref
 
@@ -76,14 +77,15 @@ def _cuda_ref(transport, name, t, dtype):
 class Descriptor:
     """One call's fixed part: CUDA tensors at their largest shapes, all on one device.
 
-    q bf16 [max_batch*T, H, 576] (or [max_batch*T, H*576]); kv_pool bf16 [pages, page, 576];
+    q bf16 [max_batch*T, H, 576] (or [max_batch*T, H*576]); kv_pool [pages, page, 576] of bf16,
+    or of torch.float8_e4m3fn whose values are e4m3 x ``kv_scale`` (SGLang's k_scale; None: 1);
     kv_indices int32 [max_indices]; tree_mask uint8 [max_batch, T, T] (mask_format "bytes") or
     [max_batch, T, ceil(T/8)] ("bits"); o bf16 [max_batch*T, H, 512] (or 2-D); lse f32
     [max_batch*T, H] when given. sm_scale: the model's own softmax scale.
     """
 
     def __init__(self, q, kv_pool, kv_indices, tree_mask, o, sm_scale, lse=None,
-                 mask_format="bytes"):
+                 mask_format="bytes", kv_scale=None):
         rows = int(q.shape[0])
         if q.dim() == 2:
             q = q.view(rows, -1, HEAD_DIM_QK)
@@ -92,6 +94,7 @@ class Descriptor:
         self.q, self.kv_pool, self.kv_indices, self.tree_mask, self.o, self.lse = (
             q, kv_pool, kv_indices, tree_mask, o, lse)
         self.sm_scale, self.mask_format = float(sm_scale), mask_format
+        self.kv_scale = kv_scale
         self.max_batch, self.draft = int(tree_mask.shape[0]), int(tree_mask.shape[1])
         self.heads = int(q.shape[1])
 
@@ -103,15 +106,16 @@ class Descriptor:
                 raise InvalidBundleError(f"{name}: expected a contiguous torch CUDA tensor")
             if t.device != self.q.device:
                 raise InvalidBundleError(f"{name}: on {t.device}, q on {self.q.device}")
-        if self.kv_pool.dtype != torch.bfloat16:
-            raise InvalidBundleError(f"kv_pool: dtype {self.kv_pool.dtype}, expected "
-                                     f"torch.bfloat16 (the doorbell serves bf16 pools only)")
+        kv_dtype = tensors.kv_dtype_of("kv_pool", self.kv_pool)
+        kv_scale = checked_kv_scale(kv_dtype, self.kv_scale)
         req = verify_pb2.VerifyRequest(sm_scale=self.sm_scale, device=self.q.device.index,
                                        want_lse=self.lse is not None)
+        if kv_dtype == tensors.KV_E4M3:
+            req.kv_scale = kv_scale
         req.mask_format = (verify_pb2.MASK_FORMAT_BITS if self.mask_format == "bits"
                            else verify_pb2.MASK_FORMAT_BYTES)
         req.q.CopyFrom(_cuda_ref(transport, "q", self.q, types_pb2.DTYPE_BF16))
-        req.kv_pool.CopyFrom(_cuda_ref(transport, "kv_pool", self.kv_pool, types_pb2.DTYPE_BF16))
+        req.kv_pool.CopyFrom(_cuda_ref(transport, "kv_pool", self.kv_pool, wire_kv_dtype(kv_dtype)))
         req.kv_indices.CopyFrom(_cuda_ref(transport, "kv_indices", self.kv_indices,
                                           types_pb2.DTYPE_I32))
         req.tree_mask.CopyFrom(_cuda_ref(transport, "tree_mask", self.tree_mask,
@@ -313,10 +317,12 @@ class VerifyStep:
     """A serving stack's verify attention through one doorbell channel: one descriptor per layer
     (its KV pool), and static q, o, kv_indices and tree_mask buffers of the largest shapes that
     every layer shares. Per forward pass ``set_layout`` (once), then per layer
-    ``attend(layer, q, o)``; everything is enqueued on the current stream, and capturable."""
+    ``attend(layer, q, o)``; everything is enqueued on the current stream, and capturable.
+    The pools are bf16 or torch.float8_e4m3fn; ``kv_scales``: each e4m3 pool's scale, one per
+    layer (None: 1 for every layer)."""
 
     def __init__(self, client, kv_pools, max_batch, draft, heads, max_indices, sm_scale,
-                 mask_format="bytes", layout_slots=2):
+                 mask_format="bytes", layout_slots=2, kv_scales=None):
         torch = _torch()
         device = kv_pools[0].device
         rows = max_batch * draft
@@ -329,8 +335,14 @@ class VerifyStep:
                                          device=device)
         self.draft, self.heads, self.max_batch = draft, heads, max_batch
         self._batch = None
+        if kv_scales is None:
+            kv_scales = [None] * len(kv_pools)
+        if len(kv_scales) != len(kv_pools):
+            raise InvalidBundleError(f"kv_scales: {len(kv_scales)} scales for {len(kv_pools)} "
+                                     f"kv_pools (one per layer)")
         descriptors = [Descriptor(self.q, pool, self.kv_indices, self.tree_mask, self.o, sm_scale,
-                                  mask_format=mask_format) for pool in kv_pools]
+                                  mask_format=mask_format, kv_scale=scale)
+                       for pool, scale in zip(kv_pools, kv_scales)]
         self.channel = DoorbellChannel(client, descriptors, layout_slots)
 
     def set_layout(self, kv_indptr, kv_indices, kv_lens, tree_mask, slot=0):

@@ -23,10 +23,10 @@ import itertools
 
 import grpc
 
-from . import _native
+from . import _native, tensors
 from ._channel_memory import HEADER_BYTES, ChannelMemory, close_channel
 from ._proto import verify_pb2
-from .bundle import HEAD_DIM_QK, HEAD_DIM_V
+from .bundle import HEAD_DIM_QK, HEAD_DIM_V, checked_kv_scale, wire_kv_dtype
 from .errors import InvalidBundleError, VerifydError
 
 # Byte offsets of the header's tap words (src/channel/channel_layout.h, static_asserts there).
@@ -49,6 +49,7 @@ class _Args(ctypes.Structure):
                 ("slots_n", ctypes.c_uint32), ("max_batch", ctypes.c_uint32),
                 ("draft", ctypes.c_uint32), ("heads", ctypes.c_uint32),
                 ("max_pages", ctypes.c_uint32), ("page_size", ctypes.c_uint32),
+                ("kv_elem_bytes", ctypes.c_uint32), ("kv_scale", ctypes.c_float),
                 ("q", ctypes.c_void_p), ("o", ctypes.c_void_p), ("kv_pool", ctypes.c_void_p),
                 ("pool_pages", ctypes.c_uint64),
                 ("kv_indptr", ctypes.c_void_p), ("kv_indices", ctypes.c_void_p),
@@ -63,7 +64,7 @@ def load_library(path=None):
     lib.verifyd_tap_launch.restype = ctypes.c_int
     lib.verifyd_tap_args_bytes.restype = ctypes.c_uint32
     lib.verifyd_tap_geometry.argtypes = [ctypes.c_uint32] * 5 + [
-        ctypes.c_int, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint64)]
+        ctypes.c_int, ctypes.c_uint32, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint64)]
     if lib.verifyd_tap_args_bytes() != ctypes.sizeof(_Args):
         raise VerifydError(grpc.StatusCode.FAILED_PRECONDITION,
                            f"{p}: its VerifydTapArgs has {lib.verifyd_tap_args_bytes()} "
@@ -74,10 +75,13 @@ def load_library(path=None):
 
 class TapChannel:
     """A tap channel of a VerifyClient whose transport is cuda_ipc
-    (``client.tap_channel(...)``). One stream taps through it at a time."""
+    (``client.tap_channel(...)``). One stream taps through it at a time. ``kv_dtype``: the
+    stack's KV pool, "bf16" or "e4m3" (torch.float8_e4m3fn, each tap naming its scale); an e4m3
+    tap copies half the bytes."""
 
     def __init__(self, client, backend, max_batch, draft, heads, max_pages, page_size, sm_scale,
-                 slots=4, mask_format="bytes", device=None, grid=132, library=None):
+                 slots=4, mask_format="bytes", device=None, grid=132, library=None,
+                 kv_dtype="bf16"):
         torch = _torch()
         if getattr(client._transport, "kind", None) != "cuda_ipc":  # noqa: SLF001
             raise InvalidBundleError("tap channels need a client with transport='cuda_ipc'")
@@ -85,6 +89,11 @@ class TapChannel:
             raise InvalidBundleError(f"mask_format: '{mask_format}', expected 'bytes' or 'bits'")
         if not 1 <= int(grid) <= 1024:
             raise InvalidBundleError(f"grid: {grid} blocks, expected 1 to 1024")
+        if kv_dtype not in (tensors.KV_BF16, tensors.KV_E4M3):
+            raise InvalidBundleError(f"kv_dtype: {kv_dtype!r}, expected 'bf16' or 'e4m3'")
+        self.kv_dtype = kv_dtype
+        self._pool_dtype = torch.bfloat16 if kv_dtype == tensors.KV_BF16 else torch.float8_e4m3fn
+        kv_elem_bytes = 2 if kv_dtype == tensors.KV_BF16 else 1
         self._lib = load_library(library)
         self.device = torch.device("cuda", torch.cuda.current_device() if device is None
                                    else int(device))
@@ -94,8 +103,8 @@ class TapChannel:
         self.slots, self.grid = int(slots), int(grid)
         geo = (ctypes.c_uint64 * 8)()
         self._lib.verifyd_tap_geometry(self.max_batch, self.draft, self.heads, self.max_pages,
-                                       self.page_size, int(mask_format == "bits"), self.slots,
-                                       geo)
+                                       self.page_size, int(mask_format == "bits"),
+                                       kv_elem_bytes, self.slots, geo)
         slot_bytes, o_offset, kv_offset, record_bytes, mask_row, first_slot, region_bytes = \
             list(geo)[:7]
         self.mask_row_bytes, self.mask_format = int(mask_row), mask_format
@@ -112,7 +121,7 @@ class TapChannel:
             backend=backend, region=region, region_offset=offset, slots=self.slots,
             max_batch=self.max_batch, draft=self.draft, heads=self.heads,
             max_pages=self.max_pages, page_size=self.page_size, sm_scale=float(sm_scale),
-            device=self.device.index,
+            device=self.device.index, kv_dtype=wire_kv_dtype(kv_dtype),
             mask_format=(verify_pb2.MASK_FORMAT_BITS if mask_format == "bits"
                          else verify_pb2.MASK_FORMAT_BYTES))
         self._mem = ChannelMemory(byte_size, client.target, mapped=True)
@@ -128,7 +137,8 @@ class TapChannel:
                            o_offset=o_offset, kv_offset=kv_offset, record_bytes=record_bytes,
                            mask_row_bytes=mask_row, slots_n=self.slots,
                            max_batch=self.max_batch, draft=self.draft, heads=self.heads,
-                           max_pages=self.max_pages, page_size=self.page_size, grid=self.grid)
+                           max_pages=self.max_pages, page_size=self.page_size,
+                           kv_elem_bytes=kv_elem_bytes, kv_scale=1.0, grid=self.grid)
 
     def __enter__(self):
         return self
@@ -136,10 +146,12 @@ class TapChannel:
     def __exit__(self, *exc):
         self.close()
 
-    def tap(self, q, o, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask):
+    def tap(self, q, o, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, kv_scale=None):
         """Enqueues one tap of the call the stack just made, on the current stream: q bf16
         [B*T, H, 576] (or [B*T, H*576]), o the stack's output bf16 [B*T, H, 512] (or 2-D),
-        kv_pool bf16 [pages, page_size, 576], kv_indptr int32 [B+1], kv_indices int32 (the first
+        kv_pool [pages, page_size, 576] of the channel's kv_dtype (an e4m3 pool's values being
+        e4m3 x ``kv_scale``, this layer's k_scale; None: 1), kv_indptr int32 [B+1], kv_indices
+        int32 (the first
         kv_indptr[B] used, at most max_pages), kv_lens int32 [B] (prefix + T), tree_mask uint8
         [B, T, T] or bit-packed [B, T, ceil(T/8)] as opened. All contiguous, on the channel's
         device. Never waits; a bad value the kernel sees (a page id past the pool, kv_indptr
@@ -161,12 +173,13 @@ class TapChannel:
         for name, (t, dtype, n) in want.items():
             _check(name, t, dtype, self.device, n)
         _check("kv_indices", kv_indices, torch.int32, self.device, None)
-        _check("kv_pool", kv_pool, torch.bfloat16, self.device, None)
+        _check("kv_pool", kv_pool, self._pool_dtype, self.device, None)
+        scale = checked_kv_scale(self.kv_dtype, kv_scale)
         if kv_pool.numel() % (self.page_size * HEAD_DIM_QK):
             raise InvalidBundleError(f"kv_pool: {kv_pool.numel()} elements, not whole pages of "
                                      f"{self.page_size} x {HEAD_DIM_QK}")
         a = self._args
-        a.q, a.o, a.kv_pool = q.data_ptr(), o.data_ptr(), kv_pool.data_ptr()
+        a.q, a.o, a.kv_pool, a.kv_scale = q.data_ptr(), o.data_ptr(), kv_pool.data_ptr(), scale
         a.pool_pages = kv_pool.numel() // (self.page_size * HEAD_DIM_QK)
         a.kv_indptr, a.kv_indices = kv_indptr.data_ptr(), kv_indices.data_ptr()
         a.kv_lens, a.mask, a.batch = kv_lens.data_ptr(), tree_mask.data_ptr(), batch
