@@ -52,12 +52,14 @@ std::string CheckShape(const ProblemShape& s);
 struct VerifyProblem {
   ProblemShape shape;
   const uint16_t* q = nullptr;           // bf16 [B*T, H, 576]
-  const uint16_t* kv_pool = nullptr;     // bf16 [num_pages, page_size, 576]
+  const uint16_t* kv_pool = nullptr;     // bf16 [num_pages, page_size, 576], or e4m3 bytes
+                                         // when shape.kv_dtype is kE4m3 (see kv_scale)
   const int32_t* kv_indptr = nullptr;    // [B+1]
   const int32_t* kv_indices = nullptr;   // [kv_indptr[B]]
   const int32_t* kv_lens = nullptr;      // [B], prefix_len + T
   const uint8_t* tree_mask = nullptr;    // see MaskFormat
   float sm_scale = 0.f;
+  float kv_scale = 1.f;                  // kE4m3: each pool value is e4m3 x kv_scale
   int64_t max_kv_len = 0;                // host-side max over kv_lens (plans the KV split)
   int64_t total_kv_len = 0;              // host-side sum over kv_lens
   uint16_t* o = nullptr;                 // bf16 [B*T, H, 512] out

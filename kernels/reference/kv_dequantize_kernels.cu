@@ -45,13 +45,6 @@ __global__ void ScaleBf16Kernel(uint16_t* x, int64_t n, float s) {
   }
 }
 
-__global__ void ScaleF32Kernel(float* x, int64_t n, float s) {
-  for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * kThreads) {
-    x[i] *= s;
-  }
-}
-
 unsigned Blocks(int64_t n) {
   const int64_t b = (n + kThreads - 1) / kThreads;
   return static_cast<unsigned>(b < 1 ? 1 : (b > kMaxBlocks ? kMaxBlocks : b));
@@ -75,12 +68,6 @@ cudaError_t LaunchDequantizeE4m3Pages(const uint8_t* src, const int32_t* src_pag
 cudaError_t LaunchScaleBf16(uint16_t* x, int64_t n, float s, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   ScaleBf16Kernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, s);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchScaleF32(float* x, int64_t n, float s, cudaStream_t stream) {
-  if (n <= 0) return cudaSuccess;
-  ScaleF32Kernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, s);
   return cudaGetLastError();
 }
 

@@ -1,5 +1,7 @@
 #include "kernels/reference/oracle_kernel.h"
 
+#include <cuda_fp8.h>
+
 #include <cmath>
 #include <cstdint>
 
@@ -36,9 +38,18 @@ __global__ void OracleKernel(VerifyProblem p, int64_t mask_row_bytes, float* o, 
   for (int d = threadIdx.x; d < kHeadDimQK; d += kThreads) q[d] = Bf16(p.q[g * kHeadDimQK + d]);
   __syncthreads();
 
+  // Element d of key j's row, as the contract defines it (fp32).
+  const bool e4m3 = p.shape.kv_dtype == KvDtype::kE4m3;
+  const auto* bytes = reinterpret_cast<const uint8_t*>(p.kv_pool);
   auto kv_row = [&](int64_t j) {
     const int64_t page = p.kv_indices[p.kv_indptr[b] + j / p.shape.page_size];
-    return p.kv_pool + (page * p.shape.page_size + j % p.shape.page_size) * kHeadDimQK;
+    return (page * p.shape.page_size + j % p.shape.page_size) * kHeadDimQK;
+  };
+  auto kv = [&](int64_t row, int d) {
+    if (!e4m3) return Bf16(p.kv_pool[row + d]);
+    __nv_fp8_e4m3 x;
+    x.__x = bytes[row + d];
+    return static_cast<float>(x) * p.kv_scale;
   };
   auto visible = [&](int64_t j) {
     if (j < prefix) return true;
@@ -54,9 +65,9 @@ __global__ void OracleKernel(VerifyProblem p, int64_t mask_row_bytes, float* o, 
       const int64_t j = j0 + jj;
       float score = -INFINITY;
       if (j < kv_len && visible(j)) {
-        const uint16_t* k = kv_row(j);
+        const int64_t k = kv_row(j);
         float dot = 0.f;
-        for (int d = lane; d < kHeadDimQK; d += 32) dot += q[d] * Bf16(k[d]);
+        for (int d = lane; d < kHeadDimQK; d += 32) dot += q[d] * kv(k, d);
         for (int off = 16; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
         score = p.sm_scale * dot;
       }
@@ -74,8 +85,8 @@ __global__ void OracleKernel(VerifyProblem p, int64_t mask_row_bytes, float* o, 
         if (s[jj] == -INFINITY) continue;
         const float pj = expf(s[jj] - new_m);
         l += pj;
-        const uint16_t* v = kv_row(j0 + jj);
-        for (int k = 0; k < kDimsPerThread; ++k) acc[k] += pj * Bf16(v[threadIdx.x + k * kThreads]);
+        const int64_t v = kv_row(j0 + jj);
+        for (int k = 0; k < kDimsPerThread; ++k) acc[k] += pj * kv(v, threadIdx.x + k * kThreads);
       }
       m = new_m;
     }

@@ -136,12 +136,8 @@ absl::Status RunOracle(CudaPreparedBundle& b) {
   VERIFYD_RETURN_IF_ERROR(b.AwaitInputsOn(s, where));
   VERIFYD_ASSIGN_OR_RETURN(const DevicePathOutput out, b.Outputs(Path::kOracle, s));
   absl::Status st = w.Check(cudaEventRecord(out.start, s), where);
-  if (st.ok()) {
-    st = w.Check(kernels::LaunchOracle(b.problem(), static_cast<float*>(out.o), out.lse, s), where);
-  }
-  if (st.ok() && b.o_scale() != 1.f) {
-    st = w.Check(kernels::LaunchScaleF32(static_cast<float*>(out.o), b.o_elems(), b.o_scale(), s),
-                 where);
+  if (st.ok()) {  // an e4m3 pool as sent: the oracle reads it itself, not the dequantised pages
+    st = w.Check(kernels::LaunchOracle(b.sent(), static_cast<float*>(out.o), out.lse, s), where);
   }
   if (st.ok()) st = w.Check(cudaEventRecord(out.done, s), where);
   if (absl::Status rec = b.RecordShadowUse(); st.ok()) st = rec;
