@@ -6,8 +6,9 @@
 #
 # BUILD_DIR is a configured CUDA build of this checkout. mutant_driver is built there once; for
 # each mutant the patched kernel sources (a scratch copy: the checkout is never patched) are
-# compiled for sm_90a with that build's nvcc flags, put into a copy of the custom-kernel library,
-# and linked with that build's link line. Writes OUT_DIR/mutant_driver.<name> (debug info
+# compiled for sm_90a with that build's nvcc flags, put into a copy of the custom-kernel library
+# (and, for a patch of a kernels/reference/*.cu file, that file into a copy of the reference
+# library), and linked with that build's link line. Writes OUT_DIR/mutant_driver.<name> (debug info
 # stripped) and OUT_DIR/commit.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -23,9 +24,10 @@ out=$(cd "$out" && pwd)
 cmake --build "$build" --target mutant_driver -j "$(nproc)"
 kdir=$build/kernels/custom
 lib=$kdir/libverifyd_custom_kernels.a
+ref_lib=$build/kernels/reference/libverifyd_reference_kernels.a
 flags_make=$kdir/CMakeFiles/verifyd_custom_objects.dir/flags.make  # where custom_attention.cu is compiled
 link_txt=$build/tests/mutation/CMakeFiles/mutant_driver.dir/link.txt
-for f in "$lib" "$flags_make" "$link_txt"; do
+for f in "$lib" "$ref_lib" "$flags_make" "$link_txt"; do
   [ -f "$f" ] || { echo "build_cuda_mutants.sh: $f is missing: not a CUDA build?" >&2; exit 1; }
 done
 nvcc=$(sed -n 's/^# compile CUDA with //p' "$flags_make")
@@ -54,15 +56,29 @@ for m in "${mutants[@]}"; do
   if [ "$m" != clean ]; then
     patch -s -p1 -d "$work/tree" <"$here/cuda_patches/$m.patch"
   fi
-  # The scratch tree comes first on the include path, so its (patched) headers win.
-  "$nvcc" "${flags[@]}" -I"$work/tree" -I"$root" -isystem="$(dirname "$nvcc")/../include" \
-    -c "$work/tree/kernels/custom/custom_attention.cu" -o "$work/custom_attention.cu.o"
+  # The scratch tree comes first on the include path, so its (patched) headers win. A patch of
+  # kernels/reference/*.cu files alone leaves the custom kernel as built.
   cp "$lib" "$work/lib.a"
-  ar r "$work/lib.a" "$work/custom_attention.cu.o" 2>/dev/null
+  if [ "$m" = clean ] || grep -q '^+++ b/kernels/\(custom/\|[a-z0-9_]*\.h\)' "$here/cuda_patches/$m.patch"; then
+    "$nvcc" "${flags[@]}" -I"$work/tree" -I"$root" -isystem="$(dirname "$nvcc")/../include" \
+      -c "$work/tree/kernels/custom/custom_attention.cu" -o "$work/custom_attention.cu.o"
+    ar r "$work/lib.a" "$work/custom_attention.cu.o" 2>/dev/null
+  fi
+  # A patched reference kernel replaces its member (same name) in a copy of that library.
+  cp "$ref_lib" "$work/ref_lib.a"
+  if [ "$m" != clean ]; then
+    for f in $(sed -n 's|^+++ b/\(kernels/reference/[a-z0-9_]*\.cu\)\([[:space:]].*\)\{0,1\}$|\1|p' \
+                 "$here/cuda_patches/$m.patch"); do
+      "$nvcc" "${flags[@]}" -I"$work/tree" -I"$root" -isystem="$(dirname "$nvcc")/../include" \
+        -c "$work/tree/$f" -o "$work/$(basename "$f").o"
+      ar r "$work/ref_lib.a" "$work/$(basename "$f").o" 2>/dev/null
+    done
+  fi
   cmd=()
   for w in "${link[@]}"; do
     case "$w" in
       ../../kernels/custom/libverifyd_custom_kernels.a) cmd+=("$work/lib.a") ;;
+      ../../kernels/reference/libverifyd_reference_kernels.a) cmd+=("$work/ref_lib.a") ;;
       mutant_driver) cmd+=("$out/mutant_driver.$m") ;;
       *) cmd+=("$w") ;;
     esac
