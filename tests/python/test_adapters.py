@@ -7,7 +7,8 @@ layout (odd sizes: B = 3, T = 5 and 7, H = 3, prefixes of different lengths, Fla
 64-token pages with -1 padding), converted with the adapter's verify_args, and checked twice
 against fp32 torch attention written here: once computed from the backend's own arguments the
 way its kernel reads them, once from the converted arguments the way verifyd reads them
-(README.md, "The computation"), rounded to bf16 as verifyd serves it. Also: 2-D q, o written
+(README.md, "The computation"), rounded to bf16 as verifyd serves it. fp8 pools (Triton,
+FlashInfer MLA) carry their k_scale through. Also: 2-D q, o written
 in place, every refused argument and bad shapes raise ValueError naming the argument, and on
 CUDA the conversion makes no host synchronisation (torch's sync debug mode) and is captured
 in a CUDA graph. With VERIFYD_BIN (run_tests.py sets it) each adapter's eager run also goes
@@ -89,7 +90,7 @@ def chain(prefix, draft, causal=True):
 def as_verifyd(args):
     """What verifyd computes from VerifyArgs, rounded to bf16: o [B*T, H, 512] fp32."""
     assert isinstance(args, VerifyArgs)
-    pool = args.kv_pool.cpu().float()
+    pool = args.kv_pool.cpu().float() * (1.0 if args.kv_scale is None else args.kv_scale)
     indptr, indices = args.kv_indptr.cpu().tolist(), args.kv_indices.cpu()
     lens, draft = args.kv_lens.cpu().tolist(), args.draft
     mask = args.tree_mask.cpu()
@@ -247,12 +248,13 @@ class FakeClient:
         self.test = test
 
     def verify(self, q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, sm_scale,
-               mask_format=None, **_):
+               mask_format=None, kv_scale=None, **_):
         self.test.assertEqual(kv_indices.shape[0], int(kv_indptr[-1]))  # cut to kv_indptr[B]
         batch = kv_lens.shape[0]
         args = VerifyArgs(q=q, kv_pool=kv_pool, kv_indptr=kv_indptr, kv_indices=kv_indices,
                           kv_lens=kv_lens, tree_mask=tree_mask, mask_format=mask_format,
-                          sm_scale=sm_scale, o=None, batch=batch, draft=q.shape[0] // batch)
+                          sm_scale=sm_scale, o=None, batch=batch, draft=q.shape[0] // batch,
+                          kv_scale=kv_scale)
         from verifyd_client.result import VerifyResult  # noqa: PLC0415
 
         o = as_verifyd(args).bfloat16().to(q.device)
@@ -458,6 +460,43 @@ class AdapterTest(unittest.TestCase):
                     with self.assertRaisesRegex(ValueError, f"^{name}: .*not supported"):
                         convert(backend, call, **scale, **{name: value})
 
+    def test_fp8_pools_carry_their_scale(self):
+        """A float8_e4m3fn pool with k_scale (= v_scale): the VerifyArgs name the scale, and
+        verifyd's reading of them (e4m3 x k_scale) matches the backend's reading of the same
+        pool. A scale verifyd cannot take is refused, naming it."""
+        kv = 0.37
+        for device in devices():
+            for backend in ("triton", "flashinfer_mla"):
+                with self.subTest(device=device, backend=backend):
+                    call, scale = make(backend, 31, 5, device)
+                    fp8 = (call["k_buffer"].float() / kv).to(torch.float8_e4m3fn)
+                    call["k_buffer"] = fp8
+                    args = convert(backend, call, **scale, k_scale=kv, v_scale=kv)
+                    self.assertEqual(args.kv_scale, kv)
+                    self.assertEqual(args.kv_pool.dtype, torch.float8_e4m3fn)
+                    dequantised = dict(call, k_buffer=fp8.float() * kv)
+                    # the backend's reading of the same pool: e4m3 x k_scale in fp32
+                    self.check(args, reference(backend, dequantised), f"{backend} fp8")
+                    out = run(FakeClient(self), args)
+                    err = rel_l2(out.o.float().cpu().reshape(-1, H, 512),
+                                 reference(backend, dequantised))
+                    self.assertLess(err, TOL)
+                    for kw, name in (({"k_scale": kv, "v_scale": 0.5}, "v_scale"),
+                                     ({"k_scale": torch.tensor(kv), "v_scale": kv}, "k_scale"),
+                                     ({"k_scale": None, "v_scale": None}, "k_scale"),
+                                     ({"k_scale": float("nan"), "v_scale": kv}, "k_scale"),
+                                     ({"k_scale": -1.0, "v_scale": -1.0}, "k_scale")):
+                        with self.assertRaisesRegex(ValueError, f"^{name}: "):
+                            convert(backend, call, **scale, **kw)
+                    # a bf16 pool takes no scale
+                    bf16, _ = make(backend, 31, 5, device)
+                    with self.assertRaisesRegex(ValueError, "^k_scale: .*bf16 pool"):
+                        convert(backend, bf16, **scale, k_scale=kv, v_scale=kv)
+        call, scale = make("flashmla", 31, 5, "cpu")
+        call["k_cache"] = call["k_cache"].float().to(torch.float8_e4m3fn)
+        with self.assertRaisesRegex(ValueError, "^k_cache: .*bf16"):
+            flashmla.verify_args(**call, **scale)
+
     def test_bad_shapes_name_the_field(self):
         t_call, _ = make("triton", 14, 5, "cpu")
         f_call, _ = make("flashinfer_mla", 14, 5, "cpu")
@@ -585,6 +624,16 @@ class EagerThroughVerifydTest(unittest.TestCase):
                     err = rel_l2(o.float().cpu().reshape(B * draft, H, 512),
                                  reference(backend, call))
                     self.assertLess(err, TOL, f"{backend}: rel-L2 {err:.2e}")
+        for backend in ("triton", "flashinfer_mla"):  # an fp8 pool, its k_scale through verifyd
+            with self.subTest(backend=backend, kv="e4m3"):
+                call, scale = make(backend, seed + 7, 5, self.device)
+                fp8 = (call["k_buffer"].float() / 0.37).to(torch.float8_e4m3fn)
+                call["k_buffer"] = fp8
+                r = run(self.client, convert(backend, call, **scale, k_scale=0.37, v_scale=0.37),
+                        compare_sync=True, request_id=f"{backend}-fp8")
+                want = reference(backend, dict(call, k_buffer=fp8.float() * 0.37))
+                err = rel_l2(r.o.float().cpu().reshape(-1, H, 512), want)
+                self.assertLess(err, TOL, f"{backend} fp8: rel-L2 {err:.2e}")
         packed = triton_call(seed + 1, 7, "qlen_packed", self.device)
         r = run(self.client, triton.verify_args(**packed, sm_scale=SCALE,
                                                 tree_mask_mode="qlen_packed"))

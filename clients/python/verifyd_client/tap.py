@@ -199,7 +199,7 @@ class TapChannel:
             raise InvalidBundleError(f"tree_mask: {args.mask_format}, the tap was opened for "
                                      f"{self.mask_format}")
         self.tap(args.q, out, args.kv_pool, args.kv_indptr, args.kv_indices, args.kv_lens,
-                 args.tree_mask)
+                 args.tree_mask, kv_scale=args.kv_scale)
 
     def counts(self):
         """The tap's counters: calls, taps (sampled calls), dropped (the ring was full), and

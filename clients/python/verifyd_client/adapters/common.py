@@ -23,7 +23,8 @@ HEAD_DIM_ROPE = HEAD_DIM_QK - HEAD_DIM_V  # 64
 class VerifyArgs:
     """One verify call's arguments, on the caller's device (README.md, "The computation")."""
     q: Any                # bf16 [B*T, H, 576], a view of the caller's q when possible
-    kv_pool: Any          # bf16 [num_pages, page_size, 576], a view of the backend's pool
+    kv_pool: Any          # [num_pages, page_size, 576] bf16 or float8_e4m3fn, a view of the
+                          # backend's pool
     kv_indptr: Any        # int32 [B+1]
     kv_indices: Any       # int32 [N], N a host-known bound >= kv_indptr[B]; the tail is unused
     kv_lens: Any          # int32 [B]: prefix + T
@@ -34,6 +35,7 @@ class VerifyArgs:
     batch: int
     draft: int
     layer: Optional[int] = None  # the member of a pool set kv_pool is, or None
+    kv_scale: Optional[float] = None  # an fp8 pool's scale (the backend's k_scale); None: bf16
 
 
 def run(client, args, **verify_kwargs):
@@ -46,7 +48,7 @@ def run(client, args, **verify_kwargs):
     used = int(args.kv_indptr[args.batch])
     r = client.verify(args.q, args.kv_pool, args.kv_indptr, args.kv_indices[:used], args.kv_lens,
                       args.tree_mask, args.sm_scale, mask_format=args.mask_format,
-                      **verify_kwargs)
+                      kv_scale=args.kv_scale, **verify_kwargs)
     if args.o is None:
         return r
     args.o.copy_(r.o)
@@ -71,16 +73,12 @@ def refuse(name, value, why):
     raise ValueError(f"{name}: {what} is not supported: {why}")
 
 
-def check_unsupported(k_scale=None, v_scale=None, logit_cap=None, sinks=None,
-                      sliding_window=None, names=None):
+def check_unsupported(logit_cap=None, sinks=None, sliding_window=None, names=None):
     """Refuses what changes the result and verifyd does not compute. ``sliding_window`` is the
     window when there is one (each adapter reads its backend's "no window" value as None).
     ``names`` renames an argument to the backend's own spelling ({"sliding_window":
     "window_left"})."""
     names = names or {}
-    for key, value in (("k_scale", k_scale), ("v_scale", v_scale)):
-        if value is not None and not _is_one(value):
-            refuse(names.get(key, key), value, "verifyd reads a bf16 pool without a scale")
     cap_name = names.get("logit_cap", "logit_cap")
     if logit_cap is not None and _number(cap_name, logit_cap) > 0:
         refuse(cap_name, logit_cap, "verifyd applies no soft cap to the logits")
@@ -89,6 +87,32 @@ def check_unsupported(k_scale=None, v_scale=None, logit_cap=None, sinks=None,
     if sliding_window is not None:
         refuse(names.get("sliding_window", "sliding_window"), sliding_window,
                "verifyd's calls see the whole prefix (no sliding window)")
+
+
+def kv_scale_of(pool, k_scale, v_scale, names=None):
+    """The pool's scale as verifyd takes it (VerifyArgs.kv_scale). A bf16 pool: None, and a
+    k_scale or v_scale other than 1 is refused. A torch.float8_e4m3fn pool: k_scale, a host float
+    that is finite and > 0 (the pool's values are e4m3 x k_scale), which v_scale must equal: V is
+    the first 512 dims of the same stored rows, dequantised by the same scale. ``names``: the
+    backend's spelling of the two."""
+    torch = torch_module()
+    names = names or {}
+    k_name, v_name = names.get("k_scale", "k_scale"), names.get("v_scale", "v_scale")
+    if pool.dtype != torch.float8_e4m3fn:
+        for name, value in ((k_name, k_scale), (v_name, v_scale)):
+            if value is not None and not _is_one(value):
+                refuse(name, value, "a bf16 pool takes no scale (an fp8 pool carries its k_scale)")
+        return None
+    if k_scale is None or hasattr(k_scale, "shape"):
+        refuse(k_name, k_scale, "an fp8 pool's scale is needed as a host float (reading a "
+                                "tensor would synchronise with the device)")
+    k = float(k_scale)
+    if not (math.isfinite(k) and k > 0):
+        fail(k_name, f"{k} must be finite and > 0")
+    if v_scale is not None and (hasattr(v_scale, "shape") or float(v_scale) != k):
+        refuse(v_name, v_scale, f"verifyd reads V as the first 512 dims of the key rows, "
+                                f"dequantised by {k_name} {k}; {v_name} must equal it")
+    return k
 
 
 def _number(name, x):
@@ -181,15 +205,14 @@ def o_view(o, tokens, heads, device):
 
 
 def pool_view(name, pool, page_size=None):
-    """A bf16 pool as [num_pages, page_size, 576]: from [slots, 576], [slots, 1, 576] (token
-    slots, page size 1 unless ``page_size`` is given), [pages, page, 576] or
-    [pages, page, 1, 576]."""
+    """A bf16 or float8_e4m3fn pool as [num_pages, page_size, 576]: from [slots, 576],
+    [slots, 1, 576] (token slots, page size 1 unless ``page_size`` is given), [pages, page, 576]
+    or [pages, page, 1, 576]."""
     torch = torch_module()
-    check_tensor(name, pool, (torch.bfloat16,))
+    check_tensor(name, pool, (torch.bfloat16, torch.float8_e4m3fn))
     s = shape(pool)
     if s[-1:] != (HEAD_DIM_QK,):
-        fail(name, f"shape {list(s)}: last dim must be {HEAD_DIM_QK} (512 latent + 64 rope); "
-                   f"verifyd reads a bf16 pool")
+        fail(name, f"shape {list(s)}: last dim must be {HEAD_DIM_QK} (512 latent + 64 rope)")
     if len(s) == 4 and s[2] == 1:
         s = (s[0], s[1], HEAD_DIM_QK)
     elif len(s) == 2 or (len(s) == 3 and s[1] == 1):

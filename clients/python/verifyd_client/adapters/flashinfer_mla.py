@@ -8,7 +8,8 @@ spec_info.generate_attn_arg_prefill (draft trees of topk = 1, i.e. chains) and r
   q_nope         [tokens, H*512] or [tokens, H, 512] bf16 (forward_extend's q when it is given
                  q_rope); or q [tokens, H*576] with q_rope None
   q_rope         [tokens, H*64] or [tokens, H, 64] bf16
-  k_buffer       [num_slots, 1, 576] bf16 (get_key_buffer)
+  k_buffer       [num_slots, 1, 576] bf16 (get_key_buffer), or float8_e4m3fn with k_scale (a
+                 host float; v_scale equal to it)
   kv_indptr      int32 [B+1] over prefix + T tokens per request
   kv_indices     int32: each request's prefix slots then its draft slots (req_to_token), in a
                  buffer that may be longer than kv_indptr[B] (the CUDA-graph buffer)
@@ -18,7 +19,7 @@ spec_info.generate_attn_arg_prefill (draft trees of topk = 1, i.e. chains) and r
 verifyd sees kv_pool = k_buffer with page size 1 and the same kv_indptr / kv_indices.
 """
 
-from .common import (layer_pool, HEAD_DIM_ROPE, HEAD_DIM_V, VerifyArgs, causal_mask, check_unsupported,
+from .common import (layer_pool, HEAD_DIM_ROPE, HEAD_DIM_V, VerifyArgs, causal_mask, check_unsupported, kv_scale_of,
                      fail, int_tensor, o_view, pool_view, q_view, scale, shape, torch_module)
 
 
@@ -33,8 +34,8 @@ def verify_args(q, k_buffer, kv_indptr, kv_indices, sm_scale, q_rope=None, qo_in
     window = window_left  # -1: no window
     if window is not None and not hasattr(window, "shape") and window < 0:
         window = None
-    check_unsupported(k_scale=k_scale, v_scale=v_scale, logit_cap=logit_cap, sinks=sinks,
-                      sliding_window=window, names={"sliding_window": "window_left"})
+    check_unsupported(logit_cap=logit_cap, sinks=sinks, sliding_window=window,
+                      names={"sliding_window": "window_left"})
     s = scale(sm_scale)
     if q_rope is None:
         q3 = q_view("q", q)
@@ -66,8 +67,9 @@ def verify_args(q, k_buffer, kv_indptr, kv_indices, sm_scale, q_rope=None, qo_in
     else:
         fail("kv_len_arr", f"needed with page_size {page_size} (kv_indptr counts pages)")
     pool = pool_view("k_buffer", layer_pool("k_buffer", k_buffer, layer), page_size=page_size)
+    kv_scale = kv_scale_of(pool, k_scale, v_scale)
     return VerifyArgs(q=q3, kv_pool=pool, kv_indptr=kv_indptr.to(torch.int32),
                       kv_indices=indices.to(torch.int32), kv_lens=lens.to(torch.int32),
                       tree_mask=causal_mask(batch, draft, device, causal), mask_format="bytes",
                       sm_scale=s, o=o_view(o, tokens, heads, device), batch=batch, draft=draft,
-                      layer=layer)
+                      layer=layer, kv_scale=kv_scale)

@@ -17,7 +17,7 @@ verify() refuses it.
 """
 
 from .common import (layer_pool, HEAD_DIM_V, VerifyArgs, causal_mask, check_unsupported, fail, int_tensor,
-                     o_view, pool_view, q_view, refuse, scale, segments, shape, take,
+                     kv_scale_of, o_view, pool_view, q_view, refuse, scale, segments, shape, take,
                      torch_module)
 
 PAGE_SIZE = 64
@@ -37,8 +37,7 @@ def verify_args(q, k_cache, block_table, cache_seqlens, softmax_scale, causal=Tr
     window = sliding_window_size  # -1 (or 0): no window
     if window is not None and not hasattr(window, "shape") and window <= 0:
         window = None
-    check_unsupported(k_scale=k_scale, v_scale=v_scale, logit_cap=logit_cap, sinks=attn_sink,
-                      sliding_window=window,
+    check_unsupported(logit_cap=logit_cap, sinks=attn_sink, sliding_window=window,
                       names={"sinks": "attn_sink", "sliding_window": "sliding_window_size"})
     for name, value in (("descale_q", descale_q), ("descale_k", descale_k)):
         if value is not None:
@@ -47,7 +46,9 @@ def verify_args(q, k_cache, block_table, cache_seqlens, softmax_scale, causal=Tr
         refuse("indices", indices, "verifyd computes dense attention over the whole prefix, "
                                    "not a sparse selection (NSA)")
     if is_fp8_kvcache:
-        refuse("is_fp8_kvcache", is_fp8_kvcache, "verifyd reads a bf16 pool")
+        refuse("is_fp8_kvcache", is_fp8_kvcache, "FlashMLA's fp8 cache packs per-tile scales "
+                                                 "into each token's row; verifyd reads an e4m3 "
+                                                 "pool with one scale")
     if head_dim_v != HEAD_DIM_V:
         fail("head_dim_v", f"{head_dim_v}, expected {HEAD_DIM_V} (MLA's latent dims)")
     s = scale(softmax_scale)
@@ -63,6 +64,10 @@ def verify_args(q, k_cache, block_table, cache_seqlens, softmax_scale, causal=Tr
         fail("q", f"{tokens} tokens are not T draft tokens for each of {batch} requests")
     draft = tokens // batch
     pool = pool_view("k_cache", layer_pool("k_cache", k_cache, layer), page_size=page_size)
+    if pool.dtype != torch.bfloat16:
+        fail("k_cache", f"dtype {pool.dtype}: FlashMLA's dense decode reads bf16 pages (its fp8 "
+                        f"cache is is_fp8_kvcache's own layout)")
+    kv_scale_of(pool, k_scale, v_scale)  # a bf16 pool: no scale
 
     lens = cache_seqlens.to(torch.int64)
     need = torch.div(lens + page_size - 1, page_size, rounding_mode="floor").clamp(0, max_pages)

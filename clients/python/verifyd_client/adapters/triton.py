@@ -2,13 +2,14 @@
 
 TritonAttnBackend.forward_extend hands extend_attention_fwd, for a verify step:
   q              [B*T, H*576] or [B*T, H, 576] bf16: the draft tokens' queries
-  k_buffer       [num_slots, 1, 576] (token_to_kv_pool.get_key_buffer); v_buffer is a view of
-                 its first 512 dims
+  k_buffer       [num_slots, 1, 576] (token_to_kv_pool.get_key_buffer), bf16 or
+                 float8_e4m3fn; v_buffer is a view of its first 512 dims
   kv_indptr      [B+1], kv_indices: each request's prefix slots (seq_lens, without the drafts);
                  under a CUDA graph kv_indices is the whole graph buffer
   out_cache_loc  [B*T]: the slots the drafts' k/v were written to before attention. The kernel
                  reads the drafts' K from k_extend; for a bf16 pool that is the same data, so
-                 verifyd reads it from the pool at out_cache_loc
+                 verifyd reads it from the pool at out_cache_loc (for an fp8 pool k_extend holds
+                 the drafts before their quantisation, and verifyd reads them as stored)
   custom_mask    the draft tree's mask (spec_info.custom_mask, or the uint8 CUDA-graph buffer),
                  in one of SGLang's TreeMaskMode layouts (``tree_mask_mode``):
                    "full" (FULL_MASK, 0): flat bool/uint8; request b's row-major
@@ -18,13 +19,17 @@ TritonAttnBackend.forward_extend hands extend_attention_fwd, for a verify step:
                        draft row ([B*T]); bit j of the item (byte j/8, bit j%8) is column j
                  None: the drafts are a chain (causal)
   mask_indptr    [B+1] ("full" only; None: computed from kv_indptr)
-  sm_scale       layer.scaling; k_scale, v_scale, logit_cap, sliding_window_size, sinks,
-                 xai_temperature_len: refused unless they leave the result unchanged
+  sm_scale       layer.scaling
+  k_scale        an fp8 pool's scale, a host float (layer.k_scale_float); v_scale must equal
+                 it; a bf16 pool takes neither (or 1)
+  logit_cap, sliding_window_size, sinks, xai_temperature_len: refused unless they leave the
+                 result unchanged
 verifyd sees kv_pool = k_buffer with page size 1, kv_indices = each request's prefix slots then
 its draft slots, kv_lens = prefix + T, tree_mask = the draft-to-draft block of the mask.
 """
 
-from .common import (layer_pool, VerifyArgs, causal_mask, check_unsupported, fail, int_tensor, o_view,
+from .common import (layer_pool, VerifyArgs, causal_mask, check_unsupported, fail, int_tensor,
+                     kv_scale_of, o_view,
                      pool_view, q_view, refuse, scale, segments, shape, take, torch_module)
 
 MODES = {"full": 0, "qlen": 1, "qlen_packed": 2}
@@ -61,8 +66,8 @@ def verify_args(q, k_buffer, kv_indptr, kv_indices, out_cache_loc, custom_mask, 
     window = sliding_window_size  # -1 (or 0): no window
     if window is not None and not hasattr(window, "shape") and window <= 0:
         window = None
-    check_unsupported(k_scale=k_scale, v_scale=v_scale, logit_cap=logit_cap, sinks=sinks,
-                      sliding_window=window, names={"sliding_window": "sliding_window_size"})
+    check_unsupported(logit_cap=logit_cap, sinks=sinks, sliding_window=window,
+                      names={"sliding_window": "sliding_window_size"})
     if xai_temperature_len is not None and xai_temperature_len > 0:
         refuse("xai_temperature_len", xai_temperature_len,
                "verifyd does not scale queries by position")
@@ -97,6 +102,7 @@ def verify_args(q, k_buffer, kv_indptr, kv_indices, out_cache_loc, custom_mask, 
         pool = pool_view("k_buffer", k_buffer, page_size=1)
     except ValueError as e:
         fail("k_buffer", f"{str(e).split(': ', 1)[1]} (page size 1)")
+    kv_scale = kv_scale_of(pool, k_scale, v_scale)
     if v_buffer is not None and v_buffer.data_ptr() != k_buffer.data_ptr():
         refuse("v_buffer", v_buffer, "verifyd reads V as the first 512 dims of the pool "
                                      "(k_buffer); a separate V buffer is not MLA's layout")
@@ -121,7 +127,7 @@ def verify_args(q, k_buffer, kv_indptr, kv_indices, out_cache_loc, custom_mask, 
     return VerifyArgs(q=q3, kv_pool=pool, kv_indptr=new_indptr, kv_indices=new_indices,
                       kv_lens=kv_lens, tree_mask=tree, mask_format=fmt, sm_scale=s,
                       o=o_view(o, tokens, heads, device), batch=batch, draft=draft,
-                      layer=layer)
+                      layer=layer, kv_scale=kv_scale)
 
 
 def _tree_mask(custom_mask, mask_indptr, mode, prefix, batch, draft, device):
