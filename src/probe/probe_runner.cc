@@ -32,6 +32,23 @@ ProbeResult RunOne(Engine& engine, const ProbeBundle& p, const Tolerance& tol) {
   const Verdict v = Judge(*d, tol);
   r.passed = v.match;
   r.reason = v.reason;
+  if (r.passed && p.against_oracle) {
+    // Each path against the oracle too, by the same tolerance; the first that misses it fails
+    // the probe, named in the reason.
+    if (absl::Status st = engine.Run(Path::kOracle, **b); !st.ok()) {
+      return fail(absl::StrCat("oracle path: ", st.ToString()));
+    }
+    for (Path path : {Path::kReference, Path::kCustom}) {
+      absl::StatusOr<DiffStats> od = engine.Compare(**b, path, Path::kOracle, tol);
+      if (!od.ok()) return fail(absl::StrCat("compare with the oracle: ", od.status().ToString()));
+      const Verdict ov = Judge(*od, tol);
+      if (!ov.match) {
+        r.passed = false;
+        r.reason = absl::StrCat(PathName(path), " vs oracle: ", ov.reason);
+        break;
+      }
+    }
+  }
   if (!r.passed) r.prepared = *b;
   r.seconds = Since(start);
   return r;

@@ -1,6 +1,7 @@
 #pragma once
 // Runs the probe suite on an engine: reference and custom on every probe bundle, judged by the
-// one comparison (src/compare/).
+// one comparison (src/compare/); a probe marked against_oracle also runs the oracle and holds
+// each path to it.
 
 #include <memory>
 #include <string>
@@ -16,9 +17,10 @@ namespace verifyd {
 struct ProbeResult {
   std::string name, feature;
   bool passed = false;
-  std::string reason;  // why it failed: the verdict, or the path that errored
+  std::string reason;  // why it failed: the verdict ("reference vs oracle: ..." when a path
+                       // missed the oracle), or the path that errored
   DiffStats stats;     // custom vs reference (when both ran)
-  double seconds = 0;  // both paths and the comparison
+  double seconds = 0;  // the paths and the comparisons
   // The failing probe's bundle and outputs, for a capture (failures only).
   std::shared_ptr<PreparedBundle> prepared;
 };

@@ -186,6 +186,26 @@ void AddUndominated(const ProbeSuiteOptions& o, std::vector<ProbeBundle>* out) {
                       scaled));
 }
 
+// An e4m3 pool at a scale that is neither 1 nor a power of two: two requests of uneven prefixes
+// (the last page of each partly used, its other slots NaN), pages of 16 scattered over the pool.
+// Realistic traffic, where the logits' scale decides the weights; the scale puts about 15% of the
+// codes among the subnormals, so a decode that gets them wrong moves the rows too.
+void AddE4m3Pool(const ProbeSuiteOptions& o, std::vector<ProbeBundle>* out) {
+  RandomBundleSpec s = Spec(8, 8, 0, 16, TreeKind::kRandomTree, o.seed + 7);
+  s.batch = 2;
+  s.prefix_lens = {std::min<int64_t>(o.max_prefix, 500), std::min<int64_t>(o.max_prefix, 131)};
+  s.traffic = Traffic::kRealistic;
+  s.kv_dtype = kernels::KvDtype::kE4m3;
+  s.kv_scale = kE4m3ProbeKvScale;
+  ProbeBundle p =
+      Make(absl::StrCat("kv_e4m3/scale_", kE4m3ProbeKvScale),
+           absl::StrCat("an e4m3 pool at kv_scale ", kE4m3ProbeKvScale,
+                        " (subnormal codes included), each path against the oracle too"),
+           s);
+  p.against_oracle = true;
+  out->push_back(std::move(p));
+}
+
 }  // namespace
 
 int64_t DefaultProbeMaxPrefix(const std::string& engine) {
@@ -207,6 +227,7 @@ std::vector<ProbeBundle> BuildProbeSuite(const ProbeSuiteOptions& o) {
   AddSplitBoundaries(o, &out);
   AddPrefixSweep(o, &out);
   AddUndominated(o, &out);
+  AddE4m3Pool(o, &out);
   return out;
 }
 

@@ -18,7 +18,12 @@
 //                                 heavy hitters, like a served model's (Traffic::kRealistic);
 //   sm_scale/deepseek_v3          the same at DeepSeek-V3's real softmax scale
 //                                 (kDeepSeekV3SmScale, YaRN included); every other probe uses
-//                                 1/sqrt(192).
+//                                 1/sqrt(192);
+//   kv_e4m3/scale_12.5            the same traffic on an e4m3 pool (kE4m3ProbeKvScale): the
+//                                 scale on the logits and on o, and the decode of every code,
+//                                 subnormals included. Both paths read the engine's dequantised
+//                                 pool, where a fault shows on both alike, so this probe also
+//                                 holds each path to the oracle (ProbeBundle::against_oracle).
 
 #include <cstdint>
 #include <memory>
@@ -43,10 +48,17 @@ int64_t DefaultProbeMaxPrefix(const std::string& engine);
 // INVALID_ARGUMENT naming the flag (probe_max_prefix) when out of range.
 absl::Status ValidateProbeSuiteOptions(const ProbeSuiteOptions& o);
 
+// The e4m3 probe's kv_scale: not a power of two, and large enough that the N(0, 1) pool values
+// quantise to subnormal codes (magnitudes below 2^-6 x 12.5 = 0.195) about 15% of the time.
+inline constexpr float kE4m3ProbeKvScale = 12.5f;
+
 struct ProbeBundle {
   std::string name;     // e.g. "page_edges/page64"
   std::string feature;  // what decides the output, in words
   std::unique_ptr<RandomBundle> bundle;
+  // Also judge the reference and the custom path against the oracle (Judge(), the same
+  // tolerance), not only against each other: for a fault both paths share.
+  bool against_oracle = false;
 };
 
 // `o.max_prefix` must be set (not 0).

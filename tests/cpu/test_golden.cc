@@ -1,10 +1,12 @@
 // Every golden case (tests/data/golden/*.safetensors) through the CPU engine's oracle, reference
-// and custom paths, against the stored fp64 answer.
+// and custom paths, against the stored fp64 answer; the e4m3 cases' answers come from
+// make_golden.py's own decode of the e4m3 bytes, not from kernels/e4m3.h.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -111,7 +113,7 @@ TEST_P(Golden, AllPathsMatchTheStoredOracle) {
     }
   }
   EXPECT_LE(oracle_lse, kOracleLseMaxAbs);
-  if (GetParam() == "tree_odd_sizes_page16") {
+  if (GetParam() == "tree_odd_sizes_page16" || GetParam() == "e4m3_tree_page64") {
     EXPECT_GT(empty_rows, 0);
   }
   std::printf(
@@ -125,7 +127,54 @@ INSTANTIATE_TEST_SUITE_P(Cases, Golden, ::testing::ValuesIn(GoldenCases()),
                          [](const auto& info) { return info.param; });
 
 TEST(GoldenFiles, Present) {
-  EXPECT_GE(GoldenCases().size(), 6u) << "golden cases missing under " << VERIFYD_TEST_DATA;
+  EXPECT_GE(GoldenCases().size(), 8u) << "golden cases missing under " << VERIFYD_TEST_DATA;
+}
+
+// The e4m3 cases (README.md, "FP8 KV caches"): pages of 1 and of 64 tokens, random draft trees,
+// scales other than 1, and one whose requests read subnormal codes often enough that a decode
+// that gets them wrong misses the answer.
+TEST(GoldenFiles, E4m3CasesCoverPages1And64TreesAndScalesOtherThanOne) {
+  std::set<int> pages;
+  int e4m3 = 0;
+  double most_subnormal = 0;
+  for (const std::string& name : GoldenCases()) {
+    auto file =
+        LoadBundleFile((fs::path(VERIFYD_TEST_DATA) / "golden" / (name + ".safetensors")).string());
+    ASSERT_TRUE(file.ok()) << file.status();
+    const BundleView& v = file->view;
+    if (v.shape.kv_dtype != kernels::KvDtype::kE4m3) {
+      EXPECT_EQ(name.rfind("e4m3", 0), std::string::npos) << name << " has a bf16 pool";
+      continue;
+    }
+    ++e4m3;
+    pages.insert(v.shape.page_size);
+    EXPECT_NE(v.kv_scale, 1.f) << name;
+    EXPECT_EQ(file->metadata().at("kv_dtype"), "e4m3") << name;
+    // A tree, not a chain: some draft token does not see every earlier one.
+    bool branches = false;
+    for (int b = 0; b < v.shape.batch; ++b) {
+      for (int i = 0; i < v.shape.draft; ++i) {
+        for (int j = 0; j < i; ++j) branches |= !v.MaskBit(b, i, j);
+      }
+    }
+    EXPECT_TRUE(branches) << name;
+    int64_t codes = 0, subnormal = 0;
+    for (int b = 0; b < v.shape.batch; ++b) {
+      for (int64_t t = 0; t < v.kv_lens[b]; ++t) {
+        const uint8_t* row =
+            static_cast<const uint8_t*>(v.kv_pool) + v.KvSlot(b, t) * kernels::kHeadDimQK;
+        for (int d = 0; d < kernels::kHeadDimQK; ++d) {
+          ++codes;
+          subnormal += (row[d] & 0x78) == 0 && (row[d] & 7) != 0;
+        }
+      }
+    }
+    most_subnormal = std::max(most_subnormal, static_cast<double>(subnormal) / codes);
+  }
+  EXPECT_GE(e4m3, 2);
+  EXPECT_TRUE(pages.count(1)) << "no e4m3 case with pages of 1";
+  EXPECT_TRUE(pages.count(64)) << "no e4m3 case with pages of 64";
+  EXPECT_GT(most_subnormal, 0.1);
 }
 
 }  // namespace

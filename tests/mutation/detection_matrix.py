@@ -17,6 +17,9 @@ first drift breach), one with --probe_max_prefix carries "probe" (probes run, fa
 with --determinism_prefix carries "determinism" (custom-path runs of one long random-valued
 bundle, and how many differed from the first bit for bit), one with --invariance_max_prefix
 carries "invariance" (the invariance probes' checks run and failed, and each check's figures).
+A class run on e4m3 pools (--kv_dtype e4m3) carries its kv_dtype and kv_scale: it is a class and
+a traffic of its own ("realistic e4m3x0.37"), never merged with the bf16 class of its shape, and
+--check holds its realistic groups to the same rule.
 """
 
 import argparse
@@ -38,9 +41,29 @@ def description(patches, label):
     return first.removeprefix("Planted bug: ")
 
 
+def kv_of(c):
+    """A class's KV pool: "bf16", or "e4m3x0.37" for an e4m3 pool at that kv_scale (mutant_driver
+    --kv_dtype); a run from before e4m3 pools is bf16."""
+    if c.get("kv_dtype", "bf16") == "bf16":
+        return "bf16"
+    return f"{c['kv_dtype']}x{c.get('kv_scale', 1.0):g}"
+
+
+def traffic_of(c):
+    """The traffic model, and the pool when it is not bf16: "realistic e4m3x0.37"."""
+    kv = kv_of(c)
+    return c["traffic"] if kv == "bf16" else f"{c['traffic']} {kv}"
+
+
+def traffic_order(label):
+    """bf16 pools first, realistic before random."""
+    traffic, _, kv = label.partition(" ")
+    return (kv != "", kv, traffic != "realistic", traffic)
+
+
 def class_key(c):
-    return (c["traffic"], c["prefix"], c.get("batch", 1), c.get("ragged", False), c["page_size"],
-            c["draft"])
+    return (c["traffic"], kv_of(c), c["prefix"], c.get("batch", 1), c.get("ragged", False),
+            c["page_size"], c["draft"])
 
 
 def fmt_batch(c):
@@ -199,8 +222,10 @@ def main():
         json.dump(doc, f, indent=1)
         f.write("\n")
 
-    traffics = sorted({c["traffic"] for r in runs for c in r["classes"]}, reverse=True)
-    prefixes = sorted({c["prefix"] for r in runs for c in r["classes"]})
+    # One column per traffic (and pool) and prefix that some run has classes of.
+    columns = sorted({(traffic_of(c), c["prefix"]) for r in runs for c in r["classes"]},
+                     key=lambda g: (traffic_order(g[0]), g[1]))
+    drift_traffics = sorted({c["traffic"] for r in runs for c in r["classes"]}, reverse=True)
     tol = first["tolerance"]
     only_clean = all(r["label"] == "clean" for r in runs)
     title = "clean calls: false breaches" if only_clean else "mutation suite: detection matrix"
@@ -220,9 +245,10 @@ def main():
           "random-valued bundle, the runs that differ from the first bit for bit. invariance: "
           "the invariance probes (src/probe/invariance.h) run once, the custom path against "
           "itself with no reference: checks failed of checks run. caught by: which of these "
-          "tripped. A batch written `32r` is ragged: each request its own prefix.", ""]
-    head = ["mutant"] + [f"{t} {fmt_prefix(p)}" for t in traffics for p in prefixes] + \
-        [f"drift {t}" for t in traffics] + ["probe", "determinism", "invariance", "caught by",
+          "tripped. A batch written `32r` is ragged: each request its own prefix. A traffic "
+          "written `realistic e4m3x0.37` ran on e4m3 KV pools at that kv_scale.", ""]
+    head = ["mutant"] + [f"{t} {fmt_prefix(p)}" for t, p in columns] + \
+        [f"drift {t}" for t in drift_traffics] + ["probe", "determinism", "invariance", "caught by",
                                             "criteria (breached calls)"]
     md += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     survivors = []
@@ -230,7 +256,7 @@ def main():
         groups = collections.defaultdict(lambda: [0, 0, False])
         crit = collections.Counter()
         for c in r["classes"]:
-            g = groups[(c["traffic"], c["prefix"])]
+            g = groups[(traffic_of(c), c["prefix"])]
             g[0] += c["calls"]
             g[1] += c["breaches"]
             if c["breaches"] == 0:
@@ -239,12 +265,11 @@ def main():
                     survivors.append((r["label"], c))
             crit.update(c["criteria"])
         cells = []
-        for t in traffics:
-            for p in prefixes:
-                calls, br, surv = groups[(t, p)]
-                cells.append(f"{br / calls:.2f}{'*' if surv and r['label'] != 'clean' else ''}"
-                             if calls else "-")
-        cells += [drift_cell(r, t) for t in traffics] + \
+        for t, p in columns:
+            calls, br, surv = groups[(t, p)]
+            cells.append(f"{br / calls:.2f}{'*' if surv and r['label'] != 'clean' else ''}"
+                         if calls else "-")
+        cells += [drift_cell(r, t) for t in drift_traffics] + \
             [probe_cell(r), determinism_cell(r), invariance_cell(r), caught_by(r, crit)]
         crit_s = ", ".join(f"{k} {v}" for k, v in crit.most_common()) or "-"
         md.append(f"| {r['label']} | " + " | ".join(cells) + f" | {crit_s} |")
@@ -286,7 +311,7 @@ def main():
                "|---|---|---|---|---|---|---|---|---|"]
         for label, c in survivors:
             mx = c["max"]
-            md.append(f"| {label} | {c['traffic']} | {fmt_prefix(c['prefix'])} | "
+            md.append(f"| {label} | {traffic_of(c)} | {fmt_prefix(c['prefix'])} | "
                       f"{fmt_batch(c)} | {c['page_size']} "
                       f"| {c['draft']} | {c['calls']} | {fmt_figure(mx.get('max_row_rel_l2', 0))} | "
                       f"{fmt_figure(mx.get('atol_rel_needed', 0))} |")
@@ -299,7 +324,7 @@ def main():
     for r in runs:
         for c in sorted(r["classes"], key=class_key):
             crit = ", ".join(f"{k} {v}" for k, v in sorted(c["criteria"].items())) or "-"
-            md.append(f"| {r['label']} | {c['traffic']} | {fmt_prefix(c['prefix'])} | "
+            md.append(f"| {r['label']} | {traffic_of(c)} | {fmt_prefix(c['prefix'])} | "
                       f"{fmt_batch(c)} | {c['page_size']} | {c['draft']} | {c['calls']} | "
                       f"{c['first_breach_call'] or '-'} | {c['breach_fraction']:.2f} | {crit} |")
     with open(os.path.join(a.out, a.name + ".md"), "w") as f:
@@ -343,11 +368,13 @@ def main():
             groups = collections.defaultdict(lambda: [0, 0])
             for c in r["classes"]:
                 if c["traffic"] == "realistic":
-                    groups[c["prefix"]][0] += c["calls"]
-                    groups[c["prefix"]][1] += c["breaches"]
-            for prefix, (calls, br) in sorted(groups.items()):
+                    groups[(traffic_of(c), c["prefix"])][0] += c["calls"]
+                    groups[(traffic_of(c), c["prefix"])][1] += c["breaches"]
+            for (traffic, prefix), (calls, br) in sorted(groups.items(),
+                                                         key=lambda g: (traffic_order(g[0][0]),
+                                                                        g[0][1])):
                 if br == 0:
-                    bad.append(f"{r['label']} undetected on realistic traffic at prefix {prefix} "
+                    bad.append(f"{r['label']} undetected on {traffic} traffic at prefix {prefix} "
                                f"({calls} calls)")
         for b in bad:
             print("FAIL: " + b)

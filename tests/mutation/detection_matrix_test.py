@@ -2,6 +2,8 @@
 """detection_matrix.py on driver runs whose figures hold nulls (a NaN a driver saw: its JSON
 writer has no NaN), merged across two runs of the same classes, for the clean build and for a
 mutant that never breached. The matrix must be written, with the nulls shown as non-finite.
+Classes run on e4m3 pools (--kv_dtype e4m3) stay classes of their own, and --check holds them to
+the rule of every realistic-traffic group.
 
     detection_matrix_test.py MUTANT_DRIVER
 """
@@ -81,7 +83,57 @@ def main():
                            base + [os.path.join(d, "survivor.0.json")],
                            capture_output=True, text=True)
         assert p.returncode == 1 and "survivor undetected" in p.stdout, p.stdout
-    print("ok: nulls merge as non-finite, the matrix is written, invariance catches count")
+
+        # The same classes on e4m3 pools: not merged into the bf16 ones, a column of their own.
+        e4m3_run = os.path.join(d, "e4m3", "clean.e4m3.json")
+        os.makedirs(os.path.dirname(e4m3_run))
+        subprocess.run([driver, "--engine", "cpu", "--label", "clean", "--commit", "test",
+                        "--prefixes", "64", "--pages", "64", "--drafts", "4", "--calls", "2",
+                        "--kv_dtype", "e4m3", "--kv_scale", "0.37", "--json", e4m3_run],
+                       check=True, stdout=subprocess.DEVNULL)
+        with open(e4m3_run) as f:
+            e4m3 = json.load(f)
+        assert all(c["kv_dtype"] == "e4m3" and abs(c["kv_scale"] - 0.37) < 1e-6
+                   for c in e4m3["classes"]), e4m3["classes"]
+        assert all(c["kv_dtype"] == "bf16" for c in first["classes"]), first["classes"]
+        base = [os.path.join(d, "clean.0.json"), e4m3_run]
+        p = subprocess.run([sys.executable, os.path.join(HERE, "detection_matrix.py"),
+                            "--out", out, "--name", "e", "--patches", d] + base,
+                           capture_output=True, text=True)
+        assert p.returncode == 0, f"detection_matrix.py failed:\n{p.stdout}{p.stderr}"
+        with open(os.path.join(out, "e.json")) as f:
+            doc = json.load(f)
+        clean = doc["mutants"]["clean"]
+        assert len(clean["classes"]) == len(first["classes"]) + len(e4m3["classes"]), \
+            "e4m3 classes merged into the bf16 classes of their shape"
+        assert clean["calls"] == first["calls"] + e4m3["calls"], clean["calls"]
+        with open(os.path.join(out, "e.md")) as f:
+            md = f.read()
+        assert "| realistic e4m3x0.37 64 |" in md and "| realistic 64 |" in md, md
+
+        # A mutant caught per call on bf16 pools but on no e4m3 class, by nothing else: it fails
+        # the check, naming the e4m3 traffic.
+        blind = copy.deepcopy(first)
+        blind["label"] = "fp8_blind"
+        for c in blind["classes"]:
+            c["breaches"] = c["calls"]
+            c["first_breach_call"] = 1
+        blind_e4m3 = copy.deepcopy(e4m3)
+        blind_e4m3["label"] = "fp8_blind"
+        for name, r in (("fp8_blind.0.json", blind), ("fp8_blind.1.json", blind_e4m3)):
+            with open(os.path.join(d, "e4m3", name), "w") as f:
+                json.dump(r, f)
+        p = subprocess.run([sys.executable, os.path.join(HERE, "detection_matrix.py"),
+                            "--out", out, "--name", "b", "--patches", d, "--check", check] + base +
+                           [os.path.join(d, "e4m3", n) for n in ("fp8_blind.0.json",
+                                                                 "fp8_blind.1.json")],
+                           capture_output=True, text=True)
+        assert p.returncode == 1, p.stdout
+        assert "fp8_blind undetected on realistic e4m3x0.37 traffic at prefix 64" in p.stdout, \
+            p.stdout
+        assert "fp8_blind undetected on realistic traffic" not in p.stdout, p.stdout
+    print("ok: nulls merge as non-finite, the matrix is written, invariance catches count, "
+          "e4m3 classes stay apart")
     return 0
 
 

@@ -10,7 +10,8 @@
 // random-valued bundle, several times, every output bit for bit the first's (the kernel is
 // deterministic by contract, so a difference is a race, whatever its size). With
 // --invariance_max_prefix the invariance probes' full sweep runs once: the custom path against
-// itself under other split plans, page sizes, page orders, batches and draft-block starts.
+// itself under other split plans, page sizes, page orders, batches and draft-block starts. With
+// --kv_dtype e4m3 every class's pool is e4m3 at --kv_scale (README.md, "FP8 KV caches").
 
 #include <algorithm>
 #include <cmath>
@@ -56,6 +57,8 @@ struct Options {
   double budget = 4e6;  // per class: calls <= budget / (T * kv_len), at least min_calls
   int min_calls = 1;
   uint64_t seed = 1;
+  std::string kv_dtype = "bf16";  // the pools of the classes: bf16 or e4m3 (at kv_scale)
+  float kv_scale = 1.f;
   bool oracle = false;                // also measure both paths against the fp64 oracle
   bool drift = false;                 // feed the oracle drift test (runs the oracle on every call)
   int64_t probe_max_prefix = 0;       // > 0: run the probe suite with this longest prefix
@@ -113,6 +116,8 @@ struct Maxima {
 
 struct ClassResult {
   Traffic traffic = Traffic::kRandom;
+  kernels::KvDtype kv_dtype = kernels::KvDtype::kBf16;
+  float kv_scale = 1.f;
   int64_t prefix = 0;
   int batch = 1, page = 0, draft = 0, calls = 0, breaches = 0;
   bool ragged = false;
@@ -136,6 +141,8 @@ absl::StatusOr<ClassResult> RunClass(Engine& engine, const Options& o, Traffic t
                                      DriftStream* drift) {
   ClassResult c;
   c.traffic = traffic;
+  c.kv_dtype = o.kv_dtype == "e4m3" ? kernels::KvDtype::kE4m3 : kernels::KvDtype::kBf16;
+  c.kv_scale = c.kv_dtype == kernels::KvDtype::kE4m3 ? o.kv_scale : 1.f;
   c.batch = o.batch;
   c.ragged = o.ragged;
   c.prefix = prefix;
@@ -158,6 +165,8 @@ absl::StatusOr<ClassResult> RunClass(Engine& engine, const Options& o, Traffic t
       }
     }
     spec.traffic = traffic;
+    spec.kv_dtype = c.kv_dtype;
+    spec.kv_scale = c.kv_scale;
     spec.seed = seed + static_cast<uint64_t>(call);
     RandomBundle rb(spec);
     auto pb = engine.Prepare(rb.view(), /*detach=*/false);
@@ -236,6 +245,8 @@ bool ParseList(const std::string& s, std::vector<T>* out) {
 
 json ToJson(const ClassResult& c) {
   json j = {{"traffic", TrafficName(c.traffic)},
+            {"kv_dtype", kernels::KvDtypeName(c.kv_dtype)},
+            {"kv_scale", c.kv_scale},
             {"batch", c.batch},
             {"ragged", c.ragged},
             {"prefix", c.prefix},
@@ -268,6 +279,9 @@ void AddFlags(CLI::App& app, Options* o) {
   app.add_option("--min_calls", o->min_calls, "fewest calls per class")
       ->check(CLI::Range(1, 1 << 30));
   app.add_option("--seed", o->seed, "seed of the first bundle");
+  app.add_option("--kv_dtype", o->kv_dtype, "the classes' KV pools: bf16, or e4m3 at --kv_scale")
+      ->check(CLI::IsMember({"bf16", "e4m3"}));
+  app.add_option("--kv_scale", o->kv_scale, "an e4m3 pool's kv_scale")->check(CLI::PositiveNumber);
   app.add_flag("--oracle", o->oracle, "also compare both paths with the fp64 oracle");
   app.add_flag("--drift", o->drift,
                "feed the oracle drift test, one stream per traffic model (runs the oracle)");
@@ -327,10 +341,13 @@ struct Totals {
 };
 
 void PrintClass(const Options& o, Traffic t, ClassResult& c) {
+  const std::string traffic = c.kv_dtype == kernels::KvDtype::kE4m3
+                                  ? fmt::format("{} e4m3x{:g}", TrafficName(t), c.kv_scale)
+                                  : std::string(TrafficName(t));
   std::cout << fmt::format(
       "{:<28} {:<9} prefix {:>6} page {:>2} T {:>2}: {:>3}/{:<3} breached, first {}  "
       "row rel-L2 max {:.3g}  atol_rel needed {:.3g}  {}\n",
-      o.label, TrafficName(t), c.prefix, c.page, c.draft, c.breaches, c.calls, c.first_breach,
+      o.label, traffic, c.prefix, c.page, c.draft, c.breaches, c.calls, c.first_breach,
       c.max.v["max_row_rel_l2"], c.max.v["atol_rel_needed"], c.first_reason);
   std::cout.flush();
 }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The CPU mutation suite (run_cuda_mutants.sh runs the CUDA one). For the clean custom path and
-# for every planted bug in tests/mutation/patches/, builds mutant_driver from a scratch copy of
-# the sources (the checkout is never patched), runs it over the shape classes and traffic models,
-# and writes the detection matrix (markdown + JSON) under bench/results/.
+# The CPU mutation suite (run_cuda_mutants.sh runs the CUDA one). For the clean CPU engine and
+# for every planted bug in tests/mutation/patches/ (the custom path's, and the e4m3
+# dequantisation's that both paths read), builds mutant_driver from a scratch copy of the sources
+# (the checkout is never patched), runs it over the shape classes and traffic models, and writes
+# the detection matrix (markdown + JSON) under bench/results/.
 #
 #   run_mutants.sh [--quick] [--out DIR] [--only a,b,...] [-- extra mutant_driver arguments]
 #
@@ -36,8 +37,7 @@ mkdir -p "$tree" "$work/obj" "$work/json"
 cp -r "$root/src" "$root/kernels" "$tree/"
 mkdir -p "$tree/tests/mutation"
 cp "$here/mutant_driver.cc" "$tree/tests/mutation/"
-custom=src/cpu_engine/cpu_custom.cc
-cp "$tree/$custom" "$work/cpu_custom.clean.cc"
+cp -r "$tree" "$work/clean"
 
 commit=$("$root/scripts/commit_stamp.sh" "$root" src kernels tests/mutation)
 
@@ -48,30 +48,41 @@ read -r -a deps <<<"$(pkg-config --cflags absl_strings absl_str_format absl_stat
 read -r -a libs <<<"$(pkg-config --libs absl_strings absl_str_format absl_status \
   absl_statusor absl_synchronization tbb fmt)"
 
-# Everything but the custom path is compiled once.
+# Every source is compiled once, clean. A planted bug's patch names the sources it changes (the
+# custom path, src/cpu_engine/cpu_custom.cc, for most; src/bundle/dequantized_bundle.cc for the
+# e4m3 dequantisation), and only those are compiled again for its driver; a patch that changes
+# anything else (a header) is refused.
 sources=(src/compare/compare.cc src/bundle/bundle.cc src/bundle/dequantized_bundle.cc src/bundle/validate.cc
          src/bundle/random_bundle.cc kernels/verify_problem.cc src/cpu_engine/cpu_oracle.cc
-         src/cpu_engine/cpu_reference.cc src/cpu_engine/cpu_engine.cc src/engine/engine.cc
-         src/engine/engine_factory.cc
+         src/cpu_engine/cpu_reference.cc src/cpu_engine/cpu_custom.cc src/cpu_engine/cpu_engine.cc
+         src/engine/engine.cc src/engine/engine_factory.cc
          src/control/drift_test.cc src/probe/probe_suite.cc src/probe/probe_runner.cc
          src/probe/invariance.cc src/probe/repacked_bundle.cc
          tests/mutation/mutant_driver.cc)
+obj_of() { echo "$work/obj/$(echo "$1" | tr / _).o"; }
 objs=()
 for s in "${sources[@]}"; do
-  o=$work/obj/$(echo "$s" | tr / _).o
-  "$CXX" "${flags[@]}" "${deps[@]}" -c "$tree/$s" -o "$o" &
-  objs+=("$o")
+  "$CXX" "${flags[@]}" "${deps[@]}" -c "$tree/$s" -o "$(obj_of "$s")" &
+  objs+=("$(obj_of "$s")")
 done
 wait
+for o in "${objs[@]}"; do
+  [ -f "$o" ] || { echo "run_mutants.sh: the clean build failed (${o##*/})" >&2; exit 1; }
+done
+# The sources a patch changes ("+++ b/PATH" lines).
+changed_by() { sed -n 's|^+++ b/\([^[:space:]]*\).*|\1|p' "$1" | sort -u; }
 
 # Each set is one driver run per mutant; calls per class shrink with T * kv_len (--budget) so
 # that the 64K classes stay affordable on a small CPU box. Raise --calls/--budget with "--".
 # The prefixes 501 and 4091 put the geometry of real prefixes in front of the tiling (64-token
 # tiles, splits of 256 tokens and more): a draft block that straddles two tiles (and, at 501 with
-# T = 16, a split boundary), and tails of odd length.
+# T = 16, a split boundary), and tails of odd length. The e4m3 set runs the same paths on e4m3
+# pools at a scale that is not a power of two (README.md, "FP8 KV caches").
+e4m3_set="--prefixes 512 --pages 1,64 --drafts 4,16 --calls 2 --kv_dtype e4m3 --kv_scale 0.37"
 if [ $quick = 1 ]; then
   sets=("--prefixes 512,4096 --pages 1,64 --drafts 4,16 --calls 3 --budget 1e5 --drift"
-        "--prefixes 501,4091 --pages 1,64 --drafts 4,16 --calls 3 --budget 1e5")
+        "--prefixes 501,4091 --pages 1,64 --drafts 4,16 --calls 3 --budget 1e5"
+        "$e4m3_set")
 else
   # The last set feeds the oracle drift test: a stream of calls per traffic model long enough for
   # its verdict (--drift_min_samples 16), which the budgeted sets are not.
@@ -79,7 +90,8 @@ else
         "--prefixes 501,4091 --pages 1,64 --drafts 4,16,64 --calls 3 --budget 5e4"
         "--prefixes 4096 --pages 1,64 --drafts 4,16 --calls 3 --budget 5e4"
         "--prefixes 16384,65536 --pages 64 --drafts 4 --calls 1"
-        "--prefixes 512,4096,16384 --pages 1,64 --drafts 4 --calls 6 --budget 1e12 --drift")
+        "--prefixes 512,4096,16384 --pages 1,64 --drafts 4 --calls 6 --budget 1e12 --drift"
+        "$e4m3_set")
 fi
 # Every set with --drift also runs the oracle on every call and feeds the oracle drift test (one
 # stream per traffic model), and the first set runs the probe suite and the invariance probes
@@ -93,12 +105,28 @@ if [ -n "$only" ]; then IFS=, read -r -a mutants <<<"clean,$only"; fi
 
 start=$(date +%s)
 for m in "${mutants[@]}"; do
-  cp "$work/cpu_custom.clean.cc" "$tree/$custom"
+  link=("${objs[@]}")
   if [ "$m" != clean ]; then
-    patch -s -p1 -d "$tree" <"$here/patches/$m.patch"
+    p=$here/patches/$m.patch
+    mapfile -t changed < <(changed_by "$p")
+    patch -s -p1 -d "$tree" <"$p"
+    mkdir -p "$work/mut"
+    for f in "${changed[@]}"; do
+      clean_o=$(obj_of "$f")
+      case " ${objs[*]} " in
+        *" $clean_o "*) ;;
+        *) echo "run_mutants.sh: $m.patch changes $f, which is not a compiled source" >&2
+           exit 2 ;;
+      esac
+      mut_o=$work/mut/${clean_o##*/}
+      "$CXX" "${flags[@]}" "${deps[@]}" -c "$tree/$f" -o "$mut_o"
+      for k in "${!link[@]}"; do
+        if [ "${link[$k]}" = "$clean_o" ]; then link[$k]=$mut_o; fi
+      done
+      cp "$work/clean/$f" "$tree/$f"
+    done
   fi
-  "$CXX" "${flags[@]}" "${deps[@]}" -c "$tree/$custom" -o "$work/obj/custom.o"
-  "$CXX" -o "$work/driver" "${objs[@]}" "$work/obj/custom.o" "${libs[@]}" -lpthread
+  "$CXX" -o "$work/driver" "${link[@]}" "${libs[@]}" -lpthread
   i=0
   for set in "${sets[@]}"; do
     read -r -a args <<<"$set"
