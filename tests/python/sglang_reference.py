@@ -41,9 +41,12 @@ def random_target_verify(rng, batch, draft, heads, prefixes, spare_slots=37):
 
 
 def extend_attention_numpy(call, sm_scale):
-    """fp64 o [B*T, H, 512] and lse [B*T, H] of the call, read the way the backend reads it."""
+    """fp64 o [B*T, H, 512] and lse [B*T, H] of the call, read the way the backend reads it
+    (k_buffer: bf16 bits, or the pool's values as floats)."""
     q = from_bf16(call["q"]).astype(np.float64)
-    k_all = from_bf16(call["k_buffer"]).astype(np.float64).reshape(-1, 576)
+    k = call["k_buffer"]
+    k_all = (k if np.issubdtype(k.dtype, np.floating) else from_bf16(k)).astype(
+        np.float64).reshape(-1, 576)
     indptr, mptr = call["kv_indptr"], call["mask_indptr"]
     batch = len(indptr) - 1
     draft = q.shape[0] // batch

@@ -16,7 +16,7 @@ import numpy as np
 from random_bundles import BF16_NAN, oracle, random_bundle, rel_l2
 from sglang_reference import extend_attention_numpy, random_target_verify
 from verifyd_client import (InvalidBundleError, VerifyClient, VerifydError, from_bf16,
-                            pack_mask, sglang_target_verify)
+                            from_e4m3, pack_mask, sglang_target_verify, to_e4m3)
 from verifyd_client.sglang import target_verify_call
 from verifyd_daemon import Daemon
 
@@ -536,6 +536,26 @@ class SglangAdapterTest(unittest.TestCase):
                 flat = dict(call, k_buffer=call["k_buffer"].reshape(-1, 576))
                 np.testing.assert_array_equal(
                     sglang_target_verify(self.inline, **flat, sm_scale=SCALE).o, r.o)
+
+    def test_an_e4m3_pool_with_its_k_scale(self):
+        """An e4m3 k_buffer (uint8 bits) with k_scale = v_scale: the backend's reading of
+        e4m3 x k_scale; a scale verifyd cannot take is refused naming it."""
+        call = random_target_verify(rng_for(self, 44), 2, 5, 3, [37, 1])
+        kv = 0.37
+        fp8 = to_e4m3(from_bf16(call["k_buffer"]) / np.float32(kv))
+        r = sglang_target_verify(self.inline, **dict(call, k_buffer=fp8), sm_scale=SCALE,
+                                 k_scale=kv, v_scale=kv, want_lse=True)
+        want_o, want_lse = extend_attention_numpy(dict(call, k_buffer=from_e4m3(fp8, kv)), SCALE)
+        self.assertLess(rel_l2(from_bf16(r.o).astype(np.float64), want_o), 1e-2)
+        np.testing.assert_allclose(r.lse, want_lse, atol=1e-3, rtol=1e-4)
+        for kw, field in (({"k_scale": kv, "v_scale": 0.5}, "v_scale"),
+                          ({"k_scale": None, "v_scale": None}, "k_scale"),
+                          ({"k_scale": 0.0, "v_scale": 0.0}, "k_scale")):
+            with self.assertRaisesRegex(ValueError, f"^{field}: "):
+                sglang_target_verify(self.inline, **dict(call, k_buffer=fp8), sm_scale=SCALE,
+                                     **kw)
+        with self.assertRaisesRegex(ValueError, "^k_scale: .*bf16 pool"):
+            sglang_target_verify(self.inline, **call, sm_scale=SCALE, k_scale=kv, v_scale=kv)
 
     def test_conversion(self):
         call = random_target_verify(rng_for(self, 42), 2, 3, 1, [4, 2])

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import tensors
 from .adapters import run, triton, triton_host
-from .adapters.common import check_unsupported
+from .adapters.common import check_unsupported, kv_scale_of
 
 
 def target_verify_call(q, k_buffer, kv_indptr, kv_indices, out_cache_loc, custom_mask,
@@ -51,15 +51,16 @@ def sglang_target_verify(client, q, k_buffer, kv_indptr, kv_indices, out_cache_l
         return run(client, args, **verify_kwargs)
     window = sliding_window_size if sliding_window_size is not None and \
         sliding_window_size > 0 else None
-    check_unsupported(k_scale=k_scale, v_scale=v_scale, logit_cap=logit_cap, sinks=sinks,
-                      sliding_window=window, names={"sliding_window": "sliding_window_size"})
+    check_unsupported(logit_cap=logit_cap, sinks=sinks, sliding_window=window,
+                      names={"sliding_window": "sliding_window_size"})
+    kv_scale = kv_scale_of(k_buffer, k_scale, v_scale)
     if o is not None:
         raise ValueError("o: writing into the caller's output needs torch tensors")
     call = target_verify_call(q, k_buffer, kv_indptr, kv_indices, out_cache_loc, custom_mask,
                               mask_indptr, qo_indptr=qo_indptr,
                               skip_prefix_custom_mask=skip_prefix_custom_mask,
                               tree_mask_mode=tree_mask_mode)
-    return client.verify(**call, sm_scale=sm_scale, **verify_kwargs)
+    return client.verify(**call, sm_scale=sm_scale, kv_scale=kv_scale, **verify_kwargs)
 
 
 def _check_prefix_columns(q, kv_indptr, custom_mask, mask_indptr):

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
+from .. import tensors
 from ..bundle import HEAD_DIM_QK, HEAD_DIM_V, MASK_BITS, MASK_BYTES
 from ..regions import PoolSet
 
@@ -91,14 +92,14 @@ def check_unsupported(logit_cap=None, sinks=None, sliding_window=None, names=Non
 
 def kv_scale_of(pool, k_scale, v_scale, names=None):
     """The pool's scale as verifyd takes it (VerifyArgs.kv_scale). A bf16 pool: None, and a
-    k_scale or v_scale other than 1 is refused. A torch.float8_e4m3fn pool: k_scale, a host float
-    that is finite and > 0 (the pool's values are e4m3 x k_scale), which v_scale must equal: V is
-    the first 512 dims of the same stored rows, dequantised by the same scale. ``names``: the
-    backend's spelling of the two."""
-    torch = torch_module()
+    k_scale or v_scale other than 1 is refused. An e4m3 pool (torch.float8_e4m3fn, or numpy
+    uint8 bits): k_scale, a host float that is finite and > 0 (the pool's values are
+    e4m3 x k_scale), which v_scale must equal: V is the first 512 dims of the same stored rows,
+    dequantised by the same scale. ``names``: the backend's spelling of the two, and of the pool
+    ("pool")."""
     names = names or {}
     k_name, v_name = names.get("k_scale", "k_scale"), names.get("v_scale", "v_scale")
-    if pool.dtype != torch.float8_e4m3fn:
+    if tensors.kv_dtype_of(names.get("pool", "k_buffer"), pool) != tensors.KV_E4M3:
         for name, value in ((k_name, k_scale), (v_name, v_scale)):
             if value is not None and not _is_one(value):
                 refuse(name, value, "a bf16 pool takes no scale (an fp8 pool carries its k_scale)")

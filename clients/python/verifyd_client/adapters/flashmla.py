@@ -67,7 +67,7 @@ def verify_args(q, k_cache, block_table, cache_seqlens, softmax_scale, causal=Tr
     if pool.dtype != torch.bfloat16:
         fail("k_cache", f"dtype {pool.dtype}: FlashMLA's dense decode reads bf16 pages (its fp8 "
                         f"cache is is_fp8_kvcache's own layout)")
-    kv_scale_of(pool, k_scale, v_scale)  # a bf16 pool: no scale
+    kv_scale_of(pool, k_scale, v_scale, {"pool": "k_cache"})  # a bf16 pool: no scale
 
     lens = cache_seqlens.to(torch.int64)
     need = torch.div(lens + page_size - 1, page_size, rounding_mode="floor").clamp(0, max_pages)
