@@ -1,5 +1,6 @@
 #include "src/cli/fleet_commands.h"
 
+#include <cmath>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -134,8 +135,12 @@ CLI::App* AddFleetCommands(CLI::App* app, FleetOptions* o) {
   CLI::App* run = fleet->add_subcommand(
       "run",
       "run the plan from its current step to the last, each step gated by its analysis (exit 3: "
-      "held, 4: rolled back)");
+      "held, 4: rolled back, 5: etcd lost past --etcd_lost_timeout)");
   run->add_option("--prometheus", o->prometheus, "http://host:port, in place of the plan's");
+  run->add_option("--etcd_lost_timeout", o->etcd_lost_timeout_s,
+                  "seconds to wait for a lost etcd before giving up with the desired state as it "
+                  "was (exit 5); 0: wait as long as it takes")
+      ->capture_default_str();
   return fleet;
 }
 
@@ -154,9 +159,12 @@ int RunFleet(const GlobalOptions& g, const CLI::App& fleet, const FleetOptions& 
     return Fail(g, what, "--plan: required (the rollout plan's JSON file)");
   }
   fleet::EtcdKv kv(*std::move(endpoints));
-  RolloutController c(&kv, o.prefix, [&g](const std::string& line) {
-    if (!g.json) std::cout << line << std::endl;
-  });
+  RolloutController c(
+      &kv, o.prefix,
+      [&g](const std::string& line) {
+        if (!g.json) std::cout << line << std::endl;
+      },
+      o.etcd_lost_timeout_s > 0 ? absl::Seconds(o.etcd_lost_timeout_s) : absl::InfiniteDuration());
   if (sub->get_name() == "status") return Status(g, c, plan);
   if (sub->get_name() == "promote") return Wrote(g, what, c.Promote(*plan));
   if (sub->get_name() == "undo") return Wrote(g, what, c.Undo(*plan));
@@ -167,6 +175,11 @@ int RunFleet(const GlobalOptions& g, const CLI::App& fleet, const FleetOptions& 
   }
   if (prometheus.rfind("http://", 0) != 0) {
     return Fail(g, what, "--prometheus: '" + prometheus + "' is not http://host:port");
+  }
+  if (!(o.etcd_lost_timeout_s >= 0) || !std::isfinite(o.etcd_lost_timeout_s)) {
+    return Fail(g, what,
+                absl::StrCat("--etcd_lost_timeout: ", o.etcd_lost_timeout_s,
+                             " is not seconds >= 0 (0: wait as long as it takes)"));
   }
   absl::StatusOr<fleet::RunResult> r = c.Run(*plan, prometheus);
   if (!r.ok()) return Fail(g, what, std::string(r.status().message()));
@@ -183,6 +196,8 @@ int RunFleet(const GlobalOptions& g, const CLI::App& fleet, const FleetOptions& 
       return kExitHeld;
     case fleet::RunResult::Outcome::kRolledBack:
       return kExitRolledBack;
+    case fleet::RunResult::Outcome::kEtcdLost:
+      return kExitEtcdLost;
   }
   return 1;
 }

@@ -138,6 +138,14 @@ double NodeHashFraction(std::string_view node) {
     h ^= static_cast<unsigned char>(c);
     h *= 1099511628211ull;
   }
+  // FNV-1a's last bytes reach only its low and middle bits (a byte's change moves the top bits
+  // by about 2^-24 of the space), so names that differ in their last characters (node-0 ...
+  // node-7) fall together; the finalizer spreads every bit over the top ones.
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ull;
+  h ^= h >> 33;
   return static_cast<double>(h >> 11) / static_cast<double>(uint64_t{1} << 53);
 }
 

@@ -40,7 +40,9 @@ absl::StatusOr<DesiredState> ParseDesiredState(std::string_view json);
 // The canonical JSON of `s` (ParseDesiredState reads it back to the same state).
 std::string SerializeDesiredState(const DesiredState& s);
 
-// Where `node` falls in the node-name hash space, in [0, 1): FNV-1a (64 bits) of the name.
+// Where `node` falls in the node-name hash space, in [0, 1): FNV-1a (64 bits) of the name, then
+// MurmurHash3's 64-bit finalizer (fmix64), its top 53 bits. Changing it moves nodes between
+// steps: the controller and every node must compute the same.
 double NodeHashFraction(std::string_view node);
 bool InStep(const DesiredState& s, std::string_view node);
 

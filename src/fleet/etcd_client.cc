@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "etcdserverpb/rpc.grpc.pb.h"
@@ -142,5 +143,7 @@ absl::Status EtcdKv::PutIfUnchanged(const std::string& key, const std::string& v
   }
   return absl::OkStatus();
 }
+
+std::string EtcdKv::Describe() const { return absl::StrJoin(impl_->endpoints, ","); }
 
 }  // namespace verifyd::fleet

@@ -58,6 +58,8 @@ class EtcdKv {
   // ABORTED when another writer came first.
   absl::Status PutIfUnchanged(const std::string& key, const std::string& value,
                               int64_t mod_revision);
+  // "host:port[,host:port...]", the endpoints as given.
+  std::string Describe() const;
 
  private:
   struct Impl;

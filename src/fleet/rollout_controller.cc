@@ -35,13 +35,19 @@ const char* OutcomeName(RunResult::Outcome o) {
       return "held";
     case RunResult::Outcome::kRolledBack:
       return "rolled_back";
+    case RunResult::Outcome::kEtcdLost:
+      return "etcd_lost";
   }
   return "unknown";
 }
 
 RolloutController::RolloutController(EtcdKv* kv, std::string prefix,
-                                     std::function<void(const std::string&)> say)
-    : kv_(kv), prefix_(absl::StripSuffix(prefix, "/")), say_(std::move(say)) {}
+                                     std::function<void(const std::string&)> say,
+                                     absl::Duration etcd_lost_timeout)
+    : kv_(kv),
+      prefix_(absl::StripSuffix(prefix, "/")),
+      say_(std::move(say)),
+      etcd_lost_timeout_(etcd_lost_timeout) {}
 
 absl::StatusOr<FleetView> RolloutController::Read() {
   FleetView v;
@@ -84,10 +90,17 @@ absl::StatusOr<FleetView> RolloutController::ReadThroughLoss(absl::Duration* los
   if (lost) *lost = absl::ZeroDuration();
   absl::StatusOr<FleetView> view = Read();
   if (view.ok() || !Lost(view.status())) return view;
-  say_(absl::StrCat("  etcd lost: ", view.status().message(),
-                    ": waiting for it, the desired state unchanged"));
+  const bool bounded = etcd_lost_timeout_ != absl::InfiniteDuration();
+  say_(absl::StrCat("  etcd lost: ", view.status().message(), ": waiting for it",
+                    bounded ? absl::StrCat(" (at most ", Seconds(etcd_lost_timeout_), ")") : "",
+                    ", the desired state unchanged"));
   const absl::Time since = absl::Now();
   while (!view.ok() && Lost(view.status())) {
+    if (absl::Now() - since >= etcd_lost_timeout_) {
+      return absl::UnavailableError(absl::StrCat("etcd ", kv_->Describe(), " did not answer for ",
+                                                 Seconds(absl::Now() - since), " (",
+                                                 view.status().message(), ")"));
+    }
     Pause(kPoll);
     view = Read();
   }
@@ -102,10 +115,15 @@ absl::StatusOr<DesiredState> RolloutController::WriteThroughLoss(const FleetView
   for (;;) {
     absl::StatusOr<DesiredState> s = Write(view, plan, index, reason);
     if (s.ok() || !Lost(s.status())) return s;
-    absl::StatusOr<FleetView> now = ReadThroughLoss();
-    if (!now.ok()) return now.status();
-    if (now->desired_revision == view.desired_revision) continue;  // it did not land
     const int64_t generation = (view.desired ? view.desired->generation : 0) + 1;
+    absl::StatusOr<FleetView> now = ReadThroughLoss();
+    if (!now.ok()) {
+      if (!Lost(now.status())) return now.status();
+      return absl::UnavailableError(absl::StrCat(now.status().message(), "; generation ",
+                                                 generation, " (", DescribeStep(plan, index),
+                                                 ") was being written and may have landed"));
+    }
+    if (now->desired_revision == view.desired_revision) continue;  // it did not land
     const DesiredState want = PlanState(plan, index, generation, reason);
     if (now->desired && SerializeDesiredState(*now->desired) == SerializeDesiredState(want)) {
       return want;
@@ -203,16 +221,28 @@ absl::StatusOr<RunResult> RolloutController::Run(const RolloutPlan& plan,
   if (!view.ok()) return view.status();
   const int last = static_cast<int>(plan.steps.size()) - 1;
   int step = std::max(0, StepOf(plan, view->desired));
+  int64_t generation = view->desired ? view->desired->generation : 0;  // as etcd has it
+  // etcd lost past etcd_lost_timeout_ (`st`): the run ends at `step`, nothing written since.
+  auto gave_up = [&](const absl::Status& st, const std::string& then) -> absl::StatusOr<RunResult> {
+    if (!Lost(st)) return st;
+    const std::string detail =
+        absl::StrCat(st.message(), ": gave up at ", DescribeStep(plan, step), ", ", prefix_,
+                     "/desired last known at generation ", generation, then);
+    say_(absl::StrCat("  ", detail));
+    return RunResult{RunResult::Outcome::kEtcdLost, step, detail};
+  };
+  const std::string resume = "; fleet run goes on from it once etcd answers";
   for (;; ++step) {
     absl::StatusOr<DesiredState> desired = WriteThroughLoss(
         *view, plan, step,
         absl::StrCat("rollout ", plan.name, ": run at ", DescribeStep(plan, step)));
-    if (!desired.ok()) return desired.status();
+    if (!desired.ok()) return gave_up(desired.status(), resume);
+    generation = desired->generation;
     say_(absl::StrCat(DescribeStep(plan, step), ": generation ", desired->generation, ", ",
                       ModeName(plan.mode), " on the nodes below ", plan.steps[step],
                       " of the hash space"));
     if (absl::Status st = Settle(plan, *desired); !st.ok()) {
-      if (st.code() != absl::StatusCode::kFailedPrecondition) return st;
+      if (st.code() != absl::StatusCode::kFailedPrecondition) return gave_up(st, resume);
       say_(absl::StrCat("  held at ", DescribeStep(plan, step), ": ", st.message()));
       return RunResult{RunResult::Outcome::kHeld, step, std::string(st.message())};
     }
@@ -222,11 +252,20 @@ absl::StatusOr<RunResult> RolloutController::Run(const RolloutPlan& plan,
       if (!failed.empty()) {
         const std::string why = absl::StrCat("analysis failed at ", DescribeStep(plan, step), ": ",
                                              absl::StrJoin(failed, "; "));
+        const std::string abort_later = " (fleet abort writes it once etcd answers)";
         absl::StatusOr<FleetView> now = ReadThroughLoss();
-        if (!now.ok()) return now.status();
+        if (!now.ok()) {
+          return gave_up(now.status(),
+                         absl::StrCat("; ", why, ": the rollback to ", ModeName(plan.stable_mode),
+                                      " is not written", abort_later));
+        }
         absl::StatusOr<DesiredState> back = WriteThroughLoss(
             *now, plan, -1, absl::StrCat("rollout ", plan.name, " aborted: ", why));
-        if (!back.ok()) return back.status();
+        if (!back.ok()) {
+          return gave_up(back.status(),
+                         absl::StrCat("; ", why, ": the rollback to ", ModeName(plan.stable_mode),
+                                      " may not have landed", abort_later));
+        }
         say_(absl::StrCat("  rolled back: generation ", back->generation, ", every node to ",
                           ModeName(plan.stable_mode)));
         return RunResult{RunResult::Outcome::kRolledBack, step, why};
@@ -243,7 +282,7 @@ absl::StatusOr<RunResult> RolloutController::Run(const RolloutPlan& plan,
           absl::StrCat("rollout ", plan.name, " complete at ", DescribeStep(plan, step))};
     }
     view = ReadThroughLoss();
-    if (!view.ok()) return view.status();
+    if (!view.ok()) return gave_up(view.status(), resume);
   }
 }
 

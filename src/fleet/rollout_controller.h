@@ -12,7 +12,10 @@
 //            node acted) or did not act in time holds the rollout at its step; a query outside its
 //            bounds (or that cannot be evaluated) aborts the rollout. A lost etcd (once the run
 //            started) neither advances nor rolls back anything: the run waits for it, then goes on
-//            where it was (a step's settle timeout counts only the time etcd answered).
+//            where it was (a step's settle timeout counts only the time etcd answered). Lost for
+//            longer than the controller's `etcd_lost_timeout`, the run gives up (kEtcdLost) and
+//            writes nothing: the desired state stays as it was, the nodes keep their modes, and
+//            another run goes on from that step.
 
 #include <cstdint>
 #include <functional>
@@ -38,16 +41,18 @@ struct FleetView {
 };
 
 struct RunResult {
-  enum class Outcome { kComplete, kHeld, kRolledBack } outcome = Outcome::kComplete;
-  int step = -1;       // the step reached (held at, or rolled back from)
-  std::string detail;  // why it held, or the failing query and its value
+  enum class Outcome { kComplete, kHeld, kRolledBack, kEtcdLost } outcome = Outcome::kComplete;
+  int step = -1;       // the step reached (held at, rolled back from, or given up at)
+  std::string detail;  // why it held, the failing query and its value, or which etcd was lost
 };
 const char* OutcomeName(RunResult::Outcome o);
 
 class RolloutController {
  public:
   // `say` gets one line per event of a run (a step written, nodes acted, each analysis round).
-  RolloutController(EtcdKv* kv, std::string prefix, std::function<void(const std::string&)> say);
+  // A run waits at most `etcd_lost_timeout` for a lost etcd (infinite: as long as it takes).
+  RolloutController(EtcdKv* kv, std::string prefix, std::function<void(const std::string&)> say,
+                    absl::Duration etcd_lost_timeout = absl::InfiniteDuration());
 
   absl::StatusOr<FleetView> Read();
   // Writes step `index` of `plan` (-1: the stable state) with the next generation, unless the
@@ -61,15 +66,17 @@ class RolloutController {
   absl::StatusOr<DesiredState> Abort(const std::optional<RolloutPlan>& plan,
                                      const std::string& why);
   // An error only when etcd fails otherwise than by being lost (or is not there at the start);
-  // a held or rolled back rollout is a result.
+  // a held or rolled back rollout, and etcd lost past etcd_lost_timeout, are results.
   absl::StatusOr<RunResult> Run(const RolloutPlan& plan, const std::string& prometheus);
 
  private:
-  // Read(), waiting while etcd is lost (UNAVAILABLE, DEADLINE_EXCEEDED) until it answers; `lost`
-  // (if given) gets how long that was.
+  // Read(), waiting while etcd is lost (UNAVAILABLE, DEADLINE_EXCEEDED) until it answers, or
+  // UNAVAILABLE naming the endpoints once it was lost for etcd_lost_timeout; `lost` (if given)
+  // gets how long that was.
   absl::StatusOr<FleetView> ReadThroughLoss(absl::Duration* lost = nullptr);
   // Write(), and when etcd was lost on the way, once it is back: written again if the key is
-  // still `view`'s, the state itself if that write landed, else ABORTED (another writer).
+  // still `view`'s, the state itself if that write landed, else ABORTED (another writer);
+  // UNAVAILABLE as ReadThroughLoss, saying that the write may have landed.
   absl::StatusOr<DesiredState> WriteThroughLoss(const FleetView& view, const RolloutPlan& plan,
                                                 int index, const std::string& reason);
   // Waits until every node acted on `desired`: OK when none refused it, else FAILED_PRECONDITION
@@ -81,6 +88,7 @@ class RolloutController {
   EtcdKv* const kv_;
   const std::string prefix_;  // without a trailing '/'
   const std::function<void(const std::string&)> say_;
+  const absl::Duration etcd_lost_timeout_;
 };
 
 }  // namespace verifyd::fleet
