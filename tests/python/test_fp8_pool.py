@@ -65,6 +65,24 @@ class Fp8PoolTest(unittest.TestCase):
                         # The scale goes onto the logits in fp32: lse to fp32 rounding.
                         np.testing.assert_allclose(got.lse, want_lse, atol=1e-4)
 
+    def test_an_e4m3_pool_registers_in_shared_memory(self):
+        # register_kv_pool copies an e4m3 pool into shared memory as it is (uint8 bits); calls
+        # naming it get inline's output bit for bit, and a page written into it in place is read.
+        rng = rng_for(self, 806)
+        b = quantised(random_bundle(rng, **SHAPES[2]), 0.4)
+        pool = self.shm.register_kv_pool(b["kv_pool"])
+        self.assertEqual(pool.dtype, np.uint8)
+        self.assertEqual(pool.shape, b["kv_pool"].shape)
+        want = self.inline.verify(**b, want_lse=True)
+        got = self.shm.verify(**dict(b, kv_pool=pool), want_lse=True)
+        np.testing.assert_array_equal(got.o, want.o)
+        np.testing.assert_array_equal(got.lse, want.lse)
+        page = int(b["kv_indices"][0])
+        pool[page] = to_e4m3(rng.standard_normal(pool[page].shape).astype(np.float32))
+        changed = dict(b, kv_pool=np.array(pool))
+        np.testing.assert_array_equal(self.shm.verify(**dict(b, kv_pool=pool)).o,
+                                      self.inline.verify(**changed).o)
+
     def test_the_scale_is_applied(self):
         rng = rng_for(self, 802)
         b = quantised(random_bundle(rng, **SHAPES[1]), 0.25)

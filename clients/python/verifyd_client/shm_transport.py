@@ -140,18 +140,21 @@ class ShmTransport(Transport):
         return region.array(0, dtype, shape)
 
     def register_kv_pool(self, pool):
-        """A copy of ``pool`` (bf16 [num_pages, page_size, 576]) in the client's shared memory;
-        pass the returned array (a CPU torch tensor for a torch pool) as kv_pool and write new
-        pages into it in place."""
-        bits = tensors.bf16_bits("kv_pool", pool)
+        """A copy of ``pool`` ([num_pages, page_size, 576] of bf16, or of e4m3: torch
+        float8_e4m3fn or numpy uint8 bits) in the client's shared memory; pass the returned array
+        (a CPU torch tensor of the pool's dtype for a torch pool) as kv_pool, with the pool's
+        kv_scale for e4m3, and write new pages into it in place."""
+        bits = tensors.kv_bits("kv_pool", pool)
         if bits.ndim != 3 or bits.shape[2] != HEAD_DIM_QK:
             raise InvalidBundleError(f"kv_pool: shape {list(bits.shape)}, expected "
                                      f"[num_pages, page_size, {HEAD_DIM_QK}]")
-        dst = self.shm_array(bits.shape, np.uint16)
+        dst = self.shm_array(bits.shape, bits.dtype)
         dst[...] = bits
         if tensors.is_torch(pool):
             import torch  # noqa: PLC0415 - present whenever pool is a tensor
 
+            if bits.dtype == np.uint8:
+                return torch.from_numpy(dst).view(torch.float8_e4m3fn)
             return torch.from_numpy(dst.view(np.int16)).view(torch.bfloat16)
         return dst
 
