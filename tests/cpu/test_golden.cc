@@ -16,6 +16,7 @@
 #include "src/compare/compare.h"
 #include "src/cpu_engine/cpu_engine.h"
 #include "src/io/bundle_file.h"
+#include "tests/common/e4m3_codes.h"
 
 namespace verifyd {
 namespace {
@@ -158,18 +159,8 @@ TEST(GoldenFiles, E4m3CasesCoverPages1And64TreesAndScalesOtherThanOne) {
       }
     }
     EXPECT_TRUE(branches) << name;
-    int64_t codes = 0, subnormal = 0;
-    for (int b = 0; b < v.shape.batch; ++b) {
-      for (int64_t t = 0; t < v.kv_lens[b]; ++t) {
-        const uint8_t* row =
-            static_cast<const uint8_t*>(v.kv_pool) + v.KvSlot(b, t) * kernels::kHeadDimQK;
-        for (int d = 0; d < kernels::kHeadDimQK; ++d) {
-          ++codes;
-          subnormal += (row[d] & 0x78) == 0 && (row[d] & 7) != 0;
-        }
-      }
-    }
-    most_subnormal = std::max(most_subnormal, static_cast<double>(subnormal) / codes);
+    const E4m3Codes c = CountE4m3Codes(v);
+    most_subnormal = std::max(most_subnormal, static_cast<double>(c.subnormal) / c.codes);
   }
   EXPECT_GE(e4m3, 2);
   EXPECT_TRUE(pages.count(1)) << "no e4m3 case with pages of 1";

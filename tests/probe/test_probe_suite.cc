@@ -15,6 +15,7 @@
 #include "src/cpu_engine/cpu_engine.h"
 #include "src/probe/probe_runner.h"
 #include "src/probe/probe_suite.h"
+#include "tests/common/e4m3_codes.h"
 
 namespace verifyd {
 namespace {
@@ -140,21 +141,10 @@ TEST(ProbeSuite, TheE4m3ProbeReadsSubnormalsAtAScaleThatIsNotAPowerOfTwo) {
     EXPECT_NE(std::frexp(v.kv_scale, &exponent), 0.5f) << "a power of two";
     EXPECT_EQ(p.bundle->spec().traffic, Traffic::kRealistic);
     EXPECT_GE(v.shape.batch, 2);
-    int64_t codes = 0, subnormal = 0, zero = 0;
-    for (int b = 0; b < v.shape.batch; ++b) {
-      for (int64_t t = 0; t < v.kv_lens[b]; ++t) {
-        const uint8_t* row =
-            static_cast<const uint8_t*>(v.kv_pool) + v.KvSlot(b, t) * kernels::kHeadDimQK;
-        for (int d = 0; d < kernels::kHeadDimQK; ++d) {
-          ++codes;
-          subnormal += (row[d] & 0x78) == 0 && (row[d] & 7) != 0;
-          zero += (row[d] & 0x7f) == 0;
-          ASSERT_NE(row[d] & 0x7f, 0x7f) << "NaN in request " << b << " token " << t;
-        }
-      }
-    }
-    EXPECT_GT(subnormal, codes / 10) << subnormal << " subnormal codes of " << codes;
-    EXPECT_LT(zero, subnormal);
+    const E4m3Codes c = CountE4m3Codes(v);
+    EXPECT_EQ(c.nan, 0) << "NaN in a token the requests read";
+    EXPECT_GT(c.subnormal, c.codes / 10) << c.subnormal << " subnormal codes of " << c.codes;
+    EXPECT_LT(c.zero, c.subnormal);
     // The last page of each request has slots past its tokens: NaN, which a path that reads past
     // kv_len carries into its output.
     EXPECT_NE(v.kv_lens[0] % v.shape.page_size, 0);
