@@ -12,7 +12,8 @@ and, at 100%, the cost of one copied call = (step at 100% - step at 0) / fills p
 drops counted; then a long run of --long_calls tap calls at 100%, after which every tap must be
 compared, refused or dropped (taps = compared + refused + dropped). --cost_only stops before
 those two: the cost of another build of the tap kernel (--copy names its copy), timed beside the
-default in the same GPU session.
+default in the same GPU session. --kv_dtype e4m3: the pools in e4m3 (torch.float8_e4m3fn at
+kv_scale 0.37), whose pages the tap copies at one byte an element.
 
     VERIFYD_CLIENT_GEN=... VERIFYD_TAP_LIB=... python3 bench/tap_bench.py --data unix://... \\
         --admin unix://... --verifyd_pid PID --out rows.json
@@ -36,6 +37,7 @@ from verifyd_client import AdminClient, VerifyClient  # noqa: E402
 
 SHAPES = [(8, 16, 16, 4096), (32, 8, 16, 2048)]
 HBM_BYTES_PER_S = 3e12  # the target's copy rate
+KV_SCALE = 0.37  # the e4m3 pools' scale
 
 
 def wait_drained(tap, timeout=60):
@@ -57,8 +59,12 @@ class Step:
         gen.manual_seed(11)
         self.pool, self.lens, self.indptr, self.indices, self.mask, self.q, self.o = make_inputs(
             shape, device, gen)
+        self.kv_scale, kv_bytes = None, 2
+        if args.kv_dtype == "e4m3":
+            self.kv_scale, kv_bytes = KV_SCALE, 1
+            self.pool = (self.pool.float() / KV_SCALE).to(torch.float8_e4m3fn)
         self.tap = client.tap_channel("bench_stack", b, t, h, int(self.indices.shape[0]), PAGE,
-                                      SCALE, slots=args.slots)
+                                      SCALE, slots=args.slots, kv_dtype=args.kv_dtype)
         self.x = torch.randn(b * t, 7168, generator=gen, device=device).to(torch.bfloat16)
         self.w = torch.randn(7168, 2048, generator=gen, device=device).to(torch.bfloat16) * 0.01
         self.y = torch.empty(b * t, 2048, dtype=torch.bfloat16, device=device)
@@ -77,14 +83,14 @@ class Step:
             self.graphs[with_taps] = g
         b_, t_, h_ = b, t, h
         pages = int(self.indices.shape[0])
-        self.bytes_per_fill = (b_ * t_ * h_ * (576 + 512) * 2 + pages * PAGE * 576 * 2)
+        self.bytes_per_fill = (b_ * t_ * h_ * (576 + 512) * 2 + pages * PAGE * 576 * kv_bytes)
 
     def forward(self, with_taps):
         for _ in range(self.layers):
             torch.matmul(self.x, self.w, out=self.y)
             if with_taps:
                 self.tap.tap(self.q, self.o, self.pool, self.indptr, self.indices, self.lens,
-                             self.mask)
+                             self.mask, kv_scale=self.kv_scale)
 
     def one_tap_ms(self, reps):
         """Median stream time of one tap launched alone between two events, the ring drained
@@ -95,7 +101,7 @@ class Step:
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
             self.tap.tap(self.q, self.o, self.pool, self.indptr, self.indices, self.lens,
-                         self.mask)
+                         self.mask, kv_scale=self.kv_scale)
             b.record()
             b.synchronize()
             times.append(a.elapsed_time(b))
@@ -131,6 +137,8 @@ def main():
     ap.add_argument("--cost_only", action="store_true",
                     help="the step at each rate and one tap alone only: no run with verifyd "
                          "stopped, no long run")
+    ap.add_argument("--kv_dtype", choices=("bf16", "e4m3"), default="bf16",
+                    help="the pools' dtype, recorded in each row")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     device = torch.device("cuda", 0)
@@ -140,6 +148,7 @@ def main():
 
     def record(row):
         row["copy"] = args.copy
+        row["kv_dtype"] = args.kv_dtype
         rows.append(row)
         print(json.dumps(row), flush=True)
 

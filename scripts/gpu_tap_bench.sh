@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Shadow taps on the GPU machine: the graph test with a planted bug in the stack's own attention
-# (tests/python/gpu_tap_test.py), on a bf16 pool and on an e4m3 one, then the cost of taps to a captured 61-layer step at sample
-# rates 0, 1% and 100%, the step with verifyd stopped, and a long run in which every tap must be
-# accounted for (bench/tap_bench.py), with the shipped libverifyd_tap.so (the copy that keeps four
-# loads in flight per thread). When the pack has libverifyd_tap_one_load.so (the copy before it,
-# one load in flight), the cost again with that one, beside it: the rates and one tap alone only
-# (under a minute more). Writes OUT/tap.json (one row per line, each with its copy: wide or
-# one_load), OUT/tap.md and the logs.
+# (tests/python/gpu_tap_test.py), on a bf16 pool and on an e4m3 one, then the cost of taps to a
+# captured 61-layer step at sample rates 0, 1% and 100%, the step with verifyd stopped, and a long
+# run in which every tap must be accounted for (bench/tap_bench.py), with the shipped
+# libverifyd_tap.so (the copy that keeps four loads in flight per thread). When the pack has
+# libverifyd_tap_one_load.so (the copy before it, one load in flight), the cost again with that
+# one, beside it: the rates and one tap alone only (under a minute more); then those with the
+# shipped copy on e4m3 pools (half the KV bytes). Writes OUT/tap.json (one row per line, each
+# with its copy, wide or one_load, and its kv_dtype), OUT/tap.md and the logs.
 #
 #   gpu_tap_bench.sh PACK_DIR OUT_DIR     (TAP_BENCH_ARGS: more arguments for tap_bench.py)
 set -uo pipefail
@@ -55,11 +56,22 @@ if [[ -e $one_load ]] && start_verifyd bench_one_load; then
   kill "$vpid"; wait "$vpid" 2>/dev/null
 fi
 
+# The shipped copy on e4m3 pools (one byte an element): the rates and one tap alone.
+if start_verifyd bench_e4m3; then
+  timeout 120 python3 "$PACK/py/bench/tap_bench.py" --data "unix://$dir/verifyd.sock" \
+    --admin "unix://$dir/admin.sock" --verifyd_pid "$vpid" --out "$rows" --kv_dtype e4m3 \
+    --cost_only ${TAP_BENCH_ARGS:-} > "$OUT/tap_bench_e4m3.txt" 2>&1 ||
+    { echo "FAIL tap_bench.py (e4m3): $(tail -3 "$OUT/tap_bench_e4m3.txt")"; status=1; }
+  kill "$vpid"; wait "$vpid" 2>/dev/null
+fi
+
 python3 - "$rows" "$(cat "$PACK/COMMIT" 2>/dev/null)" > "$OUT/tap.md" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 for r in rows:
     r.setdefault("copy", "wide")
+    if r.get("kv_dtype", "bf16") == "e4m3":  # the shipped copy on an e4m3 pool
+        r["copy"] += " e4m3"
 shapes = list(dict.fromkeys(tuple(r["shape"]) for r in rows))
 def order(r):  # a shape's rows by rate, the copies of each side by side (the sort is stable)
     return shapes.index(tuple(r["shape"])), r.get("sample_rate", 0)
