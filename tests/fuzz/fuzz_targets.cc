@@ -306,30 +306,49 @@ absl::Status Doorbell(const uint8_t* data, size_t size) {
   return ok ? absl::OkStatus() : absl::InternalError("a built call disagrees with its layout");
 }
 
+// The fuzz target's tap: max_batch 3, T 4, 2 heads, 40 pages of 16 tokens, byte masks (records of
+// 128 bytes), its pool of `kv_dtype`.
+const channel::TapPlan* FuzzTapPlan(v1::DType kv_dtype) {
+  v1::TapSpec spec;
+  spec.set_backend("fuzz");
+  spec.set_region("r");
+  spec.set_slots(2);
+  spec.set_max_batch(3);
+  spec.set_draft(4);
+  spec.set_heads(2);
+  spec.set_max_pages(40);
+  spec.set_page_size(16);
+  spec.set_sm_scale(0.1f);
+  spec.set_kv_dtype(kv_dtype);
+  auto p = channel::PlanTap(spec, 4096);
+  return p.ok() ? new channel::TapPlan(*p) : nullptr;
+}
+
+// One record read by a tap of each pool dtype: both accept or refuse it alike (the scale is
+// checked later, as any call's), and an e4m3 call carries the record's scale bit for bit.
 absl::Status Tap(const uint8_t* data, size_t size) {
-  // max_batch 3, T 4, 2 heads, 40 pages of 16 tokens, byte masks: records of 128 bytes.
-  static const channel::TapPlan* plan = [] {
-    v1::TapSpec spec;
-    spec.set_backend("fuzz");
-    spec.set_region("r");
-    spec.set_slots(2);
-    spec.set_max_batch(3);
-    spec.set_draft(4);
-    spec.set_heads(2);
-    spec.set_max_pages(40);
-    spec.set_page_size(16);
-    spec.set_sm_scale(0.1f);
-    auto p = channel::PlanTap(spec, 4096);
-    return p.ok() ? new channel::TapPlan(*p) : nullptr;
-  }();
-  if (plan == nullptr) return absl::InternalError("the fuzz target's tap plan is refused");
+  static const channel::TapPlan* plan = FuzzTapPlan(v1::DTYPE_BF16);
+  static const channel::TapPlan* plan8 = FuzzTapPlan(v1::DTYPE_F8E4M3);
+  if (plan == nullptr || plan8 == nullptr) {
+    return absl::InternalError("the fuzz target's tap plan is refused");
+  }
   static const v1::VerifyRequest slot_call = channel::TapSlotCall(*plan, 1, true);
+  static const v1::VerifyRequest slot_call8 = channel::TapSlotCall(*plan8, 1, true);
   std::vector<char> record(plan->geometry.record_bytes, 0);
   std::memcpy(record.data(), data, std::min(size, record.size()));
-  v1::VerifyRequest call;
-  uint32_t number = 0;
+  v1::VerifyRequest call, call8;
+  uint32_t number = 0, number8 = 0;
   absl::Status st = channel::BuildTapCall(*plan, slot_call, record.data(), &call, &number);
+  const absl::Status st8 =
+      channel::BuildTapCall(*plan8, slot_call8, record.data(), &call8, &number8);
+  if (st.ok() != st8.ok()) return absl::InternalError("the two dtypes judge a record apart");
   if (!st.ok()) return st;
+  const float scale8 = call8.kv_scale();
+  if (!call8.has_kv_scale() || std::memcmp(&record[4 * 4], &scale8, 4) != 0 ||
+      call.has_kv_scale() ||
+      call8.kv_pool().shm().byte_size() != call.kv_pool().shm().byte_size() / 2) {
+    return absl::InternalError("an e4m3 tap call disagrees with its record");
+  }
   // What was built stays inside the slot's ranges and agrees with itself.
   const int64_t batch = call.kv_lens().shape(0), pages = call.kv_indices().shape(0);
   const auto* indptr = reinterpret_cast<const int32_t*>(call.kv_indptr().raw_contents().data());

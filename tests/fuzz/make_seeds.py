@@ -121,11 +121,13 @@ def doorbell_input(word, batch, indptr, lens, max_batch=3, slot_bytes=64):
     return struct.pack("<I", word) + area + bytes(slot_bytes - len(area))
 
 
-def tap_record(call, batch, pages, flags, indptr, lens, max_batch=3, draft=4, record_bytes=128):
-    # One tap slot's record (kernels/tap/tap_abi.h): call, batch, pages, flags, kv_indptr,
-    # kv_lens, then the tree mask's bytes.
-    words = [call, batch, pages, flags] + indptr + [0] * (max_batch + 1 - len(indptr)) + lens + \
-        [0] * (max_batch - len(lens))
+def tap_record(call, batch, pages, flags, indptr, lens, max_batch=3, draft=4, record_bytes=128,
+               kv_scale=1.0):
+    # One tap slot's record (kernels/tap/tap_abi.h): call, batch, pages, flags, kv_scale's bits,
+    # kv_indptr, kv_lens, then the tree mask's bytes.
+    scale_bits = struct.unpack("<i", struct.pack("<f", kv_scale))[0]
+    words = [call, batch, pages, flags, scale_bits] + indptr + \
+        [0] * (max_batch + 1 - len(indptr)) + lens + [0] * (max_batch - len(lens))
     head = struct.pack(f"<{len(words)}i", *words)
     mask = bytes(1 if j <= i else 0 for _ in range(max_batch) for i in range(draft)
                  for j in range(draft))
@@ -160,6 +162,7 @@ def main():
     write("doorbell", "descriptor_1", doorbell_input(0x80000001, 1, [0, 40], [600]))
     write("doorbell", "bad_batch", doorbell_input(0x80000000, 9, [0, 1], [4]))
     write("tap", "good", tap_record(7, 2, 9, 0, [0, 3, 9], [40, 90]))
+    write("tap", "good_e4m3_scale", tap_record(10, 2, 9, 0, [0, 3, 9], [40, 90], kv_scale=0.37))
     write("tap", "bad_malformed", tap_record(8, 2, 9, 1, [0, 3, 9], [40, 90]))
     write("tap", "bad_pages", tap_record(9, 1, 41, 0, [0, 41], [600]))
     token = bytes(range(1, 17))
