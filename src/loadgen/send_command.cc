@@ -6,6 +6,7 @@
 #include <atomic>
 #include <barrier>
 #include <chrono>
+#include <cmath>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -16,6 +17,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "fmt/format.h"
 #include "src/bundle/random_bundle.h"
@@ -93,6 +95,11 @@ std::string CheckOptions(const SendOptions& s, std::vector<int64_t>* dims, Traff
   if (s.tree != "tree" && s.tree != "chain") return "--tree: tree or chain";
   if (!ParseTraffic(s.traffic, traffic)) return "--traffic: random or realistic";
   if (!ParseSendTransport(s.transport, transport)) return "--transport: inline, shm or cuda_ipc";
+  if (s.kv_dtype != "bf16" && s.kv_dtype != "e4m3") return "--kv_dtype: bf16 or e4m3";
+  if (!(std::isfinite(s.kv_scale) && s.kv_scale > 0)) {
+    return absl::StrCat("--kv_scale: ", s.kv_scale, " must be finite and > 0");
+  }
+  if (s.kv_dtype == "bf16" && s.kv_scale != 1.f) return "--kv_scale: needs --kv_dtype e4m3";
   const bool regions = *transport != SendTransport::kInline;
   if (s.inline_encode != "pieces" && s.inline_encode != "message") {
     return "--inline_encode: pieces or message";
@@ -134,6 +141,10 @@ void MakeWorkload(const SendOptions& s, const std::vector<int64_t>& dims, Traffi
     spec.tree = s.tree == "chain" ? TreeKind::kChain : TreeKind::kRandomTree;
     spec.traffic = traffic;
     spec.seed = s.seed + i;
+    if (s.kv_dtype == "e4m3") {
+      spec.kv_dtype = kernels::KvDtype::kE4m3;
+      spec.kv_scale = s.kv_scale;
+    }
     const RandomBundle& b = *w->bundles.emplace_back(std::make_unique<RandomBundle>(spec));
     EncodeRequest(b.view(), &w->requests[i], w->around ? &w->bulks[i] : nullptr);
     w->requests[i].set_want_lse(s.want_lse);
@@ -404,6 +415,8 @@ void PrintSummaryJson(const SendOptions& s, const Workload& w, const ClientEncod
              {"resident", s.resident},
              {"distinct", w.distinct},
              {"traffic", s.traffic},
+             {"kv_dtype", s.kv_dtype},
+             {"kv_scale", s.kv_scale},
              {"concurrency", s.concurrency},
              {"stream", s.stream},
              {"channel", s.channel},
@@ -530,6 +543,10 @@ void AddSendOptions(CLI::App* app, SendOptions* send) {
                   "heavy hitters, draft tokens that matter)")
       ->capture_default_str();
   app->add_option("--seed", send->seed, "seed of the first bundle")->capture_default_str();
+  app->add_option("--kv_dtype", send->kv_dtype,
+                  "the KV pool: bf16, or e4m3 (the same random values quantised at --kv_scale)")
+      ->capture_default_str();
+  app->add_option("--kv_scale", send->kv_scale, "an e4m3 pool's scale")->capture_default_str();
   app->add_option("--distinct", send->distinct,
                   "distinct bundles, encoded once and reused round-robin. NOTE: the default 4 is "
                   "for load tests; a fault that shows only on some inputs is sampled on those 4 "

@@ -21,7 +21,9 @@ struct SendOptions {
   uint64_t seed = 1;
   int distinct = 4;                // distinct random bundles, reused round-robin (see --distinct)
   std::string traffic = "random";  // random (diffuse attention) or realistic (concentrated)
-  bool stream = false;             // one bidirectional stream per worker instead of unary calls
+  std::string kv_dtype = "bf16";   // the pool: bf16, or e4m3 at kv_scale
+  float kv_scale = 1.f;
+  bool stream = false;   // one bidirectional stream per worker instead of unary calls
   bool channel = false;  // one call channel per worker (shared memory + futex, no gRPC call)
   bool want_lse = false;
   bool compare_sync = false;

@@ -58,6 +58,18 @@ if [ "$part" != faults ]; then
   grep -q '"traffic": "realistic"' "$dir/send_real.json" || fail "traffic model not reported"
   if ctl send --count 1 --traffic bogus >/dev/null 2>"$dir/err"; then fail "--traffic bogus passed"; fi
   grep -q -- "--traffic" "$dir/err" || fail "no field named for a bad --traffic: $(cat "$dir/err")"
+  # An e4m3 pool (the same random values at kv_scale 0.37): inline, and through shm bit for bit.
+  ctl send --shape 2,3,8,54 --page_size 16 --count 2 --kv_dtype e4m3 --kv_scale 0.37 --json \
+    >"$dir/send_e4m3.json" || fail "send --kv_dtype e4m3"
+  grep -q '"ok": 2' "$dir/send_e4m3.json" && grep -q '"kv_dtype": "e4m3"' "$dir/send_e4m3.json" \
+    || fail "send --kv_dtype e4m3: $(cat "$dir/send_e4m3.json")"
+  ctl send --shape 2,3,8,54 --page_size 16 --count 2 --kv_dtype e4m3 --kv_scale 0.37 \
+    --transport shm --check >/dev/null || fail "send --kv_dtype e4m3 --transport shm --check"
+  for bad in "--kv_dtype fp16" "--kv_scale 0" "--kv_scale 2"; do
+    # shellcheck disable=SC2086
+    if ctl send --count 1 $bad >/dev/null 2>"$dir/err"; then fail "send $bad passed"; fi
+    grep -q -- "${bad%% *}" "$dir/err" || fail "send $bad: the error names no flag: $(cat "$dir/err")"
+  done
   # canary without --fraction serves the persisted fraction (0.05 until one was set).
   ctl flip canary --reason "default fraction" --force --json >"$dir/c.json" || fail "canary"
   json "$dir/c.json" 'j["mode"] == "canary" and j["canary_fraction"] == 0.05' \
