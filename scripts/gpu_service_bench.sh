@@ -12,7 +12,8 @@
 #   from the client's memory, "+message" copies them into the message first as the generated stub
 #   does; "+stream" sends on one bidirectional stream per worker instead of unary calls,
 #   "+channel" through one call channel per worker: no gRPC call per verify; "+resident": each
-#   worker writes its bundle into its region once, so calls come back to back)
+#   worker writes its bundle into its region once, so calls come back to back; "+e4m3": the pool
+#   in e4m3 at kv_scale 0.37, e.g. TRANSPORTS="cuda_ipc+channel+resident cuda_ipc+channel+resident+e4m3")
 #   DAEMON_FLAGS="--cuda_sync_spin_us=0 ..." (extra verifyd flags, for A/B runs)
 set -uo pipefail
 PACK=$1 OUT=$2 COUNT=${3:-300}
@@ -59,6 +60,7 @@ for transport in ${TRANSPORTS:-inline inline+message shm cuda_ipc cuda_ipc+strea
   [[ $transport == *+stream* ]] && how+=(--stream)
   [[ $transport == *+channel* ]] && how+=(--channel)
   [[ $transport == *+resident* ]] && how+=(--resident)
+  [[ $transport == *+e4m3* ]] && how+=(--kv_dtype e4m3 --kv_scale 0.37)
   for shape in "${shapes[@]}"; do
     for conc in 1 8; do
       for rep in 1 2; do
