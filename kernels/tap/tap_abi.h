@@ -35,6 +35,7 @@ inline constexpr uint64_t kTapAlign = 256;
 inline constexpr uint32_t kTapDrop = 0xffffffffu;  // TapControl::decision: sampled, ring full
 inline constexpr uint32_t kTapMalformed = 1u;      // record flags
 inline constexpr uint32_t kTapRecordWords = 5;     // call, batch, pages, flags, kv_scale
+inline constexpr uint32_t kTapRecordKvScale = 4;   // the word of kv_scale's bits
 inline constexpr uint32_t kPpmAll = 1000000u;      // sample_ppm: every call
 
 // Device memory, at the start of the slots region. verifyd writes the first line (its first 16

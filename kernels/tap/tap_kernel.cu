@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(kThreads) TapKernel(VerifydTapArgs a) {
       rec[1] = static_cast<int32_t>(batch);
       rec[2] = valid ? a.kv_indptr[batch] : 0;
       rec[3] = valid ? 0 : static_cast<int32_t>(kTapMalformed);
-      rec[4] = __float_as_int(a.kv_scale);
+      rec[kTapRecordKvScale] = __float_as_int(a.kv_scale);
     }
     __threadfence_system();  // this block's slot and record writes, before its arrival
   }

@@ -150,7 +150,7 @@ absl::Status BuildTapCall(const TapPlan& plan, const v1::VerifyRequest& slot_cal
   call->set_request_id(absl::StrCat("tap:", s.backend(), ":", *call_number));
   if (s.kv_dtype() == v1::DTYPE_F8E4M3) {  // checked as any call's kv_scale (ValidateBundle)
     float kv_scale;
-    std::memcpy(&kv_scale, &head[4], 4);
+    std::memcpy(&kv_scale, &head[tap::kTapRecordKvScale], 4);
     call->set_kv_scale(kv_scale);
   }
   CutRows(call->mutable_q(), batch * s.draft());

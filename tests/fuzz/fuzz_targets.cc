@@ -344,7 +344,7 @@ absl::Status Tap(const uint8_t* data, size_t size) {
   if (st.ok() != st8.ok()) return absl::InternalError("the two dtypes judge a record apart");
   if (!st.ok()) return st;
   const float scale8 = call8.kv_scale();
-  if (!call8.has_kv_scale() || std::memcmp(&record[4 * 4], &scale8, 4) != 0 ||
+  if (!call8.has_kv_scale() || std::memcmp(&record[4 * tap::kTapRecordKvScale], &scale8, 4) != 0 ||
       call.has_kv_scale() ||
       call8.kv_pool().shm().byte_size() != call.kv_pool().shm().byte_size() / 2) {
     return absl::InternalError("an e4m3 tap call disagrees with its record");

@@ -101,7 +101,7 @@ class HostTap {
     rec[1] = static_cast<int32_t>(batch);
     rec[2] = static_cast<int32_t>(pages);
     rec[3] = 0;
-    std::memcpy(rec + 4, &v.kv_scale, 4);
+    std::memcpy(rec + tap::kTapRecordKvScale, &v.kv_scale, 4);
     std::memcpy(rec + tap::kTapRecordWords, v.kv_indptr, (batch + 1) * 4);
     std::memcpy(rec + tap::kTapRecordWords + kMaxBatch + 1, v.kv_lens, batch * 4);
     std::memcpy(rec + tap::kTapRecordWords + 2 * kMaxBatch + 1, v.tree_mask, v.mask_bytes());
@@ -473,11 +473,13 @@ TEST_F(TapTest, AnE4m3PoolIsTappedWithEachCallsScale) {
   const BundleView& v = bundles[0]->view();
   const std::vector<uint16_t> o = StackOutput(v, false);
   const float wrong = 0.5f;
-  ASSERT_TRUE(tap_->Call(v, o.data(), [wrong](int32_t* r) { std::memcpy(r + 4, &wrong, 4); }));
+  ASSERT_TRUE(tap_->Call(
+      v, o.data(), [wrong](int32_t* r) { std::memcpy(r + tap::kTapRecordKvScale, &wrong, 4); }));
   ASSERT_TRUE(Drain());
   EXPECT_EQ(Tap().stack_breaches(), 3);
   for (float bad : {0.f, -1.f, std::nanf(""), INFINITY}) {
-    ASSERT_TRUE(tap_->Call(v, o.data(), [bad](int32_t* r) { std::memcpy(r + 4, &bad, 4); }));
+    ASSERT_TRUE(tap_->Call(
+        v, o.data(), [bad](int32_t* r) { std::memcpy(r + tap::kTapRecordKvScale, &bad, 4); }));
     ASSERT_TRUE(Drain());
   }
   t = Tap();
