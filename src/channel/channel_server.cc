@@ -42,7 +42,10 @@ class ChannelServer::Channel {
         switch_server_(switch_server),
         client_(summary_.client_pid) {
     channel::InitHeader(map_->base(), summary_.geometry);
-    if (tap_) tap_counts_.backend = tap_->plan.spec.backend();
+    if (tap_) {
+      tap_counts_.backend = tap_->plan.spec.backend();
+      tap_counts_.kv_dtype = tap_->plan.spec.kv_dtype() == v1::DTYPE_F8E4M3 ? "e4m3" : "bf16";
+    }
     if (switch_) {
       switch_state_.model = switch_->spec.model();
       switch_state_.layers = switch_->spec.layers();

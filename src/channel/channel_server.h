@@ -61,6 +61,7 @@ struct ChannelLimits {
 // A tap channel's counts (verify.proto, TapInfo).
 struct TapCounts {
   std::string backend;
+  std::string kv_dtype;  // the stack's pool: "bf16" or "e4m3"
   int64_t calls = 0, taps = 0, dropped = 0, compared = 0, refused = 0, stack_breaches = 0;
   double worst_custom_vs_reference = 0, worst_stack_vs_reference = 0, worst_custom_vs_stack = 0;
 };

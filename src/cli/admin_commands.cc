@@ -219,10 +219,11 @@ void PrintRegionsAndChannels(const v1::GetStatusResponse& s) {
     if (c.has_tap()) {
       const v1::TapInfo& t = c.tap();
       std::cout << fmt::format(
-          "  tap {}: calls {}  taps {}  dropped {}  compared {}  refused {}  stack breaches {}\n"
+          "  tap {} ({} pool): calls {}  taps {}  dropped {}  compared {}  refused {}  stack "
+          "breaches {}\n"
           "  tap {}: worst rel-L2 custom/reference {:.3g}  stack/reference {:.3g}  "
           "custom/stack {:.3g}\n",
-          t.backend(), t.calls(), t.taps(), t.dropped(), t.compared(), t.refused(),
+          t.backend(), t.kv_dtype(), t.calls(), t.taps(), t.dropped(), t.compared(), t.refused(),
           t.stack_breaches(), t.backend(), t.worst_custom_vs_reference(),
           t.worst_stack_vs_reference(), t.worst_custom_vs_stack());
     }

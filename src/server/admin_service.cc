@@ -171,6 +171,7 @@ grpc::Status AdminServiceImpl::GetStatus(grpc::ServerContext* ctx, const v1::Get
       if (c.tap) {
         v1::TapInfo* t = out->mutable_tap();
         t->set_backend(c.tap->backend);
+        t->set_kv_dtype(c.tap->kv_dtype);
         t->set_calls(c.tap->calls);
         t->set_taps(c.tap->taps);
         t->set_dropped(c.tap->dropped);

@@ -255,6 +255,7 @@ TEST_F(TapTest, SampledCallsAreComparedThreeWaysAndAPlantedBugShowsOnItsCalls) {
   EXPECT_EQ(planted_filled, 2);
   const v1::TapInfo t = Tap();
   EXPECT_EQ(t.backend(), "test_stack");
+  EXPECT_EQ(t.kv_dtype(), "bf16");
   EXPECT_EQ(t.calls(), 12);
   EXPECT_EQ(t.taps(), 11);
   EXPECT_EQ(t.dropped(), 0);
@@ -465,6 +466,7 @@ TEST_F(TapTest, AnE4m3PoolIsTappedWithEachCallsScale) {
   EXPECT_EQ(filled, 7);
   EXPECT_EQ(planted_filled, 2);
   v1::TapInfo t = Tap();
+  EXPECT_EQ(t.kv_dtype(), "e4m3");
   EXPECT_EQ(t.compared(), 7);
   EXPECT_EQ(t.refused(), 0);
   EXPECT_EQ(t.stack_breaches(), 2);
