@@ -76,9 +76,6 @@ struct InputSet {
   int64_t src_pages = 0;
 };
 
-// The bytes of one KV element of the bundle's pool.
-int KvBytes(const BundleView& v) { return v.shape.kv_dtype == kernels::KvDtype::kE4m3 ? 1 : 2; }
-
 cudaError_t Upload(const BundleView& v, InputSet* s) {
   auto up = [](auto& d, const auto* src, size_t n) {
     cudaError_t e = d.Alloc(n);
@@ -312,14 +309,14 @@ void Bench::BenchOne(const BundleView& v, const Shape& sh, int page) {
   BundleRun b(v, sh, page);
   b.flops = 2.0 * sh.draft * sh.heads * double(v.total_kv_len) *
             (kernels::kHeadDimQK + kernels::kHeadDimV);
-  b.bytes = double(v.total_kv_len) * kernels::kHeadDimQK * KvBytes(v) + double(v.q_elems()) * 2 +
-            double(v.o_elems()) * 2;
+  b.bytes = double(v.total_kv_len) * kernels::kHeadDimQK * v.kv_elem_bytes() +
+            double(v.q_elems()) * 2 + double(v.o_elems()) * 2;
   b.t_flop_ms = b.flops / (report_.ceilings.gemm_tflops * 1e12) * 1e3;
   b.t_byte_ms = b.bytes / (report_.ceilings.copy_gbps * 1e9) * 1e3;
 
   // Enough distinct copies that one pass over them is >= 4x the L2 cache.
   const double set_bytes =
-      double(v.kv_elems()) * KvBytes(v) + double(v.q_elems()) * 2 + double(v.o_elems()) * 2;
+      double(v.kv_elems()) * v.kv_elem_bytes() + double(v.q_elems()) * 2 + double(v.o_elems()) * 2;
   b.sets = std::clamp(static_cast<int>(std::ceil(4.0 * prop_.l2CacheSize / set_bytes)), 2, 16);
   bool ok = true;
   for (int k = 0; k < b.sets && ok; ++k) {
@@ -347,7 +344,7 @@ BenchRow Bench::RunPath(const std::string& path, BundleRun& b) {
   row.heads = b.sh.heads;
   row.prefix = b.sh.prefix;
   row.page_size = b.page;
-  row.kv_dtype = b.in[0]->e4m3 ? "e4m3" : "bf16";
+  row.kv_dtype = kernels::KvDtypeName(b.v.shape.kv_dtype);
   row.floor_ms = std::max(b.t_flop_ms, b.t_byte_ms);
   row.compute_bound = b.t_flop_ms >= b.t_byte_ms;
   DevPtr<uint8_t> ws;
