@@ -152,10 +152,10 @@ class TapChannel:
         kv_pool [pages, page_size, 576] of the channel's kv_dtype (an e4m3 pool's values being
         e4m3 x ``kv_scale``, this layer's k_scale; None: 1), kv_indptr int32 [B+1], kv_indices
         int32 (the first kv_indptr[B] used, at most max_pages), kv_lens int32 [B] (prefix + T),
-        tree_mask uint8 [B, T, T] or bit-packed [B, T, ceil(T/8)] as opened. All contiguous, on the channel's
-        device. Never waits; a bad value the kernel sees (a page id past the pool, kv_indptr
-        past max_pages or decreasing) makes the fill malformed, which verifyd refuses and
-        counts."""
+        tree_mask uint8 [B, T, T] or bit-packed [B, T, ceil(T/8)] as opened. All contiguous, on
+        the channel's device. Never waits; a bad value the kernel sees (a page id past the pool,
+        kv_indptr past max_pages or decreasing) makes the fill malformed, which verifyd refuses
+        and counts."""
         torch = _torch()
         batch = int(kv_lens.shape[0])
         rows = batch * self.draft

@@ -19,8 +19,9 @@ spec_info.generate_attn_arg_prefill (draft trees of topk = 1, i.e. chains) and r
 verifyd sees kv_pool = k_buffer with page size 1 and the same kv_indptr / kv_indices.
 """
 
-from .common import (layer_pool, HEAD_DIM_ROPE, HEAD_DIM_V, VerifyArgs, causal_mask, check_unsupported, kv_scale_of,
-                     fail, int_tensor, o_view, pool_view, q_view, scale, shape, torch_module)
+from .common import (layer_pool, HEAD_DIM_ROPE, HEAD_DIM_V, VerifyArgs, causal_mask,
+                     check_unsupported, fail, int_tensor, kv_scale_of, o_view, pool_view, q_view,
+                     scale, shape, torch_module)
 
 
 def verify_args(q, k_buffer, kv_indptr, kv_indices, sm_scale, q_rope=None, qo_indptr=None,
