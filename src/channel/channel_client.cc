@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <optional>
+#include <random>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -78,8 +79,17 @@ absl::StatusOr<std::unique_ptr<ChannelClient>> ChannelClient::Open(v1::VerifySer
 }
 
 absl::Status ChannelClient::Create() {
-  key_ = absl::StrCat("/verifyd-ch-", getpid(), "-", next_object.fetch_add(1));
-  const int fd = shm_open(key_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  // The pid alone does not make the name unique: a process that died without unlinking leaves
+  // its object behind, and a later process may get the same pid. A random part, and another try
+  // where a name is taken all the same, keep a stale object from blocking the channel.
+  std::random_device rd;
+  int fd = -1;
+  for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
+    key_ = absl::StrCat("/verifyd-ch-", getpid(), "-", next_object.fetch_add(1), "-",
+                        absl::Hex(rd(), absl::kZeroPad8));
+    fd = shm_open(key_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0 && errno != EEXIST) break;
+  }
   if (fd < 0) return absl::InternalError(absl::StrCat("shm_open ", key_, ": ", strerror(errno)));
   absl::Status st;
   if (ftruncate(fd, static_cast<off_t>(opts_.byte_size)) != 0) {

@@ -4,6 +4,7 @@
 // errors naming the field; closing wakes a waiting client; a client that shrinks its object does
 // not take the daemon down; channels are refused over TCP; the channel count is a metric.
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -12,8 +13,11 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <string>
 #include <thread>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "src/channel/channel_client.h"
 #include "src/channel/channel_layout.h"
 #include "src/channel/futex_word.h"
@@ -392,6 +396,32 @@ TEST_F(ChannelTest, AClientThatExitsWithoutClosingHasItsChannelClosed) {
   EXPECT_EQ(s.channels(0).client_pid(), ::getpid());
 }
 
+// A process that died without unlinking its channel's object leaves it in /dev/shm, and a later
+// process may get the same pid: that stale name must not keep this process from opening a
+// channel. The stale objects here carry every name a pid-and-counter scheme would give.
+TEST_F(ChannelTest, AStaleObjectOfAnEarlierProcessWithThisPidDoesNotBlockOpening) {
+  Start();
+  std::vector<std::string> stale;
+  for (int i = 0; i < 16; ++i) {
+    stale.push_back(absl::StrCat("/verifyd-ch-", ::getpid(), "-", i));
+    const int fd = ::shm_open(stale.back().c_str(), O_CREAT | O_RDWR, 0600);
+    ASSERT_GE(fd, 0) << stale.back() << ": " << std::strerror(errno);
+    ::close(fd);
+  }
+  for (const char* name : {"first", "second"}) {
+    auto c = OpenClient(name);
+    ASSERT_TRUE(c.ok()) << name << ": " << c.status();
+    RandomBundle b(RegionBundleSpec(7, 16, 3, 40));
+    v1::VerifyRequest req;
+    EncodeRequest(b.view(), &req);
+    v1::VerifyResponse resp;
+    ASSERT_TRUE((*c)->Call(req, &resp).ok()) << name;
+    EXPECT_EQ(resp.error_code(), 0) << resp.error_message();
+    EXPECT_TRUE(resp.has_o()) << name;
+  }
+  for (const std::string& key : stale) ::shm_unlink(key.c_str());
+}
+
 TEST(ChannelChild, OpensAChannelAndExits) {
   const char* target = std::getenv("VERIFYD_CHILD_TARGET");
   if (target == nullptr) {
@@ -404,6 +434,7 @@ TEST(ChannelChild, OpensAChannelAndExits) {
   auto c = ChannelClient::Open(
       *stub, [] { return std::make_unique<grpc::ClientContext>(); }, o);
   ASSERT_TRUE(c.ok()) << c.status();
+  ::shm_unlink((*c)->key().c_str());  // the mapping stays for verifyd; nothing is left behind
   std::printf("opened and exiting\n");
   std::fflush(stdout);
   ::_exit(0);  // no destructor runs: the channel is never closed
