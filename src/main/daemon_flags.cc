@@ -165,6 +165,8 @@ ABSL_FLAG(double, max_rel_l2, verifyd::Tolerance{}.max_rel_l2,
           "Breach when ||custom - ref|| / ||ref|| exceeds it");
 ABSL_FLAG(double, max_row_rel_l2, verifyd::Tolerance{}.max_row_rel_l2,
           "Breach when any row's ||custom - ref|| / ||ref|| exceeds it");
+ABSL_FLAG(double, max_lse_abs, verifyd::Tolerance{}.max_lse_abs,
+          "Breach when any row's lse (natural log, fp32 in both paths) differs by more");
 ABSL_FLAG(double, max_abs, verifyd::Tolerance{}.max_abs,
           "Breach when the largest element difference exceeds it");
 ABSL_FLAG(int64_t, max_beyond_tol, verifyd::Tolerance{}.max_beyond_tol,
@@ -485,6 +487,7 @@ absl::Status ParseHandler(DaemonOptions* o) {
   o->handler.tolerance.atol_rel = absl::GetFlag(FLAGS_atol_rel);
   o->handler.tolerance.max_row_rel_l2 = absl::GetFlag(FLAGS_max_row_rel_l2);
   o->handler.tolerance.max_abs = absl::GetFlag(FLAGS_max_abs);
+  o->handler.tolerance.max_lse_abs = absl::GetFlag(FLAGS_max_lse_abs);
   o->handler.tolerance.max_beyond_tol = absl::GetFlag(FLAGS_max_beyond_tol);
   o->handler.custom_timeout_seconds = absl::GetFlag(FLAGS_custom_timeout_ms) / 1000.0;
   o->handler.seed = absl::GetFlag(FLAGS_seed) ^ 0x0c1e;
@@ -497,6 +500,9 @@ absl::Status ParseHandler(DaemonOptions* o) {
   }
   if (!(o->handler.tolerance.max_row_rel_l2 >= 0)) {
     return absl::InvalidArgumentError("max_row_rel_l2: must be >= 0");
+  }
+  if (!(o->handler.tolerance.max_lse_abs >= 0)) {
+    return absl::InvalidArgumentError("max_lse_abs: must be >= 0");
   }
   return absl::OkStatus();
 }

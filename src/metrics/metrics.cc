@@ -19,6 +19,7 @@ namespace {
 // Ranges of the two diff histograms, as powers of ten.
 constexpr int kRelL2From = -6, kRelL2To = 1;
 constexpr int kMaxAbsFrom = -5, kMaxAbsTo = 2;
+constexpr int kLseFrom = -7, kLseTo = 1;
 
 constexpr size_t kMaxConnectionThreads = 128;
 
@@ -33,6 +34,10 @@ const std::vector<double>& RelL2() {
 }
 const std::vector<double>& MaxAbs() {
   static const std::vector<double> edges = DiffBuckets(kMaxAbsFrom, kMaxAbsTo);
+  return edges;
+}
+const std::vector<double>& LseDiff() {
+  static const std::vector<double> edges = DiffBuckets(kLseFrom, kLseTo);
   return edges;
 }
 
@@ -78,7 +83,8 @@ void DeclareCallMetrics(prometheus::Registry& r, CounterFamily** requests,
 // series present from the start so that dashboards see zeros, not absent series.
 void DeclareComparisonMetrics(prometheus::Registry& r, CounterFamily** comparisons,
                               HistogramFamily** diff_rel_l2, HistogramFamily** diff_max_abs,
-                              HistogramFamily** diff_max_row_rel_l2) {
+                              HistogramFamily** diff_max_row_rel_l2,
+                              HistogramFamily** diff_lse_max_abs) {
   *comparisons = &prometheus::BuildCounter()
                       .Name("verifyd_comparisons_total")
                       .Help(
@@ -99,6 +105,12 @@ void DeclareComparisonMetrics(prometheus::Registry& r, CounterFamily** compariso
                                   "Largest per-row (one head's output) relative L2 difference "
                                   "of a comparison, by pair")
                               .Register(r);
+  *diff_lse_max_abs = &prometheus::BuildHistogram()
+                           .Name("verifyd_diff_lse_max_abs")
+                           .Help(
+                               "Largest lse difference (natural log) over the rows of a "
+                               "comparison, by pair; a -inf on one side counts as +Inf")
+                           .Register(r);
   for (const char* o : {"match", "breach", "error", "timeout", "skipped"}) {
     (*comparisons)->Add({{"outcome", o}});
   }
@@ -106,6 +118,7 @@ void DeclareComparisonMetrics(prometheus::Registry& r, CounterFamily** compariso
     (*diff_rel_l2)->Add({{"pair", p}}, RelL2());
     (*diff_max_abs)->Add({{"pair", p}}, MaxAbs());
     (*diff_max_row_rel_l2)->Add({{"pair", p}}, RelL2());
+    (*diff_lse_max_abs)->Add({{"pair", p}}, LseDiff());
   }
 }
 
@@ -402,7 +415,8 @@ Metrics::Metrics(const BuildInfo& info) : registry_(std::make_shared<prometheus:
   auto& r = *registry_;
   DeclareCallMetrics(r, &requests_, &request_seconds_, &path_seconds_, &shadow_overhead_seconds_,
                      &finite_check_seconds_);
-  DeclareComparisonMetrics(r, &comparisons_, &diff_rel_l2_, &diff_max_abs_, &diff_max_row_rel_l2_);
+  DeclareComparisonMetrics(r, &comparisons_, &diff_rel_l2_, &diff_max_abs_, &diff_max_row_rel_l2_,
+                           &diff_lse_max_abs_);
   DeclareModeMetrics(r, &mode_, &canary_fraction_, &gate_ready_, &gate_clean_, &mode_forced_,
                      &last_change_);
   DeclareRollbackMetrics(r, &rollbacks_, &drift_ratio_, &drift_t_, &drift_breaches_);
@@ -504,6 +518,9 @@ void Metrics::Diff(std::string_view pair, const DiffStats& d) {
   diff_max_abs_->Add({{"pair", p}}, MaxAbs()).Observe(clean(d.max_abs));
   diff_max_row_rel_l2_->Add({{"pair", p}}, RelL2())
       .Observe(d.zero_row_breaches > 0 ? 1e30 : clean(d.max_row_rel_l2));
+  if (!std::isnan(d.lse_max_abs)) {  // NaN: the comparison had no lse
+    diff_lse_max_abs_->Add({{"pair", p}}, LseDiff()).Observe(clean(d.lse_max_abs));
+  }
 }
 
 void Metrics::SetMode(Mode m, double canary_fraction) {

@@ -94,6 +94,7 @@ class Metrics {
   prometheus::Family<prometheus::Histogram>* diff_rel_l2_;
   prometheus::Family<prometheus::Histogram>* diff_max_abs_;
   prometheus::Family<prometheus::Histogram>* diff_max_row_rel_l2_;
+  prometheus::Family<prometheus::Histogram>* diff_lse_max_abs_;
   prometheus::Family<prometheus::Gauge>* mode_;
   prometheus::Gauge* canary_fraction_;
   prometheus::Gauge* gate_ready_;

@@ -33,6 +33,11 @@ if [ "$part" != faults ]; then
     fail "a negative --atol_rel started"
   fi
   grep -q "atol_rel" "$dir/bad.log" || fail "no field named for a bad --atol_rel: $(cat "$dir/bad.log")"
+  if "$verifyd" --engine=cpu --state_dir="$dir/bad" --max_lse_abs=nan >"$dir/bad.log" 2>&1; then
+    fail "a NaN --max_lse_abs started"
+  fi
+  grep -q "max_lse_abs: must be >= 0" "$dir/bad.log" \
+    || fail "no field named for a bad --max_lse_abs: $(cat "$dir/bad.log")"
   start
   # A refusal names its gRPC code, in text and in --json.
   if ctl flip custom --reason "too early" 2>"$dir/err"; then fail "flip past a closed gate passed"; fi
@@ -96,7 +101,7 @@ if [ "$part" != faults ]; then
   grep -Eq '^verifyctl [0-9]+\.[0-9]+\.[0-9]+ \(.+\)$' "$dir/v" || fail "--version: $(cat "$dir/v")"
 
   # status shows what the daemon runs with.
-  grep -q "^tolerances  atol 0  atol_rel 0.02  rtol 0.02  max rel-L2 0.01  max row rel-L2 0.01" "$dir/s.txt" || fail "tolerances: $(cat "$dir/s.txt")"
+  grep -q "^tolerances  atol 0  atol_rel 0.02  rtol 0.02  max rel-L2 0.01  max row rel-L2 0.01  max-abs 0.25  max lse 0.0001" "$dir/s.txt" || fail "tolerances: $(cat "$dir/s.txt")"
   grep -q "^rollback    after 3 breaches within 1000" "$dir/s.txt" || fail "rollback thresholds"
   grep -q "^listening   data unix:$dir/data.sock, 127.0.0.1:[0-9]*  admin unix:$dir/admin.sock  metrics 127.0.0.1:" \
     "$dir/s.txt" || fail "listen addresses: $(cat "$dir/s.txt")"

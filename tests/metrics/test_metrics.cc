@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <set>
 #include <sstream>
 #include <string>
@@ -124,6 +125,40 @@ TEST(MetricsExposition, DiffBucketsAreExactDecimalsWithTheTolerancesAsEdges) {
   EXPECT_EQ(std::vector<std::string>(first, first + want.size()), want);
   EXPECT_EQ(rel.front(), "1e-06");
   EXPECT_EQ(rel.back(), "10");
+}
+
+// Every comparison's largest lse difference, by pair: from 1e-7 (clean pairs differ by a few
+// units in the last place of an fp32 lse) to 10, the default limit an edge; a comparison without
+// lse is not observed, and a -inf on one side only lands in +Inf.
+TEST(MetricsExposition, TheLseDifferenceIsAHistogramWithTheDefaultLimitAsAnEdge) {
+  Metrics metrics(TestBuild());
+  DiffStats clean;
+  clean.lse_max_abs = 3.8e-6;
+  metrics.Diff("custom_vs_reference", clean);
+  DiffStats one_sided;
+  one_sided.lse_max_abs = std::numeric_limits<double>::infinity();
+  metrics.Diff("custom_vs_reference", one_sided);
+  metrics.Diff("reference_vs_oracle", DiffStats{});  // no lse: NaN
+  const std::string text = Scrape(metrics);
+  const std::vector<std::string> les =
+      LeLabels(text, "verifyd_diff_lse_max_abs_bucket", "pair=\"custom_vs_reference\"");
+  ASSERT_FALSE(les.empty()) << text;
+  for (const std::string& le : les) EXPECT_TRUE(ShortDecimal(le)) << "le=\"" << le << "\"";
+  EXPECT_EQ(les.front(), "1e-07");
+  EXPECT_EQ(les.back(), "10");
+  char limit[32];
+  std::snprintf(limit, sizeof limit, "%.3g", Tolerance{}.max_lse_abs);
+  EXPECT_NE(std::find(les.begin(), les.end(), limit), les.end()) << "no edge at " << limit;
+  EXPECT_NE(text.find("verifyd_diff_lse_max_abs_count{pair=\"custom_vs_reference\"} 2"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(
+      text.find("verifyd_diff_lse_max_abs_bucket{pair=\"custom_vs_reference\",le=\"1e-05\"} 1"),
+      std::string::npos)
+      << text;
+  EXPECT_NE(text.find("verifyd_diff_lse_max_abs_count{pair=\"reference_vs_oracle\"} 0"),
+            std::string::npos)
+      << text;
 }
 
 TEST(MetricsExposition, LatencyBucketsAreExactDecimals) {

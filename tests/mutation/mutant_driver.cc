@@ -306,6 +306,7 @@ void AddFlags(CLI::App& app, Options* o) {
   app.add_option("--rtol", o->tol.rtol, "element check: relative part");
   app.add_option("--max_rel_l2", o->tol.max_rel_l2, "global rel-L2 limit");
   app.add_option("--max_row_rel_l2", o->tol.max_row_rel_l2, "per-row rel-L2 limit");
+  app.add_option("--max_lse_abs", o->tol.max_lse_abs, "lse limit (natural log)");
 }
 
 // The classes to run: every traffic model x prefix x page size x draft length.

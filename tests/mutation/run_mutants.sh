@@ -5,12 +5,14 @@
 # (the checkout is never patched), runs it over the shape classes and traffic models, and writes
 # the detection matrix (markdown + JSON) under bench/results/.
 #
-#   run_mutants.sh [--quick] [--out DIR] [--only a,b,...] [-- extra mutant_driver arguments]
+#   run_mutants.sh [--quick] [--out DIR] [--only a,b,...] [--set "ARGS"]...
+#                  [-- extra mutant_driver arguments]
 #
 # --quick: the reduced set CTest runs (prefixes 512 and 4096, T 4 and 16, 3 calls per class);
 #          fails when the clean build breaches or when a mutant not listed in
 #          expected_survivors.txt goes undetected on realistic traffic at some prefix.
 # Default: every shape class of the matrix (prefix 512..64K, page 1 and 64, T 4/16/64).
+# --set: run these mutant_driver arguments as a set instead of the default sets (repeatable).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -18,11 +20,13 @@ quick=0
 out=$root/bench/results
 only=""
 extra=()
+own_sets=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
     --out) out=$2; shift ;;
     --only) only=$2; shift ;;
+    --set) own_sets+=("$2"); shift ;;
     --) shift; extra=("$@"); break ;;
     *) echo "run_mutants.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
@@ -93,6 +97,7 @@ else
         "--prefixes 512,4096,16384 --pages 1,64 --drafts 4 --calls 6 --budget 1e12 --drift"
         "$e4m3_set")
 fi
+if [ ${#own_sets[@]} -gt 0 ]; then sets=("${own_sets[@]}"); fi
 # Every set with --drift also runs the oracle on every call and feeds the oracle drift test (one
 # stream per traffic model), and the first set runs the probe suite and the invariance probes
 # once per mutant, so that the matrix says which of per-call tolerance, drift, probe or invariance
