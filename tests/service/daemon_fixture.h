@@ -11,6 +11,7 @@
 #include <string>
 #include <thread>
 
+#include "grpc/grpc.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -83,7 +84,16 @@ inline DaemonOptions TestOptions(const std::string& dir) {
   return o;
 }
 
+// gRPC stays initialized until the test process exits, as in verifyd's main(): otherwise the
+// destructor of a test's last gRPC object makes the last grpc_shutdown(), which joins gRPC's
+// executor threads, and one of them can sit in a poll for about 10 s.
+inline void KeepGrpcInitialized() {
+  static const bool kept = (grpc_init(), true);
+  (void)kept;
+}
+
 inline std::shared_ptr<grpc::Channel> Channel(const std::string& target) {
+  KeepGrpcInitialized();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(INT32_MAX);
   args.SetMaxSendMessageSize(INT32_MAX);
@@ -155,6 +165,7 @@ inline std::string Scrape(int port) {
 class DaemonTest : public ::testing::Test {
  protected:
   void StartDaemon(DaemonOptions o) {
+    KeepGrpcInitialized();
     auto d = Daemon::Start(std::move(o));
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = std::move(*d);
