@@ -25,8 +25,8 @@ std::vector<double> LatencyBuckets();
 // 10^from_exp to 10^to_exp. Ten edges per decade between 1e-4 and 1e-1, where the default
 // tolerances and the noise floor of the pairs sit: the preferred numbers R'10 (1, 1.25, 1.6, 2,
 // 2.5, 3.2, 4, 5, 6.3, 8), evenly spaced in log. Four per decade elsewhere (1, 2, 2.5, 5). Every
-// default tolerance (atol 0.01, rtol 0.02, max_rel_l2 0.01, max_abs 0.25, max_lse_abs 1e-4) is an
-// edge.
+// default tolerance (atol 0.01, rtol 0.02, max_rel_l2 0.01, max_abs 0.25), and 1e-4 (the lse limit
+// docs/detection.md derives), is an edge.
 std::vector<double> DiffBuckets(int from_exp, int to_exp);
 
 }  // namespace verifyd

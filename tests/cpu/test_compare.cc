@@ -236,7 +236,7 @@ TEST(Compare, LseNegInfRowsAndMismatch) {
   EXPECT_EQ(d.lse_max_abs, 0.25);  // both -inf: equal
   Verdict v = Judge(d, Tolerance{});
   EXPECT_FALSE(v.match);
-  EXPECT_NE(v.reason.find("lse max_abs 0.25 > 0.0001"), std::string::npos) << v.reason;
+  EXPECT_NE(v.reason.find("lse max_abs 0.25 > 0.01"), std::string::npos) << v.reason;
 
   test_lse = {0.0f, 1.0f, 2.0f};  // -inf on one side only
   d = CompareBf16ToF32(o.data(), of.data(), 1, test_lse.data(), ref_lse.data(), 3, Tolerance{});
@@ -251,23 +251,27 @@ TEST(Compare, LseNegInfRowsAndMismatch) {
 
 // A bug that moves a little of a row's softmax mass (a draft key it should not see, or one it
 // should, weighing 0.1% of the row) leaves the bf16 output within its rounding but shifts the
-// fp32 lse by log(1.001): the default lse limit makes that a breach, while the largest clean
-// difference measured on the GPU (1.14e-5 over 100,984 calls) passes.
+// fp32 lse by log(1.001): --max_lse_abs 1e-4 makes that a breach, while the largest clean
+// difference measured on the GPU (1.14e-5 over 100,984 calls) passes. The default 1e-2 does not
+// see it.
 TEST(Compare, AOneInAThousandShiftOfARowsSoftmaxMassIsABreachThroughItsLse) {
   const std::vector<uint16_t> o = Bf16({0.5, -0.25, 8});
   const std::vector<float> of = {0.5, -0.25, 8};
   const std::vector<float> ref_lse = {12.5f, 3.0f};
   std::vector<float> test_lse = {12.5f + static_cast<float>(std::log1p(1e-3)), 3.0f};
-  DiffStats d =
-      CompareBf16ToF32(o.data(), of.data(), 3, test_lse.data(), ref_lse.data(), 2, Tolerance{});
+  Tolerance tol;
+  DiffStats d = CompareBf16ToF32(o.data(), of.data(), 3, test_lse.data(), ref_lse.data(), 2, tol);
   EXPECT_EQ(d.rel_l2, 0);
-  Verdict v = Judge(d, Tolerance{});
+  EXPECT_TRUE(Judge(d, tol).match) << "the default limit sees the shift: update this test";
+
+  tol.max_lse_abs = 1e-4;
+  const Verdict v = Judge(d, tol);
   EXPECT_FALSE(v.match);
   EXPECT_NE(v.reason.find("lse max_abs 0.000999 > 0.0001"), std::string::npos) << v.reason;
 
   test_lse = {12.5f + 1.14e-5f, 3.0f};
-  d = CompareBf16ToF32(o.data(), of.data(), 3, test_lse.data(), ref_lse.data(), 2, Tolerance{});
-  EXPECT_TRUE(Judge(d, Tolerance{}).match) << Judge(d, Tolerance{}).reason;
+  d = CompareBf16ToF32(o.data(), of.data(), 3, test_lse.data(), ref_lse.data(), 2, tol);
+  EXPECT_TRUE(Judge(d, tol).match) << Judge(d, tol).reason;
 }
 
 TEST(Compare, JudgeReasons) {

@@ -128,9 +128,9 @@ TEST(MetricsExposition, DiffBucketsAreExactDecimalsWithTheTolerancesAsEdges) {
 }
 
 // Every comparison's largest lse difference, by pair: from 1e-7 (clean pairs differ by a few
-// units in the last place of an fp32 lse) to 10, the default limit an edge; a comparison without
+// units in the last place of an fp32 lse) to 10, the limits an edge each; a comparison without
 // lse is not observed, and a -inf on one side only lands in +Inf.
-TEST(MetricsExposition, TheLseDifferenceIsAHistogramWithTheDefaultLimitAsAnEdge) {
+TEST(MetricsExposition, TheLseDifferenceIsAHistogramWithItsLimitsAsEdges) {
   Metrics metrics(TestBuild());
   DiffStats clean;
   clean.lse_max_abs = 3.8e-6;
@@ -146,9 +146,11 @@ TEST(MetricsExposition, TheLseDifferenceIsAHistogramWithTheDefaultLimitAsAnEdge)
   for (const std::string& le : les) EXPECT_TRUE(ShortDecimal(le)) << "le=\"" << le << "\"";
   EXPECT_EQ(les.front(), "1e-07");
   EXPECT_EQ(les.back(), "10");
-  char limit[32];
-  std::snprintf(limit, sizeof limit, "%.3g", Tolerance{}.max_lse_abs);
-  EXPECT_NE(std::find(les.begin(), les.end(), limit), les.end()) << "no edge at " << limit;
+  for (double tol : {Tolerance{}.max_lse_abs, 1e-4}) {  // the default, and the derived limit
+    char limit[32];
+    std::snprintf(limit, sizeof limit, "%.3g", tol);
+    EXPECT_NE(std::find(les.begin(), les.end(), limit), les.end()) << "no edge at " << limit;
+  }
   EXPECT_NE(text.find("verifyd_diff_lse_max_abs_count{pair=\"custom_vs_reference\"} 2"),
             std::string::npos)
       << text;
