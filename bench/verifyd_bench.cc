@@ -64,13 +64,14 @@ struct DevPtr {
 
 // One copy of a bundle's inputs and outputs on the device. An e4m3 pool is kept as sent (kv8,
 // named by indices) and every launch first turns its named pages into the compact bf16 pool `kv`
-// (named by dq_ids), as the CUDA engine does; `problem` names that pool.
+// (named by dq_ids), as the CUDA engine does; `problem` names that pool. `codes_problem` names
+// the e4m3 pool as sent, for custom-v3e, which reads the codes itself.
 struct InputSet {
   DevPtr<uint16_t> q, kv, o;
   DevPtr<int32_t> indptr, indices, lens, dq_ids;
   DevPtr<uint8_t> mask, kv8;
   DevPtr<float> lse;
-  kernels::VerifyProblem problem;
+  kernels::VerifyProblem problem, codes_problem;
   bool e4m3 = false;
   float kv_scale = 1.f;
   int64_t src_pages = 0;
@@ -115,6 +116,11 @@ cudaError_t Upload(const BundleView& v, InputSet* s) {
   p.tree_mask = s->mask.p;
   p.sm_scale = s->e4m3 ? v.sm_scale * v.kv_scale : v.sm_scale;
   if (s->e4m3) {  // the paths read the compact bf16 pool of the named pages
+    s->codes_problem = p;
+    s->codes_problem.kv_pool = reinterpret_cast<const uint16_t*>(s->kv8.p);
+    s->codes_problem.kv_indices = s->indices.p;
+    s->codes_problem.sm_scale = v.sm_scale;
+    s->codes_problem.kv_scale = v.kv_scale;
     s->kv_scale = v.kv_scale;
     s->src_pages = v.shape.num_pages;
     p.shape.num_pages = n_named;
@@ -124,6 +130,12 @@ cudaError_t Upload(const BundleView& v, InputSet* s) {
   p.total_kv_len = v.total_kv_len;
   p.o = s->o.p;
   p.lse = s->lse.p;
+  if (s->e4m3) {
+    s->codes_problem.max_kv_len = p.max_kv_len;
+    s->codes_problem.total_kv_len = p.total_kv_len;
+    s->codes_problem.o = p.o;
+    s->codes_problem.lse = p.lse;
+  }
   return cudaSuccess;
 }
 
@@ -178,6 +190,7 @@ kernels::CustomScoreMma ScoreMmaOf(const std::string& path) {
          : path == "custom-v5"      ? kernels::CustomScoreMma::kWgmmaPairSeesaw
          : path == "custom-v5s"     ? kernels::CustomScoreMma::kWgmmaPairSeesawStaggered
          : path == "custom-v5t"     ? kernels::CustomScoreMma::kWgmmaPairSeesawTailMask
+         : path == "custom-v3e"     ? kernels::CustomScoreMma::kWgmmaV3E4m3
                                     : kernels::CustomScoreMma::kAuto;
 }
 
@@ -349,7 +362,9 @@ BenchRow Bench::RunPath(const std::string& path, BundleRun& b) {
   row.compute_bound = b.t_flop_ms >= b.t_byte_ms;
   DevPtr<uint8_t> ws;
   Launch launch = PathLaunch(path, b, &ws, &row);
-  if (row.error.empty() && b.in[0]->e4m3) launch = WithDequantization(std::move(launch), b, &row);
+  if (row.error.empty() && b.in[0]->e4m3 && path != "custom-v3e") {
+    launch = WithDequantization(std::move(launch), b, &row);
+  }
   if (row.error.empty()) TimeRow(launch, path, b, &row);
   std::printf(
       "%-16s %-4s B=%-3d T=%-4d H=%-3d prefix=%-6lld page=%-3d %9.4f ms %7.1f TFLOP/s "
@@ -369,14 +384,24 @@ Bench::Launch Bench::PathLaunch(const std::string& path, const BundleRun& b, Dev
     kernels::CustomConfig cfg;
     cfg.small_smem = path == "custom-sm120cfg";
     const kernels::CustomScoreMma mma = ScoreMmaOf(path);
+    // custom-v3e reads an e4m3 pool's codes (no dequantisation first); it runs on e4m3 rows only.
+    const bool codes = mma == kernels::CustomScoreMma::kWgmmaV3E4m3;
+    if (codes && !b.in[0]->e4m3) {
+      row->error = "custom-v3e reads e4m3 pools only";
+      return nullptr;
+    }
+    const auto problem_of = [codes](const InputSet& s) -> const kernels::VerifyProblem& {
+      return codes ? s.codes_problem : s.problem;
+    };
     kernels::CustomPlan plan;
-    if (kernels::ResolveCustomPlan(b.in[0]->problem, cfg, &plan, mma) == cudaSuccess) {
+    if (kernels::ResolveCustomPlan(problem_of(*b.in[0]), cfg, &plan, mma) == cudaSuccess) {
       row->splits = plan.splits;
     }
-    const size_t wsb = kernels::CustomWorkspaceBytes(b.in[0]->problem, cfg);
+    const size_t wsb = kernels::CustomWorkspaceBytes(problem_of(*b.in[0]), cfg);
     if (ws->Alloc(wsb) != cudaSuccess) row->error = "workspace";
-    return [this, &b, ws, cfg, wsb, mma](int i) {
-      return kernels::LaunchCustomWith(b.in[i % b.sets]->problem, cfg, mma, ws->p, wsb, stream_);
+    return [this, &b, ws, cfg, wsb, mma, problem_of](int i) {
+      return kernels::LaunchCustomWith(problem_of(*b.in[i % b.sets]), cfg, mma, ws->p, wsb,
+                                       stream_);
     };
   }
 #if VERIFYD_BENCH_HAVE_REFERENCE
@@ -476,7 +501,8 @@ int main(int argc, char** argv) {
   app.add_option(
       "--paths", opt.paths,
       "custom, custom-v3, custom-v4, custom-v4k, custom-v4c, custom-v5, custom-v5s, custom-v5t, "
-      "custom-qkwgmma, custom-mma, custom-sm120cfg, reference");
+      "custom-qkwgmma, custom-mma, custom-sm120cfg, reference; custom-v3e (e4m3 rows only, by "
+      "name)");
   app.add_option("--seconds-per-row", opt.seconds_per_row, "timing budget per row");
   app.add_option("--max-shapes", opt.max_shapes, "stop after this many (shape, page) pairs");
   app.add_option("--shape-index", opt.shape_index, "run only this shape of the built-in list")

@@ -1,6 +1,7 @@
 #include "kernels/custom/custom_attention.h"
 
 #include <array>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -124,7 +125,9 @@ ResolvedPlan Resolve(const VerifyProblem& p, const CustomConfig& c, CustomScoreM
        mma == CustomScoreMma::kWgmmaSeesaw || mma == CustomScoreMma::kWgmmaSeesawSplitK ||
        mma == CustomScoreMma::kWgmmaSeesaw2Chain || mma == CustomScoreMma::kWgmmaPairSeesaw ||
        mma == CustomScoreMma::kWgmmaPairSeesawStaggered ||
-       mma == CustomScoreMma::kWgmmaPairSeesawTailMask);
+       mma == CustomScoreMma::kWgmmaPairSeesawTailMask || mma == CustomScoreMma::kWgmmaV3E4m3);
+  // v3e: v3 reading e4m3 codes; only where v3's wgmma runs (the Hopper tiles on sm_90).
+  r.plan.e4m3_loads = r.plan.wgmma_pv && mma == CustomScoreMma::kWgmmaV3E4m3;
   r.plan.seesaw = r.plan.wgmma_pv && (mma == CustomScoreMma::kWgmmaSeesaw ||
                                       mma == CustomScoreMma::kWgmmaSeesawSplitK ||
                                       mma == CustomScoreMma::kWgmmaSeesaw2Chain);
@@ -169,7 +172,10 @@ cudaError_t LaunchPlanned(void (*kernel)(KernelParams), bool dependent_combine,
   k.page_shift = Log2(p.shape.page_size);
   k.mask_bits = p.shape.mask_format == MaskFormat::kBits ? 1 : 0;
   k.mask_row_bytes = static_cast<int>(MaskRowBytes(p.shape.mask_format, p.shape.draft));
-  k.scale_log2 = p.sm_scale * 1.4426950408889634f;
+  // An e4m3 pool's kernel reads the codes' values: kv_scale goes onto the logits and onto o.
+  const bool e4m3 = p.shape.kv_dtype == KvDtype::kE4m3;
+  k.scale_log2 = p.sm_scale * (e4m3 ? p.kv_scale : 1.f) * 1.4426950408889634f;
+  k.o_scale = e4m3 ? p.kv_scale : 1.f;
   k.splits = plan.splits;
   k.tiles_per_split = static_cast<int>(plan.tiles_per_split);
   k.o = p.o;
@@ -208,12 +214,12 @@ cudaError_t LaunchPlanned(void (*kernel)(KernelParams), bool dependent_combine,
 }
 
 template <class Cfg, bool kWgmmaS, bool kWgmmaPV, bool kSeesaw = false, bool kSplitK = false,
-          bool kTwoChainS = false>
+          bool kTwoChainS = false, bool kE4m3 = false>
 cudaError_t LaunchPlanned(const VerifyProblem& p, const CustomPlan& plan, const unsigned* skip,
                           void* workspace, cudaStream_t stream) {
   return LaunchPlanned<Cfg>(
-      custom::FusedVerifyKernel<Cfg, kWgmmaS, kWgmmaPV, kSeesaw, kSplitK, kTwoChainS>, kSeesaw, p,
-      plan, skip, workspace, stream);
+      custom::FusedVerifyKernel<Cfg, kWgmmaS, kWgmmaPV, kSeesaw, kSplitK, kTwoChainS, kE4m3>,
+      kSeesaw, p, plan, skip, workspace, stream);
 }
 
 }  // namespace
@@ -248,8 +254,15 @@ cudaError_t LaunchCustomWith(const VerifyProblem& p, const CustomConfig& c, Cust
       p.max_kv_len > kMaxPrefix + kMaxDraft) {
     return cudaErrorInvalidValue;
   }
+  // Only v3e reads e4m3 codes, and it reads nothing else: any other pairing would read the pool
+  // as the wrong type. (The engines dequantise an e4m3 pool's pages for the other schedules.)
+  if ((p.shape.kv_dtype == KvDtype::kE4m3) != (mma == CustomScoreMma::kWgmmaV3E4m3) ||
+      (p.shape.kv_dtype == KvDtype::kE4m3 && !(p.kv_scale > 0.f && std::isfinite(p.kv_scale)))) {
+    return cudaErrorInvalidValue;
+  }
   const ResolvedPlan r = Resolve(p, c, mma);
   if (r.error != cudaSuccess) return r.error;
+  if (r.plan.e4m3_loads != (mma == CustomScoreMma::kWgmmaV3E4m3)) return cudaErrorInvalidValue;
   if (r.plan.workspace_bytes > 0 &&
       (workspace == nullptr || workspace_bytes < r.plan.workspace_bytes)) {
     return cudaErrorInvalidValue;
@@ -271,6 +284,10 @@ cudaError_t LaunchCustomWith(const VerifyProblem& p, const CustomConfig& c, Cust
   }
   if (r.plan.seesaw) {
     return LaunchPlanned<HopperTiles, true, true, true>(p, r.plan, c.skip, workspace, stream);
+  }
+  if (r.plan.e4m3_loads) {
+    return LaunchPlanned<HopperTiles, true, true, false, false, false, true>(p, r.plan, c.skip,
+                                                                            workspace, stream);
   }
   if (r.plan.wgmma_pv) return LaunchPlanned<HopperTiles, true, true>(p, r.plan, c.skip, workspace, stream);
   if (r.plan.wgmma_scores) {

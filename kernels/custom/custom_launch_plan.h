@@ -21,6 +21,8 @@ namespace verifyd::kernels {
 // kWgmmaPairSeesawStaggered: v5s, v5 with warpgroup 1's Q·Kᵀ issued after warpgroup 0's is done.
 // kWgmmaPairSeesawTailMask: v5t, v5 with the steps of prefix keys only compiled without the tree
 // mask, and the steps from the first tile that reaches the draft keys in a masked copy.
+// kWgmmaV3E4m3: v3 on an e4m3 pool, reading its codes (half the bytes) and widening them to bf16
+// in shared memory; the only choice that takes an e4m3 problem, and it takes nothing else.
 // kWgmmaScores: wgmma for Q·Kᵀ only. kMmaSync: mma.sync everywhere. The narrower choices stay
 // to compare against and to fall back on.
 enum class CustomScoreMma {
@@ -33,7 +35,8 @@ enum class CustomScoreMma {
   kWgmmaSeesaw2Chain,
   kWgmmaPairSeesaw,
   kWgmmaPairSeesawStaggered,
-  kWgmmaPairSeesawTailMask
+  kWgmmaPairSeesawTailMask,
+  kWgmmaV3E4m3
 };
 
 cudaError_t ResolveCustomPlan(const VerifyProblem& p, const CustomConfig& c, CustomPlan* plan,

@@ -49,6 +49,7 @@ struct CustomPlan {
   bool pair_seesaw = false;   // v5: the seesaw over pairs of tiles, a whole tile per warpgroup
   bool staggered_scores = false;  // v5s: v5 with warpgroup 1's Q·Kᵀ after warpgroup 0's
   bool tail_mask = false;  // v5t: v5 with the tree mask compiled only into the tail steps
+  bool e4m3_loads = false;  // v3e: v3 reading an e4m3 pool's codes, widened in shared memory
   CustomTileShape tiles{};
   int row_blocks = 0;        // ceil(T*H / tiles.rows)
   int64_t max_tiles = 0;     // ceil(max_kv_len / tiles.tokens)

@@ -33,6 +33,35 @@ __device__ __forceinline__ void CpAsync4(uint32_t smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem), "l"(gmem));
 }
 
+// Copies 8 bytes global -> shared (through L1), or zero-fills them when !valid. Both addresses
+// 8-byte aligned.
+__device__ __forceinline__ void CpAsync8(uint32_t smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem), "l"(gmem),
+               "r"(valid ? 8 : 0));
+}
+
+// Eight e4m3 (e4m3fn) codes, little-endian in `codes`, as eight bf16 of the same values: every
+// e4m3 value is a bf16 value, so this is exact. A code's bits s eeee mmm become the bf16
+// s 0000eeee mmm0000 (the value times 2^-120, subnormals included), then one bf16x2 multiply
+// by 2^120 per pair (with -0 added, so that a zero keeps its sign); the NaN codes (s 1111 111)
+// become a quiet NaN.
+__device__ __forceinline__ uint32_t E4m3PairToBf16x2(uint32_t pair) {  // codes in bytes 0 and 2
+  const uint32_t low7 = pair & 0x007f007fu;
+  uint32_t bits = (low7 << 4) | ((pair & 0x00800080u) << 8);
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n"
+      : "=r"(bits)
+      : "r"(bits), "r"(0x7b807b80u), "r"(0x80008000u));  // x 2^120, + -0
+  return bits | (__vcmpeq2(low7, 0x007f007fu) & 0x7fc07fc0u);
+}
+__device__ __forceinline__ uint4 E4m3x8ToBf16x8(uint2 codes) {
+  uint4 out;
+  out.x = E4m3PairToBf16x2(__byte_perm(codes.x, 0u, 0x4140));
+  out.y = E4m3PairToBf16x2(__byte_perm(codes.x, 0u, 0x4342));
+  out.z = E4m3PairToBf16x2(__byte_perm(codes.y, 0u, 0x4140));
+  out.w = E4m3PairToBf16x2(__byte_perm(codes.y, 0u, 0x4342));
+  return out;
+}
+
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 template <int kPending>

@@ -42,6 +42,60 @@ __device__ __forceinline__ void LoadRows(uint32_t tile, int tid, RowSrc row_src)
   }
 }
 
+// An e4m3 pool's rows (576 one-byte codes) land in the upper half of each 64-dim block of a KV
+// stage: block c of row r's codes at c * kKvBlockBytes + kKvBlockBytes / 2 + r * 64, unswizzled.
+// WidenE4m3Stage then rewrites each block in place as the bf16 rows the other loads give.
+template <class Cfg, int kNumRows, class RowSrc>
+__device__ __forceinline__ void LoadRowsE4m3(uint32_t stage, int tid, RowSrc row_src) {
+  constexpr int kRowsPerPass = Cfg::kThreads / 8;
+  constexpr int kHalf = Cfg::kKvBlockBytes / 2;
+  const int sub = tid & 7;
+#pragma unroll
+  for (int pass = 0; pass < kNumRows / kRowsPerPass; ++pass) {
+    const int r = pass * kRowsPerPass + (tid >> 3);
+    bool valid;
+    const uint8_t* src = row_src(r, &valid);
+    const uint32_t dst = stage + kHalf + r * 64 + sub * 8;
+#pragma unroll
+    for (int c = 0; c < Cfg::kChunksPerRow / 8; ++c) {
+      CpAsync8(dst + c * Cfg::kKvBlockBytes, src + c * 64 + sub * 8, valid);
+    }
+  }
+}
+
+// Widens the e4m3 codes LoadRowsE4m3 landed in a stage (after the CTA's barrier that follows
+// their arrival) to bf16 in the swizzled layout of tile_config.cuh, block by block. A block's
+// rows of the lower half are written outside the codes (into the first kKvBlockBytes / 2 bytes);
+// those of the upper half overwrite codes, so every thread reads its codes of them first and
+// writes them after a barrier. Ends with the stage visible to the async proxy (wgmma) and to
+// every thread.
+template <class Cfg>
+__device__ __forceinline__ void WidenE4m3Stage(uint8_t* stage, int tid) {
+  static_assert(Cfg::kTokens * 8 == 2 * Cfg::kThreads, "one chunk of each half per thread");
+  constexpr int kHalf = Cfg::kKvBlockBytes / 2;
+  constexpr int kBlocks = Cfg::kChunksPerRow / 8;
+  const int sub = tid & 7;
+  const int r_lo = tid >> 3, r_hi = r_lo + Cfg::kTokens / 2;
+  uint2 hi[kBlocks];
+#pragma unroll
+  for (int c = 0; c < kBlocks; ++c) {
+    uint8_t* block = stage + c * Cfg::kKvBlockBytes;
+    hi[c] = *reinterpret_cast<const uint2*>(block + kHalf + r_hi * 64 + sub * 8);
+    const uint2 lo = *reinterpret_cast<const uint2*>(block + kHalf + r_lo * 64 + sub * 8);
+    *reinterpret_cast<uint4*>(block + r_lo * 128 + ((sub ^ (r_lo & 7)) << 4)) =
+        E4m3x8ToBf16x8(lo);
+  }
+  __syncthreads();  // every code of the upper halves is read
+#pragma unroll
+  for (int c = 0; c < kBlocks; ++c) {
+    uint8_t* block = stage + c * Cfg::kKvBlockBytes;
+    *reinterpret_cast<uint4*>(block + r_hi * 128 + ((sub ^ (r_hi & 7)) << 4)) =
+        E4m3x8ToBf16x8(hi[c]);
+  }
+  FenceProxyAsyncShared();
+  __syncthreads();
+}
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // Named barriers of the seesaw handoffs (1..4 are the v3 row-group exchanges), each between the
 // two warpgroups (256 threads) once per tile. The two warpgroups reach them at different places
@@ -257,9 +311,12 @@ __device__ __forceinline__ void SeesawTile(float (&s)[4][4], const float (&mx)[2
 //             launch). kSplitK: with kSeesaw, Q·Kᵀ as m64n64k16 per warpgroup over half of the
 //             576 dims, the partial scores exchanged through shared memory. kTwoChainS: with
 //             kSeesaw, the wgmma Q·Kᵀ in two accumulator chains (ScoresWgmma<Cfg, 2>).
+//   kE4m3:    the pool holds e4m3 codes (p.kv_pool is their bytes): each tile lands at one byte
+//             an element and is widened to bf16 in shared memory (LoadRowsE4m3, WidenE4m3Stage);
+//             kv_scale is in p.scale_log2 and p.o_scale (v3e, with kWgmmaPV and no seesaw).
 // Anywhere else (sm_120, or the sm_120 tiles) all of them run as mma.sync.
 template <class Cfg, bool kWgmmaS, bool kWgmmaPV, bool kSeesaw = false, bool kSplitK = false,
-          bool kTwoChainS = false>
+          bool kTwoChainS = false, bool kE4m3 = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const KernelParams p) {
   if (SkipLaunch(p)) return;  // uniform: before any barrier
   extern __shared__ __align__(128) uint8_t smem[];
@@ -269,6 +326,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const Kern
   static_assert(kSeesaw || !kSplitK, "split-K scores come with the seesaw schedule");
   static_assert(kSeesaw || !kTwoChainS, "two-chain scores come with the seesaw schedule");
   static_assert(!(kSplitK && kTwoChainS), "split-K and two-chain scores are separate variants");
+  static_assert(!kE4m3 || (kWgmmaPV && !kSeesaw), "e4m3 loads come with v3's schedule");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr bool kUseWgmma = kWgmmaS;
   constexpr bool kUseWgmmaPV = kWgmmaPV;
@@ -332,6 +390,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const Kern
   };
   auto load_tile = [&](int tile, int stage, bool ids_prefetched) {
     const int k0 = tile * kTokens;
+    if constexpr (kE4m3) {
+      const uint8_t* codes = reinterpret_cast<const uint8_t*>(p.kv_pool);
+      LoadRowsE4m3<Cfg, kTokens>(kv_s + stage * Cfg::kStageBytes, tid, [&](int r, bool* valid) {
+        const int t = k0 + r;
+        *valid = t < kv_len;
+        const int tt = *valid ? t : kv_len - 1;
+        const int32_t page =
+            ids_prefetched ? page_ids[stage * kTokens + r] : pages[tt >> p.page_shift];
+        const int64_t slot = (int64_t{page} << p.page_shift) + (tt & page_mask);
+        return codes + slot * kHeadDimQK;
+      });
+      return;
+    }
     LoadRows<Cfg, kTokens>(kv_s + stage * Cfg::kStageBytes, tid, [&](int r, bool* valid) {
       const int t = k0 + r;
       *valid = t < kv_len;
@@ -427,6 +498,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const Kern
       }
       CpAsyncCommit();
     }
+    // e4m3: the next tile's codes are on their way; this one's are widened meanwhile.
+    if constexpr (kE4m3) WidenE4m3Stage<Cfg>(smem + Cfg::kKvOffset + stage * Cfg::kStageBytes, tid);
     const uint32_t kv_tile = kv_s + stage * Cfg::kStageBytes;
 
     // ---- S = Q Kᵀ for 16 rows x kTokens/2 keys, all 576 dims.

@@ -31,11 +31,12 @@ __device__ __forceinline__ void StoreOutputRow(const KernelParams& p, const floa
   const bool write_lse = dim0 == 0 && tq == 0;
   if (p.splits == 1) {
     uint32_t* orow = reinterpret_cast<uint32_t*>(p.o + grow * kHeadDimV + dim0 + 2 * tq);
+    const float scaled = inv * p.o_scale;  // exactly inv for a bf16 pool
 #pragma unroll
     for (int nt = 0; nt < 32; ++nt) {
       if (nt < num_nt) {
         const int a = first_acc + nt * nt_stride + 2 * half;
-        orow[nt * 4] = PackBf16x2(o_acc[a] * inv, o_acc[a + 1] * inv);
+        orow[nt * 4] = PackBf16x2(o_acc[a] * scaled, o_acc[a + 1] * scaled);
       }
     }
     if (p.lse != nullptr && write_lse) p.lse[grow] = lse;

@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(128 * kCombineRowsPerBlock)
       acc.w += w * v.w;
     }
   }
-  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  const float inv = (sum > 0.f ? 1.f / sum : 0.f) * p.o_scale;  // o_scale: 1 for a bf16 pool
   __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
   __nv_bfloat162 hi = __floats2bfloat162_rn(acc.z * inv, acc.w * inv);
   uint2 packed;

@@ -85,7 +85,8 @@ struct DeviceBundle {
     };
     cudaError_t e;
     if ((e = up(q, v.q, v.q_elems())) != cudaSuccess) return e;
-    if ((e = up(kv_pool, static_cast<const uint16_t*>(v.kv_pool), v.kv_elems())) != cudaSuccess) {
+    // The pool at its own element size: bf16, or an e4m3 pool's one-byte codes.
+    if ((e = up(kv_pool, static_cast<const uint8_t*>(v.kv_pool), v.kv_bytes())) != cudaSuccess) {
       return e;
     }
     if ((e = up(kv_indptr, v.kv_indptr, v.shape.batch + 1)) != cudaSuccess) return e;
@@ -103,6 +104,7 @@ struct DeviceBundle {
     problem.kv_lens = kv_lens.get<int32_t>();
     problem.tree_mask = tree_mask.get<uint8_t>();
     problem.sm_scale = v.sm_scale;
+    problem.kv_scale = v.kv_scale;
     problem.max_kv_len = v.max_kv_len;
     problem.total_kv_len = v.total_kv_len;
     problem.o = o.get<uint16_t>();

@@ -4,6 +4,8 @@
 // times kv_scale afterwards (DequantizedBundle). Skips without a GPU.
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -116,6 +118,88 @@ TEST_P(CustomKernelGolden, MatchesTheStoredOracle) {
     EXPECT_LE(d.max_abs, testing::kMaxAbs);
     EXPECT_LE(d.lse_max_abs, testing::kLseMaxAbs);
   }
+}
+
+// v3e, the kernel that reads an e4m3 pool's codes itself: every e4m3 golden case on the pool as
+// stored, kv_scale applied by the kernel (on the logits and on o before its rounding), against
+// the stored fp64 answer.
+TEST_P(CustomKernelGolden, AnE4m3CaseThroughTheKernelThatReadsTheCodes) {
+  const std::string why = testing::NoGpuReason();
+  if (!why.empty()) GTEST_SKIP() << "GPU kernel test skipped: " << why;
+  auto file = LoadBundleFile((TestData() / "golden" / (GetParam() + ".safetensors")).string());
+  ASSERT_TRUE(file.ok()) << file.status();
+  const BundleView& v = file->view;
+  if (v.shape.kv_dtype != kernels::KvDtype::kE4m3) GTEST_SKIP() << "a bf16 case";
+  const float* o_exp = file->o_expected->as<float>();
+  std::vector<float> ref(o_exp, o_exp + v.o_elems());
+  for (float& x : ref) x = RoundToBf16(x);
+  testing::DeviceBundle dev;
+  ASSERT_EQ(dev.Upload(v), cudaSuccess);
+  kernels::CustomConfig c;
+  for (int splits : {0, 1, 3}) {
+    SCOPED_TRACE(splits);
+    c.force_splits = splits;
+    ASSERT_EQ(dev.Poison(), cudaSuccess);
+    const size_t ws_bytes = kernels::CustomWorkspaceBytes(dev.problem, c);
+    testing::DeviceBuffer ws(std::max<size_t>(ws_bytes, 16));
+    ASSERT_EQ(kernels::LaunchCustomWith(dev.problem, c, kernels::CustomScoreMma::kWgmmaV3E4m3,
+                                        ws.get<void>(), ws_bytes, nullptr),
+              cudaSuccess);
+    std::vector<uint16_t> o(v.o_elems());
+    std::vector<float> lse(v.lse_elems());
+    ASSERT_EQ(cudaMemcpy(o.data(), dev.o.get<void>(), o.size() * 2, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(lse.data(), dev.lse.get<void>(), lse.size() * 4, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    const DiffStats d = CompareBf16ToF32(o.data(), ref.data(), static_cast<int64_t>(o.size()),
+                                         lse.data(), file->lse_expected->as<float>(),
+                                         static_cast<int64_t>(lse.size()), Tolerance{});
+    std::printf(
+        "[ metrics  ] golden=%s tiles=hopper_v3e splits=%d rel_l2=%.3e max_abs=%.3e "
+        "lse_max_abs=%.3e\n",
+        GetParam().c_str(), splits, d.rel_l2, d.max_abs, d.lse_max_abs);
+    EXPECT_EQ(d.nan_test, 0);
+    EXPECT_LE(d.rel_l2, testing::kCustomMaxRelL2);
+    EXPECT_LE(d.max_abs, testing::kMaxAbs);
+    EXPECT_LE(d.lse_max_abs, testing::kLseMaxAbs);
+  }
+}
+
+// An e4m3 problem reaches only v3e, and v3e only an e4m3 problem with a positive finite scale:
+// any other pairing would read the pool as the wrong type. Refused before anything touches a
+// device, so this runs without a GPU.
+TEST(CustomKernelE4m3, ThePoolsTypeAndTheScheduleMustAgree) {
+  kernels::VerifyProblem p;
+  p.shape.batch = 1;
+  p.shape.draft = 4;
+  p.shape.heads = 2;
+  p.shape.page_size = 16;
+  p.shape.num_pages = 4;
+  p.shape.num_indices = 4;
+  p.max_kv_len = 40;
+  p.total_kv_len = 40;
+  p.sm_scale = 0.07f;
+  p.shape.kv_dtype = kernels::KvDtype::kE4m3;
+  p.kv_scale = 0.37f;
+  const kernels::CustomConfig c;
+  for (auto mma : {kernels::CustomScoreMma::kAuto, kernels::CustomScoreMma::kWgmmaV3,
+                   kernels::CustomScoreMma::kWgmmaPairSeesawTailMask}) {
+    EXPECT_EQ(kernels::LaunchCustomWith(p, c, mma, nullptr, 0, nullptr), cudaErrorInvalidValue)
+        << "an e4m3 pool read as bf16 by schedule " << static_cast<int>(mma);
+  }
+  for (float bad : {0.f, -1.f, NAN, INFINITY}) {
+    p.kv_scale = bad;
+    EXPECT_EQ(
+        kernels::LaunchCustomWith(p, c, kernels::CustomScoreMma::kWgmmaV3E4m3, nullptr, 0, nullptr),
+        cudaErrorInvalidValue)
+        << "kv_scale " << bad;
+  }
+  p.shape.kv_dtype = kernels::KvDtype::kBf16;
+  p.kv_scale = 1.f;
+  EXPECT_EQ(
+      kernels::LaunchCustomWith(p, c, kernels::CustomScoreMma::kWgmmaV3E4m3, nullptr, 0, nullptr),
+      cudaErrorInvalidValue)
+      << "a bf16 pool read as e4m3 codes";
 }
 
 INSTANTIATE_TEST_SUITE_P(Golden, CustomKernelGolden, ::testing::ValuesIn(GoldenCases()),
