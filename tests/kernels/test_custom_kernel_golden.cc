@@ -43,6 +43,23 @@ std::vector<std::string> GoldenCases() {
   return names;
 }
 
+// One launch of `mma` on the uploaded bundle, its outputs poisoned before and fetched after.
+void LaunchAndFetch(testing::DeviceBundle& dev, const kernels::CustomConfig& c,
+                    kernels::CustomScoreMma mma, std::vector<uint16_t>* o,
+                    std::vector<float>* lse) {
+  ASSERT_EQ(dev.Poison(), cudaSuccess);
+  const size_t ws_bytes = kernels::CustomWorkspaceBytes(dev.problem, c);
+  testing::DeviceBuffer ws(std::max<size_t>(ws_bytes, 16));
+  ASSERT_EQ(kernels::LaunchCustomWith(dev.problem, c, mma, ws.get<void>(), ws_bytes, nullptr),
+            cudaSuccess);
+  o->resize(dev.o.bytes() / 2);
+  lse->resize(dev.lse.bytes() / 4);
+  ASSERT_EQ(cudaMemcpy(o->data(), dev.o.get<void>(), o->size() * 2, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(lse->data(), dev.lse.get<void>(), lse->size() * 4, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+}
+
 class CustomKernelGolden : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CustomKernelGolden, MatchesTheStoredOracle) {
@@ -88,17 +105,9 @@ TEST_P(CustomKernelGolden, MatchesTheStoredOracle) {
     SCOPED_TRACE(var.name);
     kernels::CustomConfig c;
     c.small_smem = small;
-    ASSERT_EQ(dev.Poison(), cudaSuccess);
-    const size_t ws_bytes = kernels::CustomWorkspaceBytes(dev.problem, c);
-    testing::DeviceBuffer ws(std::max<size_t>(ws_bytes, 16));
-    ASSERT_EQ(kernels::LaunchCustomWith(dev.problem, c, var.mma, ws.get<void>(), ws_bytes, nullptr),
-              cudaSuccess);
-    std::vector<uint16_t> o(v.o_elems());
-    std::vector<float> lse(v.lse_elems());
-    ASSERT_EQ(cudaMemcpy(o.data(), dev.o.get<void>(), o.size() * 2, cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(lse.data(), dev.lse.get<void>(), lse.size() * 4, cudaMemcpyDeviceToHost),
-              cudaSuccess);
+    std::vector<uint16_t> o;
+    std::vector<float> lse;
+    ASSERT_NO_FATAL_FAILURE(LaunchAndFetch(dev, c, var.mma, &o, &lse));
     EXPECT_TRUE(dev.o.GuardIntact());
     EXPECT_TRUE(dev.lse.GuardIntact());
     // o_scale: 1, or an e4m3 pool's kv_scale, which the engines put on o before its rounding.
@@ -139,18 +148,10 @@ TEST_P(CustomKernelGolden, AnE4m3CaseThroughTheKernelThatReadsTheCodes) {
   for (int splits : {0, 1, 3}) {
     SCOPED_TRACE(splits);
     c.force_splits = splits;
-    ASSERT_EQ(dev.Poison(), cudaSuccess);
-    const size_t ws_bytes = kernels::CustomWorkspaceBytes(dev.problem, c);
-    testing::DeviceBuffer ws(std::max<size_t>(ws_bytes, 16));
-    ASSERT_EQ(kernels::LaunchCustomWith(dev.problem, c, kernels::CustomScoreMma::kWgmmaV3E4m3,
-                                        ws.get<void>(), ws_bytes, nullptr),
-              cudaSuccess);
-    std::vector<uint16_t> o(v.o_elems());
-    std::vector<float> lse(v.lse_elems());
-    ASSERT_EQ(cudaMemcpy(o.data(), dev.o.get<void>(), o.size() * 2, cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(lse.data(), dev.lse.get<void>(), lse.size() * 4, cudaMemcpyDeviceToHost),
-              cudaSuccess);
+    std::vector<uint16_t> o;
+    std::vector<float> lse;
+    ASSERT_NO_FATAL_FAILURE(
+        LaunchAndFetch(dev, c, kernels::CustomScoreMma::kWgmmaV3E4m3, &o, &lse));
     const DiffStats d = CompareBf16ToF32(o.data(), ref.data(), static_cast<int64_t>(o.size()),
                                          lse.data(), file->lse_expected->as<float>(),
                                          static_cast<int64_t>(lse.size()), Tolerance{});
