@@ -65,4 +65,14 @@ VERIFYD_HOST_DEVICE inline uint8_t FloatToE4m3(float f) {
   return sign | static_cast<uint8_t>((e << 3) | (m - 8));
 }
 
+// Widening to bf16 by bits (the custom kernel's v3e, device_primitives.cuh, does it two codes at a
+// time): a code's bits s eeee mmm placed as the bf16 s 0000eeee mmm0000 are its value times
+// 2^-120, subnormals included, since a bf16 exponent field of 0 is subnormal with the same
+// mantissa steps; multiplying by kE4m3WidenScaleBf16 (2^120) gives the value exactly. The NaN
+// codes (s 1111 111) must be made NaN apart: as bits they are 480.
+inline constexpr uint16_t kE4m3WidenScaleBf16 = 0x7b80;  // 2^120
+VERIFYD_HOST_DEVICE constexpr uint16_t E4m3WidenBits(uint8_t x) {
+  return static_cast<uint16_t>(((x & 0x7fu) << 4) | ((x & 0x80u) << 8));
+}
+
 }  // namespace verifyd::kernels

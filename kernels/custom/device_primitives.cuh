@@ -1,12 +1,14 @@
 #pragma once
-// Thin wrappers over the PTX the fused kernels are built from: 16-byte cp.async with zero fill,
-// 4-byte cp.async, ldmatrix (plain and transposed), mma.sync m16n8k16 bf16 with fp32
-// accumulation, named barriers; mbarriers and wgmma (sm_90).
+// Thin wrappers over the PTX the fused kernels are built from: 16- and 8-byte cp.async with zero
+// fill, 4-byte cp.async, e4m3 codes widened to bf16, ldmatrix (plain and transposed), mma.sync
+// m16n8k16 bf16 with fp32 accumulation, named barriers; mbarriers and wgmma (sm_90).
 // Every target the project builds for (sm_80 and later) has all but the sm_90 ones.
 
 #include <cuda_bf16.h>
 
 #include <cstdint>
+
+#include "kernels/e4m3.h"
 
 namespace verifyd::kernels::custom {
 
@@ -41,16 +43,16 @@ __device__ __forceinline__ void CpAsync8(uint32_t smem, const void* gmem, bool v
 }
 
 // Eight e4m3 (e4m3fn) codes, little-endian in `codes`, as eight bf16 of the same values: every
-// e4m3 value is a bf16 value, so this is exact. A code's bits s eeee mmm become the bf16
-// s 0000eeee mmm0000 (the value times 2^-120, subnormals included), then one bf16x2 multiply
-// by 2^120 per pair (with -0 added, so that a zero keeps its sign); the NaN codes (s 1111 111)
-// become a quiet NaN.
+// e4m3 value is a bf16 value, so this is exact. Two codes at a time: E4m3WidenBits (e4m3.h) on
+// both halves, then one bf16x2 multiply by 2^120 (with -0 added, so that a zero keeps its sign);
+// the NaN codes (s 1111 111) become a quiet NaN.
 __device__ __forceinline__ uint32_t E4m3PairToBf16x2(uint32_t pair) {  // codes in bytes 0 and 2
+  constexpr uint32_t kScale2 = uint32_t{kE4m3WidenScaleBf16} * 0x00010001u;
   const uint32_t low7 = pair & 0x007f007fu;
-  uint32_t bits = (low7 << 4) | ((pair & 0x00800080u) << 8);
+  uint32_t bits = (low7 << 4) | ((pair & 0x00800080u) << 8);  // E4m3WidenBits, per half
   asm("fma.rn.bf16x2 %0, %1, %2, %3;\n"
       : "=r"(bits)
-      : "r"(bits), "r"(0x7b807b80u), "r"(0x80008000u));  // x 2^120, + -0
+      : "r"(bits), "r"(kScale2), "r"(0x80008000u));  // x 2^120, + -0
   return bits | (__vcmpeq2(low7, 0x007f007fu) & 0x7fc07fc0u);
 }
 __device__ __forceinline__ uint4 E4m3x8ToBf16x8(uint2 codes) {

@@ -44,6 +44,26 @@ TEST(E4m3, EveryCodeDecodesToItsValueAndBack) {
   }
 }
 
+// The custom kernel's widening (v3e): every code's bits placed as a bf16 (E4m3WidenBits) and
+// multiplied by 2^120 give its value exactly, the sign of zero included; only the two NaN codes
+// need their own handling. A bf16 is the upper half of an fp32, and the product is exact in
+// fp32 here, so this is what the device's bf16x2 multiply computes.
+TEST(E4m3, WideningByBitsGivesEveryCodesValue) {
+  const float scale = Bf16ToFloat(kernels::kE4m3WidenScaleBf16);
+  EXPECT_EQ(scale, std::ldexp(1.f, 120));
+  for (int x = 0; x < 256; ++x) {
+    const uint8_t code = static_cast<uint8_t>(x);
+    const float widened = Bf16ToFloat(kernels::E4m3WidenBits(code)) * scale;
+    const float want = E4m3ToFloat(code);
+    if (std::isnan(want)) {
+      EXPECT_EQ(widened, 480.f * (x & 0x80 ? -1.f : 1.f)) << "code " << x;
+      continue;
+    }
+    EXPECT_EQ(widened, want) << "code " << x;
+    EXPECT_EQ(std::signbit(widened), std::signbit(want)) << "code " << x;
+  }
+}
+
 TEST(E4m3, RoundsToNearestEvenAndSaturates) {
   EXPECT_EQ(FloatToE4m3(1.0625f), 0x38);  // halfway between 1 and 1.125: the even one
   EXPECT_EQ(FloatToE4m3(1.1875f), 0x3a);  // halfway between 1.125 and 1.25: 1.25
