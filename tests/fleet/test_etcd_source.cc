@@ -22,6 +22,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "etcdserverpb/rpc.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -163,11 +165,21 @@ struct Proposals {
   absl::Mutex mu;
   std::vector<std::string> asked;  // "mode fraction | reason"
   absl::Status answer = absl::OkStatus();
+  // How long a proposal takes after it is counted (a mode change writes state.json): the
+  // follower's status follows the proposal's return, not its start.
+  absl::Duration takes = absl::ZeroDuration();
   FleetFollower::Propose fn() {
     return [this](const NodeTarget& t, const std::string& reason) {
-      absl::MutexLock l(&mu);
-      asked.push_back(absl::StrCat(ModeName(t.mode), " ", t.canary_fraction, " | ", reason));
-      return answer;
+      absl::Status a;
+      absl::Duration d;
+      {
+        absl::MutexLock l(&mu);
+        asked.push_back(absl::StrCat(ModeName(t.mode), " ", t.canary_fraction, " | ", reason));
+        a = answer;
+        d = takes;
+      }
+      absl::SleepFor(d);
+      return a;
     };
   }
   size_t count() {
@@ -237,6 +249,7 @@ TEST(EtcdEndpoints, Parse) {
 TEST_F(EtcdSourceTest, TheStateIsProposedAndEachNewGenerationActedOn) {
   ASSERT_TRUE(client_->Put(kDesired, R"({"generation": 1, "mode": "shadow"})"));
   Proposals p;
+  p.takes = absl::Milliseconds(100);
   Node n(etcd_->endpoint(), &p);
   ASSERT_TRUE(WaitFor([&] { return p.count() == 1; }, 2)) << "the key was not read";
   EXPECT_EQ(p.last(), "shadow 0 | fleet generation 1 (in its step)");
@@ -248,7 +261,9 @@ TEST_F(EtcdSourceTest, TheStateIsProposedAndEachNewGenerationActedOn) {
   ASSERT_TRUE(WaitFor([&] { return p.count() == 2; }, 2)) << "the watch did not deliver it";
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
   EXPECT_EQ(p.last(), "canary 0.25 | fleet generation 2 (in its step): r1");
-  EXPECT_EQ(n.follower->status().generation_acted, 2);
+  // Acted once the proposal returns.
+  EXPECT_TRUE(WaitFor([&] { return n.follower->status().generation_acted == 2; }, 2))
+      << n.follower->status().generation_acted;
   // The same generation written again proposes nothing.
   ASSERT_TRUE(client_->Put(
       kDesired, R"({"generation": 2, "mode": "canary", "canary_fraction": 0.25, "reason": "r1"})"));

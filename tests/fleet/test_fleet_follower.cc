@@ -14,6 +14,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "src/fleet/fleet_follower.h"
 
@@ -57,11 +59,21 @@ struct Proposals {
   absl::Mutex mu;
   std::vector<std::string> asked;  // "mode fraction | reason"
   absl::Status answer = absl::OkStatus();
+  // How long a proposal takes after it is counted (a mode change writes state.json): the
+  // follower's status follows the proposal's return, not its start.
+  absl::Duration takes = absl::ZeroDuration();
   FleetFollower::Propose fn() {
     return [this](const NodeTarget& t, const std::string& reason) {
-      absl::MutexLock l(&mu);
-      asked.push_back(absl::StrCat(ModeName(t.mode), " ", t.canary_fraction, " | ", reason));
-      return answer;
+      absl::Status a;
+      absl::Duration d;
+      {
+        absl::MutexLock l(&mu);
+        asked.push_back(absl::StrCat(ModeName(t.mode), " ", t.canary_fraction, " | ", reason));
+        a = answer;
+        d = takes;
+      }
+      absl::SleepFor(d);
+      return a;
     };
   }
   size_t count() {
@@ -97,6 +109,7 @@ TEST(FleetFollower, AKubeletSwapIsSeenAtOnceAndEachGenerationIsProposedOnce) {
   ConfigMapDir d;
   d.Publish(R"({"generation": 1, "mode": "shadow"})");
   Proposals p;
+  p.takes = absl::Milliseconds(100);
   FleetFollower f(Options(d), p.fn());
   ASSERT_TRUE(f.Start().ok());
   EXPECT_EQ(p.count(), 1u);  // the first look is made before Start returns
@@ -109,7 +122,9 @@ TEST(FleetFollower, AKubeletSwapIsSeenAtOnceAndEachGenerationIsProposedOnce) {
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(took, 2.0) << "the swap was not seen by its events";
   EXPECT_EQ(p.last(), "canary 0.25 | fleet generation 2 (in its step): r1");
-  EXPECT_EQ(f.status().generation_acted, 2);
+  // Acted once the proposal returns.
+  EXPECT_TRUE(WaitFor([&] { return f.status().generation_acted == 2; }))
+      << f.status().generation_acted;
   EXPECT_EQ(f.status().last_outcome, "applied");
 
   // The same generation again (another write of the same state, a look by the poll) proposes
