@@ -14,10 +14,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "src/fleet/fleet_follower.h"
+#include "tests/fleet/fleet_proposals.h"
 
 namespace verifyd::fleet {
 namespace {
@@ -53,37 +53,6 @@ class ConfigMapDir {
  private:
   std::string dir_;
   int versions_ = 0;
-};
-
-struct Proposals {
-  absl::Mutex mu;
-  std::vector<std::string> asked;  // "mode fraction | reason"
-  absl::Status answer = absl::OkStatus();
-  // How long a proposal takes after it is counted (a mode change writes state.json): the
-  // follower's status follows the proposal's return, not its start.
-  absl::Duration takes = absl::ZeroDuration();
-  FleetFollower::Propose fn() {
-    return [this](const NodeTarget& t, const std::string& reason) {
-      absl::Status a;
-      absl::Duration d;
-      {
-        absl::MutexLock l(&mu);
-        asked.push_back(absl::StrCat(ModeName(t.mode), " ", t.canary_fraction, " | ", reason));
-        a = answer;
-        d = takes;
-      }
-      absl::SleepFor(d);
-      return a;
-    };
-  }
-  size_t count() {
-    absl::MutexLock l(&mu);
-    return asked.size();
-  }
-  std::string last() {
-    absl::MutexLock l(&mu);
-    return asked.empty() ? "" : asked.back();
-  }
 };
 
 template <typename F>
