@@ -230,6 +230,10 @@ class ChannelServer::Channel {
     // A change of the directive (a flip, a rollback) renews at once: the next step serves it.
     const ChangeSignal* changes = switch_server_->DirectiveChanges();
     uint64_t seen = changes != nullptr ? changes->generation() : 0;
+    // A change made between the channel's opening and this thread's start is in `seen` already
+    // and would wake nothing: renew once now, so that the block holds it.
+    if (Shrank()) return;
+    if (!stop_.load() && !Ended()) RenewSwitchOnce();
     absl::Time next = absl::Now() + period;
     while (true) {
       while (absl::Now() < next) {
