@@ -390,29 +390,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const Kern
   };
   auto load_tile = [&](int tile, int stage, bool ids_prefetched) {
     const int k0 = tile * kTokens;
-    if constexpr (kE4m3) {
-      const uint8_t* codes = reinterpret_cast<const uint8_t*>(p.kv_pool);
-      LoadRowsE4m3<Cfg, kTokens>(kv_s + stage * Cfg::kStageBytes, tid, [&](int r, bool* valid) {
-        const int t = k0 + r;
-        *valid = t < kv_len;
-        const int tt = *valid ? t : kv_len - 1;
-        const int32_t page =
-            ids_prefetched ? page_ids[stage * kTokens + r] : pages[tt >> p.page_shift];
-        const int64_t slot = (int64_t{page} << p.page_shift) + (tt & page_mask);
-        return codes + slot * kHeadDimQK;
-      });
-      return;
-    }
-    LoadRows<Cfg, kTokens>(kv_s + stage * Cfg::kStageBytes, tid, [&](int r, bool* valid) {
+    // The pool slot of the tile's row r (rows past kv_len: the last key's, zero-filled).
+    auto slot_of = [&](int r, bool* valid) {
       const int t = k0 + r;
       *valid = t < kv_len;
       const int tt = *valid ? t : kv_len - 1;
       const int32_t page =
           ids_prefetched ? page_ids[stage * kTokens + r] : pages[tt >> p.page_shift];
-      const int64_t slot = (int64_t{page} << p.page_shift) + (tt & page_mask);
-      return p.kv_pool + slot * kHeadDimQK;
-    });
+      return (int64_t{page} << p.page_shift) + (tt & page_mask);
+    };
+    if constexpr (kE4m3) {
+      const uint8_t* codes = reinterpret_cast<const uint8_t*>(p.kv_pool);
+      LoadRowsE4m3<Cfg, kTokens>(kv_s + stage * Cfg::kStageBytes, tid, [&](int r, bool* valid) {
+        return codes + slot_of(r, valid) * kHeadDimQK;
+      });
+    } else {
+      LoadRows<Cfg, kTokens>(kv_s + stage * Cfg::kStageBytes, tid, [&](int r, bool* valid) {
+        return p.kv_pool + slot_of(r, valid) * kHeadDimQK;
+      });
+    }
   };
+
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (tile_begin + s < tile_end) load_tile(tile_begin + s, s, false);
