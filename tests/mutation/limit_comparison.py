@@ -37,10 +37,14 @@ def tolerance_change(a, b):
 
 
 def compare(base, new, base_name="", new_name=""):
-    if set(base["mutants"]) != set(new["mutants"]):
-        raise SystemExit("limit_comparison.py: the two matrices ran different mutants")
+    # A matrix may run more mutants than the other (a full matrix against a subset run under the
+    # old tolerance): the mutants both ran are compared, and the others are named.
+    common = set(base["mutants"]) & set(new["mutants"])
+    if "clean" not in common:
+        raise SystemExit("limit_comparison.py: both matrices must run the clean build")
+    only = {"base": sorted(set(base["mutants"]) - common), "new": sorted(set(new["mutants"]) - common)}
     rows, newly = [], []
-    for name in sorted(base["mutants"], key=lambda n: (n != "clean", n)):
+    for name in sorted(common, key=lambda n: (n != "clean", n)):
         mb, mn = base["mutants"][name], new["mutants"][name]
         calls_b = {class_key(c): c["calls"] for c in mb["classes"]}
         calls_n = {class_key(c): c["calls"] for c in mn["classes"]}
@@ -72,7 +76,7 @@ def compare(base, new, base_name="", new_name=""):
             "breaches_new": new["mutants"]["clean"]["breaches"],
             "max": {k: max((c["max"].get(k) or 0) for c in clean["classes"])
                     for k in ("lse_max_abs", "max_row_rel_l2", "rel_l2", "atol_rel_needed")}},
-        "groups": rows, "newly_caught_classes": newly}
+        "groups": rows, "newly_caught_classes": newly, "mutants_in_one_matrix_only": only}
 
 
 def frac(b, n):
@@ -82,13 +86,17 @@ def frac(b, n):
 def markdown(r):
     out = [f"# Detection under two tolerances: {r['change']}", "",
            f"commit `{r['commit']}`, device {r['device']}. The same calls (same seeds and sets) "
-           "judged by each tolerance; breach fraction = breached calls / calls of the group. "
+           "judged by each tolerance, for the mutants both matrices ran; breach fraction = breached calls / calls of the group. "
            "Matrices: " + ", ".join(f"[`{m}`]({m})" for m in r["matrices"] if m) + ".", ""]
     if r["clean"]:
         c = r["clean"]
         out += [f"Clean build: {c['calls']} calls, {c['breaches_base']} breaches before, "
                 f"{c['breaches_new']} after. Its largest figures: "
                 + ", ".join(f"{k} {v:.3g}" for k, v in c["max"].items()), ""]
+    for side, names in r["mutants_in_one_matrix_only"].items():
+        if names:
+            out += [f"Run under the {'first' if side == 'base' else 'second'} tolerance only, "
+                    "not compared: " + ", ".join(f"`{n}`" for n in names) + ".", ""]
     out += ["| mutant | traffic | prefix | B | calls | breached before | breached after |",
             "|---|---|---|---|---|---|---|"]
     for g in r["groups"]:

@@ -71,6 +71,22 @@ def main():
         assert "| draft_bug | random | 130 | 1 | 2 | 0.00 | 0.50 **+** |" in md, md
         assert "[`base.md`](base.md), [`new.md`](new.md)" in md, md
 
+        # A matrix with a mutant more (a full matrix against a subset): the common ones compared,
+        # the other named.
+        extra = copy.deepcopy(caught)
+        extra["label"] = "other_bug"
+        wider = matrix(d, "wider", {"clean.0.json": strict_clean, "draft_bug.0.json": caught,
+                                    "other_bug.0.json": extra})
+        p = subprocess.run([sys.executable, os.path.join(HERE, "limit_comparison.py"), base, wider,
+                            "--out", out, "--name", "wide"], capture_output=True, text=True)
+        assert p.returncode == 0, f"limit_comparison.py failed:\n{p.stdout}{p.stderr}"
+        with open(os.path.join(out, "wide.json")) as f:
+            w = json.load(f)
+        assert w["mutants_in_one_matrix_only"] == {"base": [], "new": ["other_bug"]}, w
+        assert {g["mutant"] for g in w["groups"]} == {"clean", "draft_bug"}, w["groups"]
+        with open(os.path.join(out, "wide.md")) as f:
+            assert "second tolerance only, not compared: `other_bug`." in f.read()
+
         # Matrices of different calls are not the same calls judged twice: refused.
         fewer = copy.deepcopy(caught)
         fewer["classes"] = fewer["classes"][:1]

@@ -64,13 +64,17 @@ fi
 # invariance probes' full sweep (the custom path against itself, src/probe/invariance.h). The
 # last two sets have the geometry of real traffic: ragged batches (each request's prefix off the
 # tile by its own offset, so draft blocks start at every offset and straddle tiles), B and H that
-# plan splits of several tiles.
+# plan splits of several tiles. Then a draft block of 192 keys at B = 1, H = 2 (splits of two
+# tiles, so a split that starts past the last prefix key holds two tiles of draft keys), and e4m3
+# pools (the engine's dequantisation and the served output's kv_scale).
 sets=("--prefixes 512,4096 --pages 1,64 --drafts 4,16,64 --calls 20 --budget 1e12 --probe_max_prefix 65536 --determinism_prefix 32768 --invariance_max_prefix 65536"
       "--prefixes 16384,65536 --pages 1,64 --drafts 4,16,64 --calls 3"
       "--batch 16 --prefixes 512,2048 --pages 1,64 --drafts 4,16 --calls 5"
       "--prefixes 512,4096 --pages 1,64 --drafts 4 --calls 12 --budget 1e12 --drift"
       "--batch 32 --heads 16 --ragged --prefixes 500,4033 --pages 1,64 --drafts 4,16 --calls 2"
-      "--batch 8 --heads 16 --ragged --prefixes 1000,16065 --pages 64 --drafts 16 --calls 2")
+      "--batch 8 --heads 16 --ragged --prefixes 1000,16065 --pages 64 --drafts 16 --calls 2"
+      "--prefixes 700,1300 --pages 1,64 --drafts 192 --calls 3"
+      "--prefixes 512,4033 --pages 1,64 --drafts 4,16 --calls 4 --kv_dtype e4m3 --kv_scale 0.37")
 shares=("512 8500" "4096 1200" "16384 250" "65536 50")
 if [ $smoke = 1 ]; then
   sets=("--prefixes 64 --pages 1,64 --drafts 4 --calls 1 --probe_max_prefix 256 --determinism_prefix 64 --invariance_max_prefix 256"
