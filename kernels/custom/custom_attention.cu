@@ -1,5 +1,6 @@
 #include "kernels/custom/custom_attention.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdlib>
@@ -105,6 +106,11 @@ struct ResolvedPlan {
   cudaError_t error = cudaSuccess;
 };
 
+// The schedules whose kernels make the op's checks (kernel_checks.cuh): v5t.
+bool InKernelChecks(const CustomPlan& plan) {
+  return plan.pair_seesaw && plan.tail_mask && !plan.small_tiles;
+}
+
 ResolvedPlan Resolve(const VerifyProblem& p, const CustomConfig& c, CustomScoreMma mma) {
   ResolvedPlan r;
   DeviceFacts f;
@@ -157,7 +163,7 @@ int Log2(int v) {
 // programmatic dependent with `dependent_combine` (the fused kernel then calls LaunchDependents).
 template <class Cfg>
 cudaError_t LaunchPlanned(void (*kernel)(KernelParams), bool dependent_combine,
-                          const VerifyProblem& p, const CustomPlan& plan, const unsigned* skip,
+                          const VerifyProblem& p, const CustomPlan& plan, const CustomConfig& c,
                           void* workspace, cudaStream_t stream) {
   KernelParams k{};
   k.q = p.q;
@@ -181,7 +187,10 @@ cudaError_t LaunchPlanned(void (*kernel)(KernelParams), bool dependent_combine,
   k.o = p.o;
   k.lse = p.lse;
   k.rows_total = int64_t{k.rows} * p.shape.batch;
-  k.skip = skip;
+  k.skip = c.skip;
+  // Page ids past the pool are read as page 0 (v5): the kernel never reads outside the pool.
+  k.page_limit = static_cast<uint32_t>(std::min<int64_t>(p.shape.num_pages, int64_t{1} << 31));
+  k.checks = c.checks;
   if (plan.splits > 1) {
     k.o_partial = static_cast<float*>(workspace);
     k.lse_partial =
@@ -215,11 +224,11 @@ cudaError_t LaunchPlanned(void (*kernel)(KernelParams), bool dependent_combine,
 
 template <class Cfg, bool kWgmmaS, bool kWgmmaPV, bool kSeesaw = false, bool kSplitK = false,
           bool kTwoChainS = false, bool kE4m3 = false>
-cudaError_t LaunchPlanned(const VerifyProblem& p, const CustomPlan& plan, const unsigned* skip,
+cudaError_t LaunchPlanned(const VerifyProblem& p, const CustomPlan& plan, const CustomConfig& c,
                           void* workspace, cudaStream_t stream) {
   return LaunchPlanned<Cfg>(
       custom::FusedVerifyKernel<Cfg, kWgmmaS, kWgmmaPV, kSeesaw, kSplitK, kTwoChainS, kE4m3>,
-      kSeesaw, p, plan, skip, workspace, stream);
+      kSeesaw, p, plan, c, workspace, stream);
 }
 
 }  // namespace
@@ -236,6 +245,11 @@ cudaError_t ResolveCustomPlan(const VerifyProblem& p, const CustomConfig& c, Cus
   const ResolvedPlan r = Resolve(p, c, mma);
   if (r.error == cudaSuccess) *plan = r.plan;
   return r.error;
+}
+
+bool CustomChecksInKernel(const VerifyProblem& p, const CustomConfig& c) {
+  const ResolvedPlan r = Resolve(p, c, CustomScoreMma::kAuto);
+  return r.error == cudaSuccess && InKernelChecks(r.plan);
 }
 
 size_t CustomWorkspaceBytes(const VerifyProblem& p, const CustomConfig& c) {
@@ -260,40 +274,48 @@ cudaError_t LaunchCustomWith(const VerifyProblem& p, const CustomConfig& c, Cust
       (p.shape.kv_dtype == KvDtype::kE4m3 && !(p.kv_scale > 0.f && std::isfinite(p.kv_scale)))) {
     return cudaErrorInvalidValue;
   }
+  // The op's checks are made inside v5t and the combine only (a schedule chosen by kAuto or by
+  // name), never beside `skip`, and always with somewhere to put the verdict.
+  if (c.checks.words != nullptr &&
+      ((mma != CustomScoreMma::kAuto && mma != CustomScoreMma::kWgmmaPairSeesawTailMask) ||
+       c.small_smem || c.skip != nullptr || c.checks.failed == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
   const ResolvedPlan r = Resolve(p, c, mma);
   if (r.error != cudaSuccess) return r.error;
   if (r.plan.e4m3_loads != (mma == CustomScoreMma::kWgmmaV3E4m3)) return cudaErrorInvalidValue;
+  if (c.checks.words != nullptr && !InKernelChecks(r.plan)) return cudaErrorInvalidValue;
   if (r.plan.workspace_bytes > 0 &&
       (workspace == nullptr || workspace_bytes < r.plan.workspace_bytes)) {
     return cudaErrorInvalidValue;
   }
   if (r.plan.small_tiles) {
-    return LaunchPlanned<Sm120Tiles, false, false>(p, r.plan, c.skip, workspace, stream);
+    return LaunchPlanned<Sm120Tiles, false, false>(p, r.plan, c, workspace, stream);
   }
   if (r.plan.pair_seesaw) {
     auto* kernel = r.plan.staggered_scores ? custom::PairSeesawKernel<HopperTiles, true>
                    : r.plan.tail_mask      ? custom::PairSeesawKernel<HopperTiles, false, true>
                                            : custom::PairSeesawKernel<HopperTiles, false>;
-    return LaunchPlanned<HopperTiles>(kernel, true, p, r.plan, c.skip, workspace, stream);
+    return LaunchPlanned<HopperTiles>(kernel, true, p, r.plan, c, workspace, stream);
   }
   if (r.plan.split_k_scores) {
-    return LaunchPlanned<HopperTiles, true, true, true, true>(p, r.plan, c.skip, workspace, stream);
+    return LaunchPlanned<HopperTiles, true, true, true, true>(p, r.plan, c, workspace, stream);
   }
   if (r.plan.two_chain_scores) {
-    return LaunchPlanned<HopperTiles, true, true, true, false, true>(p, r.plan, c.skip, workspace, stream);
+    return LaunchPlanned<HopperTiles, true, true, true, false, true>(p, r.plan, c, workspace, stream);
   }
   if (r.plan.seesaw) {
-    return LaunchPlanned<HopperTiles, true, true, true>(p, r.plan, c.skip, workspace, stream);
+    return LaunchPlanned<HopperTiles, true, true, true>(p, r.plan, c, workspace, stream);
   }
   if (r.plan.e4m3_loads) {
-    return LaunchPlanned<HopperTiles, true, true, false, false, false, true>(p, r.plan, c.skip,
-                                                                            workspace, stream);
+    return LaunchPlanned<HopperTiles, true, true, false, false, false, true>(p, r.plan, c, workspace,
+                                                                            stream);
   }
-  if (r.plan.wgmma_pv) return LaunchPlanned<HopperTiles, true, true>(p, r.plan, c.skip, workspace, stream);
+  if (r.plan.wgmma_pv) return LaunchPlanned<HopperTiles, true, true>(p, r.plan, c, workspace, stream);
   if (r.plan.wgmma_scores) {
-    return LaunchPlanned<HopperTiles, true, false>(p, r.plan, c.skip, workspace, stream);
+    return LaunchPlanned<HopperTiles, true, false>(p, r.plan, c, workspace, stream);
   }
-  return LaunchPlanned<HopperTiles, false, false>(p, r.plan, c.skip, workspace, stream);
+  return LaunchPlanned<HopperTiles, false, false>(p, r.plan, c, workspace, stream);
 }
 
 }  // namespace verifyd::kernels

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/custom/device_primitives.cuh"
+#include "kernels/custom/kernel_checks.cuh"
 #include "kernels/custom/kernel_params.h"
 #include "kernels/verify_problem.h"
 
@@ -16,8 +17,10 @@ namespace verifyd::kernels::custom {
 // Row r (of the CTA's kRows, global row row0 + r): its outputs held by this thread are dims
 // dim0 + 8 * nt + 2 * tq (+1) for nt < num_nt, from o_acc[first_acc + nt * nt_stride + 2 * half]
 // (+1). red[r] + red[kRows + r] is the row's softmax sum, row_scale[r] its running max (log2).
+// Returns whether what it stored of o and lse is not finite (kernel_checks.cuh); false for
+// partials, which the combine checks.
 template <int kRows>
-__device__ __forceinline__ void StoreOutputRow(const KernelParams& p, const float (&o_acc)[128],
+__device__ __forceinline__ bool StoreOutputRow(const KernelParams& p, const float (&o_acc)[128],
                                                const float* red, const float* row_scale,
                                                int64_t row0, int split, int tq, int r, int dim0,
                                                int first_acc, int nt_stride, int num_nt,
@@ -32,14 +35,18 @@ __device__ __forceinline__ void StoreOutputRow(const KernelParams& p, const floa
   if (p.splits == 1) {
     uint32_t* orow = reinterpret_cast<uint32_t*>(p.o + grow * kHeadDimV + dim0 + 2 * tq);
     const float scaled = inv * p.o_scale;  // exactly inv for a bf16 pool
+    bool non_finite = write_lse && !isfinite(lse);
 #pragma unroll
     for (int nt = 0; nt < 32; ++nt) {
       if (nt < num_nt) {
         const int a = first_acc + nt * nt_stride + 2 * half;
-        orow[nt * 4] = PackBf16x2(o_acc[a] * scaled, o_acc[a + 1] * scaled);
+        const uint32_t w = PackBf16x2(o_acc[a] * scaled, o_acc[a + 1] * scaled);
+        non_finite |= NonFiniteBf16Pair(w);
+        orow[nt * 4] = w;
       }
     }
     if (p.lse != nullptr && write_lse) p.lse[grow] = lse;
+    return non_finite;
   } else {
     const int64_t prow = split * p.rows_total + grow;
     float2* orow = reinterpret_cast<float2*>(p.o_partial + prow * kHeadDimV + dim0 + 2 * tq);
@@ -51,6 +58,7 @@ __device__ __forceinline__ void StoreOutputRow(const KernelParams& p, const floa
       }
     }
     if (write_lse) p.lse_partial[prow] = lse;
+    return false;
   }
 }
 

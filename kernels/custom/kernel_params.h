@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "kernels/custom/custom_attention.h"  // CustomCallChecks
+
 namespace verifyd::kernels::custom {
 
 struct KernelParams {
@@ -28,6 +30,8 @@ struct KernelParams {
   int64_t rows_total;          // B*T*H
   const unsigned* skip;        // device word or null: nonzero when the kernels run = write nothing
   float o_scale;               // o's factor before its rounding: an e4m3 pool's kv_scale, else 1
+  uint32_t page_limit;         // page ids at or past it (as unsigned) are read as page 0 (v5)
+  CustomCallChecks checks;     // the op's checks inside the kernel (kernel_checks.cuh)
 };
 
 // Whether a launch is to write nothing: its inputs failed a device check made before it.

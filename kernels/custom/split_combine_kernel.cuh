@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "kernels/custom/device_primitives.cuh"
+#include "kernels/custom/kernel_checks.cuh"
 #include "kernels/custom/kernel_params.h"
 #include "kernels/verify_problem.h"
 
@@ -18,14 +19,9 @@ namespace verifyd::kernels::custom {
 
 inline constexpr int kCombineRowsPerBlock = 4;
 
-__global__ void __launch_bounds__(128 * kCombineRowsPerBlock)
-    CombineSplitsKernel(const KernelParams p, int tokens_per_tile) {
-  // Launched as a programmatic dependent of the fused kernel: its partials are complete and
-  // visible only after this (a no-op after an ordinary launch).
-  WaitForPrimaryGrid();
-  if (SkipLaunch(p)) return;
-  const int64_t row = int64_t{blockIdx.x} * kCombineRowsPerBlock + threadIdx.y;
-  if (row >= p.rows_total) return;
+// One row's merge: o and lse stored. Returns whether what it stored is not finite.
+__device__ __forceinline__ bool CombineRow(const KernelParams& p, int64_t row,
+                                           int tokens_per_tile) {
   const int b = static_cast<int>(row / p.rows);
   const int tiles = (p.kv_lens[b] + tokens_per_tile - 1) / tokens_per_tile;
   const int n = min(p.splits, (tiles + p.tiles_per_split - 1) / p.tiles_per_split);
@@ -55,9 +51,26 @@ __global__ void __launch_bounds__(128 * kCombineRowsPerBlock)
   packed.x = *reinterpret_cast<uint32_t*>(&lo);
   packed.y = *reinterpret_cast<uint32_t*>(&hi);
   *reinterpret_cast<uint2*>(p.o + row * kHeadDimV + d) = packed;
-  if (threadIdx.x == 0 && p.lse != nullptr) {
-    p.lse[row] = sum > 0.f ? mx + logf(sum) : -INFINITY;
-  }
+  const float lse = sum > 0.f ? mx + logf(sum) : -INFINITY;
+  if (threadIdx.x == 0 && p.lse != nullptr) p.lse[row] = lse;
+  return NonFiniteBf16Pair(packed.x) || NonFiniteBf16Pair(packed.y) ||
+         (threadIdx.x == 0 && !isfinite(lse));
+}
+
+__global__ void __launch_bounds__(128 * kCombineRowsPerBlock)
+    CombineSplitsKernel(const KernelParams p, int tokens_per_tile) {
+  // Launched as a programmatic dependent of the fused kernel: its partials are complete and
+  // visible only after this (a no-op after an ordinary launch).
+  WaitForPrimaryGrid();
+  if (SkipLaunch(p)) return;
+  const int64_t row = int64_t{blockIdx.x} * kCombineRowsPerBlock + threadIdx.y;
+  // With the op's checks, a call the fused kernel found bad (or not this step's) is not merged;
+  // every block still reaches FinishCta, whose last one writes the call's verdict.
+  const bool merge =
+      row < p.rows_total &&
+      !(ChecksOn(p) && *reinterpret_cast<volatile const unsigned*>(p.checks.words) != 0);
+  const bool non_finite = merge && CombineRow(p, row, tokens_per_tile);
+  FinishCta(p, non_finite ? kVerdictNonFinite : 0u, true);
 }
 
 }  // namespace verifyd::kernels::custom

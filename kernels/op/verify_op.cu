@@ -1,6 +1,9 @@
-// libverifyd_kernel.so (verify_op_api.h): the custom kernel between two small kernels of its
-// own. Before it, CheckCall looks at the layout, the page ids and the mask where the stack keeps
-// them and ORs what it finds into the op's verdict word; the custom kernel reads the verdict and
+// libverifyd_kernel.so (verify_op_api.h): the custom kernel and its device checks. With
+// VERIFYD_OP_CHECKS=kernel, where the plan is the shipped schedule (v5t, on sm_90), the kernel and
+// its split combine make the checks themselves (CustomCallChecks,
+// kernels/custom/kernel_checks.cuh): one launch, or two with a split. Otherwise (the default,
+// VERIFYD_OP_CHECKS=separate) the kernel runs between two small kernels of the op's own: before it, CheckCall looks at the layout, every page id named and the
+// mask and ORs what it finds into the op's verdict word; the custom kernel reads the verdict and
 // writes nothing when it is set. After it, Deliver checks the output for NaN and Inf, and its
 // last block turns the verdict into the call's `failed` byte and clears it for the next call.
 // Nothing comes back to the host: the switch reads `failed` on the device (verify_switch.cu).
@@ -9,6 +12,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "kernels/custom/custom_attention.h"
@@ -32,8 +37,12 @@ using verifyd::kernels::VerifyProblem;
 constexpr uint32_t kAbiVersion = 2;
 constexpr int kThreads = 256;
 
-// Verdict bits: why a call's output is not to be served.
-enum : unsigned { kLayoutBad = 1, kIndexBad = 2, kMaskBad = 4, kNonFinite = 8, kNotServing = 16 };
+// Verdict bits: why a call's output is not to be served (defined with the kernels' own checks).
+constexpr unsigned kLayoutBad = verifyd::kernels::kVerdictLayoutBad;
+constexpr unsigned kIndexBad = verifyd::kernels::kVerdictIndexBad;
+constexpr unsigned kMaskBad = verifyd::kernels::kVerdictMaskBad;
+constexpr unsigned kNonFinite = verifyd::kernels::kVerdictNonFinite;
+constexpr unsigned kNotServing = verifyd::kernels::kVerdictNotServing;
 
 struct CheckArgs {
   const int32_t* kv_indptr;
@@ -158,7 +167,8 @@ int Blocks(int64_t work, int cap) {
 struct VerifydOp {
   VerifydOpGeometry g{};
   VerifyProblem problem;  // the geometry; each call fills in the pointers
-  CustomConfig config;    // skip = words
+  CustomConfig config;    // skip = words, unless the kernel checks
+  bool kernel_checks = false;  // the kernel and its combine make the checks (CustomCallChecks)
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   float* lse = nullptr;       // the kernel's lse when the caller wants none: the check reads it
@@ -203,6 +213,13 @@ VerifydOp* verifyd_op_create(const VerifydOpGeometry* geometry, char* error, uin
   if (why.empty() && !(std::isfinite(g.sm_scale) && g.sm_scale > 0)) {
     why = "sm_scale: must be finite and > 0";
   }
+  // Where the checks run: "separate" (the default) or "kernel" (inside the shipped schedule's
+  // kernels where the plan is v5t, else separate).
+  const char* checks = std::getenv("VERIFYD_OP_CHECKS");
+  const bool kernel_checks = checks != nullptr && std::strcmp(checks, "kernel") == 0;
+  if (why.empty() && checks != nullptr && !kernel_checks && std::strcmp(checks, "separate") != 0) {
+    why = std::string("VERIFYD_OP_CHECKS: '") + checks + "' is neither kernel nor separate";
+  }
   if (!why.empty()) {
     delete op;
     return fail(why);
@@ -232,7 +249,8 @@ VerifydOp* verifyd_op_create(const VerifydOpGeometry* geometry, char* error, uin
     verifyd_op_destroy(op);
     return fail(std::string("device memory: ") + cudaGetErrorString(e));
   }
-  op->config.skip = op->words;
+  op->kernel_checks = kernel_checks && verifyd::kernels::CustomChecksInKernel(p, op->config);
+  if (!op->kernel_checks) op->config.skip = op->words;
   return op;
 }
 
@@ -246,6 +264,19 @@ void verifyd_op_destroy(VerifydOp* op) {
 
 }  // extern "C"
 
+namespace {
+
+// The kernel-side branch's last launch: the op's o and lse over the stack's, when it served.
+cudaError_t CopyOut(const VerifydOp* op, const void* o, const uint8_t* failed, const float* lse,
+                    const verifyd::op::CallExtras& x, cudaStream_t s) {
+  CopyServed<<<op->deliver_blocks, kThreads, 0, s>>>(failed, static_cast<const uint4*>(o),
+                                                     static_cast<uint4*>(x.copy_o), op->o_vectors,
+                                                     lse, x.copy_lse, op->lse_n);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
 cudaError_t verifyd::op::Attend(VerifydOp* op, const VerifydOpCall* c,
                                 const verifyd::op::CallExtras& x, cudaStream_t s) {
   if (op == nullptr || c == nullptr || c->q == nullptr || c->kv_pool == nullptr ||
@@ -255,6 +286,30 @@ cudaError_t verifyd::op::Attend(VerifydOp* op, const VerifydOpCall* c,
     return cudaErrorInvalidValue;
   }
   const VerifydOpGeometry& g = op->g;
+  VerifyProblem p = op->problem;
+  p.q = static_cast<const uint16_t*>(c->q);
+  p.kv_pool = static_cast<const uint16_t*>(c->kv_pool);
+  p.kv_indptr = c->kv_indptr;
+  p.kv_indices = c->kv_indices;
+  p.kv_lens = c->kv_lens;
+  p.tree_mask = c->mask;
+  p.o = static_cast<uint16_t*>(c->o);
+  p.lse = c->lse != nullptr ? c->lse : op->lse;
+  cudaError_t e = cudaSuccess;
+  if (op->kernel_checks) {
+    CustomConfig config = op->config;
+    verifyd::kernels::CustomCallChecks& k = config.checks;
+    k.words = op->words;
+    k.failed = c->failed;
+    k.serve = x.serve;
+    k.set_fallback = x.set_fallback;
+    k.fallback = x.fallback;
+    k.max_indices = static_cast<int64_t>(g.max_indices);
+    k.max_kv_len = static_cast<int64_t>(g.max_kv_len);
+    e = verifyd::kernels::LaunchCustom(p, config, op->workspace, op->workspace_bytes, s);
+    if (e != cudaSuccess || x.copy_o == nullptr) return e;
+    return CopyOut(op, c->o, c->failed, p.lse, x, s);
+  }
   CheckArgs ca{
       c->kv_indptr,
       c->kv_indices,
@@ -272,17 +327,8 @@ cudaError_t verifyd::op::Attend(VerifydOp* op, const VerifydOpCall* c,
       static_cast<int>(verifyd::kernels::MaskRowBytes(op->problem.shape.mask_format, g.draft)),
       op->words};
   CheckCall<<<op->check_blocks, kThreads, 0, s>>>(ca);
-  cudaError_t e = cudaGetLastError();
+  e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  VerifyProblem p = op->problem;
-  p.q = static_cast<const uint16_t*>(c->q);
-  p.kv_pool = static_cast<const uint16_t*>(c->kv_pool);
-  p.kv_indptr = c->kv_indptr;
-  p.kv_indices = c->kv_indices;
-  p.kv_lens = c->kv_lens;
-  p.tree_mask = c->mask;
-  p.o = static_cast<uint16_t*>(c->o);
-  p.lse = c->lse != nullptr ? c->lse : op->lse;
   e = verifyd::kernels::LaunchCustom(p, op->config, op->workspace, op->workspace_bytes, s);
   if (e != cudaSuccess) return e;
   const DeliverArgs da{static_cast<const uint4*>(c->o),
@@ -296,10 +342,7 @@ cudaError_t verifyd::op::Attend(VerifydOp* op, const VerifydOpCall* c,
   Deliver<<<op->deliver_blocks, kThreads, 0, s>>>(da);
   e = cudaGetLastError();
   if (e != cudaSuccess || x.copy_o == nullptr) return e;
-  CopyServed<<<op->deliver_blocks, kThreads, 0, s>>>(c->failed, static_cast<const uint4*>(c->o),
-                                                     static_cast<uint4*>(x.copy_o), op->o_vectors,
-                                                     p.lse, x.copy_lse, op->lse_n);
-  return cudaGetLastError();
+  return CopyOut(op, c->o, c->failed, p.lse, x, s);
 }
 
 extern "C" {

@@ -4,16 +4,19 @@
 // kv_indptr / kv_indices / kv_lens, the tree mask in either format, sm_scale, o and lse). A call
 // allocates nothing, never waits for the host and can be captured in a CUDA graph.
 //
-// Its device checks stay: before the kernel, the layout (kv_indptr rising from 0 within
-// max_indices, each kv_len in [T, min(max_kv_len, its pages x page_size)]), every page id named
-// (inside the pool) and the mask (0/1 bytes, no bits past T); after it, a finite output: o, and
-// the lse of every row, which is finite since a row sees at least its own token (a NaN in a query
-// leaves its row seeing nothing: o zeros, lse -inf); the op keeps an lse of its own when the
-// caller wants none. A call
-// that fails a check before the kernel writes nothing to o or lse; one whose output is not finite
-// leaves it there. Either way its `failed` byte (device memory) is 1, else 0, and the output of a
-// failed call is never to be served: the switch that holds the op runs the stack's own attention
-// instead.
+// Its device checks stay: the layout (kv_indptr rising from 0 within max_indices, each kv_len in
+// [T, min(max_kv_len, its pages x page_size)]), the page ids (inside the pool), the mask (0/1
+// bytes, no bits past T) and a finite output: o, and the lse of every row, which is finite since
+// a row sees at least its own token (a NaN in a query leaves its row seeing nothing: o zeros, lse
+// -inf); the op keeps an lse of its own when the caller wants none. By default (the environment's
+// VERIFYD_OP_CHECKS unset or "separate" when the op is made) two kernels of the op's own run
+// around the kernel: the first checks every page id named, and a call that fails it writes
+// nothing to o or lse. With VERIFYD_OP_CHECKS=kernel, where the plan is the shipped schedule
+// (v5t, on sm_90), the kernel makes them as it reads instead: the page ids it reads, each
+// request's layout before anything is read through it, and its rows of the mask; a call that
+// fails may then have written part of o and lse. Either way a failed call's `failed` byte (device
+// memory) is 1, else 0, and its output is never to be served: the switch that holds the op runs
+// the stack's own attention instead.
 //
 // clients/python/verifyd_client/kernel_op.py binds it with ctypes and mirrors the structs; it
 // checks verifyd_op_abi_version().
@@ -49,7 +52,7 @@ struct VerifydOpCall {
   const uint8_t* mask;        // see mask_bits
   void* o;                    // bf16 [B*T, H, 512] out
   float* lse;                 // fp32 [B*T, H] out when want_lse, else null
-  uint8_t* failed;            // one byte out: 0 served, 1 a check failed (nothing written)
+  uint8_t* failed;            // one byte out: 0 served, 1 a check failed (not to be served)
 };
 
 // The switch's control block: host memory the device reads (pinned, mapped), written by whoever

@@ -42,6 +42,7 @@ try:
     import torch
     from random_bundles import SM_SCALE, oracle, random_bundle, rel_l2
     from verifyd_client import from_bf16
+    from verifyd_client.errors import InvalidBundleError
     from verifyd_client.kernel_op import VerifyKernel
     from verifyd_client.switch import Switch
     from verifyd_client.tensors import pack_mask
@@ -121,13 +122,29 @@ SHAPES = [  # batch, draft, heads, page_size, prefixes, mask bits, lse
 ]
 
 
-def make_op(batch, draft, heads, page_size, pool_pages, max_indices, max_kv_len, bits, lse):
-    return VerifyKernel(batch, draft, heads, page_size, pool_pages, max_indices, max_kv_len,
-                        sm_scale=SM_SCALE, mask_format="bits" if bits else "bytes",
-                        want_lse=lse)
+def make_op(batch, draft, heads, page_size, pool_pages, max_indices, max_kv_len, bits, lse,
+            checks="separate"):
+    """The op, its checks where ``checks`` says: "separate", the check kernels around the
+    kernel, or "kernel", inside it (the library reads VERIFYD_OP_CHECKS when an op is made)."""
+    os.environ["VERIFYD_OP_CHECKS"] = checks
+    try:
+        return VerifyKernel(batch, draft, heads, page_size, pool_pages, max_indices, max_kv_len,
+                            sm_scale=SM_SCALE, mask_format="bits" if bits else "bytes",
+                            want_lse=lse)
+    finally:
+        os.environ.pop("VERIFYD_OP_CHECKS", None)
 
 
-def test_eager_and_graph(seed):
+def test_checks_setting():
+    """An unknown VERIFYD_OP_CHECKS is refused when the op is made, naming it."""
+    try:
+        make_op(1, 4, 2, 16, 8, 8, 64, False, False, "fast")
+        check(False, "VERIFYD_OP_CHECKS=fast is refused")
+    except InvalidBundleError as e:
+        check("VERIFYD_OP_CHECKS" in str(e), f"VERIFYD_OP_CHECKS=fast is refused: {e}")
+
+
+def test_eager_and_graph(seed, checks):
     for i, (batch, draft, heads, ps, prefixes, bits, lse) in enumerate(SHAPES):
         rng = np.random.default_rng(seed + i)
         b = random_bundle(rng, batch, draft, heads, ps, prefixes, unused_pages=5)
@@ -135,11 +152,12 @@ def test_eager_and_graph(seed):
         pool_pages = b["kv_pool"].shape[0] + 64
         max_indices = len(b["kv_indices"]) + 64
         buf = Buffers(batch, draft, heads, ps, pool_pages, max_indices, bits, lse)
-        op = make_op(batch, draft, heads, ps, pool_pages, max_indices, max_kv_len, bits, lse)
+        op = make_op(batch, draft, heads, ps, pool_pages, max_indices, max_kv_len, bits, lse,
+                     checks)
         buf.load(b)
         failed = buf.call(op)
         torch.cuda.synchronize()
-        name = f"B={batch} T={draft} H={heads} page {ps} prefixes {prefixes}"
+        name = f"checks {checks}, B={batch} T={draft} H={heads} page {ps} prefixes {prefixes}"
         check(not bool(failed.item()), f"{name}: eager call passes its checks")
         compare(f"{name}: eager", buf, b)
 
@@ -164,14 +182,21 @@ def test_eager_and_graph(seed):
         op.close()
 
 
-def test_bad_calls(seed):
-    batch, draft, heads, ps, prefixes = 4, 8, 16, 16, [100, 37, 260, 9]
+def test_bad_calls(seed, bits, separate_checks):
+    """Each bad input, eager and replayed, with the checks inside the kernel (the default) or in
+    kernels of their own: `failed`, and the next good call passes. The separate checks run
+    before the kernel, so o is left as it was; inside the kernel, CTAs of sound requests may
+    have written theirs."""
+    batch, draft, heads, ps, prefixes = 4, 7, 16, 16, [100, 37, 260, 9]
     rng = np.random.default_rng(seed)
     b = random_bundle(rng, batch, draft, heads, ps, prefixes)
     max_kv_len = 400
     pool_pages, max_indices = b["kv_pool"].shape[0], len(b["kv_indices"]) + 8
-    buf = Buffers(batch, draft, heads, ps, pool_pages, max_indices, False, True)
-    op = make_op(batch, draft, heads, ps, pool_pages, max_indices, max_kv_len, False, True)
+    buf = Buffers(batch, draft, heads, ps, pool_pages, max_indices, bits, True)
+    op = make_op(batch, draft, heads, ps, pool_pages, max_indices, max_kv_len, bits, True,
+                 "separate" if separate_checks else "kernel")
+    where = ("bits" if bits else "bytes") + (", separate checks" if separate_checks else
+                                              ", checks in the kernel")
     graph = torch.cuda.CUDAGraph()
     buf.load(b)
     stream = torch.cuda.Stream()
@@ -191,7 +216,13 @@ def test_bad_calls(seed):
         bu.indptr[2] = bu.indptr[1] - 1
 
     def spoil_mask(bu):
-        bu.mask[1, 3, 0] = 2
+        if bits:
+            bu.mask[1, 3, 0] |= 0x80  # bit 7: past T = 7
+        else:
+            bu.mask[1, 3, 0] = 2
+
+    def spoil_late_page(bu):  # a page id past the pool in the last request's last page
+        bu.indices[int(bu.indptr[batch].item()) - 1] = pool_pages + 5
 
     def spoil_q(bu):
         bu.q[5, 3, 7] = float("nan")
@@ -199,9 +230,11 @@ def test_bad_calls(seed):
     for replay in (False, True):
         how = "replayed" if replay else "eager"
         for name, spoil, writes in (("a page id past the pool", spoil_page, False),
+                                    ("the last page id past the pool", spoil_late_page, False),
                                     ("a kv_len past max_kv_len", spoil_len, False),
                                     ("a falling kv_indptr", spoil_indptr, False),
-                                    ("a mask byte of 2", spoil_mask, False),
+                                    ("a mask bit past T" if bits else "a mask byte of 2",
+                                     spoil_mask, False),
                                     ("a NaN in q", spoil_q, True)):
             buf.load(b)
             spoil(buf)
@@ -211,17 +244,19 @@ def test_bad_calls(seed):
             else:
                 buf.call(op)
             torch.cuda.synchronize()
-            check(bool(op.failed.item()), f"{how}, {name}: failed")
-            if not writes:
-                check(bool((buf.o == 1.5).all().item()), f"{how}, {name}: o left as it was")
+            check(bool(op.failed.item()), f"{where}, {how}, {name}: failed")
+            if not writes and separate_checks:
+                check(bool((buf.o == 1.5).all().item()),
+                      f"{where}, {how}, {name}: o left as it was")
             buf.load(b)
             if replay:
                 graph.replay()
             else:
                 buf.call(op)
             torch.cuda.synchronize()
-            check(not bool(op.failed.item()), f"{how}, {name}: the next good call passes")
-            compare(f"{how}, after {name}", buf, b)
+            check(not bool(op.failed.item()),
+                  f"{where}, {how}, {name}: the next good call passes")
+            compare(f"{where}, {how}, after {name}", buf, b)
     op.close()
 
 
@@ -257,8 +292,8 @@ SWITCH_KINDS = {"layer": "a conditional node a layer", "step": "a conditional no
                 "branch": "kernel-side branch"}
 
 
-def test_switch(seed, kind):
-    how = SWITCH_KINDS[kind]
+def test_switch(seed, kind, checks="kernel"):
+    how = f"{SWITCH_KINDS[kind]}, checks {checks}"
     conditional = kind != "branch"
     batch, draft, heads, ps, prefixes, layers = 4, 8, 16, 16, [100, 37, 260, 9], 4
     rng = np.random.default_rng(seed)
@@ -267,7 +302,8 @@ def test_switch(seed, kind):
     pool_pages, max_indices = b["kv_pool"].shape[0], len(b["kv_indices"]) + 8
     buf = Buffers(batch, draft, heads, ps, pool_pages, max_indices, False, False)
     buf.load(b)
-    op = make_op(batch, draft, heads, ps, pool_pages, max_indices, max_kv_len, False, False)
+    op = make_op(batch, draft, heads, ps, pool_pages, max_indices, max_kv_len, False, False,
+                 checks)
     sw = Switch(layers, conditional=conditional)
     outs = [torch.zeros_like(buf.o) for _ in range(layers)]
     ran = torch.zeros(layers, dtype=torch.bool, device="cuda")
@@ -393,7 +429,7 @@ def kernel_times(prof):
     return out
 
 
-def timed_per_layer(graph, layers, replays):
+def timed_per_layer(graph, layers, replays, samples=False):
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
@@ -405,7 +441,7 @@ def timed_per_layer(graph, layers, replays):
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1000 / layers)
-    return statistics.median(times)
+    return times if samples else statistics.median(times)
 
 
 def bench_step(seed, layers=61, replays=30):
@@ -421,11 +457,15 @@ def bench_step(seed, layers=61, replays=30):
         pool_pages, max_indices = b["kv_pool"].shape[0], len(b["kv_indices"])
         buf = Buffers(batch, draft, heads, ps, pool_pages, max_indices, False, False)
         buf.load(b)
+        # The op with its checks inside the kernel, and with check kernels around it.
         op = make_op(batch, draft, heads, ps, pool_pages, max_indices, prefix + draft, False,
-                     False)
+                     False, "kernel")
+        op_sep = make_op(batch, draft, heads, ps, pool_pages, max_indices, prefix + draft, False,
+                         False, "separate")
         stream = torch.cuda.Stream()
         with torch.cuda.stream(stream):
             buf.call(op)
+            buf.call(op_sep)
         stream.synchronize()
 
         def capture(body):
@@ -434,26 +474,47 @@ def bench_step(seed, layers=61, replays=30):
                 body()
             return g
 
-        def direct():
-            for _ in range(layers):
-                buf.call(op)
+        def direct(the_op):
+            def body():
+                for _ in range(layers):
+                    buf.call(the_op)
+            return body
 
         def stack_only():
             for _ in range(layers):
                 buf.o.fill_(0.5)
 
-        graph = capture(direct)
-        step_us = timed_per_layer(graph, layers, replays)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
-                graph.replay()
-            torch.cuda.synchronize()
-        k = {kind: us / (5 * layers) for kind, us in kernel_times(prof).items()}
+        # The op called directly, checks in the kernel and checks around it, alternating over
+        # two rounds in one process; their kernels' device time from CUPTI.
+        graphs = {"kernel": capture(direct(op)), "separate": capture(direct(op_sep))}
+        samples = {v: [] for v in graphs}
+        for _ in range(2):
+            for v, g in graphs.items():
+                samples[v] += timed_per_layer(g, layers, replays, samples=True)
+        step = {v: statistics.median(t) for v, t in samples.items()}
+        k = {}
+        for v, g in graphs.items():
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    g.replay()
+                torch.cuda.synchronize()
+            k[v] = {kind: us / (5 * layers) for kind, us in kernel_times(prof).items()}
+        step_us = step["kernel"]
         stack_us = timed_per_layer(capture(stack_only), layers, replays)
+        bare = k["separate"]["custom"]  # the kernel without checks of its own
         row = {"shape": f"{batch},{draft},{heads},{prefix}", "page_size": ps, "layers": layers,
-               "layer_us_direct": round(step_us, 2), "layer_us_stack_standin": round(stack_us, 2),
-               "custom_kernel_us": round(k["custom"], 2), "checks_us": round(k["checks"], 2),
-               "per_call_overhead_us": round(k["checks"], 2)}
+               "layer_us_direct": round(step_us, 2),
+               "layer_us_direct_separate_checks": round(step["separate"], 2),
+               "layer_us_stack_standin": round(stack_us, 2),
+               "custom_kernel_us": round(k["kernel"]["custom"], 2),
+               "custom_kernel_us_separate_checks": round(bare, 2),
+               "in_kernel_checks_us": round(k["kernel"]["custom"] - bare, 2),
+               "checks_us": round(k["separate"]["checks"], 2),
+               "checks_us_in_kernel_variant": round(k["kernel"]["checks"], 2),
+               # A layer of the op called directly over the kernel's own device time (the
+               # kernel as it runs without checks of its own, the separate variant's).
+               "per_call_overhead_us": round(step_us - bare, 2),
+               "per_call_overhead_us_separate_checks": round(step["separate"] - bare, 2)}
         args = (op, buf.q, buf.pool, buf.indptr, buf.indices, buf.lens, buf.mask)
         for name in SWITCH_KINDS:
             sw = Switch(layers, conditional=name != "branch")
@@ -482,11 +543,12 @@ def bench_step(seed, layers=61, replays=30):
             check(served_op, f"bench {row['shape']}, {name}: mode op served every layer")
             del sgraph
             sw.close()
-        row["failed"] = bool(op.failed.item())
+        row["failed"] = bool(op.failed.item()) or bool(op_sep.failed.item())
         rows.append(row)
         print("bench", json.dumps(row))
         check(not row["failed"], f"bench {row['shape']}: every call passes its checks")
         op.close()
+        op_sep.close()
     return rows
 
 
@@ -499,15 +561,23 @@ def markdown(info, switch, rows, commit):
            f"(torch {info['torch']}), one run. A captured step of 61 layers, replayed 30 times; "
            "µs per layer, medians. The stack's attention is a stand-in (one fill kernel of o), "
            "so that what the switch adds shows; the op is the shipped kernel with its device "
-           "checks. Kinds: " + "; ".join(f"`{k}`: {v}" for k, v in SWITCH_KINDS.items()) + ".",
+           "checks, made inside the kernel (VERIFYD_OP_CHECKS=kernel; the switches use it) or in "
+           "kernels of their own around it (separate), the two alternating over two rounds. "
+           "kernel: the custom kernel's device time (CUPTI) without checks of its own; overhead: "
+           "a layer of the op called directly over that. Kinds: " + "; ".join(f"`{k}`: {v}" for k, v in SWITCH_KINDS.items()) + ".",
            "",
-           "| B,T,H,prefix | op direct | stand-in direct | op's checks | "
+           "| B,T,H,prefix | op direct | op direct, separate checks | kernel | kernel with "
+           "its checks | overhead | overhead, separate checks | stand-in direct | "
            + " | ".join(f"{k}: mode op (+ over direct) | {k}: mode stack (+ over direct)"
                         for k in kinds) + " |",
-           "|---|---:|---:|---:|" + "---:|---:|" * len(kinds)]
+           "|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|---:|" * len(kinds)]
     for r in rows:
-        cells = [r["shape"], f"{r['layer_us_direct']:.2f}", f"{r['layer_us_stack_standin']:.2f}",
-                 f"{r['checks_us']:.2f}"]
+        cells = [r["shape"], f"{r['layer_us_direct']:.2f}",
+                 f"{r['layer_us_direct_separate_checks']:.2f}",
+                 f"{r['custom_kernel_us_separate_checks']:.2f}", f"{r['custom_kernel_us']:.2f}",
+                 f"{r['per_call_overhead_us']:.2f}",
+                 f"{r['per_call_overhead_us_separate_checks']:.2f}",
+                 f"{r['layer_us_stack_standin']:.2f}"]
         for k in kinds:
             cells.append(f"{r[k + '_layer_us_mode_op']:.2f} "
                          f"(+{r[k + '_switch_cost_us_mode_op']:.2f})")
@@ -542,10 +612,17 @@ def main():
             "cuda_driver": torch.cuda.driver_version() if hasattr(torch.cuda, "driver_version")
             else None}
     print("setup", json.dumps(info))
-    test_eager_and_graph(args.seed)
-    test_bad_calls(args.seed + 100)
+    test_checks_setting()
+    for checks in ("kernel", "separate"):
+        test_eager_and_graph(args.seed, checks)
+    for bits in (False, True):
+        for separate in (False, True):
+            test_bad_calls(args.seed + 100, bits, separate)
     switch = {kind: test_switch(args.seed + 300 + 100 * i, kind)
               for i, kind in enumerate(SWITCH_KINDS)}
+    for i, kind in enumerate(SWITCH_KINDS):  # the same with the check kernels around the kernel
+        switch[f"{kind}, separate checks"] = test_switch(args.seed + 300 + 100 * i, kind,
+                                                         "separate")
     rows = bench_step(args.seed + 200)
     if args.json:
         with open(args.json, "w") as f:

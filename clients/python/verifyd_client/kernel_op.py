@@ -3,8 +3,10 @@ attention call of libverifyd_kernel.so (kernels/op/verify_op_api.h) on the curre
 the contract of a bundle. It allocates nothing per call, never waits for the host, and can be
 captured in a CUDA graph.
 
-The library checks each call on the device: the layout, every page id named and the mask before
-the kernel (a call that fails one writes nothing), a finite output after it.
+The library checks each call on the device: the layout, the page ids, the mask and a finite
+output. By default check kernels run around the kernel (a call that fails before the kernel
+writes nothing); with VERIFYD_OP_CHECKS=kernel in the environment when the op is made, the
+shipped kernel makes the checks as it reads, and a call that fails one may have written part of o.
 ``VerifyKernel.failed`` (a torch.bool tensor of one element on the device, the same tensor every
 call) is True after a call that failed a check, False after one that passed: the output of a
 failed call must not be served.
