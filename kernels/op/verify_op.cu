@@ -17,6 +17,7 @@
 #include <string>
 
 #include "kernels/custom/custom_attention.h"
+#include "kernels/custom/custom_launch_plan.h"
 #include "kernels/op/verify_op_api.h"
 #include "kernels/op/verify_op_internal.h"
 #include "kernels/verify_problem.h"
@@ -31,10 +32,11 @@
 namespace {
 
 using verifyd::kernels::CustomConfig;
+using verifyd::kernels::CustomScoreMma;
 using verifyd::kernels::MaskFormat;
 using verifyd::kernels::VerifyProblem;
 
-constexpr uint32_t kAbiVersion = 2;
+constexpr uint32_t kAbiVersion = 3;
 constexpr int kThreads = 256;
 
 // Verdict bits: why a call's output is not to be served (defined with the kernels' own checks).
@@ -169,6 +171,7 @@ struct VerifydOp {
   VerifyProblem problem;  // the geometry; each call fills in the pointers
   CustomConfig config;    // skip = words, unless the kernel checks
   bool kernel_checks = false;  // the kernel and its combine make the checks (CustomCallChecks)
+  CustomScoreMma mma = CustomScoreMma::kAuto;  // v3e for an e4m3 pool
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   float* lse = nullptr;       // the kernel's lse when the caller wants none: the check reads it
@@ -197,6 +200,11 @@ VerifydOp* verifyd_op_create(const VerifydOpGeometry* geometry, char* error, uin
   p.shape.num_indices = static_cast<int64_t>(g.max_indices);
   p.shape.mask_format = g.mask_bits ? MaskFormat::kBits : MaskFormat::kBytes;
   p.sm_scale = g.sm_scale;
+  // An e4m3 pool goes to the kernel that reads its codes (v3e), with the checks around it.
+  p.shape.kv_dtype = g.kv_dtype == 1 ? verifyd::kernels::KvDtype::kE4m3
+                                     : verifyd::kernels::KvDtype::kBf16;
+  p.kv_scale = g.kv_scale;
+  op->mma = g.kv_dtype == 1 ? CustomScoreMma::kWgmmaV3E4m3 : CustomScoreMma::kAuto;
   p.max_kv_len = static_cast<int64_t>(g.max_kv_len);
   p.total_kv_len = p.max_kv_len * g.batch;
   std::string why = verifyd::kernels::CheckShape(p.shape);
@@ -205,6 +213,11 @@ VerifydOp* verifyd_op_create(const VerifydOpGeometry* geometry, char* error, uin
     why = "geometry: a size past 2^20";
   }
   if (why.empty() && g.mask_bits > 1) why = "mask_bits: must be 0 or 1";
+  if (why.empty() && g.kv_dtype > 1) why = "kv_dtype: must be 0 (bf16) or 1 (e4m3)";
+  if (why.empty() && g.kv_dtype == 1 && !(std::isfinite(g.kv_scale) && g.kv_scale > 0)) {
+    why = "kv_scale: an e4m3 pool's must be finite and > 0";
+  }
+  if (why.empty() && g.kv_dtype == 0 && g.kv_scale != 1.f) why = "kv_scale: a bf16 pool's is 1";
   if (why.empty() &&
       (g.max_kv_len < g.draft || g.max_kv_len > uint64_t(verifyd::kernels::kMaxPrefix) + g.draft)) {
     why = "max_kv_len: " + std::to_string(g.max_kv_len) + " is outside [draft, " +
@@ -237,8 +250,14 @@ VerifydOp* verifyd_op_create(const VerifydOpGeometry* geometry, char* error, uin
                                 : op->mask_bytes,
                             cap);
   op->deliver_blocks = Blocks(op->o_vectors, cap);
-  op->workspace_bytes = verifyd::kernels::CustomWorkspaceBytes(p, op->config);
-  cudaError_t e = cudaMalloc(&op->words, 2 * sizeof(unsigned));
+  verifyd::kernels::CustomPlan plan;
+  cudaError_t e = verifyd::kernels::ResolveCustomPlan(p, op->config, &plan, op->mma);
+  if (e == cudaSuccess && op->mma == CustomScoreMma::kWgmmaV3E4m3 && !plan.e4m3_loads) {
+    delete op;
+    return fail("kv_dtype: e4m3 pools need a device the kernel that reads e4m3 runs on (sm_90)");
+  }
+  op->workspace_bytes = plan.workspace_bytes;
+  if (e == cudaSuccess) e = cudaMalloc(&op->words, 2 * sizeof(unsigned));
   if (e == cudaSuccess && op->workspace_bytes > 0) {
     e = cudaMalloc(&op->workspace, op->workspace_bytes);
   }
@@ -249,7 +268,8 @@ VerifydOp* verifyd_op_create(const VerifydOpGeometry* geometry, char* error, uin
     verifyd_op_destroy(op);
     return fail(std::string("device memory: ") + cudaGetErrorString(e));
   }
-  op->kernel_checks = kernel_checks && verifyd::kernels::CustomChecksInKernel(p, op->config);
+  op->kernel_checks = kernel_checks && op->mma == CustomScoreMma::kAuto &&
+                      verifyd::kernels::CustomChecksInKernel(p, op->config);
   if (!op->kernel_checks) op->config.skip = op->words;
   return op;
 }
@@ -306,7 +326,8 @@ cudaError_t verifyd::op::Attend(VerifydOp* op, const VerifydOpCall* c,
     k.fallback = x.fallback;
     k.max_indices = static_cast<int64_t>(g.max_indices);
     k.max_kv_len = static_cast<int64_t>(g.max_kv_len);
-    e = verifyd::kernels::LaunchCustom(p, config, op->workspace, op->workspace_bytes, s);
+    e = verifyd::kernels::LaunchCustomWith(p, config, op->mma, op->workspace,
+                                           op->workspace_bytes, s);
     if (e != cudaSuccess || x.copy_o == nullptr) return e;
     return CopyOut(op, c->o, c->failed, p.lse, x, s);
   }
@@ -329,7 +350,8 @@ cudaError_t verifyd::op::Attend(VerifydOp* op, const VerifydOpCall* c,
   CheckCall<<<op->check_blocks, kThreads, 0, s>>>(ca);
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  e = verifyd::kernels::LaunchCustom(p, op->config, op->workspace, op->workspace_bytes, s);
+  e = verifyd::kernels::LaunchCustomWith(p, op->config, op->mma, op->workspace,
+                                         op->workspace_bytes, s);
   if (e != cudaSuccess) return e;
   const DeliverArgs da{static_cast<const uint4*>(c->o),
                        op->o_vectors,

@@ -40,12 +40,14 @@ struct VerifydOpGeometry {
   uint32_t mask_bits;    // 0: uint8 [B, T, T] of 0/1; 1: bit-packed [B, T, ceil(T/8)]
   uint32_t want_lse;     // 1: calls write lse
   float sm_scale;
+  uint32_t kv_dtype;     // 0: a bf16 pool; 1: e4m3 codes, each value e4m3 x kv_scale
+  float kv_scale;        // an e4m3 pool's scale (finite, > 0); a bf16 pool's is 1
 };
 
 // One call: device pointers, contiguous, on the op's device.
 struct VerifydOpCall {
   const void* q;              // bf16 [B*T, H, 576]
-  const void* kv_pool;        // bf16 [pool_pages, page_size, 576]
+  const void* kv_pool;        // bf16 or e4m3 (kv_dtype) [pool_pages, page_size, 576]
   const int32_t* kv_indptr;   // [B + 1]
   const int32_t* kv_indices;  // [max_indices] (the first kv_indptr[B] are read)
   const int32_t* kv_lens;     // [B]: prefix + T

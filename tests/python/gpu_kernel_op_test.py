@@ -10,9 +10,14 @@ against the fp64 oracle of the contract (random_bundles.py):
   `failed` False;
 - one call captured in a CUDA graph, replayed with new q, pages, prefixes and masks written into
   its buffers before each replay: every replay checked;
-- bad calls, eager and replayed: a page id past the pool, a kv_len past max_kv_len, a falling
-  kv_indptr, a mask byte of 2, a NaN in q: `failed` True, o left as it was (but for the NaN, whose
-  output is written and flagged), and the next good call passes again;
+- each of these with the checks inside the kernel (VERIFYD_OP_CHECKS=kernel) and in kernels
+  around it (separate); an unknown VERIFYD_OP_CHECKS is refused naming it;
+- an e4m3 pool (kv_scale 0.37) through v3e, eager and replayed, against the oracle of its values,
+  and a page id past the pool failing the call;
+- bad calls, eager and replayed, both mask formats, both placements of the checks: a page id past
+  the pool (early, and the last request's last), a kv_len past max_kv_len, a falling kv_indptr, a
+  mask byte of 2 or a bit past T, a NaN in q: `failed` True, with the separate checks o left as
+  it was (but for the NaN, whose output is written and flagged), and the next good call passes;
 - the switch (switch.py) in a captured step of 4 layers, with a conditional node a layer, one a
   step (Switch.step) and the kernel-side branch: mode stack, mode op, a rollback taking effect at the next replay, an op
   call that fails its check and one whose output is not finite, both served by the stack, a
@@ -45,7 +50,7 @@ try:
     from verifyd_client.errors import InvalidBundleError
     from verifyd_client.kernel_op import VerifyKernel
     from verifyd_client.switch import Switch
-    from verifyd_client.tensors import pack_mask
+    from verifyd_client.tensors import pack_mask, to_e4m3
 except ImportError as e:
     print(f"SETUP FAILED: {e}")
     sys.exit(2)
@@ -85,7 +90,8 @@ class Buffers:
             return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32))
 
         self.q.copy_(bf16(b["q"]).view(self.q.shape))
-        pool = bf16(b["kv_pool"])
+        raw = np.ascontiguousarray(b["kv_pool"])
+        pool = torch.from_numpy(raw) if raw.dtype == np.uint8 else bf16(raw)  # e4m3 codes
         self.pool[:pool.shape[0]].copy_(pool)
         self.indptr.copy_(i32(b["kv_indptr"]))
         self.indices.zero_()
@@ -123,14 +129,14 @@ SHAPES = [  # batch, draft, heads, page_size, prefixes, mask bits, lse
 
 
 def make_op(batch, draft, heads, page_size, pool_pages, max_indices, max_kv_len, bits, lse,
-            checks="separate"):
+            checks="separate", **kv):
     """The op, its checks where ``checks`` says: "separate", the check kernels around the
     kernel, or "kernel", inside it (the library reads VERIFYD_OP_CHECKS when an op is made)."""
     os.environ["VERIFYD_OP_CHECKS"] = checks
     try:
         return VerifyKernel(batch, draft, heads, page_size, pool_pages, max_indices, max_kv_len,
                             sm_scale=SM_SCALE, mask_format="bits" if bits else "bytes",
-                            want_lse=lse)
+                            want_lse=lse, **kv)
     finally:
         os.environ.pop("VERIFYD_OP_CHECKS", None)
 
@@ -142,6 +148,64 @@ def test_checks_setting():
         check(False, "VERIFYD_OP_CHECKS=fast is refused")
     except InvalidBundleError as e:
         check("VERIFYD_OP_CHECKS" in str(e), f"VERIFYD_OP_CHECKS=fast is refused: {e}")
+
+
+def e4m3_bundle(b, kv_scale):
+    """``b`` with its pool as e4m3 codes of its values over ``kv_scale`` (NaN slots stay NaN)."""
+    e = dict(b)
+    e["kv_pool"] = to_e4m3(from_bf16(b["kv_pool"]) / kv_scale)
+    e["kv_scale"] = kv_scale
+    return e
+
+
+def test_e4m3(seed, kv_scale=0.37):
+    """An e4m3 pool through the kernel that reads its codes (v3e), eager and replayed, against the
+    oracle of the pool's values; a page id past the pool fails the call."""
+    for i, (batch, draft, heads, ps, prefixes, bits, lse) in enumerate(SHAPES[:2] + SHAPES[3:]):
+        rng = np.random.default_rng(seed + i)
+        b = e4m3_bundle(random_bundle(rng, batch, draft, heads, ps, prefixes, unused_pages=5),
+                        kv_scale)
+        max_kv_len = max(prefixes) + draft + 50
+        pool_pages, max_indices = b["kv_pool"].shape[0] + 64, len(b["kv_indices"]) + 64
+        buf = Buffers(batch, draft, heads, ps, pool_pages, max_indices, bits, lse)
+        buf.pool = torch.zeros(pool_pages, ps, 576, dtype=torch.uint8, device="cuda")
+        op = make_op(batch, draft, heads, ps, pool_pages, max_indices, max_kv_len, bits, lse,
+                     kv_dtype="e4m3", kv_scale=kv_scale)
+        name = f"e4m3 x {kv_scale}, B={batch} T={draft} H={heads} page {ps} prefixes {prefixes}"
+        buf.load(b)
+        buf.call(op)
+        torch.cuda.synchronize()
+        check(not bool(op.failed.item()), f"{name}: eager call passes its checks")
+        compare(f"{name}: eager", buf, b)
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            buf.call(op)
+        stream.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            buf.call(op)
+        for r in range(2):
+            new = [int(p) for p in rng.integers(0, max(prefixes) + 50, size=batch)]
+            nb = e4m3_bundle(random_bundle(rng, batch, draft, heads, ps, new, unused_pages=3),
+                             kv_scale)
+            if nb["kv_pool"].shape[0] > pool_pages or len(nb["kv_indices"]) > max_indices:
+                continue
+            buf.load(nb)
+            graph.replay()
+            torch.cuda.synchronize()
+            check(not bool(op.failed.item()), f"{name}: replay {r} passes")
+            compare(f"{name}: replay {r}", buf, nb)
+        buf.load(b)
+        buf.indices[1] = pool_pages
+        graph.replay()
+        torch.cuda.synchronize()
+        check(bool(op.failed.item()), f"{name}: a page id past the pool fails the call")
+        op.close()
+    try:
+        make_op(1, 4, 2, 16, 8, 8, 64, False, False, kv_dtype="e4m3", kv_scale=0.0)
+        check(False, "an e4m3 op with kv_scale 0 is refused")
+    except InvalidBundleError as e:
+        check("kv_scale" in str(e), f"an e4m3 op with kv_scale 0 is refused: {e}")
 
 
 def test_eager_and_graph(seed, checks):
@@ -613,6 +677,7 @@ def main():
             else None}
     print("setup", json.dumps(info))
     test_checks_setting()
+    test_e4m3(args.seed + 50)
     for checks in ("kernel", "separate"):
         test_eager_and_graph(args.seed, checks)
     for bits in (False, True):

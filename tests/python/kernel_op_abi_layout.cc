@@ -20,6 +20,8 @@ int main() {
   FIELD(VerifydOpGeometry, mask_bits);
   FIELD(VerifydOpGeometry, want_lse);
   FIELD(VerifydOpGeometry, sm_scale);
+  FIELD(VerifydOpGeometry, kv_dtype);
+  FIELD(VerifydOpGeometry, kv_scale);
   std::printf("\"sizeof\": %zu}, \"VerifydOpCall\": {", sizeof(VerifydOpGeometry));
   FIELD(VerifydOpCall, q);
   FIELD(VerifydOpCall, kv_pool);

@@ -21,10 +21,10 @@ import ctypes
 import grpc
 
 from . import _native
-from .bundle import HEAD_DIM_QK, HEAD_DIM_V
+from .bundle import HEAD_DIM_QK, HEAD_DIM_V, checked_kv_scale
 from .errors import InvalidBundleError, VerifydError
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 
 class _Geometry(ctypes.Structure):
@@ -32,7 +32,8 @@ class _Geometry(ctypes.Structure):
                 ("heads", ctypes.c_uint32), ("page_size", ctypes.c_uint32),
                 ("pool_pages", ctypes.c_uint64), ("max_indices", ctypes.c_uint64),
                 ("max_kv_len", ctypes.c_uint64), ("mask_bits", ctypes.c_uint32),
-                ("want_lse", ctypes.c_uint32), ("sm_scale", ctypes.c_float)]
+                ("want_lse", ctypes.c_uint32), ("sm_scale", ctypes.c_float),
+                ("kv_dtype", ctypes.c_uint32), ("kv_scale", ctypes.c_float)]
 
 
 class _Call(ctypes.Structure):
@@ -72,13 +73,20 @@ class VerifyKernel:
     B requests of ``draft`` tokens and ``heads`` heads over a pool of ``pool_pages`` pages of
     ``page_size`` tokens, kv_indices of ``max_indices`` entries, no call longer than
     ``max_kv_len`` (prefix + draft). ``mask_format`` "bytes" (uint8 [B, T, T]) or "bits"
-    (bit-packed [B, T, ceil(T/8)], little-endian bit order)."""
+    (bit-packed [B, T, ceil(T/8)], little-endian bit order). ``kv_dtype`` "bf16", or "e4m3" for
+    a pool of e4m3 codes (torch.float8_e4m3fn or uint8) whose values are e4m3 x ``kv_scale``
+    (SGLang's k_scale), read by the kernel as stored (sm_90)."""
 
     def __init__(self, batch, draft, heads, page_size, pool_pages, max_indices, max_kv_len,
-                 sm_scale, mask_format="bytes", want_lse=False, device=None, library=None):
+                 sm_scale, mask_format="bytes", want_lse=False, device=None, library=None,
+                 kv_dtype="bf16", kv_scale=None):
         torch = _torch()
         if mask_format not in ("bytes", "bits"):
             raise InvalidBundleError(f"mask_format: '{mask_format}', expected 'bytes' or 'bits'")
+        if kv_dtype not in ("bf16", "e4m3"):
+            raise InvalidBundleError(f"kv_dtype: '{kv_dtype}', expected 'bf16' or 'e4m3'")
+        self.kv_dtype = kv_dtype
+        self.kv_scale = checked_kv_scale(kv_dtype, kv_scale)
         self._lib = load_library(library)
         self.device = torch.device("cuda", torch.cuda.current_device() if device is None
                                    else int(device))
@@ -90,7 +98,8 @@ class VerifyKernel:
         self.build = self._lib.verifyd_op_build().decode()
         geometry = _Geometry(self.batch, self.draft, self.heads, self.page_size, self.pool_pages,
                              self.max_indices, self.max_kv_len, int(mask_format == "bits"),
-                             int(self.want_lse), float(sm_scale))
+                             int(self.want_lse), float(sm_scale), int(kv_dtype == "e4m3"),
+                             float(self.kv_scale))
         error = ctypes.create_string_buffer(512)
         with torch.cuda.device(self.device):
             self._op = self._lib.verifyd_op_create(ctypes.byref(geometry), error, len(error))
@@ -161,8 +170,15 @@ class VerifyKernel:
                                          f"({rows}, {self.heads}, {width})")
         c = self._call
         c.q = self._tensor("q", q.view(rows, self.heads, HEAD_DIM_QK), torch.bfloat16, None)
-        c.kv_pool = self._tensor("kv_pool", kv_pool, torch.bfloat16,
-                                 (self.pool_pages, self.page_size, HEAD_DIM_QK))
+        pool_shape = (self.pool_pages, self.page_size, HEAD_DIM_QK)
+        if self.kv_dtype == "e4m3":
+            if kv_pool.dtype not in (torch.float8_e4m3fn, torch.uint8):
+                raise InvalidBundleError(f"kv_pool: dtype {kv_pool.dtype}, expected "
+                                         "torch.float8_e4m3fn (or uint8 codes): the op was made "
+                                         "for an e4m3 pool")
+            c.kv_pool = self._tensor("kv_pool", kv_pool, kv_pool.dtype, pool_shape)
+        else:
+            c.kv_pool = self._tensor("kv_pool", kv_pool, torch.bfloat16, pool_shape)
         c.kv_indptr = self._tensor("kv_indptr", kv_indptr, torch.int32, (self.batch + 1,))
         c.kv_indices = self._tensor("kv_indices", kv_indices, torch.int32, (self.max_indices,))
         c.kv_lens = self._tensor("kv_lens", kv_lens, torch.int32, (self.batch,))
