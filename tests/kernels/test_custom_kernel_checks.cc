@@ -133,9 +133,9 @@ class CustomKernelChecksGpu : public ::testing::Test {
     std::vector<float> want_o(o.size()), want_lse(lse.size());
     for (size_t i = 0; i < o.size(); ++i) want_o[i] = RoundToBf16(static_cast<float>(ref_o[i]));
     for (size_t i = 0; i < lse.size(); ++i) want_lse[i] = static_cast<float>(ref_lse[i]);
-    const DiffStats d = CompareBf16ToF32(o.data(), want_o.data(), static_cast<int64_t>(o.size()),
-                                         lse.data(), want_lse.data(),
-                                         static_cast<int64_t>(lse.size()), Tolerance{});
+    const DiffStats d =
+        CompareBf16ToF32(o.data(), want_o.data(), static_cast<int64_t>(o.size()), lse.data(),
+                         want_lse.data(), static_cast<int64_t>(lse.size()), Tolerance{});
     EXPECT_EQ(d.nan_test, 0);
     EXPECT_LE(d.rel_l2, testing::kCustomMaxRelL2);
     EXPECT_LE(d.lse_max_abs, testing::kLseMaxAbs);
@@ -143,14 +143,12 @@ class CustomKernelChecksGpu : public ::testing::Test {
 
   template <class T>
   void Poke(DeviceBuffer& buf, int64_t i, T value) {
-    ASSERT_EQ(cudaMemcpy(buf.get<T>() + i, &value, sizeof(T), cudaMemcpyHostToDevice),
-              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(buf.get<T>() + i, &value, sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
   }
   template <class T>
   T Peek(DeviceBuffer& buf, int64_t i) {
     T value{};
-    EXPECT_EQ(cudaMemcpy(&value, buf.get<T>() + i, sizeof(T), cudaMemcpyDeviceToHost),
-              cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(&value, buf.get<T>() + i, sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
     return value;
   }
 
