@@ -75,6 +75,9 @@ absl::StatusOr<std::unique_ptr<ChannelClient>> ChannelClient::Open(v1::VerifySer
                                             "wrote (version ",
                                             h->version, ")"));
   }
+  // Both sides map the object now: its name can go, so that a client that dies leaves nothing in
+  // /dev/shm (the memory lives until the last mapping goes).
+  shm_unlink(c->key_.c_str());
   return c;
 }
 

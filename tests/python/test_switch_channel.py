@@ -109,22 +109,27 @@ class SwitchChannelTest(unittest.TestCase):
         # and the shm object is gone all the same; verifyd closes its side when the process ends.
         client = VerifyClient(self.daemon.data, timeout=60)
         ch = SwitchChannel(client, 61, "m", self.build, lease_ms=40, mapped=False)
-        key = ch.key
-        self.assertTrue(os.path.exists("/dev/shm" + key))
+        # The object's name went when the channel opened (both sides map it): a process that
+        # dies while the channel is open leaves nothing in /dev/shm.
+        self.assertFalse(os.path.exists("/dev/shm" + ch.key), "named while open")
         client.close()
         with self.assertRaises(Exception):  # noqa: B017 - grpc's own error for a closed channel
             ch.close()
-        self.assertFalse(os.path.exists("/dev/shm" + key))
+        mem = ch._mem  # noqa: SLF001
+        self.assertTrue(mem is None or mem.shm is None, "the memory is still held")
         ch.close()  # once more: nothing left to do
 
     def test_closing_hands_the_stack_back(self):
         ch = self.open()
         self.admin.flip("custom", "test_switch_channel: custom", force=True)
         self.assertTrue(wait_for(lambda: ch.block.mode == 1))
-        # A mapping of our own outlives close(), which unlinks the object: what verifyd wrote
-        # last stays readable.
-        with open("/dev/shm" + ch.key, "r+b") as f:
-            m = mmap.mmap(f.fileno(), SwitchChannel.BYTE_SIZE)
+        # A mapping of our own outlives close(): what verifyd wrote last stays readable. (The
+        # object has no name once open: the mapping comes from the channel's own descriptor.)
+        fd = os.dup(ch._mem.shm._fd)  # noqa: SLF001
+        try:
+            m = mmap.mmap(fd, SwitchChannel.BYTE_SIZE)
+        finally:
+            os.close(fd)
         try:
             block = _Block.from_buffer(m, ch.offset)
             ch.close()

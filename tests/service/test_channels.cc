@@ -386,10 +386,16 @@ TEST_F(ChannelTest, AClientThatExitsWithoutClosingHasItsChannelClosed) {
   EXPECT_EQ(status, 0) << out;
   EXPECT_NE(out.find("opened and exiting"), std::string::npos) << out;
   EXPECT_EQ(AwaitNoChannels(), 0) << "the dead client's channel is still open";
+  // The dead client left no object behind: its name went when the channel opened.
+  const size_t at = out.find("object /verifyd-ch-");
+  ASSERT_NE(at, std::string::npos) << out;
+  const std::string key = out.substr(at + 7, out.find_first_of(" \n", at + 7) - (at + 7));
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm" + key)) << key << " is left in /dev/shm";
   EXPECT_NE(Scrape(daemon_->metrics_port()).find("verifyd_channels 0"), std::string::npos);
   // A live client's channel is watched but stays.
   auto live = OpenClient("live");
   ASSERT_TRUE(live.ok()) << live.status();
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm" + (*live)->key())) << "named while open";
   std::this_thread::sleep_for(std::chrono::milliseconds(600));
   const v1::GetStatusResponse s = Status();
   ASSERT_EQ(s.channels_size(), 1);
@@ -434,8 +440,8 @@ TEST(ChannelChild, OpensAChannelAndExits) {
   auto c = ChannelClient::Open(
       *stub, [] { return std::make_unique<grpc::ClientContext>(); }, o);
   ASSERT_TRUE(c.ok()) << c.status();
-  ::shm_unlink((*c)->key().c_str());  // the mapping stays for verifyd; nothing is left behind
-  std::printf("opened and exiting\n");
+  // Its object's name went when the channel opened: nothing is left behind in /dev/shm.
+  std::printf("opened and exiting, object %s\n", (*c)->key().c_str());
   std::fflush(stdout);
   ::_exit(0);  // no destructor runs: the channel is never closed
 }

@@ -49,9 +49,16 @@ class ChannelMemory:
         memory (the object is unlinked) and raises VerifydError with verifyd's own status and
         message when verifyd refuses. Take views of ``shm.buf`` only after it returned."""
         try:
-            return stub.OpenChannel(verify_pb2.OpenChannelRequest(key=self.key,
+            resp = stub.OpenChannel(verify_pb2.OpenChannelRequest(key=self.key,
                                                                   byte_size=self.byte_size,
                                                                   **fields), timeout=timeout)
+            # Both sides map the object now: its name goes, so that a client that dies leaves
+            # nothing in /dev/shm (the memory lives until the last mapping goes).
+            try:
+                self.shm.unlink()
+            except FileNotFoundError:
+                pass
+            return resp
         except grpc.RpcError as e:
             self.free()
             raise VerifydError.from_rpc_error(e) from None
