@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/verify_problem.h"
 #include "src/compare/compare.h"
 #include "tests/common/device_bundle.h"
 
@@ -57,6 +58,22 @@ inline constexpr double kOracleMaxRelL2 = 2e-5;
 inline constexpr double kOracleLseMaxAbs = 1e-4;
 // Custom against reference: each within its limit of the oracle (triangle inequality).
 inline constexpr double kCustomVsReferenceMaxRelL2 = kReferenceMaxRelL2 + kCustomMaxRelL2;
+
+// A problem of one small request (B 1, T 4, H 2, 40 keys on 4 pages of 16) with no tensors, for
+// the launches a test expects refused before anything touches a device.
+inline kernels::VerifyProblem TinyProblem() {
+  kernels::VerifyProblem p;
+  p.shape.batch = 1;
+  p.shape.draft = 4;
+  p.shape.heads = 2;
+  p.shape.page_size = 16;
+  p.shape.num_pages = 4;
+  p.shape.num_indices = 4;
+  p.max_kv_len = 40;
+  p.total_kv_len = 40;
+  p.sm_scale = 0.07f;
+  return p;
+}
 
 // rel-L2 and lse max-abs of an fp32 output against fp32 figures, by compare.h's rules (0/0 is 0,
 // x/0 is inf; both -inf equal, -inf on one side only infinite).

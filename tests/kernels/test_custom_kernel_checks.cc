@@ -26,24 +26,10 @@ using kernels::CustomScoreMma;
 using testing::DeviceBuffer;
 using testing::DeviceBundle;
 
-kernels::VerifyProblem SmallProblem() {
-  kernels::VerifyProblem p;
-  p.shape.batch = 1;
-  p.shape.draft = 4;
-  p.shape.heads = 2;
-  p.shape.page_size = 16;
-  p.shape.num_pages = 4;
-  p.shape.num_indices = 4;
-  p.max_kv_len = 40;
-  p.total_kv_len = 40;
-  p.sm_scale = 0.07f;
-  return p;
-}
-
 // Checks go with the shipped schedule only (kAuto or v5t by name, on the Hopper tiles), never
 // beside `skip`, and always with a failed byte: refused before anything touches a device.
 TEST(CustomKernelChecks, ALaunchWithChecksRefusesEveryOtherPairing) {
-  const kernels::VerifyProblem p = SmallProblem();
+  const kernels::VerifyProblem p = testing::TinyProblem();
   unsigned* words = reinterpret_cast<unsigned*>(uintptr_t{0x1000});  // never dereferenced
   uint8_t* failed = reinterpret_cast<uint8_t*>(uintptr_t{0x2000});
   CustomConfig c;

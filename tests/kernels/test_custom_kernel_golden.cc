@@ -170,16 +170,7 @@ TEST_P(CustomKernelGolden, AnE4m3CaseThroughTheKernelThatReadsTheCodes) {
 // any other pairing would read the pool as the wrong type. Refused before anything touches a
 // device, so this runs without a GPU.
 TEST(CustomKernelE4m3, ThePoolsTypeAndTheScheduleMustAgree) {
-  kernels::VerifyProblem p;
-  p.shape.batch = 1;
-  p.shape.draft = 4;
-  p.shape.heads = 2;
-  p.shape.page_size = 16;
-  p.shape.num_pages = 4;
-  p.shape.num_indices = 4;
-  p.max_kv_len = 40;
-  p.total_kv_len = 40;
-  p.sm_scale = 0.07f;
+  kernels::VerifyProblem p = testing::TinyProblem();
   p.shape.kv_dtype = kernels::KvDtype::kE4m3;
   p.kv_scale = 0.37f;
   const kernels::CustomConfig c;

@@ -158,70 +158,30 @@ def e4m3_bundle(b, kv_scale):
     return e
 
 
-def test_e4m3(seed, kv_scale=0.37):
-    """An e4m3 pool through the kernel that reads its codes (v3e), eager and replayed, against the
-    oracle of the pool's values; a page id past the pool fails the call."""
-    for i, (batch, draft, heads, ps, prefixes, bits, lse) in enumerate(SHAPES[:2] + SHAPES[3:]):
-        rng = np.random.default_rng(seed + i)
-        b = e4m3_bundle(random_bundle(rng, batch, draft, heads, ps, prefixes, unused_pages=5),
-                        kv_scale)
-        max_kv_len = max(prefixes) + draft + 50
-        pool_pages, max_indices = b["kv_pool"].shape[0] + 64, len(b["kv_indices"]) + 64
-        buf = Buffers(batch, draft, heads, ps, pool_pages, max_indices, bits, lse)
-        buf.pool = torch.zeros(pool_pages, ps, 576, dtype=torch.uint8, device="cuda")
-        op = make_op(batch, draft, heads, ps, pool_pages, max_indices, max_kv_len, bits, lse,
-                     kv_dtype="e4m3", kv_scale=kv_scale)
-        name = f"e4m3 x {kv_scale}, B={batch} T={draft} H={heads} page {ps} prefixes {prefixes}"
-        buf.load(b)
-        buf.call(op)
-        torch.cuda.synchronize()
-        check(not bool(op.failed.item()), f"{name}: eager call passes its checks")
-        compare(f"{name}: eager", buf, b)
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
-        with torch.cuda.stream(stream):
-            buf.call(op)
-        stream.synchronize()
-        with torch.cuda.graph(graph, stream=stream):
-            buf.call(op)
-        for r in range(2):
-            new = [int(p) for p in rng.integers(0, max(prefixes) + 50, size=batch)]
-            nb = e4m3_bundle(random_bundle(rng, batch, draft, heads, ps, new, unused_pages=3),
-                             kv_scale)
-            if nb["kv_pool"].shape[0] > pool_pages or len(nb["kv_indices"]) > max_indices:
-                continue
-            buf.load(nb)
-            graph.replay()
-            torch.cuda.synchronize()
-            check(not bool(op.failed.item()), f"{name}: replay {r} passes")
-            compare(f"{name}: replay {r}", buf, nb)
-        buf.load(b)
-        buf.indices[1] = pool_pages
-        graph.replay()
-        torch.cuda.synchronize()
-        check(bool(op.failed.item()), f"{name}: a page id past the pool fails the call")
-        op.close()
-    try:
-        make_op(1, 4, 2, 16, 8, 8, 64, False, False, kv_dtype="e4m3", kv_scale=0.0)
-        check(False, "an e4m3 op with kv_scale 0 is refused")
-    except InvalidBundleError as e:
-        check("kv_scale" in str(e), f"an e4m3 op with kv_scale 0 is refused: {e}")
+def test_eager_and_graph(seed, checks, kv_scale=None, shapes=SHAPES):
+    """Each shape eager, then one call captured and replayed with new data; ``kv_scale``: the
+    pools as e4m3 codes at that scale (v3e)."""
+    def pool_of(b):
+        return b if kv_scale is None else e4m3_bundle(b, kv_scale)
 
-
-def test_eager_and_graph(seed, checks):
-    for i, (batch, draft, heads, ps, prefixes, bits, lse) in enumerate(SHAPES):
+    kv = {} if kv_scale is None else {"kv_dtype": "e4m3", "kv_scale": kv_scale}
+    for i, (batch, draft, heads, ps, prefixes, bits, lse) in enumerate(shapes):
         rng = np.random.default_rng(seed + i)
-        b = random_bundle(rng, batch, draft, heads, ps, prefixes, unused_pages=5)
+        b = pool_of(random_bundle(rng, batch, draft, heads, ps, prefixes, unused_pages=5))
         max_kv_len = max(prefixes) + draft + 50
         pool_pages = b["kv_pool"].shape[0] + 64
         max_indices = len(b["kv_indices"]) + 64
         buf = Buffers(batch, draft, heads, ps, pool_pages, max_indices, bits, lse)
+        if kv_scale is not None:
+            buf.pool = torch.zeros(pool_pages, ps, 576, dtype=torch.uint8, device="cuda")
         op = make_op(batch, draft, heads, ps, pool_pages, max_indices, max_kv_len, bits, lse,
-                     checks)
+                     checks, **kv)
         buf.load(b)
         failed = buf.call(op)
         torch.cuda.synchronize()
-        name = f"checks {checks}, B={batch} T={draft} H={heads} page {ps} prefixes {prefixes}"
+        pool = "bf16" if kv_scale is None else f"e4m3 x {kv_scale}"
+        name = (f"checks {checks}, {pool}, B={batch} T={draft} H={heads} page {ps} "
+                f"prefixes {prefixes}")
         check(not bool(failed.item()), f"{name}: eager call passes its checks")
         compare(f"{name}: eager", buf, b)
 
@@ -235,7 +195,7 @@ def test_eager_and_graph(seed, checks):
             buf.call(op)
         for r in range(4):
             new = [int(p) for p in rng.integers(0, max(prefixes) + 50, size=batch)]
-            nb = random_bundle(rng, batch, draft, heads, ps, new, unused_pages=3)
+            nb = pool_of(random_bundle(rng, batch, draft, heads, ps, new, unused_pages=3))
             if nb["kv_pool"].shape[0] > pool_pages or len(nb["kv_indices"]) > max_indices:
                 continue
             buf.load(nb)
@@ -243,12 +203,29 @@ def test_eager_and_graph(seed, checks):
             torch.cuda.synchronize()
             check(not bool(op.failed.item()), f"{name}: replay {r} (prefixes {new}) passes")
             compare(f"{name}: replay {r}", buf, nb)
+        if kv_scale is not None:
+            buf.load(b)
+            buf.indices[1] = pool_pages
+            graph.replay()
+            torch.cuda.synchronize()
+            check(bool(op.failed.item()), f"{name}: a page id past the pool fails the call")
         op.close()
 
 
+def test_e4m3(seed, kv_scale=0.37):
+    """An e4m3 pool through the kernel that reads its codes (v3e), eager and replayed, against the
+    oracle of the pool's values; a bad page fails the call; a bad scale is refused."""
+    test_eager_and_graph(seed, "separate", kv_scale, SHAPES[:2] + SHAPES[3:])
+    try:
+        make_op(1, 4, 2, 16, 8, 8, 64, False, False, kv_dtype="e4m3", kv_scale=0.0)
+        check(False, "an e4m3 op with kv_scale 0 is refused")
+    except InvalidBundleError as e:
+        check("kv_scale" in str(e), f"an e4m3 op with kv_scale 0 is refused: {e}")
+
+
 def test_bad_calls(seed, bits, separate_checks):
-    """Each bad input, eager and replayed, with the checks inside the kernel (the default) or in
-    kernels of their own: `failed`, and the next good call passes. The separate checks run
+    """Each bad input, eager and replayed, with the checks inside the kernel or in kernels of
+    their own (the default): `failed`, and the next good call passes. The separate checks run
     before the kernel, so o is left as it was; inside the kernel, CTAs of sound requests may
     have written theirs."""
     batch, draft, heads, ps, prefixes = 4, 7, 16, 16, [100, 37, 260, 9]
