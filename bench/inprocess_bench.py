@@ -8,15 +8,19 @@ benchmark). Per shape, medians of REPS replays of each step:
 
 - ``step_ms_without``: the GEMMs alone;
 - ``step_ms_stack``: the stack's attention, FlashMLA (its output copied into the layer's o);
-- ``step_ms_op``: the op (libverifyd_kernel.so, VerifyKernel) called directly;
+- ``step_ms_op``: the op (libverifyd_kernel.so, VerifyKernel) called directly, its checks in
+  kernels of their own around the kernel (the default); ``step_ms_op_kernel_checks``: the same
+  with the checks inside the kernel (VERIFYD_OP_CHECKS=kernel);
 - ``step_ms_inprocess``: the op under the switch (Switch.step: one IF/ELSE node a step, the
   stack's attention as each layer's fallback), mode op; ``step_ms_switch_stack``: the same step
-  in mode stack;
+  in mode stack; ``step_ms_inprocess_kernel_checks``: mode op with the kernel-checks op;
 - ``step_ms_doorbell``: each layer a doorbell call to verifyd (CUDA engine) in custom mode.
 
 and from a profile of the op's step, the custom kernel's own device time a call, its checks',
 and FlashMLA's. Derived: ``per_call_overhead_us`` = the op's step over the GEMMs, a layer, minus
-the kernel's own time (the op's checks and launch gaps); ``switch_cost_us`` = mode stack over
+the kernel's own time (the op's checks and launch gaps), and ``..._kernel_checks`` the same for
+the kernel-checks op (over the same kernel time: the kernel without checks of its own);
+``switch_cost_us`` = mode stack over
 FlashMLA called directly, a layer (the path not taken); ``switch_cost_us_mode_op`` = mode op over
 the op called directly; ``custom_over_direct`` = step_ms_inprocess / step_ms_op.
 
@@ -119,9 +123,14 @@ class Shape:
         self.w = (torch.randn(7168, 2048, generator=gen, device=dev) * 0.01).to(torch.bfloat16)
         self.y = torch.empty(b * t, 2048, dtype=torch.bfloat16, device=dev)
 
-    def op(self):
-        return VerifyKernel(self.b, self.t, self.h, PAGE, self.pool.shape[0],
-                            self.indices.numel(), self.prefix + self.t, sm_scale=SCALE)
+    def op(self, checks="separate"):
+        """The op, its checks where ``checks`` says (VERIFYD_OP_CHECKS when it is made)."""
+        os.environ["VERIFYD_OP_CHECKS"] = checks
+        try:
+            return VerifyKernel(self.b, self.t, self.h, PAGE, self.pool.shape[0],
+                                self.indices.numel(), self.prefix + self.t, sm_scale=SCALE)
+        finally:
+            os.environ.pop("VERIFYD_OP_CHECKS", None)
 
     def op_args(self, op):
         return (op, self.q, self.pool, self.indptr, self.indices, self.lens, self.mask)
@@ -205,20 +214,36 @@ def bench_shape(args, shape, peer, client, admin, failures):
     graphs["op"] = capture(with_op, stream)
     checked("op")
 
-    sw = Switch(layers, conditional=None)
+    op_k = s.op("kernel")
+    args_k = s.op_args(op_k)
 
-    def with_switch():
-        def forward():
-            for i in range(layers):
-                gemm()
-                sw.attend(i, flashmla, *args_op, o)
-        sw.step(forward)
-    sw.set_mode("op")
+    def with_op_k():
+        for _ in range(layers):
+            gemm()
+            op_k.attend(*args_k[1:], o)
     o.zero_()
-    graphs["switch"] = capture(with_switch, stream)
+    graphs["op_kernel_checks"] = capture(with_op_k, stream)
+    checked("op_kernel_checks")
+
+    def switched(the_sw, the_args):
+        def body():
+            def forward():
+                for i in range(layers):
+                    gemm()
+                    the_sw.attend(i, flashmla, *the_args, o)
+            the_sw.step(forward)
+        return body
+
+    sw = Switch(layers, conditional=None)
+    sw_k = Switch(layers, conditional=None)
+    sw.set_mode("op")
+    sw_k.set_mode("op")
+    o.zero_()
+    graphs["switch"] = capture(switched(sw, args_op), stream)
+    graphs["switch_kernel_checks"] = capture(switched(sw_k, args_k), stream)
     row["switch_conditional"] = sw.conditional
 
-    for name in ("without", "stack", "op"):
+    for name in ("without", "stack", "op", "op_kernel_checks"):
         row[f"step_ms_{name}"] = median_ms(graphs[name], args.reps)
     sw.set_mode("op")
     o.zero_()
@@ -226,6 +251,11 @@ def bench_shape(args, shape, peer, client, admin, failures):
     checked("inprocess")
     if bool(sw.layer_failed.any().item()):
         failures.append(f"{shape}: mode op, a layer served by the stack")
+    o.zero_()
+    row["step_ms_inprocess_kernel_checks"] = median_ms(graphs["switch_kernel_checks"], args.reps)
+    checked("inprocess_kernel_checks")
+    if bool(sw_k.layer_failed.any().item()):
+        failures.append(f"{shape}: mode op, checks in the kernel, a layer served by the stack")
     sw.set_mode("stack")
     o.zero_()
     row["step_ms_switch_stack"] = median_ms(graphs["switch"], args.reps)
@@ -238,6 +268,11 @@ def bench_shape(args, shape, peer, client, admin, failures):
     row["flashmla_kernel_us"] = k_stack["flashmla"]
     per_layer = lambda a, b: (row[a] - row[b]) * 1e3 / layers  # noqa: E731
     row["per_call_overhead_us"] = per_layer("step_ms_op", "step_ms_without") - row["kernel_us"]
+    row["kernel_checks_kernel_us"] = profile_us(graphs["op_kernel_checks"], layers)["custom"]
+    row["per_call_overhead_us_kernel_checks"] = (
+        per_layer("step_ms_op_kernel_checks", "step_ms_without") - row["kernel_us"])
+    row["inprocess_overhead_us_kernel_checks"] = (
+        per_layer("step_ms_inprocess_kernel_checks", "step_ms_without") - row["kernel_us"])
     row["inprocess_overhead_us"] = (per_layer("step_ms_inprocess", "step_ms_without")
                                     - row["kernel_us"])
     row["switch_cost_us"] = per_layer("step_ms_switch_stack", "step_ms_stack")
@@ -245,6 +280,8 @@ def bench_shape(args, shape, peer, client, admin, failures):
     row["custom_over_direct"] = row["step_ms_inprocess"] / row["step_ms_op"]
     row["inprocess_over_stack"] = row["step_ms_inprocess"] / row["step_ms_stack"]
     sw.close()
+    sw_k.close()
+    op_k.close()
 
     if client is not None:
         admin.flip("custom", "in-process benchmark", force=True)

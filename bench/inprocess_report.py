@@ -26,13 +26,17 @@ def report(rows_path, commit):
            f"to verifyd (CUDA engine, custom) a layer. Per layer, µs: overhead = the op's "
            f"step over the GEMMs minus the custom kernel's own device time; switch = mode "
            f"stack over FlashMLA direct (the path not taken); doorbell overhead likewise over "
-           f"the kernel time verifyd reports.",
+           f"the kernel time verifyd reports. The op's checks run in kernels of their own "
+           f"around the kernel; the last three columns are the op with its checks inside the "
+           f"kernel (VERIFYD_OP_CHECKS=kernel), called directly and under the switch, and its "
+           f"overhead over the same kernel time.",
            "",
            "| MPS | B,T,H,prefix | GEMMs only | stack (FlashMLA) | op | in-process | "
            "switch, mode stack | doorbell | kernel µs | FlashMLA µs | op overhead µs | "
            "in-process overhead µs | switch µs | in-process / op | in-process / stack | "
-           "doorbell overhead µs |",
-           "|---|---|" + "---:|" * 14]
+           "doorbell overhead µs | op, checks in kernel | in-process, checks in kernel | "
+           "op overhead µs, checks in kernel |",
+           "|---|---|" + "---:|" * 17]
     for r in shapes:
         out.append("| " + " | ".join([
             "yes" if r["mps"] else "no", ",".join(map(str, r["shape"])),
@@ -42,7 +46,9 @@ def report(rows_path, commit):
             fmt(r["flashmla_kernel_us"], 1), fmt(r["per_call_overhead_us"], 2),
             fmt(r["inprocess_overhead_us"], 2), fmt(r["switch_cost_us"], 2),
             fmt(r["custom_over_direct"]), fmt(r["inprocess_over_stack"]),
-            fmt(r.get("doorbell_overhead_us"), 1)]) + " |")
+            fmt(r.get("doorbell_overhead_us"), 1), fmt(r.get("step_ms_op_kernel_checks")),
+            fmt(r.get("step_ms_inprocess_kernel_checks")),
+            fmt(r.get("per_call_overhead_us_kernel_checks"), 2)]) + " |")
     out += ["", "Under verifyd's control (a switch channel, lease as given; B,T,H,prefix "
             "8,16,16,4096): replays from the flip's answer until the op served, from the "
             "rollback's until the stack did, and with verifyd SIGSTOPped, ms until the stack "

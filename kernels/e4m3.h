@@ -8,11 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define VERIFYD_HOST_DEVICE __host__ __device__
-#else
-#define VERIFYD_HOST_DEVICE
-#endif
+#include "kernels/host_device.h"
 
 namespace verifyd::kernels {
 

@@ -17,6 +17,7 @@ BUILD=$(cd "${1:-$ROOT/build-cuda}" && pwd)
 PACK=${2:-$ROOT/.gpu/pack}
 
 BINS=(tests/kernels/test_custom_kernel tests/kernels/test_custom_kernel_golden
+      tests/kernels/test_custom_kernel_checks
       tests/kernels/test_custom_plan bench/verifyd-bench bench/verifyd-engine-bench
       bench/verifyd-kernel-trace
       tests/cuda_engine/test_reference_kernels tests/cuda_engine/test_cuda_engine

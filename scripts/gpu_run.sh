@@ -76,8 +76,8 @@ if [[ $run_tests == 1 ]]; then
   [[ $shipped_ok == 1 ]] || kernel_filter='-*__hopper:*__hopper_split5:CustomKernelDeterminism.*'
   # The service suites start verifyd in-process on the CUDA engine.
   export VERIFYD_TEST_ENGINE=cuda
-  for t in test_custom_plan test_custom_kernel_golden test_custom_kernel test_reference_kernels \
-           test_cuda_engine test_cuda_sticky_error test_service; do
+  for t in test_custom_plan test_custom_kernel_golden test_custom_kernel test_custom_kernel_checks \
+           test_reference_kernels test_cuda_engine test_cuda_sticky_error test_service; do
     [[ -x "$PACK/bin/$t" ]] || continue
     filter='*'
     [[ $t == test_custom_kernel ]] && filter=$kernel_filter
@@ -136,9 +136,10 @@ PY
   echo "adapters: rc=$rc ($(tail -n 1 "$OUT/adapters.txt"))" >> "$SUMMARY"
   grep -E "^(FAIL|ERROR):" "$OUT/adapters.txt" | head -10 >> "$SUMMARY"
   # The custom kernel in the serving process (libverifyd_kernel.so): against the fp64 oracle,
-  # eager and captured, its device checks on bad calls, and its cost in a 61-layer step.
+  # eager and captured, e4m3 pools, its device checks on bad calls (in the kernel and around
+  # it), and its cost in a 61-layer step (both placements of the checks side by side).
   if [[ -e $PACK/lib/libverifyd_kernel.so ]]; then
-    VERIFYD_KERNEL_LIB="$PACK/lib/libverifyd_kernel.so" VERIFYD_CLIENT_GEN=$gen timeout 300 \
+    VERIFYD_KERNEL_LIB="$PACK/lib/libverifyd_kernel.so" VERIFYD_CLIENT_GEN=$gen timeout 480 \
       python3 "$PACK/py/tests/python/gpu_kernel_op_test.py" --json "$OUT/kernel_op.json" \
       --md "$OUT/kernel_op.md" --commit "$COMMIT" > "$OUT/kernel_op.txt" 2>&1
     rc=$?

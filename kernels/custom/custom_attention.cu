@@ -1,6 +1,5 @@
 #include "kernels/custom/custom_attention.h"
 
-#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdlib>
@@ -189,7 +188,7 @@ cudaError_t LaunchPlanned(void (*kernel)(KernelParams), bool dependent_combine,
   k.rows_total = int64_t{k.rows} * p.shape.batch;
   k.skip = c.skip;
   // Page ids past the pool are read as page 0 (v5): the kernel never reads outside the pool.
-  k.page_limit = static_cast<uint32_t>(std::min<int64_t>(p.shape.num_pages, int64_t{1} << 31));
+  k.pool_pages = p.shape.num_pages;
   k.checks = c.checks;
   if (plan.splits > 1) {
     k.o_partial = static_cast<float*>(workspace);

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "kernels/call_checks.h"
 #include "kernels/custom/kernel_params.h"
 
 namespace verifyd::kernels::custom {
@@ -20,20 +21,19 @@ __device__ __forceinline__ bool NotServing(const KernelParams& p) {
   return ChecksOn(p) && p.checks.serve != nullptr && *p.checks.serve == 0;
 }
 
-// Request b's layout, before anything is read through it: kv_indptr rising from 0 within
-// max_indices, and its kv_len in [T, min(max_kv_len, its pages x page_size)].
+// Request b's layout (RequestLayoutBad), before anything is read through it.
 __device__ __forceinline__ unsigned LayoutVerdict(const KernelParams& p, int b, int kv_len) {
   if (!ChecksOn(p)) return 0;
-  const int64_t lo = p.kv_indptr[b], hi = p.kv_indptr[b + 1], len = kv_len;
-  const bool bad = (b == 0 && lo != 0) || hi < lo || hi > p.checks.max_indices || len < p.draft ||
-                   len > p.checks.max_kv_len || len > ((hi - lo) << p.page_shift);
+  const bool bad =
+      RequestLayoutBad(b, p.kv_indptr[b], p.kv_indptr[b + 1], kv_len, p.checks.max_indices,
+                       p.draft, p.checks.max_kv_len, int64_t{1} << p.page_shift);
   return bad ? kVerdictLayoutBad : 0u;
 }
 
 // A page id as the kernel reads it: one outside the pool is flagged and read as page 0.
 __device__ __forceinline__ int32_t CheckedPage(const KernelParams& p, int32_t page,
                                                unsigned& bad) {
-  if (static_cast<uint32_t>(page) >= p.page_limit) {
+  if (PageIdBad(page, p.pool_pages)) {
     bad |= kVerdictIndexBad;
     return 0;
   }
@@ -53,13 +53,12 @@ __device__ __forceinline__ unsigned MaskVerdict(const KernelParams& p, int b, in
   if (!p.mask_bits) {
     const int n = tokens * p.mask_row_bytes;
     for (int i = tid; i < n; i += threads) {
-      if (rows[i] > 1) bad = kVerdictMaskBad;
+      if (MaskByteBad(rows[i], false, p.draft, false)) bad = kVerdictMaskBad;
     }
-  } else if ((p.draft & 7) != 0) {
+  } else if ((p.draft & 7) != 0) {  // only a row's last byte can hold a bit past T
     for (int t = tid; t < tokens; t += threads) {
-      if ((rows[int64_t{t} * p.mask_row_bytes + p.mask_row_bytes - 1] >> (p.draft & 7)) != 0) {
-        bad = kVerdictMaskBad;
-      }
+      const int64_t last = int64_t{t} * p.mask_row_bytes + p.mask_row_bytes - 1;
+      if (MaskByteBad(rows[last], true, p.draft, true)) bad = kVerdictMaskBad;
     }
   }
   return bad;

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <string>
 
+#include "kernels/call_checks.h"
 #include "kernels/custom/custom_attention.h"
 #include "kernels/custom/custom_launch_plan.h"
 #include "kernels/op/verify_op_api.h"
@@ -66,9 +67,8 @@ __global__ void __launch_bounds__(kThreads) CheckCall(const CheckArgs a) {
   }
   if (blockIdx.x == 0) {
     for (int b = threadIdx.x; b < a.batch; b += kThreads) {
-      const int64_t lo = a.kv_indptr[b], hi = a.kv_indptr[b + 1], len = a.kv_lens[b];
-      if ((b == 0 && lo != 0) || hi < lo || hi > a.max_indices || len < a.draft ||
-          len > a.max_kv_len || len > (hi - lo) * a.page_size) {
+      if (verifyd::kernels::RequestLayoutBad(b, a.kv_indptr[b], a.kv_indptr[b + 1], a.kv_lens[b],
+                                             a.max_indices, a.draft, a.max_kv_len, a.page_size)) {
         bad |= kLayoutBad;
       }
     }
@@ -78,16 +78,11 @@ __global__ void __launch_bounds__(kThreads) CheckCall(const CheckArgs a) {
   int64_t named = a.kv_indptr[a.batch];
   named = named < 0 ? 0 : (named > a.max_indices ? a.max_indices : named);
   for (int64_t i = first; i < named; i += stride) {
-    const int32_t page = a.kv_indices[i];
-    if (page < 0 || page >= a.pool_pages) bad |= kIndexBad;
+    if (verifyd::kernels::PageIdBad(a.kv_indices[i], a.pool_pages)) bad |= kIndexBad;
   }
-  const int tail_bits = a.draft % 8;
   for (int64_t i = first; i < a.mask_bytes; i += stride) {
-    const unsigned m = a.mask[i];
-    if (!a.mask_bits) {
-      if (m > 1) bad |= kMaskBad;
-    } else if (tail_bits != 0 && i % a.mask_row_bytes == a.mask_row_bytes - 1 &&
-               (m >> tail_bits) != 0) {
+    if (verifyd::kernels::MaskByteBad(a.mask[i], a.mask_bits != 0, a.draft,
+                                      i % a.mask_row_bytes == a.mask_row_bytes - 1)) {
       bad |= kMaskBad;
     }
   }
