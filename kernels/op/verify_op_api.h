@@ -159,8 +159,27 @@ VERIFYD_OP_EXPORT int verifyd_switch_layer_in_step(VerifydSwitch* sw, uint32_t l
 VERIFYD_OP_EXPORT int verifyd_switch_fallback_end(VerifydSwitch* sw);
 // Ends the op's step body and starts the stack's, on `stack_step_stream`.
 VERIFYD_OP_EXPORT int verifyd_switch_step_stack(VerifydSwitch* sw, void** stack_step_stream);
-// Ends the stack's step body: the step is done.
+// Ends the stack's step body (or a redo step's redo body): the step is done.
 VERIFYD_OP_EXPORT int verifyd_switch_step_end(VerifydSwitch* sw);
+// A redo step: as step_op, but its layers' op calls have no fallback of their own (no
+// conditional node a layer). After the step's IF/ELSE node, one IF node redoes the whole step
+// with the stack's attention when the op served it and any layer's call failed (its layers' bytes
+// then all say the stack). The stack's forward pass must give the same results when run again
+// from the step's inputs (it writes, it does not accumulate in place). Calls:
+//   verifyd_switch_step_op_redo(sw, block, use_op, layer_failed, stream, &s)
+//     the stack's forward pass on s; in each layer verifyd_switch_layer_in_redo_step(...)
+//   verifyd_switch_step_stack(sw, &s)      the forward pass with the stack's attention
+//   verifyd_switch_step_redo(sw, &s)       the same again: the redo body
+//   verifyd_switch_step_end(sw)
+VERIFYD_OP_EXPORT int verifyd_switch_step_op_redo(VerifydSwitch* sw, VerifydSwitchBlock* block,
+                                                  uint8_t* use_op, uint8_t* layer_failed,
+                                                  void* stream, void** op_step_stream);
+// In a redo step's op body: layer `layer`'s op call, its verdict to layer_failed[layer].
+VERIFYD_OP_EXPORT int verifyd_switch_layer_in_redo_step(VerifydSwitch* sw, uint32_t layer,
+                                                        VerifydOp* op, const VerifydOpCall* call);
+// Ends a redo step's stack body, adds the redo's decision and IF node after the step, and starts
+// the redo body (the stack's forward pass again) on `redo_stream`.
+VERIFYD_OP_EXPORT int verifyd_switch_step_redo(VerifydSwitch* sw, void** redo_stream);
 // Ends whatever body is being captured, after the caller's code failed in it.
 VERIFYD_OP_EXPORT void verifyd_switch_layer_abort(VerifydSwitch* sw);
 // The kernel-side branch, after the stack's attention wrote `o` (and `lse`): the op's call,

@@ -11,7 +11,15 @@
 // stack's attention in the same layer. Or the whole step is one IF/ELSE node (step_op): the
 // then-body is the stack's forward pass captured with the op's calls (each with its fallback),
 // the else-body the same forward pass with the stack's attention; a step then pays for one
-// conditional node, not one a layer. The bodies are captured on the switch's own streams
+// conditional node, not one a layer. A redo step (step_op_redo) drops the nested IF a layer: its
+// layers' calls only record their verdicts, and one IF node after the step runs the stack's
+// forward pass again when the op served the step and any call failed:
+//
+//   DecideStep ─ IF use_op ─ then: the forward pass, each layer CheckCall → custom → Deliver
+//                          └ else: the forward pass with the stack's attention
+//   SetRedo (use_op and a layer failed) ─ IF redo ─ then: the forward pass with the stack's
+//
+// The bodies are captured on the switch's own streams
 // (cudaStreamBeginCaptureToGraph); the caller runs the stack's attention on the stream each call
 // returns. Without conditional nodes (a driver before CUDA 12.8) the layer is a kernel-side
 // branch instead: the stack's attention always runs, then the op, gated on use_op, computes into
@@ -87,9 +95,24 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// After a redo step's IF/ELSE node: the step is redone by the stack (its layers all to the
+// stack) when the op was to serve it and a layer's call failed; else the handle stays 0.
+__global__ void __launch_bounds__(kThreads)
+    SetRedo(const uint8_t* use_op, uint8_t* layer_failed, uint32_t layers,
+            cudaGraphConditionalHandle redo) {
+  int failed = 0;
+  for (uint32_t l = threadIdx.x; l < layers; l += kThreads) failed |= layer_failed[l];
+  const bool again = __syncthreads_or(failed) != 0 && *use_op != 0;
+  if (again) {
+    for (uint32_t l = threadIdx.x; l < layers; l += kThreads) layer_failed[l] = 1;
+  }
+  if (threadIdx.x == 0) cudaGraphSetConditional(redo, again ? 1u : 0u);
+}
+
 // kFallback, kElse: a layer's bodies (layer_op). kOpStep, kStackStep: the step's bodies
-// (step_op), with kOpStepFallback while a layer's fallback in the op's step is captured.
-enum class Stage { kIdle, kFallback, kElse, kOpStep, kOpStepFallback, kStackStep };
+// (step_op), with kOpStepFallback while a layer's fallback in the op's step is captured, and
+// kRedoStep, a redo step's third body (step_redo).
+enum class Stage { kIdle, kFallback, kElse, kOpStep, kOpStepFallback, kStackStep, kRedoStep };
 
 }  // namespace
 
@@ -108,6 +131,11 @@ struct VerifydSwitch {
   // The layer in progress.
   Stage stage = Stage::kIdle;
   cudaGraph_t else_graph = nullptr;
+  // A redo step (step_op_redo): its layers' calls have no fallback of their own; the stack's
+  // forward pass runs again after the step when one failed.
+  bool redo = false;
+  cudaStream_t step_stream = nullptr;  // the caller's capturing stream
+  cudaGraphConditionalHandle redo_handle{};
   std::string error;
 };
 
@@ -134,6 +162,7 @@ void EndBody(VerifydSwitch* sw) {
   EndCapture(sw->fallback);
   EndCapture(sw->body);
   sw->stage = Stage::kIdle;
+  sw->redo = false;
 }
 
 // Adds a conditional IF node of `size` bodies (then, else) after what `stream` has enqueued in
@@ -367,8 +396,12 @@ void verifyd_switch_layer_abort(VerifydSwitch* sw) {
   if (sw != nullptr) EndBody(sw);
 }
 
-int verifyd_switch_step_op(VerifydSwitch* sw, VerifydSwitchBlock* block, uint8_t* use_op,
-                           uint8_t* layer_failed, void* stream_ptr, void** op_step_stream) {
+}  // extern "C"
+
+namespace {
+
+int StepOp(VerifydSwitch* sw, VerifydSwitchBlock* block, uint8_t* use_op, uint8_t* layer_failed,
+           void* stream_ptr, void** op_step_stream, bool redo) {
   if (sw == nullptr) return cudaErrorInvalidValue;
   if (block == nullptr || use_op == nullptr || layer_failed == nullptr ||
       op_step_stream == nullptr) {
@@ -396,6 +429,12 @@ int verifyd_switch_step_op(VerifydSwitch* sw, VerifydSwitchBlock* block, uint8_t
   cudaError_t e =
       cudaGraphConditionalHandleCreate(&sw->handles.h[0], graph, 0, cudaGraphCondAssignDefault);
   if (e != cudaSuccess) return Fail(sw, e, "step_op: the step's handle");
+  if (redo) {
+    e = cudaGraphConditionalHandleCreate(&sw->redo_handle, graph, 0, cudaGraphCondAssignDefault);
+    if (e != cudaSuccess) return Fail(sw, e, "step_op: the redo's handle");
+  }
+  sw->redo = redo;
+  sw->step_stream = stream;
   sw->handles.count = 1;
   DecideStep<<<1, kThreads, 0, stream>>>(block, use_op, layer_failed, sw->layers, sw->handles);
   sw->handles.count = 0;  // layer_op does not belong in a step of this kind
@@ -412,6 +451,52 @@ int verifyd_switch_step_op(VerifydSwitch* sw, VerifydSwitchBlock* block, uint8_t
   return 0;
 }
 
+}  // namespace
+
+extern "C" {
+
+int verifyd_switch_step_op(VerifydSwitch* sw, VerifydSwitchBlock* block, uint8_t* use_op,
+                           uint8_t* layer_failed, void* stream_ptr, void** op_step_stream) {
+  return StepOp(sw, block, use_op, layer_failed, stream_ptr, op_step_stream, false);
+}
+
+int verifyd_switch_step_op_redo(VerifydSwitch* sw, VerifydSwitchBlock* block, uint8_t* use_op,
+                                uint8_t* layer_failed, void* stream_ptr, void** op_step_stream) {
+  return StepOp(sw, block, use_op, layer_failed, stream_ptr, op_step_stream, true);
+}
+
+int verifyd_switch_layer_in_redo_step(VerifydSwitch* sw, uint32_t layer, VerifydOp* op,
+                                      const VerifydOpCall* call) {
+  if (sw == nullptr) return cudaErrorInvalidValue;
+  if (op == nullptr || call == nullptr) {
+    return Fail(sw, cudaSuccess, "layer_in_redo_step: op and call are required");
+  }
+  if (sw->stage != Stage::kOpStep || !sw->redo) {
+    return Fail(sw, cudaSuccess, "layer_in_redo_step: not inside a redo step's op body "
+                                 "(step_op_redo)");
+  }
+  if (layer >= sw->layers || sw->layer_done[layer]) {
+    return Fail(sw, cudaSuccess,
+                "layer: " + std::to_string(layer) +
+                    (layer >= sw->layers ? " is outside [0, " + std::to_string(sw->layers) + ")"
+                                         : " is already in this step"));
+  }
+  unsigned long long id = 0;
+  cudaGraph_t step_graph = nullptr;
+  if (!Capturing(sw->body, &id, &step_graph)) {
+    return Fail(sw, cudaSuccess, "layer_in_redo_step: the op's step is no longer being captured");
+  }
+  sw->layer_done[layer] = true;
+  VerifydOpCall c = *call;
+  c.failed = sw->layer_failed + layer;
+  const cudaError_t e = verifyd::op::Attend(op, &c, verifyd::op::CallExtras{}, sw->body);
+  if (e != cudaSuccess) {
+    EndBody(sw);
+    return Fail(sw, e, "layer_in_redo_step: the op's call");
+  }
+  return 0;
+}
+
 int verifyd_switch_layer_in_step(VerifydSwitch* sw, uint32_t layer, VerifydOp* op,
                                  const VerifydOpCall* call, void** fallback_stream) {
   if (sw == nullptr) return cudaErrorInvalidValue;
@@ -420,6 +505,9 @@ int verifyd_switch_layer_in_step(VerifydSwitch* sw, uint32_t layer, VerifydOp* o
   }
   if (sw->stage != Stage::kOpStep) {
     return Fail(sw, cudaSuccess, "layer_in_step: not inside the op's step (step_op)");
+  }
+  if (sw->redo) {
+    return Fail(sw, cudaSuccess, "layer_in_step: a redo step's layers take layer_in_redo_step");
   }
   if (layer >= sw->layers || sw->layer_done[layer]) {
     return Fail(sw, cudaSuccess,
@@ -477,9 +565,40 @@ int verifyd_switch_step_stack(VerifydSwitch* sw, void** stack_step_stream) {
   return 0;
 }
 
+int verifyd_switch_step_redo(VerifydSwitch* sw, void** redo_stream) {
+  if (sw == nullptr) return cudaErrorInvalidValue;
+  if (sw->stage != Stage::kStackStep || !sw->redo || redo_stream == nullptr) {
+    EndBody(sw);
+    return Fail(sw, cudaSuccess, "step_redo: no step_stack of a redo step (step_op_redo) before it");
+  }
+  cudaGraph_t ended = nullptr;
+  cudaError_t e = cudaStreamEndCapture(sw->body, &ended);
+  if (e != cudaSuccess) {
+    EndBody(sw);
+    return Fail(sw, e, "step_redo: the stack's step body");
+  }
+  // After the IF/ELSE node, on the caller's stream: the redo's decision, then its IF node.
+  SetRedo<<<1, kThreads, 0, sw->step_stream>>>(sw->use_op, sw->layer_failed, sw->layers,
+                                               sw->redo_handle);
+  e = cudaGetLastError();
+  cudaGraph_t body = nullptr;
+  if (e == cudaSuccess) e = AddIf(sw->step_stream, sw->redo_handle, 1, &body);
+  if (e == cudaSuccess) e = BeginCapture(sw->body, body);
+  if (e != cudaSuccess) {
+    EndBody(sw);
+    return Fail(sw, e, "step_redo: the redo's decision and IF node");
+  }
+  sw->stage = Stage::kRedoStep;
+  *redo_stream = sw->body;
+  return 0;
+}
+
 int verifyd_switch_step_end(VerifydSwitch* sw) {
   if (sw == nullptr) return cudaErrorInvalidValue;
-  return EndStackBody(sw, Stage::kStackStep, "step_end", "step_stack");
+  const bool redo = sw->redo;
+  sw->redo = false;
+  return redo ? EndStackBody(sw, Stage::kRedoStep, "step_end", "step_redo")
+              : EndStackBody(sw, Stage::kStackStep, "step_end", "step_stack");
 }
 
 int verifyd_switch_layer_branch(VerifydSwitch* sw, uint32_t layer, VerifydOp* op,

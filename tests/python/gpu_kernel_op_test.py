@@ -330,6 +330,7 @@ def stack_attention(buf, batch, draft, heads, page_size, max_kv_len, out, ran, l
 
 
 SWITCH_KINDS = {"layer": "a conditional node a layer", "step": "a conditional node a step",
+                "step_redo": "a conditional node a step, a failed step redone by the stack",
                 "branch": "kernel-side branch"}
 
 
@@ -363,8 +364,8 @@ def test_switch(seed, kind, checks="kernel"):
             sw.attend(i, fns[i], *args, outs[i])
 
     with torch.cuda.graph(graph, stream=stream):
-        if kind == "step":
-            sw.step(forward)
+        if kind in ("step", "step_redo"):
+            sw.step(forward, redo=kind == "step_redo")
         else:
             sw.begin_step()
             forward()
@@ -564,8 +565,8 @@ def bench_step(seed, layers=61, replays=30):
                 def forward():
                     for i in range(layers):
                         sw.attend(i, lambda: buf.o.fill_(0.5), *args, buf.o)
-                if name == "step":
-                    sw.step(forward)
+                if name in ("step", "step_redo"):
+                    sw.step(forward, redo=name == "step_redo")
                 else:
                     sw.begin_step()
                     forward()

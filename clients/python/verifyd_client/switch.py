@@ -142,8 +142,13 @@ def _bind(lib):
     lib.verifyd_switch_fallback_end.argtypes = [p]
     lib.verifyd_switch_step_stack.argtypes = [p, ctypes.POINTER(p)]
     lib.verifyd_switch_step_end.argtypes = [p]
+    lib.verifyd_switch_step_op_redo.argtypes = [p, p, p, p, p, ctypes.POINTER(p)]
+    lib.verifyd_switch_layer_in_redo_step.argtypes = [p, u32, p,
+                                                      ctypes.POINTER(kernel_op._Call)]  # noqa: SLF001
+    lib.verifyd_switch_step_redo.argtypes = [p, ctypes.POINTER(p)]
     for f in ("begin_step", "layer_op", "layer_else", "layer_end", "layer_branch", "step_op",
-              "layer_in_step", "fallback_end", "step_stack", "step_end"):
+              "layer_in_step", "fallback_end", "step_stack", "step_end", "step_op_redo",
+              "layer_in_redo_step", "step_redo"):
         getattr(lib, "verifyd_switch_" + f).restype = i
 
 
@@ -252,30 +257,40 @@ class Switch:
             self._sw, self._block_device, self.use_op.data_ptr(), self.layer_failed.data_ptr(),
             self._stream()), "begin_step")
 
-    def step(self, forward):
+    def step(self, forward, redo=False):
         """Captures one step as a single IF/ELSE conditional node: ``forward()`` (the stack's
         forward pass, calling ``attend`` in its layers) is called twice, once for the op's step
         (each layer the op's call, and the stack's attention after a call that failed) and once
         for the stack's, on the switch's stream with its memory pool. A step then costs one
         conditional node, not one a layer. ``forward`` must leave its results in tensors made
         before the step (what it returns is dropped). Outside a capture, or without conditional
-        nodes: ``begin_step()`` and one ``forward()``, each layer a kernel-side branch."""
+        nodes: ``begin_step()`` and one ``forward()``, each layer a kernel-side branch.
+
+        ``redo``: no fallback node a layer; instead, when the op served the step and any layer's
+        call failed, the whole step runs again with the stack's attention (``forward()`` is
+        captured a third time). Only for a forward pass that gives the same results when run
+        again from the step's inputs."""
         torch = _torch()
         if not (self.conditional and torch.cuda.is_current_stream_capturing()):
             self.begin_step()
             forward()
             return
         body = ctypes.c_void_p()
-        self._check(self._lib.verifyd_switch_step_op(
+        step_op = self._lib.verifyd_switch_step_op_redo if redo else self._lib.verifyd_switch_step_op
+        self._check(step_op(
             self._sw, self._block_device, self.use_op.data_ptr(), self.layer_failed.data_ptr(),
             self._stream(), ctypes.byref(body)), "step_op")
         try:
-            self._in_step = "op"
+            self._in_step = "op_redo" if redo else "op"
             self._run_on(body.value, forward)
             self._check(self._lib.verifyd_switch_step_stack(self._sw, ctypes.byref(body)),
                         "step_stack")
             self._in_step = "stack"
             self._run_on(body.value, forward)
+            if redo:
+                self._check(self._lib.verifyd_switch_step_redo(self._sw, ctypes.byref(body)),
+                            "step_redo")
+                self._run_on(body.value, forward)
         except BaseException:
             self._lib.verifyd_switch_layer_abort(self._sw)
             raise
@@ -310,6 +325,12 @@ class Switch:
         failed = self.layer_failed[layer]
         if self._in_step == "stack":
             return stack_fn()
+        if self._in_step == "op_redo":
+            c, _ = op.call_struct(q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, o, lse,
+                                  failed)
+            self._check(self._lib.verifyd_switch_layer_in_redo_step(
+                self._sw, layer, op._op, ctypes.byref(c)), "layer_in_redo_step")  # noqa: SLF001
+            return None
         if self._in_step == "op":
             c, _ = op.call_struct(q, kv_pool, kv_indptr, kv_indices, kv_lens, tree_mask, o, lse,
                                   failed)
