@@ -36,7 +36,7 @@ TEST(CallChecks, ARequestsLayoutIsRefusedPastEachBoundAndTakenAtIt) {
   EXPECT_TRUE(with([](Layout& l) { l.hi = 13; }));  // past max_indices
   // kv_len in [T, min(max_kv_len, pages x page_size)].
   EXPECT_FALSE(with([](Layout& l) { l.kv_len = 6; }));
-  EXPECT_TRUE(with([](Layout& l) { l.kv_len = 5; }));  // shorter than its draft
+  EXPECT_TRUE(with([](Layout& l) { l.kv_len = 5; }));    // shorter than its draft
   EXPECT_FALSE(with([](Layout& l) { l.kv_len = 80; }));  // exactly its 5 pages
   EXPECT_TRUE(with([](Layout& l) { l.kv_len = 81; }));   // past its pages
   EXPECT_FALSE(with([](Layout& l) { l.hi = 12, l.kv_len = 100; }));
