@@ -19,9 +19,15 @@ VERIFYD_HOST_DEVICE inline bool RequestLayoutBad(int b, int64_t lo, int64_t hi, 
          kv_len > max_kv_len || kv_len > (hi - lo) * page_size;
 }
 
-// A page id outside a pool of `pages` pages.
-VERIFYD_HOST_DEVICE inline bool PageIdBad(int32_t page, int64_t pages) {
-  return page < 0 || page >= pages;
+// A pool's bound on page ids for PageIdBad: its page count, as ids are int32 at most 2^31.
+VERIFYD_HOST_DEVICE inline uint32_t PageIdLimit(int64_t pages) {
+  return pages <= 0 ? 0u : (pages < (int64_t{1} << 31) ? static_cast<uint32_t>(pages) : 0x80000000u);
+}
+
+// A page id outside the pool of PageIdLimit `limit`: one unsigned compare (a negative id wraps
+// past any limit), which the kernel makes for every row it loads.
+VERIFYD_HOST_DEVICE inline bool PageIdBad(int32_t page, uint32_t limit) {
+  return static_cast<uint32_t>(page) >= limit;
 }
 
 // One byte of a tree-mask row is bad: a byte mask holds 0 or 1; a bit-packed row sets no bit past

@@ -188,7 +188,7 @@ cudaError_t LaunchPlanned(void (*kernel)(KernelParams), bool dependent_combine,
   k.rows_total = int64_t{k.rows} * p.shape.batch;
   k.skip = c.skip;
   // Page ids past the pool are read as page 0 (v5): the kernel never reads outside the pool.
-  k.pool_pages = p.shape.num_pages;
+  k.page_limit = PageIdLimit(p.shape.num_pages);
   k.checks = c.checks;
   if (plan.splits > 1) {
     k.o_partial = static_cast<float*>(workspace);

@@ -25,13 +25,13 @@ enum CallVerdict : unsigned {
 // page 0) and, in the first split, its rows of the mask; the store checks the output. The last
 // CTA to finish (the combine's last block when the KV is split) turns the verdict into the call's
 // `failed` byte. A call that fails may have written part of o and lse. `words` null: no checks
-// (the engines' launches).
+// (the engines' launches). The kernels set no conditional node's handle: a device-runtime call in
+// a kernel with wgmma makes ptxas serialise every wgmma in it (C7510); the op sets a fallback's
+// handle from `failed` in a kernel of its own.
 struct CustomCallChecks {
   unsigned* words = nullptr;       // [0] the verdict bits, [1] CTAs finished: zero between calls
   uint8_t* failed = nullptr;       // written by the last CTA: 1 when the verdict is not 0, else 0
   const uint8_t* serve = nullptr;  // null, or a device byte: 0 makes the call compute nothing
-  bool set_fallback = false;       // the last CTA also sets `fallback` to the failed byte
-  cudaGraphConditionalHandle fallback{};
   int64_t max_indices = 0;  // kv_indptr[B] may not exceed it
   int64_t max_kv_len = 0;   // nor any kv_len this
 };

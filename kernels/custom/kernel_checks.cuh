@@ -12,9 +12,15 @@
 
 namespace verifyd::kernels::custom {
 
+#if defined(VERIFYD_KERNEL_TRACE)
+// The trace build (bench/kernel_trace.cu) stamps the schedule's phases, which the checks are not
+// part of: compiled out, they leave the kernel's registers as the trace has always seen them.
+__device__ __forceinline__ bool ChecksOn(const KernelParams&) { return false; }
+#else
 __device__ __forceinline__ bool ChecksOn(const KernelParams& p) {
   return p.checks.words != nullptr;
 }
+#endif
 
 // The call is not this step's (its serve byte is 0): uniform over the grid.
 __device__ __forceinline__ bool NotServing(const KernelParams& p) {
@@ -30,20 +36,24 @@ __device__ __forceinline__ unsigned LayoutVerdict(const KernelParams& p, int b, 
   return bad ? kVerdictLayoutBad : 0u;
 }
 
-// A page id as the kernel reads it: one outside the pool is flagged and read as page 0.
-__device__ __forceinline__ int32_t CheckedPage(const KernelParams& p, int32_t page,
-                                               unsigned& bad) {
-  if (PageIdBad(page, p.pool_pages)) {
-    bad |= kVerdictIndexBad;
+// A finding of a check made during the kernel's work, ORed into the verdict at once (findings
+// are rare, and no register then holds one through the kernel's loop).
+__device__ __forceinline__ void Report(const KernelParams& p, unsigned bits) {
+  if (ChecksOn(p)) atomicOr(p.checks.words, bits);
+}
+
+// A page id as the kernel reads it: one outside the pool is reported and read as page 0.
+__device__ __forceinline__ int32_t CheckedPage(const KernelParams& p, int32_t page) {
+  if (PageIdBad(page, p.page_limit)) {
+    Report(p, kVerdictIndexBad);
     return 0;
   }
   return page;
 }
 
 // The mask rows of the CTA's query rows [m0, m0 + m_valid) of request b (every thread of the
-// CTA; the first split's CTAs cover every row): 0/1 bytes, or no bit set past T.
-__device__ __forceinline__ unsigned MaskVerdict(const KernelParams& p, int b, int m0,
-                                                int m_valid) {
+// CTA; the first split's CTAs cover every row): 0/1 bytes, or no bit set past T. Reported.
+__device__ __forceinline__ void CheckMaskRows(const KernelParams& p, int b, int m0, int m_valid) {
   const int t_first = m0 / p.heads, t_last = (m0 + m_valid - 1) / p.heads;
   const uint8_t* rows = p.tree_mask + (int64_t{b} * p.draft + t_first) * p.mask_row_bytes;
   const int tokens = t_last - t_first + 1;
@@ -61,7 +71,7 @@ __device__ __forceinline__ unsigned MaskVerdict(const KernelParams& p, int b, in
       if (MaskByteBad(rows[last], true, p.draft, true)) bad = kVerdictMaskBad;
     }
   }
-  return bad;
+  if (bad != 0) Report(p, bad);
 }
 
 // Whether one of the two bf16 in `w` is a NaN or an Inf (all exponent bits set).
@@ -69,27 +79,36 @@ __device__ __forceinline__ bool NonFiniteBf16Pair(uint32_t w) {
   return (w & 0x7f80u) == 0x7f80u || (w & 0x7f800000u) == 0x7f800000u;
 }
 
-// Called by every thread of the CTA with what it found. ORs the findings into the verdict; with
-// `counts` (the grid that finishes the call: the fused kernel unsplit, else the combine), the
-// last CTA to get here turns the verdict into the failed byte (and the fallback's handle) and
-// clears both words for the next call.
-__device__ __forceinline__ void FinishCta(const KernelParams& p, unsigned bad, bool counts) {
-  if (!ChecksOn(p)) return;
-  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
-  bad = __reduce_or_sync(0xffffffffu, bad);
-  if (bad != 0 && (tid & 31) == 0) atomicOr(p.checks.words, bad);
-  if (!counts) return;
-  __syncthreads();
-  if (tid == 0) {
-    __threadfence();
-    const unsigned ctas = gridDim.x * gridDim.y * gridDim.z;
-    if (atomicAdd(p.checks.words + 1, 1u) == ctas - 1) {
-      const unsigned v = atomicExch(p.checks.words, 0u);
-      *p.checks.failed = v != 0 ? 1 : 0;
-      if (p.checks.set_fallback) cudaGraphSetConditional(p.checks.fallback, v != 0 ? 1u : 0u);
-      atomicExch(p.checks.words + 1, 0u);
-    }
+// The CTA's count towards the call's end, by its first thread once every finding of the CTA is
+// in the verdict: with `counts` (the grid that finishes the call: the fused kernel unsplit, else
+// the combine), the last CTA to count turns the verdict into the failed byte and clears both words
+// for the next call. No device-runtime call here (cudaGraphSetConditional): in v5t it would
+// serialise wgmma.
+__device__ __forceinline__ void CountCta(const KernelParams& p, bool counts) {
+  if (!counts || threadIdx.x != 0 || threadIdx.y != 0) return;
+  __threadfence();
+  const unsigned ctas = gridDim.x * gridDim.y * gridDim.z;
+  if (atomicAdd(p.checks.words + 1, 1u) == ctas - 1) {
+    const unsigned v = atomicExch(p.checks.words, 0u);
+    *p.checks.failed = v != 0 ? 1 : 0;
+    atomicExch(p.checks.words + 1, 0u);
   }
+}
+
+// A CTA that returns early, for a reason `bits` the same in every thread (0: none): its first
+// thread reports it and counts. Nothing else of the CTA was reported.
+__device__ __forceinline__ void FinishCtaEarly(const KernelParams& p, unsigned bits, bool counts) {
+  if (!ChecksOn(p)) return;
+  if (bits != 0 && threadIdx.x == 0 && threadIdx.y == 0) atomicOr(p.checks.words, bits);
+  CountCta(p, counts);
+}
+
+// A CTA at its end, every thread of it, after each reported what it found (Report): the count
+// waits for all of them.
+__device__ __forceinline__ void FinishCta(const KernelParams& p, bool counts) {
+  if (!ChecksOn(p) || !counts) return;
+  __syncthreads();
+  CountCta(p, counts);
 }
 
 }  // namespace verifyd::kernels::custom

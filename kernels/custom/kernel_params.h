@@ -30,7 +30,7 @@ struct KernelParams {
   int64_t rows_total;          // B*T*H
   const unsigned* skip;        // device word or null: nonzero when the kernels run = write nothing
   float o_scale;               // o's factor before its rounding: an e4m3 pool's kv_scale, else 1
-  int64_t pool_pages;          // a page id outside [0, pool_pages) is read as page 0 (v5)
+  uint32_t page_limit;         // PageIdLimit of the pool: a page id past it is read as page 0 (v5)
   CustomCallChecks checks;     // the op's checks inside the kernel (kernel_checks.cuh)
 };
 

@@ -102,15 +102,14 @@ __device__ __forceinline__ void LoadTileBlocks(const KernelParams& p, uint32_t b
 }
 
 // The page ids of the four rows this thread loads of tile `tile` (rows past kv_len: the last
-// key's); one outside the pool is read as page 0 and flagged in `bad` (kernel_checks.cuh).
+// key's); one outside the pool is read as page 0 and reported (kernel_checks.cuh).
 template <class Cfg>
 __device__ __forceinline__ void LoadPageIds(const KernelParams& p, const int32_t* pages, int tile,
-                                            int kv_len, int wt, int32_t (&pid)[4],
-                                            unsigned& bad) {
+                                            int kv_len, int wt, int32_t (&pid)[4]) {
 #pragma unroll
   for (int pass = 0; pass < 4; ++pass) {
     const int t = min(tile * Cfg::kTokens + pass * 16 + (wt >> 3), kv_len - 1);
-    pid[pass] = CheckedPage(p, pages[t >> p.page_shift], bad);
+    pid[pass] = CheckedPage(p, pages[t >> p.page_shift]);
   }
 }
 
@@ -218,22 +217,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
   const int row = ((tid >> 5) & 3) * 16 + g;  // this thread's rows: row, row + 8
   const int b = blockIdx.z, split = blockIdx.y;
   const int m0 = blockIdx.x * kRows;
-  // The op's checks (kernel_checks.cuh; no-ops without): the last CTA to finish, or the combine's
-  // last block, writes the call's verdict. Each early return below is uniform over the CTA.
-  const bool finishes = p.splits == 1;
-  if (NotServing(p)) return FinishCta(p, kVerdictNotServing, finishes);
+  // The op's checks (kernel_checks.cuh; no-ops without): the last CTA to finish (unsplit), or the
+  // combine's last block, writes the call's verdict. Each early return below is uniform over the
+  // CTA.
+  if (NotServing(p)) return FinishCtaEarly(p, kVerdictNotServing, p.splits == 1);
 
   const int kv_len = p.kv_lens[b];
   const unsigned layout = LayoutVerdict(p, b, kv_len);
-  if (layout != 0) return FinishCta(p, layout, finishes);  // nothing read through it
+  if (layout != 0) return FinishCtaEarly(p, layout, p.splits == 1);  // nothing read through it
   const int prefix = kv_len - p.draft;
   const int num_tiles = (kv_len + kTokens - 1) / kTokens;
   const int tile_begin = split * p.tiles_per_split;
   const int tile_end = min(num_tiles, tile_begin + p.tiles_per_split);
   // A split past this request's (shorter) KV.
-  if (tile_begin >= tile_end) return FinishCta(p, 0u, finishes);
+  if (tile_begin >= tile_end) return FinishCtaEarly(p, 0u, p.splits == 1);
   const int m_valid = min(kRows, p.rows - m0);
-  unsigned bad = 0;  // this thread's findings
   const int64_t row0 = int64_t{b} * p.rows + m0;
   const int32_t* pages = p.kv_indices + p.kv_indptr[b];
   const int page_mask = (1 << p.page_shift) - 1;
@@ -273,18 +271,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
   {
     int32_t pid[4];
     const int t0 = tile_begin, t1 = tile_begin + 1;
-    LoadPageIds<Cfg>(p, pages, t0, kv_len, wt, pid, bad);
+    LoadPageIds<Cfg>(p, pages, t0, kv_len, wt, pid);
     LoadTileBlocks<Cfg>(p, buf0, t0, kv_len, page_mask, wg == 0 ? kLo : kHiRope, pid, wt);
     CpAsyncMbarArrive(bar(wg == 0 ? L::kFull0Lo : L::kFull0Hi));
     if (t1 < tile_end) {
-      LoadPageIds<Cfg>(p, pages, t1, kv_len, wt, pid, bad);
+      LoadPageIds<Cfg>(p, pages, t1, kv_len, wt, pid);
       LoadTileBlocks<Cfg>(p, buf1, t1, kv_len, page_mask, wg == 0 ? kLoRope : kHi, pid, wt);
       CpAsyncMbarArrive(bar(wg == 0 ? L::kFull1Lo : L::kFull1Hi));
     }
     CpAsyncCommit();
   }
   // The first split's CTAs check their rows of the mask while the first loads are in flight.
-  if (ChecksOn(p) && split == 0) bad |= MaskVerdict(p, b, m0, m_valid);
+  if (ChecksOn(p) && split == 0) CheckMaskRows(p, b, m0, m_valid);
   CpAsyncWait<1>();  // Q
   FenceProxyAsyncShared();
   __syncthreads();
@@ -361,8 +359,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
     const bool has1 = t1 < tile_end, has_n0 = n0 < tile_end, has_n1 = n1 < tile_end;
     // Page ids of this warpgroup's loads at the end of the step, read now.
     int32_t pid_n0[4], pid_n1[4];
-    if (has_n0) LoadPageIds<Cfg>(p, pages, n0, kv_len, wt, pid_n0, bad);
-    if (has_n1) LoadPageIds<Cfg>(p, pages, n1, kv_len, wt, pid_n1, bad);
+    if (has_n0) LoadPageIds<Cfg>(p, pages, n0, kv_len, wt, pid_n0);
+    if (has_n1) LoadPageIds<Cfg>(p, pages, n1, kv_len, wt, pid_n1);
     float s[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) s[i] = 0.f;
@@ -567,10 +565,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
     const int r = row + 8 * hh;
     if (r < m_valid &&
         StoreOutputRow<kRows>(p, o_acc, red, row_max, row0, split, tq, r, 256 * wg, 0, 4, 32, hh)) {
-      bad |= kVerdictNonFinite;
+      Report(p, kVerdictNonFinite);
     }
   }
-  FinishCta(p, bad, finishes);
+  FinishCta(p, p.splits == 1);
 #else
   (void)p;
   __trap();  // launched only on sm_90a devices

@@ -69,8 +69,8 @@ __global__ void __launch_bounds__(128 * kCombineRowsPerBlock)
   const bool merge =
       row < p.rows_total &&
       !(ChecksOn(p) && *reinterpret_cast<volatile const unsigned*>(p.checks.words) != 0);
-  const bool non_finite = merge && CombineRow(p, row, tokens_per_tile);
-  FinishCta(p, non_finite ? kVerdictNonFinite : 0u, true);
+  if (merge && CombineRow(p, row, tokens_per_tile)) Report(p, kVerdictNonFinite);
+  FinishCta(p, true);
 }
 
 }  // namespace verifyd::kernels::custom

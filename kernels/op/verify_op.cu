@@ -53,7 +53,8 @@ struct CheckArgs {
   const int32_t* kv_lens;
   const uint8_t* mask;
   const uint8_t* serve;  // null: always
-  int64_t max_indices, pool_pages, max_kv_len, mask_bytes;
+  int64_t max_indices, max_kv_len, mask_bytes;
+  uint32_t page_limit;  // PageIdLimit of the pool
   int batch, draft, page_size, mask_bits, mask_row_bytes;
   unsigned* verdict;
 };
@@ -78,7 +79,7 @@ __global__ void __launch_bounds__(kThreads) CheckCall(const CheckArgs a) {
   int64_t named = a.kv_indptr[a.batch];
   named = named < 0 ? 0 : (named > a.max_indices ? a.max_indices : named);
   for (int64_t i = first; i < named; i += stride) {
-    if (verifyd::kernels::PageIdBad(a.kv_indices[i], a.pool_pages)) bad |= kIndexBad;
+    if (verifyd::kernels::PageIdBad(a.kv_indices[i], a.page_limit)) bad |= kIndexBad;
   }
   for (int64_t i = first; i < a.mask_bytes; i += stride) {
     if (verifyd::kernels::MaskByteBad(a.mask[i], a.mask_bits != 0, a.draft,
@@ -139,6 +140,11 @@ __global__ void __launch_bounds__(kThreads) Deliver(const DeliverArgs a) {
       atomicExch(done, 0u);
     }
   }
+}
+
+// A layer's fallback handle from the call's failed byte (the checks inside the kernel).
+__global__ void SetFallback(const uint8_t* failed, cudaGraphConditionalHandle fallback) {
+  if (threadIdx.x == 0) cudaGraphSetConditional(fallback, *failed != 0 ? 1u : 0u);
 }
 
 // The served call's output where the caller reads it, when it served and passed every check.
@@ -317,12 +323,15 @@ cudaError_t verifyd::op::Attend(VerifydOp* op, const VerifydOpCall* c,
     k.words = op->words;
     k.failed = c->failed;
     k.serve = x.serve;
-    k.set_fallback = x.set_fallback;
-    k.fallback = x.fallback;
     k.max_indices = static_cast<int64_t>(g.max_indices);
     k.max_kv_len = static_cast<int64_t>(g.max_kv_len);
     e = verifyd::kernels::LaunchCustomWith(p, config, op->mma, op->workspace,
                                            op->workspace_bytes, s);
+    if (e == cudaSuccess && x.set_fallback) {
+      // The kernel cannot set the handle itself (kernel_checks.cuh): one thread does, after it.
+      SetFallback<<<1, 32, 0, s>>>(c->failed, x.fallback);
+      e = cudaGetLastError();
+    }
     if (e != cudaSuccess || x.copy_o == nullptr) return e;
     return CopyOut(op, c->o, c->failed, p.lse, x, s);
   }
@@ -333,9 +342,9 @@ cudaError_t verifyd::op::Attend(VerifydOp* op, const VerifydOpCall* c,
       c->mask,
       x.serve,
       static_cast<int64_t>(g.max_indices),
-      static_cast<int64_t>(g.pool_pages),
       static_cast<int64_t>(g.max_kv_len),
       op->mask_bytes,
+      verifyd::kernels::PageIdLimit(static_cast<int64_t>(g.pool_pages)),
       static_cast<int>(g.batch),
       static_cast<int>(g.draft),
       static_cast<int>(g.page_size),

@@ -50,12 +50,20 @@ TEST(CallChecks, ARequestsLayoutIsRefusedPastEachBoundAndTakenAtIt) {
 }
 
 TEST(CallChecks, APageIdIsInsideThePoolOrBad) {
-  EXPECT_TRUE(PageIdBad(-1, 10));
-  EXPECT_FALSE(PageIdBad(0, 10));
-  EXPECT_FALSE(PageIdBad(9, 10));
-  EXPECT_TRUE(PageIdBad(10, 10));
-  EXPECT_TRUE(PageIdBad(INT32_MIN, 10));
-  EXPECT_FALSE(PageIdBad(INT32_MAX, int64_t{1} << 32));  // a pool past 2^31 pages
+  const uint32_t ten = PageIdLimit(10);
+  EXPECT_TRUE(PageIdBad(-1, ten));
+  EXPECT_FALSE(PageIdBad(0, ten));
+  EXPECT_FALSE(PageIdBad(9, ten));
+  EXPECT_TRUE(PageIdBad(10, ten));
+  EXPECT_TRUE(PageIdBad(INT32_MIN, ten));
+  // A pool past 2^31 pages holds every non-negative int32 id, and none of the negative ones.
+  const uint32_t huge = PageIdLimit(int64_t{1} << 32);
+  EXPECT_FALSE(PageIdBad(INT32_MAX, huge));
+  EXPECT_TRUE(PageIdBad(-1, huge));
+  EXPECT_TRUE(PageIdBad(INT32_MIN, huge));
+  // No pages: every id is outside.
+  EXPECT_TRUE(PageIdBad(0, PageIdLimit(0)));
+  EXPECT_TRUE(PageIdBad(0, PageIdLimit(-5)));
 }
 
 TEST(CallChecks, AMaskByteIsZeroOrOneAndABitPackedRowSetsNoBitPastT) {
