@@ -72,9 +72,10 @@ if [[ $run_tests == 1 ]]; then
   # The shipped kernels (v5t and the split combine) hold no call: a device-runtime call in a kernel
   # with wgmma makes ptxas serialise every wgmma in it (kernels/NOTES.md, "The checks inside the
   # kernel"). The toolkit's cuobjdump reads it from the op's library.
-  if command -v cuobjdump > /dev/null && [[ -e $PACK/lib/libverifyd_kernel.so ]]; then
+  cuobjdump=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
+  if [[ -x $cuobjdump && -e $PACK/lib/libverifyd_kernel.so ]]; then
     v5t='_ZN7verifyd7kernels6custom16PairSeesawKernelINS1_10TileConfigILi64ELi64ELi2EEELb0ELb1EEEvNS1_12KernelParamsE'
-    calls=$(cuobjdump -sass -fun "$v5t" "$PACK/lib/libverifyd_kernel.so" 2>&1 | grep -c ' CALL')
+    calls=$("$cuobjdump" -sass -fun "$v5t" "$PACK/lib/libverifyd_kernel.so" 2>&1 | grep -c ' CALL')
     [[ $calls == 0 ]] || status=1
     echo "calls in the shipped kernel's SASS (0 expected): $calls" >> "$SUMMARY"
   fi
