@@ -206,24 +206,19 @@ def bench_shape(args, shape, peer, client, admin, failures):
     graphs["stack"] = capture(with_stack, stream)
     checked("stack")
 
-    def with_op():
-        for _ in range(layers):
-            gemm()
-            op.attend(*args_op[1:], o)
-    o.zero_()
-    graphs["op"] = capture(with_op, stream)
-    checked("op")
+    def with_op(the_args):
+        def body():
+            for _ in range(layers):
+                gemm()
+                the_args[0].attend(*the_args[1:], o)
+        return body
 
     op_k = s.op("kernel")
     args_k = s.op_args(op_k)
-
-    def with_op_k():
-        for _ in range(layers):
-            gemm()
-            op_k.attend(*args_k[1:], o)
-    o.zero_()
-    graphs["op_kernel_checks"] = capture(with_op_k, stream)
-    checked("op_kernel_checks")
+    for name, the_args in (("op", args_op), ("op_kernel_checks", args_k)):
+        o.zero_()
+        graphs[name] = capture(with_op(the_args), stream)
+        checked(name)
 
     def switched(the_sw, the_args):
         def body():

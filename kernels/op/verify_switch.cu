@@ -400,6 +400,23 @@ void verifyd_switch_layer_abort(VerifydSwitch* sw) {
 
 namespace {
 
+// Layer `layer` of the op's step being captured: in range and not yet in this step (it is now),
+// and the step's graph in `step_graph`; else the error, `what` naming the call.
+int ClaimLayerInStep(VerifydSwitch* sw, uint32_t layer, const char* what, cudaGraph_t* step_graph) {
+  if (layer >= sw->layers || sw->layer_done[layer]) {
+    return Fail(sw, cudaSuccess,
+                "layer: " + std::to_string(layer) +
+                    (layer >= sw->layers ? " is outside [0, " + std::to_string(sw->layers) + ")"
+                                         : " is already in this step"));
+  }
+  unsigned long long id = 0;
+  if (!Capturing(sw->body, &id, step_graph)) {
+    return Fail(sw, cudaSuccess, std::string(what) + ": the op's step is no longer being captured");
+  }
+  sw->layer_done[layer] = true;
+  return 0;
+}
+
 int StepOp(VerifydSwitch* sw, VerifydSwitchBlock* block, uint8_t* use_op, uint8_t* layer_failed,
            void* stream_ptr, void** op_step_stream, bool redo) {
   if (sw == nullptr) return cudaErrorInvalidValue;
@@ -475,18 +492,10 @@ int verifyd_switch_layer_in_redo_step(VerifydSwitch* sw, uint32_t layer, Verifyd
     return Fail(sw, cudaSuccess, "layer_in_redo_step: not inside a redo step's op body "
                                  "(step_op_redo)");
   }
-  if (layer >= sw->layers || sw->layer_done[layer]) {
-    return Fail(sw, cudaSuccess,
-                "layer: " + std::to_string(layer) +
-                    (layer >= sw->layers ? " is outside [0, " + std::to_string(sw->layers) + ")"
-                                         : " is already in this step"));
-  }
-  unsigned long long id = 0;
   cudaGraph_t step_graph = nullptr;
-  if (!Capturing(sw->body, &id, &step_graph)) {
-    return Fail(sw, cudaSuccess, "layer_in_redo_step: the op's step is no longer being captured");
+  if (const int r = ClaimLayerInStep(sw, layer, "layer_in_redo_step", &step_graph); r != 0) {
+    return r;
   }
-  sw->layer_done[layer] = true;
   VerifydOpCall c = *call;
   c.failed = sw->layer_failed + layer;
   const cudaError_t e = verifyd::op::Attend(op, &c, verifyd::op::CallExtras{}, sw->body);
@@ -509,18 +518,8 @@ int verifyd_switch_layer_in_step(VerifydSwitch* sw, uint32_t layer, VerifydOp* o
   if (sw->redo) {
     return Fail(sw, cudaSuccess, "layer_in_step: a redo step's layers take layer_in_redo_step");
   }
-  if (layer >= sw->layers || sw->layer_done[layer]) {
-    return Fail(sw, cudaSuccess,
-                "layer: " + std::to_string(layer) +
-                    (layer >= sw->layers ? " is outside [0, " + std::to_string(sw->layers) + ")"
-                                         : " is already in this step"));
-  }
-  unsigned long long id = 0;
   cudaGraph_t step_graph = nullptr;
-  if (!Capturing(sw->body, &id, &step_graph)) {
-    return Fail(sw, cudaSuccess, "layer_in_step: the op's step is no longer being captured");
-  }
-  sw->layer_done[layer] = true;
+  if (const int r = ClaimLayerInStep(sw, layer, "layer_in_step", &step_graph); r != 0) return r;
   cudaGraph_t fallback_body = nullptr;
   cudaError_t e = OpCallWithFallback(sw, layer, op, call, step_graph, &fallback_body);
   if (e == cudaSuccess) e = BeginCapture(sw->fallback, fallback_body);
