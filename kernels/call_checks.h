@@ -39,4 +39,10 @@ VERIFYD_HOST_DEVICE inline bool MaskByteBad(unsigned byte, bool bits, int draft,
   return last_of_row && tail != 0 && (byte >> tail) != 0;
 }
 
+// Whether one of the two bf16 packed in `w` is a NaN or an Inf (all exponent bits set): the
+// finite-output check of a stored pair.
+VERIFYD_HOST_DEVICE inline bool NonFiniteBf16Pair(uint32_t w) {
+  return (w & 0x7f80u) == 0x7f80u || (w & 0x7f800000u) == 0x7f800000u;
+}
+
 }  // namespace verifyd::kernels

@@ -74,11 +74,6 @@ __device__ __forceinline__ void CheckMaskRows(const KernelParams& p, int b, int 
   if (bad != 0) Report(p, bad);
 }
 
-// Whether one of the two bf16 in `w` is a NaN or an Inf (all exponent bits set).
-__device__ __forceinline__ bool NonFiniteBf16Pair(uint32_t w) {
-  return (w & 0x7f80u) == 0x7f80u || (w & 0x7f800000u) == 0x7f800000u;
-}
-
 // The CTA's count towards the call's end, by its first thread once every finding of the CTA is
 // in the verdict: with `counts` (the grid that finishes the call: the fused kernel unsplit, else
 // the combine), the last CTA to count turns the verdict into the failed byte and clears both words

@@ -2,10 +2,11 @@
 // VERIFYD_OP_CHECKS=kernel, where the plan is the shipped schedule (v5t, on sm_90), the kernel and
 // its split combine make the checks themselves (CustomCallChecks,
 // kernels/custom/kernel_checks.cuh): one launch, or two with a split. Otherwise (the default,
-// VERIFYD_OP_CHECKS=separate) the kernel runs between two small kernels of the op's own: before it, CheckCall looks at the layout, every page id named and the
-// mask and ORs what it finds into the op's verdict word; the custom kernel reads the verdict and
-// writes nothing when it is set. After it, Deliver checks the output for NaN and Inf, and its
-// last block turns the verdict into the call's `failed` byte and clears it for the next call.
+// VERIFYD_OP_CHECKS=separate) the kernel runs between two small kernels of the op's own: before
+// it, CheckCall looks at the layout, every page id named and the mask and ORs what it finds into
+// the op's verdict word; the custom kernel reads the verdict and writes nothing when it is set.
+// After it, Deliver checks the output for NaN and Inf, and its last block turns the verdict into
+// the call's `failed` byte and clears it for the next call.
 // Nothing comes back to the host: the switch reads `failed` on the device (verify_switch.cu).
 
 #include <cuda_runtime.h>
@@ -35,6 +36,7 @@ namespace {
 using verifyd::kernels::CustomConfig;
 using verifyd::kernels::CustomScoreMma;
 using verifyd::kernels::MaskFormat;
+using verifyd::kernels::NonFiniteBf16Pair;
 using verifyd::kernels::VerifyProblem;
 
 constexpr uint32_t kAbiVersion = 3;
@@ -91,11 +93,6 @@ __global__ void __launch_bounds__(kThreads) CheckCall(const CheckArgs a) {
   if (bad != 0 && (threadIdx.x & 31) == 0) atomicOr(a.verdict, bad);
 }
 
-// Whether one of the two bf16 in `w` is a NaN or an Inf (all exponent bits set).
-__device__ __forceinline__ bool NonFinitePair(uint32_t w) {
-  return (w & 0x7f80u) == 0x7f80u || (w & 0x7f800000u) == 0x7f800000u;
-}
-
 struct DeliverArgs {
   const uint4* o;  // 8 bf16 each
   int64_t o_vectors;
@@ -117,7 +114,8 @@ __global__ void __launch_bounds__(kThreads) Deliver(const DeliverArgs a) {
     const int64_t stride = int64_t{gridDim.x} * kThreads;
     for (int64_t i = first; i < a.o_vectors; i += stride) {
       const uint4 v = a.o[i];
-      if (NonFinitePair(v.x) || NonFinitePair(v.y) || NonFinitePair(v.z) || NonFinitePair(v.w)) {
+      if (NonFiniteBf16Pair(v.x) || NonFiniteBf16Pair(v.y) || NonFiniteBf16Pair(v.z) ||
+          NonFiniteBf16Pair(v.w)) {
         bad = kNonFinite;
       }
     }

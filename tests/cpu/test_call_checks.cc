@@ -82,5 +82,14 @@ TEST(CallChecks, AMaskByteIsZeroOrOneAndABitPackedRowSetsNoBitPastT) {
   EXPECT_TRUE(MaskByteBad(0x02, true, 1, true));
 }
 
+TEST(CallChecks, APairOfBf16IsNonFiniteWhenEitherIsNaNOrInf) {
+  EXPECT_FALSE(NonFiniteBf16Pair(0x3f80bf80u));  // 1 and -1
+  EXPECT_FALSE(NonFiniteBf16Pair(0x7f7fff7fu));  // the largest finite magnitudes
+  EXPECT_TRUE(NonFiniteBf16Pair(0x3f807f80u));   // +inf low
+  EXPECT_TRUE(NonFiniteBf16Pair(0xff803f80u));   // -inf high
+  EXPECT_TRUE(NonFiniteBf16Pair(0x00007fc0u));   // NaN low
+  EXPECT_TRUE(NonFiniteBf16Pair(0xffc10000u));   // NaN high
+}
+
 }  // namespace
 }  // namespace verifyd::kernels
