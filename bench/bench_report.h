@@ -12,9 +12,8 @@
 namespace verifyd::bench {
 
 struct BenchRow {
-  // "custom" (as shipped), "custom-v3", "custom-v4", "custom-v4k", "custom-v4c", "custom-v5"
-  // (the wgmma schedules by name), "custom-qkwgmma" (wgmma Q·Kᵀ only), "custom-mma" (mma.sync
-  // only), "custom-sm120cfg" (sm_120 tiles), "reference"
+  // "custom" (as shipped), "custom-sm120cfg" (as shipped with the sm_120 tiles forced),
+  // "custom-" + a schedule's name (kernels/custom/custom_schedule.h), or "reference"
   std::string path;
   std::string kv_dtype = "bf16";  // the pool as sent: "bf16", or "e4m3" (dequantised first)
   int batch = 0, draft = 0, heads = 0, page_size = 0;

@@ -15,7 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/custom/custom_attention.cu"  // NOLINT: the kernels, with the trace stamps
+#include "kernels/custom/custom_attention.cu"          // NOLINT: the kernels, with the trace stamps
+#include "kernels/custom/variants/custom_variants.cu"  // NOLINT: v5 and v5s, likewise
 #include "src/bundle/random_bundle.h"
 #include "tests/common/device_bundle.h"
 
@@ -53,15 +54,15 @@ int main(int argc, char** argv) {
   spec.heads = 64;
   spec.prefix = 8192;
   spec.page_size = 64;
-  kernels::CustomScoreMma mma = kernels::CustomScoreMma::kAuto;
+  kernels::CustomSchedule schedule = kernels::CustomSchedule::kAuto;
   if (argc == 7) {
     const std::string v = argv[6];
     if (v == "v5") {
-      mma = kernels::CustomScoreMma::kWgmmaPairSeesaw;
+      schedule = kernels::CustomSchedule::kV5;
     } else if (v == "v5s") {
-      mma = kernels::CustomScoreMma::kWgmmaPairSeesawStaggered;
+      schedule = kernels::CustomSchedule::kV5s;
     } else if (v == "v5t") {
-      mma = kernels::CustomScoreMma::kWgmmaPairSeesawTailMask;
+      schedule = kernels::CustomSchedule::kV5t;
     } else {
       std::fprintf(stderr, "verifyd-kernel-trace: unknown variant %s\n", argv[6]);
       return 2;
@@ -83,11 +84,13 @@ int main(int argc, char** argv) {
   if (cudaError_t e = dev.Upload(bundle.view()); e != cudaSuccess) return Fail("upload", e);
   kernels::CustomConfig config;
   kernels::CustomPlan plan;
-  if (cudaError_t e = kernels::ResolveCustomPlan(dev.problem, config, &plan, mma);
+  if (cudaError_t e = kernels::ResolveCustomPlan(dev.problem, config, &plan, schedule);
       e != cudaSuccess) {
     return Fail("plan", e);
   }
-  if (!plan.pair_seesaw) {
+  if (plan.schedule != kernels::CustomSchedule::kV5 &&
+      plan.schedule != kernels::CustomSchedule::kV5s &&
+      plan.schedule != kernels::CustomSchedule::kV5t) {
     std::fprintf(stderr, "verifyd-kernel-trace: the plan is not v5 on this device\n");
     return 1;
   }
@@ -109,8 +112,8 @@ int main(int argc, char** argv) {
   const int steps = static_cast<int>(std::min<int64_t>((tiles + 1) / 2, kTraceSteps));
   for (int launch = 0; launch < 6; ++launch) {
     cudaMemset(trace.get<void>(), 0, n * sizeof(uint64_t));
-    if (cudaError_t e =
-            kernels::LaunchCustomWith(dev.problem, config, mma, ws.get<void>(), ws_bytes, nullptr);
+    if (cudaError_t e = kernels::LaunchCustomVariant(dev.problem, config, schedule, ws.get<void>(),
+                                                     ws_bytes, nullptr);
         e != cudaSuccess) {
       return Fail("launch", e);
     }

@@ -25,6 +25,8 @@
 #include "bench/ceilings.h"
 #include "kernels/custom/custom_attention.h"
 #include "kernels/custom/custom_launch_plan.h"
+#include "kernels/custom/custom_schedule.h"
+#include "kernels/custom/variants/custom_variants.h"
 #include "src/bundle/random_bundle.h"
 #include "src/bundle/validate.h"
 #include "src/common/build_version.h"
@@ -179,19 +181,21 @@ struct Options {
   std::vector<std::string> bundles;  // --bundle files; empty: the random shapes above
 };
 
-// The custom kernel's score schedule a --paths name asks for.
-kernels::CustomScoreMma ScoreMmaOf(const std::string& path) {
-  return path == "custom-mma"       ? kernels::CustomScoreMma::kMmaSync
-         : path == "custom-qkwgmma" ? kernels::CustomScoreMma::kWgmmaScores
-         : path == "custom-v3"      ? kernels::CustomScoreMma::kWgmmaV3
-         : path == "custom-v4"      ? kernels::CustomScoreMma::kWgmmaSeesaw
-         : path == "custom-v4k"     ? kernels::CustomScoreMma::kWgmmaSeesawSplitK
-         : path == "custom-v4c"     ? kernels::CustomScoreMma::kWgmmaSeesaw2Chain
-         : path == "custom-v5"      ? kernels::CustomScoreMma::kWgmmaPairSeesaw
-         : path == "custom-v5s"     ? kernels::CustomScoreMma::kWgmmaPairSeesawStaggered
-         : path == "custom-v5t"     ? kernels::CustomScoreMma::kWgmmaPairSeesawTailMask
-         : path == "custom-v3e"     ? kernels::CustomScoreMma::kWgmmaV3E4m3
-                                    : kernels::CustomScoreMma::kAuto;
+// The custom kernel's schedule a --paths name asks for: "custom" and "custom-sm120cfg" (the
+// shipped choice, the latter with VERIFYD_FORCE_SM120_CONFIG's tiles), "custom-" + its name
+// (custom_schedule.h) otherwise. False for a name that is none of these.
+bool ScheduleOf(const std::string& path, kernels::CustomSchedule* schedule) {
+  *schedule = kernels::CustomSchedule::kAuto;
+  if (path == "custom" || path == "custom-sm120cfg") return true;
+  for (int i = 0; i <= static_cast<int>(kernels::CustomSchedule::kMmaSync); ++i) {
+    const auto s = static_cast<kernels::CustomSchedule>(i);
+    if (s != kernels::CustomSchedule::kAuto &&
+        path == std::string("custom-") + kernels::ScheduleName(s)) {
+      *schedule = s;
+      return true;
+    }
+  }
+  return false;
 }
 
 // One bundle on the device, with what every path's row on it is measured against.
@@ -383,9 +387,13 @@ Bench::Launch Bench::PathLaunch(const std::string& path, const BundleRun& b, Dev
   if (path.rfind("custom", 0) == 0) {
     kernels::CustomConfig cfg;
     cfg.small_smem = path == "custom-sm120cfg";
-    const kernels::CustomScoreMma mma = ScoreMmaOf(path);
+    kernels::CustomSchedule schedule;
+    if (!ScheduleOf(path, &schedule)) {
+      row->error = "no such custom schedule";
+      return nullptr;
+    }
     // custom-v3e reads an e4m3 pool's codes (no dequantisation first); it runs on e4m3 rows only.
-    const bool codes = mma == kernels::CustomScoreMma::kWgmmaV3E4m3;
+    const bool codes = kernels::ScheduleReadsE4m3(schedule);
     if (codes && !b.in[0]->e4m3) {
       row->error = "custom-v3e reads e4m3 pools only";
       return nullptr;
@@ -394,14 +402,14 @@ Bench::Launch Bench::PathLaunch(const std::string& path, const BundleRun& b, Dev
       return codes ? s.codes_problem : s.problem;
     };
     kernels::CustomPlan plan;
-    if (kernels::ResolveCustomPlan(problem_of(*b.in[0]), cfg, &plan, mma) == cudaSuccess) {
+    if (kernels::ResolveCustomPlan(problem_of(*b.in[0]), cfg, &plan, schedule) == cudaSuccess) {
       row->splits = plan.splits;
     }
-    const size_t wsb = kernels::CustomWorkspaceBytes(problem_of(*b.in[0]), cfg);
+    const size_t wsb = kernels::CustomVariantWorkspaceBytes(problem_of(*b.in[0]), cfg, schedule);
     if (ws->Alloc(wsb) != cudaSuccess) row->error = "workspace";
-    return [this, &b, ws, cfg, wsb, mma, problem_of](int i) {
-      return kernels::LaunchCustomWith(problem_of(*b.in[i % b.sets]), cfg, mma, ws->p, wsb,
-                                       stream_);
+    return [this, &b, ws, cfg, wsb, schedule, problem_of](int i) {
+      return kernels::LaunchCustomVariant(problem_of(*b.in[i % b.sets]), cfg, schedule, ws->p, wsb,
+                                          stream_);
     };
   }
 #if VERIFYD_BENCH_HAVE_REFERENCE
@@ -500,9 +508,10 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option(
       "--paths", opt.paths,
-      "custom, custom-v3, custom-v4, custom-v4k, custom-v4c, custom-v5, custom-v5s, custom-v5t, "
-      "custom-qkwgmma, custom-mma, custom-sm120cfg, reference; custom-v3e (e4m3 rows only, by "
-      "name)");
+      "custom (the shipped choice), custom-sm120cfg (with VERIFYD_FORCE_SM120_CONFIG), the "
+      "shipped schedules custom-v5t, custom-sm120 and custom-v3e (e4m3 rows only), the "
+      "bench-only custom-v5, custom-v5s, custom-v4, custom-v4k, custom-v4c, custom-v3, "
+      "custom-qkwgmma, custom-mma; reference");
   app.add_option("--seconds-per-row", opt.seconds_per_row, "timing budget per row");
   app.add_option("--max-shapes", opt.max_shapes, "stop after this many (shape, page) pairs");
   app.add_option("--shape-index", opt.shape_index, "run only this shape of the built-in list")

@@ -28,7 +28,7 @@ double SplitCost(int64_t ctas_base, int64_t max_tiles, int splits, int64_t slots
 CustomPlan PlanCustom(const VerifyProblem& p, bool small_tiles, int num_sms, int ctas_per_sm,
                       int force_splits) {
   CustomPlan plan;
-  plan.small_tiles = small_tiles;
+  plan.schedule = small_tiles ? CustomSchedule::kSmallTiles : CustomSchedule::kV5t;
   plan.tiles = small_tiles ? Sm120TileShape() : HopperTileShape();
   const int64_t m = int64_t{p.shape.draft} * p.shape.heads;
   const int64_t rows_total = m * p.shape.batch;

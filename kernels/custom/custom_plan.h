@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/custom/custom_schedule.h"
 #include "kernels/verify_problem.h"
 
 namespace verifyd::kernels {
@@ -40,16 +41,7 @@ constexpr CustomTileShape Sm120TileShape() {
 }
 
 struct CustomPlan {
-  bool small_tiles = false;
-  bool wgmma_scores = false;  // Q·Kᵀ on wgmma (Hopper tiles on an sm_90 device)
-  bool wgmma_pv = false;      // P·V on wgmma as well
-  bool seesaw = false;        // wgmma P·V in the seesaw schedule (v4)
-  bool split_k_scores = false;  // v4 with Q·Kᵀ split over the 576 dims between warpgroups
-  bool two_chain_scores = false;  // v4 with Q·Kᵀ in two accumulator chains per warpgroup
-  bool pair_seesaw = false;   // v5: the seesaw over pairs of tiles, a whole tile per warpgroup
-  bool staggered_scores = false;  // v5s: v5 with warpgroup 1's Q·Kᵀ after warpgroup 0's
-  bool tail_mask = false;  // v5t: v5 with the tree mask compiled only into the tail steps
-  bool e4m3_loads = false;  // v3e: v3 reading an e4m3 pool's codes, widened in shared memory
+  CustomSchedule schedule = CustomSchedule::kSmallTiles;  // never kAuto once resolved
   CustomTileShape tiles{};
   int row_blocks = 0;        // ceil(T*H / tiles.rows)
   int64_t max_tiles = 0;     // ceil(max_kv_len / tiles.tokens)
@@ -59,6 +51,8 @@ struct CustomPlan {
   size_t partial_lse_offset = 0;
 };
 
+// The tiles, KV split and workspace of a problem. `schedule` is the tiles' shipped one (v5t or the
+// sm_120 tiles); the launcher's resolution (ResolveCustomPlan) names the one that runs.
 // `ctas_per_sm`: how many CTAs of the chosen configuration one multiprocessor holds.
 // `force_splits` > 0 fixes the split count (clamped to [1, max_tiles]).
 CustomPlan PlanCustom(const VerifyProblem& p, bool small_tiles, int num_sms, int ctas_per_sm,

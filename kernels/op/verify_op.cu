@@ -34,7 +34,6 @@
 namespace {
 
 using verifyd::kernels::CustomConfig;
-using verifyd::kernels::CustomScoreMma;
 using verifyd::kernels::MaskFormat;
 using verifyd::kernels::NonFiniteBf16Pair;
 using verifyd::kernels::VerifyProblem;
@@ -170,7 +169,6 @@ struct VerifydOp {
   VerifyProblem problem;  // the geometry; each call fills in the pointers
   CustomConfig config;    // skip = words, unless the kernel checks
   bool kernel_checks = false;  // the kernel and its combine make the checks (CustomCallChecks)
-  CustomScoreMma mma = CustomScoreMma::kAuto;  // v3e for an e4m3 pool
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   float* lse = nullptr;       // the kernel's lse when the caller wants none: the check reads it
@@ -199,11 +197,11 @@ VerifydOp* verifyd_op_create(const VerifydOpGeometry* geometry, char* error, uin
   p.shape.num_indices = static_cast<int64_t>(g.max_indices);
   p.shape.mask_format = g.mask_bits ? MaskFormat::kBits : MaskFormat::kBytes;
   p.sm_scale = g.sm_scale;
-  // An e4m3 pool goes to the kernel that reads its codes (v3e), with the checks around it.
+  // An e4m3 pool goes to the kernel that reads its codes (v3e, kAuto's choice for it), with the
+  // checks around it.
   p.shape.kv_dtype = g.kv_dtype == 1 ? verifyd::kernels::KvDtype::kE4m3
                                      : verifyd::kernels::KvDtype::kBf16;
   p.kv_scale = g.kv_scale;
-  op->mma = g.kv_dtype == 1 ? CustomScoreMma::kWgmmaV3E4m3 : CustomScoreMma::kAuto;
   p.max_kv_len = static_cast<int64_t>(g.max_kv_len);
   p.total_kv_len = p.max_kv_len * g.batch;
   std::string why = verifyd::kernels::CheckShape(p.shape);
@@ -250,8 +248,8 @@ VerifydOp* verifyd_op_create(const VerifydOpGeometry* geometry, char* error, uin
                             cap);
   op->deliver_blocks = Blocks(op->o_vectors, cap);
   verifyd::kernels::CustomPlan plan;
-  cudaError_t e = verifyd::kernels::ResolveCustomPlan(p, op->config, &plan, op->mma);
-  if (e == cudaSuccess && op->mma == CustomScoreMma::kWgmmaV3E4m3 && !plan.e4m3_loads) {
+  cudaError_t e = verifyd::kernels::ResolveCustomPlan(p, op->config, &plan);
+  if (e == cudaErrorNotSupported && g.kv_dtype == 1) {
     delete op;
     return fail("kv_dtype: e4m3 pools need a device the kernel that reads e4m3 runs on (sm_90)");
   }
@@ -267,8 +265,7 @@ VerifydOp* verifyd_op_create(const VerifydOpGeometry* geometry, char* error, uin
     verifyd_op_destroy(op);
     return fail(std::string("device memory: ") + cudaGetErrorString(e));
   }
-  op->kernel_checks = kernel_checks && op->mma == CustomScoreMma::kAuto &&
-                      verifyd::kernels::CustomChecksInKernel(p, op->config);
+  op->kernel_checks = kernel_checks && verifyd::kernels::CustomChecksInKernel(p, op->config);
   if (!op->kernel_checks) op->config.skip = op->words;
   return op;
 }
@@ -323,8 +320,7 @@ cudaError_t verifyd::op::Attend(VerifydOp* op, const VerifydOpCall* c,
     k.serve = x.serve;
     k.max_indices = static_cast<int64_t>(g.max_indices);
     k.max_kv_len = static_cast<int64_t>(g.max_kv_len);
-    e = verifyd::kernels::LaunchCustomWith(p, config, op->mma, op->workspace,
-                                           op->workspace_bytes, s);
+    e = verifyd::kernels::LaunchCustom(p, config, op->workspace, op->workspace_bytes, s);
     if (e == cudaSuccess && x.set_fallback) {
       // The kernel cannot set the handle itself (kernel_checks.cuh): one thread does, after it.
       SetFallback<<<1, 32, 0, s>>>(c->failed, x.fallback);
@@ -352,8 +348,7 @@ cudaError_t verifyd::op::Attend(VerifydOp* op, const VerifydOpCall* c,
   CheckCall<<<op->check_blocks, kThreads, 0, s>>>(ca);
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  e = verifyd::kernels::LaunchCustomWith(p, op->config, op->mma, op->workspace,
-                                         op->workspace_bytes, s);
+  e = verifyd::kernels::LaunchCustom(p, op->config, op->workspace, op->workspace_bytes, s);
   if (e != cudaSuccess) return e;
   const DeliverArgs da{static_cast<const uint4*>(c->o),
                        op->o_vectors,

@@ -3,7 +3,7 @@
 // across tile boundaries, B and H that give splits of several tiles, every forced split count
 // (one per distinct tiles-per-split, both parities), page sizes 1/16/64, a permuted pool, each
 // request alone and at every position of its batch, between empty and short requests, and the
-// draft block started later. Launched directly (LaunchCustomWith), outputs poisoned before each
+// draft block started later. Launched directly (LaunchCustomVariant), outputs poisoned before each
 // launch. Skips without a GPU.
 
 #include <cstdio>
@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "kernels/custom/custom_attention.h"
 #include "kernels/custom/custom_launch_plan.h"
+#include "kernels/custom/variants/custom_variants.h"
 #include "src/bundle/random_bundle.h"
 #include "src/probe/invariance.h"
 #include "tests/common/gpu_test_support.h"
@@ -27,7 +28,7 @@ using testing::DeviceBundle;
 struct KernelChoice {
   std::string name;
   kernels::CustomConfig config;
-  kernels::CustomScoreMma mma = kernels::CustomScoreMma::kAuto;
+  kernels::CustomSchedule schedule = kernels::CustomSchedule::kAuto;
   int tile_tokens = 64;
 };
 
@@ -36,7 +37,7 @@ std::vector<KernelChoice> Choices() {
   std::vector<KernelChoice> v(3);
   v[0].name = "shipped";
   v[1].name = "v4";
-  v[1].mma = kernels::CustomScoreMma::kWgmmaSeesaw;
+  v[1].schedule = kernels::CustomSchedule::kV4;
   v[2].name = "sm120";
   v[2].config.small_smem = true;
   v[2].tile_tokens = 16;
@@ -65,13 +66,14 @@ struct KernelRunner {
     r.run = [this](int splits, PathOutput* out) -> absl::Status {
       kernels::CustomConfig c = choice.config;
       c.force_splits = splits;
-      const size_t ws_bytes = kernels::CustomWorkspaceBytes(dev->problem, c);
+      const size_t ws_bytes =
+          kernels::CustomVariantWorkspaceBytes(dev->problem, c, choice.schedule);
       DeviceBuffer ws(std::max<size_t>(ws_bytes, 16));
       if (absl::Status st = CudaStatus(dev->Poison(), "poison"); !st.ok()) return st;
       ++launches;
-      absl::Status st = CudaStatus(
-          kernels::LaunchCustomWith(dev->problem, c, choice.mma, ws.get<void>(), ws_bytes, nullptr),
-          "launch");
+      absl::Status st = CudaStatus(kernels::LaunchCustomVariant(dev->problem, c, choice.schedule,
+                                                                ws.get<void>(), ws_bytes, nullptr),
+                                   "launch");
       if (st.ok()) st = CudaStatus(cudaDeviceSynchronize(), "kernel");
       out->o.resize(view.o_elems());
       out->lse.resize(view.lse_elems());

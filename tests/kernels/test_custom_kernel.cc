@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "kernels/custom/custom_attention.h"
 #include "kernels/custom/custom_launch_plan.h"
+#include "kernels/custom/variants/custom_variants.h"
 #include "src/bundle/random_bundle.h"
 #include "src/common/bf16.h"
 #include "src/compare/compare.h"
@@ -40,7 +41,7 @@ struct KernelCase {
 struct KernelConfig {
   std::string name;
   CustomConfig config;
-  kernels::CustomScoreMma mma = kernels::CustomScoreMma::kAuto;
+  kernels::CustomSchedule schedule = kernels::CustomSchedule::kAuto;
 };
 
 // Oracle work per case, in (query row x key) pairs: larger cases check a sample of draft tokens
@@ -143,54 +144,59 @@ std::vector<KernelCase> GridCases() {
   return v;
 }
 
-// hopper, hopper_split5: the Hopper tiles as shipped (wgmma Q·Kᵀ and P·V on an sm_90 device);
-// hopper_v4, hopper_v4_split5: the seesaw schedule; hopper_v4k: with split-K Q·Kᵀ;
-// hopper_v4c: with Q·Kᵀ in two accumulator chains; hopper_v5, hopper_v5_split5: the seesaw over
-// pairs of tiles (odd tile counts per split included); hopper_v5s: v5 with the two warpgroups'
-// Q·Kᵀ in turn; hopper_v5t, hopper_v5t_split5: v5 with the tree mask compiled only into the
-// steps from the first tile that reaches the draft keys (splits that start inside the draft keys
-// included);
-// hopper_v3: the v3 schedule by name;
-// hopper_qkwgmma: wgmma Q·Kᵀ, mma.sync P·V; hopper_mma: mma.sync for both; sm120*: the small
-// tiles that fit sm_120, forced on whatever GPU runs the test.
+// hopper, hopper_split5: as shipped (v5t on an sm_90 device); the others by name, the bench-only
+// ones from kernels/custom/variants, each skipped where it does not run: hopper_v4,
+// hopper_v4_split5: the seesaw schedule; hopper_v4k: with split-K Q·Kᵀ; hopper_v4c: with Q·Kᵀ in
+// two accumulator chains; hopper_v5, hopper_v5_split5: the seesaw over pairs of tiles (odd tile
+// counts per split included); hopper_v5s: v5 with the two warpgroups' Q·Kᵀ in turn; hopper_v5t,
+// hopper_v5t_split5: v5 with the tree mask compiled only into the steps from the first tile that
+// reaches the draft keys (splits that start inside the draft keys included); hopper_v3: the v3
+// schedule by name; hopper_qkwgmma: wgmma Q·Kᵀ, mma.sync P·V; hopper_mma: mma.sync for both;
+// sm120*: the small tiles that fit sm_120, forced on whatever GPU runs the test.
 std::vector<KernelConfig> Configs() {
   std::vector<KernelConfig> v(16);
   v[0].name = "hopper";
   v[1].name = "hopper_split5";
   v[1].config.force_splits = 5;
   v[2].name = "hopper_qkwgmma";
-  v[2].mma = kernels::CustomScoreMma::kWgmmaScores;
+  v[2].schedule = kernels::CustomSchedule::kWgmmaScores;
   v[3].name = "hopper_mma";
-  v[3].mma = kernels::CustomScoreMma::kMmaSync;
+  v[3].schedule = kernels::CustomSchedule::kMmaSync;
   v[4].name = "sm120";
   v[4].config.small_smem = true;
   v[5].name = "sm120_split3";
   v[5].config.small_smem = true;
   v[5].config.force_splits = 3;
   v[6].name = "hopper_v4";
-  v[6].mma = kernels::CustomScoreMma::kWgmmaSeesaw;
+  v[6].schedule = kernels::CustomSchedule::kV4;
   v[7].name = "hopper_v4_split5";
-  v[7].mma = kernels::CustomScoreMma::kWgmmaSeesaw;
+  v[7].schedule = kernels::CustomSchedule::kV4;
   v[7].config.force_splits = 5;
   v[8].name = "hopper_v3";
-  v[8].mma = kernels::CustomScoreMma::kWgmmaV3;
+  v[8].schedule = kernels::CustomSchedule::kV3;
   v[9].name = "hopper_v4k";
-  v[9].mma = kernels::CustomScoreMma::kWgmmaSeesawSplitK;
+  v[9].schedule = kernels::CustomSchedule::kV4SplitK;
   v[10].name = "hopper_v4c";
-  v[10].mma = kernels::CustomScoreMma::kWgmmaSeesaw2Chain;
+  v[10].schedule = kernels::CustomSchedule::kV4TwoChain;
   v[11].name = "hopper_v5";
-  v[11].mma = kernels::CustomScoreMma::kWgmmaPairSeesaw;
+  v[11].schedule = kernels::CustomSchedule::kV5;
   v[12].name = "hopper_v5_split5";
-  v[12].mma = kernels::CustomScoreMma::kWgmmaPairSeesaw;
+  v[12].schedule = kernels::CustomSchedule::kV5;
   v[12].config.force_splits = 5;
   v[13].name = "hopper_v5s";
-  v[13].mma = kernels::CustomScoreMma::kWgmmaPairSeesawStaggered;
+  v[13].schedule = kernels::CustomSchedule::kV5s;
   v[14].name = "hopper_v5t";
-  v[14].mma = kernels::CustomScoreMma::kWgmmaPairSeesawTailMask;
+  v[14].schedule = kernels::CustomSchedule::kV5t;
   v[15].name = "hopper_v5t_split5";
-  v[15].mma = kernels::CustomScoreMma::kWgmmaPairSeesawTailMask;
+  v[15].schedule = kernels::CustomSchedule::kV5t;
   v[15].config.force_splits = 5;
   return v;
+}
+
+// Whether the configuration's schedule runs on this device (the Hopper tiles' need sm_90).
+bool RunsHere(const KernelConfig& k, const kernels::VerifyProblem& p) {
+  kernels::CustomPlan plan;
+  return kernels::ResolveCustomPlan(p, k.config, &plan, k.schedule) != cudaErrorNotSupported;
 }
 
 // One case's bundle on host and device, and the oracle on its checked tokens.
@@ -281,13 +287,17 @@ TEST_P(CustomKernelTest, MatchesOracle) {
   const BundleView& v = d->bundle->view();
   ASSERT_EQ(d->dev.Poison(), cudaSuccess);
 
-  const size_t ws_bytes = kernels::CustomWorkspaceBytes(d->dev.problem, cfg.config);
+  const size_t ws_bytes =
+      kernels::CustomVariantWorkspaceBytes(d->dev.problem, cfg.config, cfg.schedule);
   DeviceBuffer ws(std::max<size_t>(ws_bytes, 16));
   ASSERT_EQ(ws.Fill(0xFF), cudaSuccess);
   kernels::CustomPlan plan;
-  ASSERT_EQ(kernels::ResolveCustomPlan(d->dev.problem, cfg.config, &plan, cfg.mma), cudaSuccess);
-  ASSERT_EQ(kernels::LaunchCustomWith(d->dev.problem, cfg.config, cfg.mma, ws.get<void>(), ws_bytes,
-                                      nullptr),
+  const cudaError_t planned =
+      kernels::ResolveCustomPlan(d->dev.problem, cfg.config, &plan, cfg.schedule);
+  if (planned == cudaErrorNotSupported) GTEST_SKIP() << cfg.name << " does not run on this device";
+  ASSERT_EQ(planned, cudaSuccess);
+  ASSERT_EQ(kernels::LaunchCustomVariant(d->dev.problem, cfg.config, cfg.schedule, ws.get<void>(),
+                                         ws_bytes, nullptr),
             cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
@@ -323,9 +333,9 @@ TEST_P(CustomKernelTest, MatchesOracle) {
       d->ref_lse.data(), static_cast<int64_t>(test_lse.size()), tol);
   std::printf(
       "[ metrics  ] config=%s case=%s rows_checked=%zu rel_l2=%.3e max_abs=%.3e "
-      "lse_max_abs=%.3e splits=%d wgmma_qk=%d wgmma_pv=%d workspace=%zu\n",
+      "lse_max_abs=%.3e splits=%d schedule=%s workspace=%zu\n",
       cfg.name.c_str(), kc.name.c_str(), d->tokens.size() * H, ds.rel_l2, ds.max_abs,
-      ds.lse_max_abs, plan.splits, plan.wgmma_scores ? 1 : 0, plan.wgmma_pv ? 1 : 0, ws_bytes);
+      ds.lse_max_abs, plan.splits, kernels::ScheduleName(plan.schedule), ws_bytes);
   EXPECT_EQ(ds.nan_test, 0);
   EXPECT_LE(ds.rel_l2, testing::kCustomMaxRelL2);
   EXPECT_LE(ds.max_abs, testing::kMaxAbs);
@@ -361,14 +371,16 @@ TEST(CustomKernelDeterminism, RepeatedLaunchIsBitIdentical) {
   DeviceBundle dev;
   ASSERT_EQ(dev.Upload(bundle.view()), cudaSuccess);
   for (const KernelConfig& k : Configs()) {
+    if (!RunsHere(k, dev.problem)) continue;
     CustomConfig c = k.config;
     c.force_splits = 4;
-    const size_t ws_bytes = kernels::CustomWorkspaceBytes(dev.problem, c);
+    const size_t ws_bytes = kernels::CustomVariantWorkspaceBytes(dev.problem, c, k.schedule);
     DeviceBuffer ws(std::max<size_t>(ws_bytes, 16));
     std::vector<uint16_t> first(bundle.view().o_elems()), again(first.size());
     for (auto* out : {&first, &again}) {
       ASSERT_EQ(dev.Poison(), cudaSuccess);
-      ASSERT_EQ(kernels::LaunchCustomWith(dev.problem, c, k.mma, ws.get<void>(), ws_bytes, nullptr),
+      ASSERT_EQ(kernels::LaunchCustomVariant(dev.problem, c, k.schedule, ws.get<void>(), ws_bytes,
+                                             nullptr),
                 cudaSuccess);
       ASSERT_EQ(cudaMemcpy(out->data(), dev.o.get<void>(), out->size() * 2, cudaMemcpyDeviceToHost),
                 cudaSuccess);
@@ -398,7 +410,8 @@ TEST(CustomKernelDeterminism, LongRandomBundleIsBitIdentical) {
   DeviceBundle dev;
   ASSERT_EQ(dev.Upload(bundle.view()), cudaSuccess);
   for (const KernelConfig& k : Configs()) {
-    const size_t ws_bytes = kernels::CustomWorkspaceBytes(dev.problem, k.config);
+    if (!RunsHere(k, dev.problem)) continue;
+    const size_t ws_bytes = kernels::CustomVariantWorkspaceBytes(dev.problem, k.config, k.schedule);
     DeviceBuffer ws(std::max<size_t>(ws_bytes, 16));
     std::vector<uint16_t> first(bundle.view().o_elems()), again(first.size());
     std::vector<float> first_lse(bundle.view().lse_elems()), again_lse(first_lse.size());
@@ -406,8 +419,8 @@ TEST(CustomKernelDeterminism, LongRandomBundleIsBitIdentical) {
       std::vector<uint16_t>& out = run == 0 ? first : again;
       std::vector<float>& out_lse = run == 0 ? first_lse : again_lse;
       ASSERT_EQ(dev.Poison(), cudaSuccess);
-      ASSERT_EQ(kernels::LaunchCustomWith(dev.problem, k.config, k.mma, ws.get<void>(), ws_bytes,
-                                          nullptr),
+      ASSERT_EQ(kernels::LaunchCustomVariant(dev.problem, k.config, k.schedule, ws.get<void>(),
+                                             ws_bytes, nullptr),
                 cudaSuccess);
       ASSERT_EQ(cudaMemcpy(out.data(), dev.o.get<void>(), out.size() * 2, cudaMemcpyDeviceToHost),
                 cudaSuccess);
@@ -422,15 +435,16 @@ TEST(CustomKernelDeterminism, LongRandomBundleIsBitIdentical) {
   }
 }
 
-// The shipped choice: v5t (v5 with the tree mask only in the tail steps) on a device with wgmma,
-// never with the sm_120 tiles; v5 and the older schedules by name only.
-TEST(CustomKernelLaunch, ShipsThePairSeesawOnHopper) {
+// The shipped choice: v5t on an sm_90 device for a bf16 pool and v3e for an e4m3 one, the sm_120
+// tiles with `small_smem` and on any other device; a named schedule is what runs, or is refused.
+TEST(CustomKernelLaunch, ShipsOneSchedulePerArchitecture) {
   const std::string why = testing::NoGpuReason();
   if (!why.empty()) GTEST_SKIP() << "GPU kernel test skipped: " << why;
   int dev = 0, major = 0, minor = 0;
   ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), cudaSuccess);
+  const bool sm90 = major == 9 && minor == 0;
   RandomBundleSpec spec;
   spec.batch = 8;
   spec.draft = 16;
@@ -441,18 +455,39 @@ TEST(CustomKernelLaunch, ShipsThePairSeesawOnHopper) {
   ASSERT_EQ(dev_bundle.Upload(bundle.view()), cudaSuccess);
   kernels::CustomPlan shipped, v4, small;
   ASSERT_EQ(kernels::ResolveCustomPlan(dev_bundle.problem, {}, &shipped), cudaSuccess);
-  ASSERT_EQ(kernels::ResolveCustomPlan(dev_bundle.problem, {}, &v4,
-                                       kernels::CustomScoreMma::kWgmmaSeesaw),
-            cudaSuccess);
+  EXPECT_EQ(shipped.schedule,
+            sm90 ? kernels::CustomSchedule::kV5t : kernels::CustomSchedule::kSmallTiles);
+  const cudaError_t v4_error =
+      kernels::ResolveCustomPlan(dev_bundle.problem, {}, &v4, kernels::CustomSchedule::kV4);
+  EXPECT_EQ(v4_error, sm90 ? cudaSuccess : cudaErrorNotSupported);
+  if (sm90) {
+    EXPECT_EQ(v4.schedule, kernels::CustomSchedule::kV4);
+  }
   CustomConfig sm120;
   sm120.small_smem = true;
   ASSERT_EQ(kernels::ResolveCustomPlan(dev_bundle.problem, sm120, &small), cudaSuccess);
-  EXPECT_EQ(shipped.pair_seesaw, major == 9 && minor == 0);
-  EXPECT_EQ(shipped.tail_mask, major == 9 && minor == 0);
-  EXPECT_FALSE(shipped.staggered_scores) << "v5s runs by name only";
-  EXPECT_FALSE(shipped.seesaw);
-  EXPECT_TRUE(v4.seesaw == (major == 9 && minor == 0) && !v4.pair_seesaw);
-  EXPECT_FALSE(small.pair_seesaw || small.wgmma_scores);
+  EXPECT_EQ(small.schedule, kernels::CustomSchedule::kSmallTiles);
+  EXPECT_EQ(
+      kernels::ResolveCustomPlan(dev_bundle.problem, sm120, &small, kernels::CustomSchedule::kV5t),
+      cudaErrorNotSupported)
+      << "a Hopper schedule named beside the sm_120 tiles";
+  // v3e takes an e4m3 pool only, and kAuto gives such a pool v3e where it runs.
+  EXPECT_EQ(kernels::ResolveCustomPlan(dev_bundle.problem, {}, &v4, kernels::CustomSchedule::kV3e),
+            sm90 ? cudaErrorInvalidValue : cudaErrorNotSupported);
+  kernels::VerifyProblem e4m3 = dev_bundle.problem;
+  e4m3.shape.kv_dtype = kernels::KvDtype::kE4m3;
+  e4m3.kv_scale = 0.5f;
+  kernels::CustomPlan codes;
+  EXPECT_EQ(kernels::ResolveCustomPlan(e4m3, {}, &codes),
+            sm90 ? cudaSuccess : cudaErrorNotSupported);
+  if (sm90) {
+    EXPECT_EQ(codes.schedule, kernels::CustomSchedule::kV3e);
+  }
+  EXPECT_EQ(kernels::ResolveCustomPlan(e4m3, sm120, &codes), cudaErrorNotSupported);
+  // The shipped library launches no bench-only schedule.
+  EXPECT_EQ(kernels::LaunchCustomWith(dev_bundle.problem, {}, kernels::CustomSchedule::kV5, nullptr,
+                                      0, nullptr),
+            cudaErrorNotSupported);
 }
 
 // Too small a workspace is refused before anything is launched.

@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "kernels/custom/custom_attention.h"
 #include "kernels/custom/custom_launch_plan.h"
+#include "kernels/custom/variants/custom_variants.h"
 #include "src/bundle/random_bundle.h"
 #include "src/common/bf16.h"
 #include "src/compare/compare.h"
@@ -22,7 +23,7 @@ namespace verifyd {
 namespace {
 
 using kernels::CustomConfig;
-using kernels::CustomScoreMma;
+using kernels::CustomSchedule;
 using testing::DeviceBuffer;
 using testing::DeviceBundle;
 
@@ -35,11 +36,12 @@ TEST(CustomKernelChecks, ALaunchWithChecksRefusesEveryOtherPairing) {
   CustomConfig c;
   c.checks.words = words;
   c.checks.failed = failed;
-  for (auto mma : {CustomScoreMma::kWgmmaV3, CustomScoreMma::kWgmmaPairSeesaw,
-                   CustomScoreMma::kWgmmaPairSeesawStaggered, CustomScoreMma::kWgmmaSeesaw,
-                   CustomScoreMma::kMmaSync}) {
-    EXPECT_EQ(kernels::LaunchCustomWith(p, c, mma, nullptr, 0, nullptr), cudaErrorInvalidValue)
-        << "checks asked of schedule " << static_cast<int>(mma);
+  for (auto schedule :
+       {CustomSchedule::kV3e, CustomSchedule::kSmallTiles, CustomSchedule::kV3, CustomSchedule::kV5,
+        CustomSchedule::kV5s, CustomSchedule::kV4, CustomSchedule::kMmaSync}) {
+    EXPECT_EQ(kernels::LaunchCustomVariant(p, c, schedule, nullptr, 0, nullptr),
+              cudaErrorInvalidValue)
+        << "checks asked of " << kernels::ScheduleName(schedule);
   }
   CustomConfig small = c;
   small.small_smem = true;

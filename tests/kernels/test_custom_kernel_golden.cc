@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "kernels/custom/custom_attention.h"
 #include "kernels/custom/custom_launch_plan.h"
+#include "kernels/custom/variants/custom_variants.h"
 #include "src/bundle/dequantized_bundle.h"
 #include "src/bundle/validate.h"
 #include "src/common/bf16.h"
@@ -43,15 +44,16 @@ std::vector<std::string> GoldenCases() {
   return names;
 }
 
-// One launch of `mma` on the uploaded bundle, its outputs poisoned before and fetched after.
+// One launch of `schedule` on the uploaded bundle, its outputs poisoned before and fetched after.
 void LaunchAndFetch(testing::DeviceBundle& dev, const kernels::CustomConfig& c,
-                    kernels::CustomScoreMma mma, std::vector<uint16_t>* o,
+                    kernels::CustomSchedule schedule, std::vector<uint16_t>* o,
                     std::vector<float>* lse) {
   ASSERT_EQ(dev.Poison(), cudaSuccess);
-  const size_t ws_bytes = kernels::CustomWorkspaceBytes(dev.problem, c);
+  const size_t ws_bytes = kernels::CustomVariantWorkspaceBytes(dev.problem, c, schedule);
   testing::DeviceBuffer ws(std::max<size_t>(ws_bytes, 16));
-  ASSERT_EQ(kernels::LaunchCustomWith(dev.problem, c, mma, ws.get<void>(), ws_bytes, nullptr),
-            cudaSuccess);
+  ASSERT_EQ(
+      kernels::LaunchCustomVariant(dev.problem, c, schedule, ws.get<void>(), ws_bytes, nullptr),
+      cudaSuccess);
   o->resize(dev.o.bytes() / 2);
   lse->resize(dev.lse.bytes() / 4);
   ASSERT_EQ(cudaMemcpy(o->data(), dev.o.get<void>(), o->size() * 2, cudaMemcpyDeviceToHost),
@@ -82,32 +84,29 @@ TEST_P(CustomKernelGolden, MatchesTheStoredOracle) {
 
   testing::DeviceBundle dev;
   ASSERT_EQ(dev.Upload(v), cudaSuccess);
-  // The shipped choice in both tile configurations, and the v3 and v4 schedules of the Hopper
-  // tiles (v4k: with split-K Q·Kᵀ; v4c: with Q·Kᵀ in two accumulator chains; v5: the seesaw
-  // over pairs of tiles; v5s: with the two Q·Kᵀ in turn; v5t: with the tree mask compiled only
-  // into the tail steps) by name.
+  // The shipped choice in both tile configurations, v5t by name, and the bench-only schedules of
+  // the Hopper tiles (custom_schedule.h).
   struct Variant {
     const char* name;
     bool small;
-    kernels::CustomScoreMma mma;
+    kernels::CustomSchedule schedule;
   };
-  for (const Variant& var :
-       {Variant{"hopper", false, kernels::CustomScoreMma::kAuto},
-        Variant{"hopper_v3", false, kernels::CustomScoreMma::kWgmmaV3},
-        Variant{"hopper_v4", false, kernels::CustomScoreMma::kWgmmaSeesaw},
-        Variant{"hopper_v4k", false, kernels::CustomScoreMma::kWgmmaSeesawSplitK},
-        Variant{"hopper_v4c", false, kernels::CustomScoreMma::kWgmmaSeesaw2Chain},
-        Variant{"hopper_v5", false, kernels::CustomScoreMma::kWgmmaPairSeesaw},
-        Variant{"hopper_v5s", false, kernels::CustomScoreMma::kWgmmaPairSeesawStaggered},
-        Variant{"hopper_v5t", false, kernels::CustomScoreMma::kWgmmaPairSeesawTailMask},
-        Variant{"sm120", true, kernels::CustomScoreMma::kAuto}}) {
+  for (const Variant& var : {Variant{"hopper", false, kernels::CustomSchedule::kAuto},
+                             Variant{"hopper_v3", false, kernels::CustomSchedule::kV3},
+                             Variant{"hopper_v4", false, kernels::CustomSchedule::kV4},
+                             Variant{"hopper_v4k", false, kernels::CustomSchedule::kV4SplitK},
+                             Variant{"hopper_v4c", false, kernels::CustomSchedule::kV4TwoChain},
+                             Variant{"hopper_v5", false, kernels::CustomSchedule::kV5},
+                             Variant{"hopper_v5s", false, kernels::CustomSchedule::kV5s},
+                             Variant{"hopper_v5t", false, kernels::CustomSchedule::kV5t},
+                             Variant{"sm120", true, kernels::CustomSchedule::kAuto}}) {
     const bool small = var.small;
     SCOPED_TRACE(var.name);
     kernels::CustomConfig c;
     c.small_smem = small;
     std::vector<uint16_t> o;
     std::vector<float> lse;
-    ASSERT_NO_FATAL_FAILURE(LaunchAndFetch(dev, c, var.mma, &o, &lse));
+    ASSERT_NO_FATAL_FAILURE(LaunchAndFetch(dev, c, var.schedule, &o, &lse));
     EXPECT_TRUE(dev.o.GuardIntact());
     EXPECT_TRUE(dev.lse.GuardIntact());
     // o_scale: 1, or an e4m3 pool's kv_scale, which the engines put on o before its rounding.
@@ -150,8 +149,7 @@ TEST_P(CustomKernelGolden, AnE4m3CaseThroughTheKernelThatReadsTheCodes) {
     c.force_splits = splits;
     std::vector<uint16_t> o;
     std::vector<float> lse;
-    ASSERT_NO_FATAL_FAILURE(
-        LaunchAndFetch(dev, c, kernels::CustomScoreMma::kWgmmaV3E4m3, &o, &lse));
+    ASSERT_NO_FATAL_FAILURE(LaunchAndFetch(dev, c, kernels::CustomSchedule::kV3e, &o, &lse));
     const DiffStats d = CompareBf16ToF32(o.data(), ref.data(), static_cast<int64_t>(o.size()),
                                          lse.data(), file->lse_expected->as<float>(),
                                          static_cast<int64_t>(lse.size()), Tolerance{});
@@ -166,31 +164,34 @@ TEST_P(CustomKernelGolden, AnE4m3CaseThroughTheKernelThatReadsTheCodes) {
   }
 }
 
-// An e4m3 problem reaches only v3e, and v3e only an e4m3 problem with a positive finite scale:
-// any other pairing would read the pool as the wrong type. Refused before anything touches a
-// device, so this runs without a GPU.
+// An e4m3 problem reaches only v3e (named, or kAuto's choice), and v3e only an e4m3 problem with a
+// positive finite scale: any other pairing would read the pool as the wrong type. Refused before
+// anything touches a device, so this runs without a GPU.
 TEST(CustomKernelE4m3, ThePoolsTypeAndTheScheduleMustAgree) {
   kernels::VerifyProblem p = testing::TinyProblem();
   p.shape.kv_dtype = kernels::KvDtype::kE4m3;
   p.kv_scale = 0.37f;
   const kernels::CustomConfig c;
-  for (auto mma : {kernels::CustomScoreMma::kAuto, kernels::CustomScoreMma::kWgmmaV3,
-                   kernels::CustomScoreMma::kWgmmaPairSeesawTailMask}) {
-    EXPECT_EQ(kernels::LaunchCustomWith(p, c, mma, nullptr, 0, nullptr), cudaErrorInvalidValue)
-        << "an e4m3 pool read as bf16 by schedule " << static_cast<int>(mma);
+  for (auto schedule : {kernels::CustomSchedule::kV5t, kernels::CustomSchedule::kSmallTiles,
+                        kernels::CustomSchedule::kV3, kernels::CustomSchedule::kV5}) {
+    EXPECT_EQ(kernels::LaunchCustomVariant(p, c, schedule, nullptr, 0, nullptr),
+              cudaErrorInvalidValue)
+        << "an e4m3 pool read as bf16 by " << kernels::ScheduleName(schedule);
   }
+  EXPECT_EQ(kernels::LaunchCustomWith(p, c, kernels::CustomSchedule::kV5t, nullptr, 0, nullptr),
+            cudaErrorInvalidValue);
   for (float bad : {0.f, -1.f, NAN, INFINITY}) {
     p.kv_scale = bad;
-    EXPECT_EQ(
-        kernels::LaunchCustomWith(p, c, kernels::CustomScoreMma::kWgmmaV3E4m3, nullptr, 0, nullptr),
-        cudaErrorInvalidValue)
-        << "kv_scale " << bad;
+    for (auto schedule : {kernels::CustomSchedule::kV3e, kernels::CustomSchedule::kAuto}) {
+      EXPECT_EQ(kernels::LaunchCustomWith(p, c, schedule, nullptr, 0, nullptr),
+                cudaErrorInvalidValue)
+          << "kv_scale " << bad << " under " << kernels::ScheduleName(schedule);
+    }
   }
   p.shape.kv_dtype = kernels::KvDtype::kBf16;
   p.kv_scale = 1.f;
-  EXPECT_EQ(
-      kernels::LaunchCustomWith(p, c, kernels::CustomScoreMma::kWgmmaV3E4m3, nullptr, 0, nullptr),
-      cudaErrorInvalidValue)
+  EXPECT_EQ(kernels::LaunchCustomWith(p, c, kernels::CustomSchedule::kV3e, nullptr, 0, nullptr),
+            cudaErrorInvalidValue)
       << "a bf16 pool read as e4m3 codes";
 }
 
