@@ -1,3 +1,5 @@
+#include "bench/ceilings.h"
+
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -5,7 +7,6 @@
 #include <vector>
 
 #include "bench/bench_timing.h"
-#include "bench/ceilings.h"
 
 namespace verifyd::bench {
 namespace {

@@ -21,7 +21,8 @@ VERIFYD_HOST_DEVICE inline bool RequestLayoutBad(int b, int64_t lo, int64_t hi, 
 
 // A pool's bound on page ids for PageIdBad: its page count, as ids are int32 at most 2^31.
 VERIFYD_HOST_DEVICE inline uint32_t PageIdLimit(int64_t pages) {
-  return pages <= 0 ? 0u : (pages < (int64_t{1} << 31) ? static_cast<uint32_t>(pages) : 0x80000000u);
+  return pages <= 0 ? 0u
+                    : (pages < (int64_t{1} << 31) ? static_cast<uint32_t>(pages) : 0x80000000u);
 }
 
 // A page id outside the pool of PageIdLimit `limit`: one unsigned compare (a negative id wraps
@@ -32,8 +33,7 @@ VERIFYD_HOST_DEVICE inline bool PageIdBad(int32_t page, uint32_t limit) {
 
 // One byte of a tree-mask row is bad: a byte mask holds 0 or 1; a bit-packed row sets no bit past
 // T in its last byte (`last_of_row`).
-VERIFYD_HOST_DEVICE inline bool MaskByteBad(unsigned byte, bool bits, int draft,
-                                            bool last_of_row) {
+VERIFYD_HOST_DEVICE inline bool MaskByteBad(unsigned byte, bool bits, int draft, bool last_of_row) {
   if (!bits) return byte > 1;
   const int tail = draft & 7;
   return last_of_row && tail != 0 && (byte >> tail) != 0;

@@ -19,7 +19,8 @@ std::string CheckShape(const ProblemShape& s) {
   if (s.page_size < 1 || s.page_size > kMaxPageSize || (s.page_size & (s.page_size - 1)) != 0) {
     return "page_size: " + std::to_string(s.page_size) + " is not a power of two in [1, 128]";
   }
-  if (s.num_pages < 1) return "kv_pool: needs at least one page, got " + std::to_string(s.num_pages);
+  if (s.num_pages < 1)
+    return "kv_pool: needs at least one page, got " + std::to_string(s.num_pages);
   if (s.num_indices < 0) return "kv_indices: negative length " + std::to_string(s.num_indices);
   if (s.mask_format != MaskFormat::kBytes && s.mask_format != MaskFormat::kBits) {
     return "tree_mask: unknown mask format " + std::to_string(static_cast<int>(s.mask_format));

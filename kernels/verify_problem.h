@@ -33,10 +33,10 @@ inline const char* KvDtypeName(KvDtype d) { return d == KvDtype::kE4m3 ? "e4m3" 
 
 // Sizes known on the host before any launch.
 struct ProblemShape {
-  int batch = 0;       // B
-  int draft = 0;       // T, draft tokens per request
-  int heads = 0;       // H, query heads
-  int page_size = 0;   // tokens per KV page, power of two in [1, 128]
+  int batch = 0;      // B
+  int draft = 0;      // T, draft tokens per request
+  int heads = 0;      // H, query heads
+  int page_size = 0;  // tokens per KV page, power of two in [1, 128]
   int64_t num_pages = 0;
   int64_t num_indices = 0;  // kv_indptr[B]
   MaskFormat mask_format = MaskFormat::kBytes;
@@ -51,19 +51,19 @@ std::string CheckShape(const ProblemShape& s);
 // the CPU paths.
 struct VerifyProblem {
   ProblemShape shape;
-  const uint16_t* q = nullptr;           // bf16 [B*T, H, 576]
-  const uint16_t* kv_pool = nullptr;     // bf16 [num_pages, page_size, 576], or e4m3 bytes
-                                         // when shape.kv_dtype is kE4m3 (see kv_scale)
-  const int32_t* kv_indptr = nullptr;    // [B+1]
-  const int32_t* kv_indices = nullptr;   // [kv_indptr[B]]
-  const int32_t* kv_lens = nullptr;      // [B], prefix_len + T
-  const uint8_t* tree_mask = nullptr;    // see MaskFormat
+  const uint16_t* q = nullptr;          // bf16 [B*T, H, 576]
+  const uint16_t* kv_pool = nullptr;    // bf16 [num_pages, page_size, 576], or e4m3 bytes
+                                        // when shape.kv_dtype is kE4m3 (see kv_scale)
+  const int32_t* kv_indptr = nullptr;   // [B+1]
+  const int32_t* kv_indices = nullptr;  // [kv_indptr[B]]
+  const int32_t* kv_lens = nullptr;     // [B], prefix_len + T
+  const uint8_t* tree_mask = nullptr;   // see MaskFormat
   float sm_scale = 0.f;
-  float kv_scale = 1.f;                  // kE4m3: each pool value is e4m3 x kv_scale
-  int64_t max_kv_len = 0;                // host-side max over kv_lens (plans the KV split)
-  int64_t total_kv_len = 0;              // host-side sum over kv_lens
-  uint16_t* o = nullptr;                 // bf16 [B*T, H, 512] out
-  float* lse = nullptr;                  // fp32 [B*T, H] out, optional (natural log)
+  float kv_scale = 1.f;      // kE4m3: each pool value is e4m3 x kv_scale
+  int64_t max_kv_len = 0;    // host-side max over kv_lens (plans the KV split)
+  int64_t total_kv_len = 0;  // host-side sum over kv_lens
+  uint16_t* o = nullptr;     // bf16 [B*T, H, 512] out
+  float* lse = nullptr;      // fp32 [B*T, H] out, optional (natural log)
 };
 
 }  // namespace verifyd::kernels

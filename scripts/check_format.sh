@@ -6,8 +6,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cf=${CLANG_FORMAT:-$(command -v clang-format || command -v clang-format-14 || true)}
 [ -n "$cf" ] || { echo "check_format.sh: clang-format not found (apt-get install clang-format)" >&2; exit 1; }
 cd "$root"
-# kernels/ keeps its layout until its schedules are pruned (their mutation patches follow it).
-mapfile -t files < <(git ls-files '*.cc' '*.h' '*.cu' '*.cuh' | grep -v '^kernels/')
+mapfile -t files < <(git ls-files '*.cc' '*.h' '*.cu' '*.cuh')
 if [ "${FIX:-0}" = 1 ]; then
   "$cf" -i "${files[@]}"
   exit 0

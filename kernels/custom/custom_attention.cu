@@ -71,15 +71,15 @@ cudaError_t QueryDevice(int dev, DeviceFacts* f) {
                                static_cast<int>(HopperTiles::kSmemBytes));
       if (e != cudaSuccess) return e;
     }
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f->ctas_hopper, kV5tKernel,
-                                                      HopperTiles::kThreads, HopperTiles::kSmemBytes);
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &f->ctas_hopper, kV5tKernel, HopperTiles::kThreads, HopperTiles::kSmemBytes);
     if (e != cudaSuccess) return e;
   }
   e = cudaFuncSetAttribute(kSmallTilesKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(Sm120Tiles::kSmemBytes));
   if (e != cudaSuccess) return e;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f->ctas_sm120, kSmallTilesKernel,
-                                                       Sm120Tiles::kThreads, Sm120Tiles::kSmemBytes);
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &f->ctas_sm120, kSmallTilesKernel, Sm120Tiles::kThreads, Sm120Tiles::kSmemBytes);
 }
 
 cudaError_t CurrentDevice(int* dev) {

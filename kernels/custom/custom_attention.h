@@ -32,8 +32,8 @@ struct CustomCallChecks {
   unsigned* words = nullptr;       // [0] the verdict bits, [1] CTAs finished: zero between calls
   uint8_t* failed = nullptr;       // written by the last CTA: 1 when the verdict is not 0, else 0
   const uint8_t* serve = nullptr;  // null, or a device byte: 0 makes the call compute nothing
-  int64_t max_indices = 0;  // kv_indptr[B] may not exceed it
-  int64_t max_kv_len = 0;   // nor any kv_len this
+  int64_t max_indices = 0;         // kv_indptr[B] may not exceed it
+  int64_t max_kv_len = 0;          // nor any kv_len this
 };
 
 struct CustomConfig {

@@ -236,8 +236,7 @@ __device__ __forceinline__ void WgmmaM64N32K16(float (&d)[16], uint64_t desc_a, 
 
 // d[64 x 64] += A[64 x 16] * B[64 x 16]^T, both K-major bf16 in shared memory, fp32 accumulate;
 // d layout as WgmmaM64N32K16's, j = 0..7.
-__device__ __forceinline__ void WgmmaM64N64K16(float (&d)[32], uint64_t desc_a,
-                                               uint64_t desc_b) {
+__device__ __forceinline__ void WgmmaM64N64K16(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -248,11 +247,10 @@ __device__ __forceinline__ void WgmmaM64N64K16(float (&d)[32], uint64_t desc_a,
       "}, %32, %33, p, 1, 1, 0, 0;\n"
       "}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
-        "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
-        "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
-        "+f"(d[31])
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(desc_a), "l"(desc_b));
 }
 
@@ -260,7 +258,7 @@ __device__ __forceinline__ void WgmmaM64N64K16(float (&d)[32], uint64_t desc_a,
 // rows of 128 bytes along N, `n_group_bytes` between consecutive 64-element groups of N, 8 rows
 // of K per 1024-byte atom and 1024 bytes between consecutive 8-row groups of K.
 __device__ __forceinline__ uint64_t SmemDescSw128MnMajor(uint32_t smem_addr,
-                                                        uint32_t n_group_bytes) {
+                                                         uint32_t n_group_bytes) {
   uint64_t d = 0;
   d |= static_cast<uint64_t>((smem_addr & 0x3FFFFu) >> 4);
   d |= static_cast<uint64_t>((n_group_bytes >> 4) & 0x3FFFu) << 16;  // leading: next 64 of N
@@ -314,8 +312,7 @@ __device__ __forceinline__ void WgmmaM64N256K16TransB(float (&d)[128], uint64_t 
 
 // The same with A from registers: a[0..3] is mma.sync's A fragment (rows 16w + (lane/4) (+8) of
 // warp w, columns 2*(lane%4) (+1, +8, +9) of the 16-wide K step); d as above.
-__device__ __forceinline__ void WgmmaM64N256K16RegATransB(float (&d)[128],
-                                                          const uint32_t (&a)[4],
+__device__ __forceinline__ void WgmmaM64N256K16RegATransB(float (&d)[128], const uint32_t (&a)[4],
                                                           uint64_t desc_b) {
   asm volatile(
       "{\n"

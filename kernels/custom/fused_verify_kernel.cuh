@@ -82,8 +82,7 @@ __device__ __forceinline__ void WidenE4m3Stage(uint8_t* stage, int tid) {
     uint8_t* block = stage + c * Cfg::kKvBlockBytes;
     hi[c] = *reinterpret_cast<const uint2*>(block + kHalf + r_hi * 64 + sub * 8);
     const uint2 lo = *reinterpret_cast<const uint2*>(block + kHalf + r_lo * 64 + sub * 8);
-    *reinterpret_cast<uint4*>(block + r_lo * 128 + ((sub ^ (r_lo & 7)) << 4)) =
-        E4m3x8ToBf16x8(lo);
+    *reinterpret_cast<uint4*>(block + r_lo * 128 + ((sub ^ (r_lo & 7)) << 4)) = E4m3x8ToBf16x8(lo);
   }
   __syncthreads();  // every code of the upper halves is read
 #pragma unroll
@@ -104,7 +103,7 @@ __device__ __forceinline__ void WidenE4m3Stage(uint8_t* stage, int tid) {
 inline constexpr int kBarMaxHalf0 = 5;  // warpgroup 0's row max (after its keys) is in red[0, 64)
 inline constexpr int kBarHalf1 = 6;     // warpgroup 1's row max in red[64, 128), its P in P
 inline constexpr int kBarPHalf0 = 7;    // warpgroup 0's P (at warpgroup 1's max) is in P
-inline constexpr int kBarSplitK = 8;  // split-K score halves exchanged (same instruction)
+inline constexpr int kBarSplitK = 8;    // split-K score halves exchanged (same instruction)
 
 // S = Q Kᵀ of all 64 rows x 32 keys (K tile rows at kv_keys) over the 576 dims, as wgmma
 // m64n32k16 (36 k steps) in one warpgroup; s as mma.sync's C fragments. With kChains = 2 the k
@@ -184,8 +183,8 @@ __device__ __forceinline__ void StorePTile(const float (&pv)[4][4], int row, int
 template <class Cfg>
 __device__ __forceinline__ void SeesawTile(float (&s)[4][4], const float (&mx)[2],
                                            float (&m_run)[2], float (&l_run)[2],
-                                           float (&o_acc)[128], int half, int row, int key0,
-                                           int tq, float* red, uint32_t* p_words, uint32_t p_s,
+                                           float (&o_acc)[128], int half, int row, int key0, int tq,
+                                           float* red, uint32_t* p_words, uint32_t p_s,
                                            uint32_t kv_tile) {
   constexpr int kRows = Cfg::kRows;
   const uint64_t desc_v =
@@ -194,7 +193,7 @@ __device__ __forceinline__ void SeesawTile(float (&s)[4][4], const float (&mx)[2
   // K steps (16 keys) of the tile: warpgroup w's own keys are steps 2w, 2w + 1.
   auto v_step = [&](int ks) { return desc_v + ((ks * 16 * 128) >> 4); };
   auto p_step = [&](int ks) { return desc_p + ((ks * 32) >> 4); };
-  auto scale_o = [&](const float (&f)[2]) {
+  auto scale_o = [&](const float(&f)[2]) {
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
       o_acc[4 * j] *= f[0];
@@ -203,7 +202,7 @@ __device__ __forceinline__ void SeesawTile(float (&s)[4][4], const float (&mx)[2
       o_acc[4 * j + 3] *= f[1];
     }
   };
-  auto exp_rows = [&](const float (&m_use)[2], float (&pv)[4][4], float (&rowsum)[2]) {
+  auto exp_rows = [&](const float(&m_use)[2], float(&pv)[4][4], float(&rowsum)[2]) {
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
@@ -364,7 +363,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const Kern
   const uint32_t kv_s = SmemAddress(smem + Cfg::kKvOffset);
   const uint32_t p_s = SmemAddress(smem + Cfg::kPOffset);
   uint32_t* p_words = reinterpret_cast<uint32_t*>(smem + Cfg::kPOffset);
-  float* red = reinterpret_cast<float*>(smem + Cfg::kRedOffset);        // [2][kRows]
+  float* red = reinterpret_cast<float*>(smem + Cfg::kRedOffset);          // [2][kRows]
   float* row_scale = reinterpret_cast<float*>(smem + Cfg::kScaleOffset);  // [kRows]
   uint16_t* mask_s = reinterpret_cast<uint16_t*>(smem + Cfg::kMaskOffset);
   // wgmma's swizzle atoms need a 1024-byte aligned base (the dynamic shared memory base is in
@@ -452,8 +451,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const Kern
   for (int i = 0; i < 128; ++i) o_acc[i] = 0.f;
 
   const uint32_t a_base = q_s + (s_row + (lane & 15)) * 128;
-  const int b_row = Cfg::kNTilesS % 2 == 0 ? s_key + (lane & 7) + ((lane >> 4) << 3)
-                                           : s_key + (lane & 7);
+  const int b_row =
+      Cfg::kNTilesS % 2 == 0 ? s_key + (lane & 7) + ((lane >> 4) << 3) : s_key + (lane & 7);
   const int v_key = (lane & 7) + ((lane >> 3) & 1) * 8;
   const int m_first = m0 / p.heads;
 
@@ -608,8 +607,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const Kern
     }
     if constexpr (kUseSeesaw) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-      SeesawTile<Cfg>(s, mx, m_run, l_run, o_acc, s_half, s_row + g, s_key, tq, red, p_words,
-                      p_s, kv_tile);
+      SeesawTile<Cfg>(s, mx, m_run, l_run, o_acc, s_half, s_row + g, s_key, tq, red, p_words, p_s,
+                      kv_tile);
 #endif
     } else {
 #pragma unroll
@@ -704,7 +703,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const Kern
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt) {
             LdMatrixX4(pa[mt], p_s + ((v_row + mt * 16 + (lane & 15)) * Cfg::kPStride + ks * 16 +
-                                      (lane >> 4) * 8) * 2);
+                                      (lane >> 4) * 8) *
+                                         2);
           }
           const uint32_t v_base =
               kv_tile + (ks * 16 + v_key) * 128 + (v_dim / 64) * Cfg::kKvBlockBytes;
@@ -738,8 +738,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) FusedVerifyKernel(const Kern
   }
   __syncthreads();
   auto store_row = [&](int r, int dim0, int first_acc, int nt_stride, int num_nt, int half) {
-    StoreOutputRow<kRows>(p, o_acc, red, row_scale, row0, split, tq, r, dim0, first_acc,
-                          nt_stride, num_nt, half);
+    StoreOutputRow<kRows>(p, o_acc, red, row_scale, row0, split, tq, r, dim0, first_acc, nt_stride,
+                          num_nt, half);
   };
   if constexpr (kUseWgmmaPV) {
 #pragma unroll

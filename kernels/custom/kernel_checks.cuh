@@ -31,8 +31,8 @@ __device__ __forceinline__ bool NotServing(const KernelParams& p) {
 __device__ __forceinline__ unsigned LayoutVerdict(const KernelParams& p, int b, int kv_len) {
   if (!ChecksOn(p)) return 0;
   const bool bad =
-      RequestLayoutBad(b, p.kv_indptr[b], p.kv_indptr[b + 1], kv_len, p.checks.max_indices,
-                       p.draft, p.checks.max_kv_len, int64_t{1} << p.page_shift);
+      RequestLayoutBad(b, p.kv_indptr[b], p.kv_indptr[b + 1], kv_len, p.checks.max_indices, p.draft,
+                       p.checks.max_kv_len, int64_t{1} << p.page_shift);
   return bad ? kVerdictLayoutBad : 0u;
 }
 

@@ -23,8 +23,7 @@ template <int kRows>
 __device__ __forceinline__ bool StoreOutputRow(const KernelParams& p, const float (&o_acc)[128],
                                                const float* red, const float* row_scale,
                                                int64_t row0, int split, int tq, int r, int dim0,
-                                               int first_acc, int nt_stride, int num_nt,
-                                               int half) {
+                                               int first_acc, int nt_stride, int num_nt, int half) {
   constexpr float kLn2 = 0.6931471805599453f;
   const float l = red[r] + red[kRows + r];
   // l == 0: the row saw no key in this range; zeros and lse = -inf, never 0 * inf.

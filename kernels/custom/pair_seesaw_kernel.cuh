@@ -46,7 +46,7 @@ namespace verifyd::kernels::custom {
 // lives in the rope block of its tile's buffer).
 template <class Cfg>
 struct PairSeesawLayout {
-  static constexpr size_t kRed = Cfg::kPOffset;           // f32 [2][kRows]: m0, m1; then row sums
+  static constexpr size_t kRed = Cfg::kPOffset;  // f32 [2][kRows]: m0, m1; then row sums
   static constexpr size_t kRowMax = kRed + 2 * Cfg::kRows * 4;  // f32 [kRows], the epilogue's
   static constexpr size_t kBars = kRowMax + Cfg::kRows * 4;     // kNumBars mbarriers
   enum Bar { kFull0Lo, kFull0Hi, kFull1Lo, kFull1Hi, kM0, kM1, kP0, kP1, kS0, kNumBars };
@@ -61,12 +61,12 @@ inline constexpr int kTraceSteps = 64;
 inline constexpr int kTraceEvents = 12;
 #if defined(VERIFYD_KERNEL_TRACE)
 __device__ uint64_t* g_kernel_trace = nullptr;
-#define VERIFYD_TRACE(step, ev)                                                                 \
-  do {                                                                                          \
-    if (g_kernel_trace != nullptr && (blockIdx.x | blockIdx.y | blockIdx.z) == 0 && wt == 0 &&  \
-        (step) < kTraceSteps) {                                                                 \
-      g_kernel_trace[(wg * kTraceSteps + (step)) * kTraceEvents + (ev)] = clock64();            \
-    }                                                                                           \
+#define VERIFYD_TRACE(step, ev)                                                                \
+  do {                                                                                         \
+    if (g_kernel_trace != nullptr && (blockIdx.x | blockIdx.y | blockIdx.z) == 0 && wt == 0 && \
+        (step) < kTraceSteps) {                                                                \
+      g_kernel_trace[(wg * kTraceSteps + (step)) * kTraceEvents + (ev)] = clock64();           \
+    }                                                                                          \
   } while (0)
 #else
 #define VERIFYD_TRACE(step, ev) \
@@ -204,10 +204,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
   using L = PairSeesawLayout<Cfg>;
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int kRows = Cfg::kRows, kTokens = Cfg::kTokens;
-  constexpr uint32_t kLo = 0x0Fu;          // blocks 0-3
-  constexpr uint32_t kLoRope = 0x10Fu;     // blocks 0-3 and 8
-  constexpr uint32_t kHi = 0xF0u;          // blocks 4-7
-  constexpr uint32_t kHiRope = 0x1F0u;     // blocks 4-8
+  constexpr uint32_t kLo = 0x0Fu;       // blocks 0-3
+  constexpr uint32_t kLoRope = 0x10Fu;  // blocks 0-3 and 8
+  constexpr uint32_t kHi = 0xF0u;       // blocks 4-7
+  constexpr uint32_t kHiRope = 0x1F0u;  // blocks 4-8
   // The split combine (a programmatic dependent) may start launching.
   LaunchDependents();
 
@@ -300,7 +300,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
   }
   // Scores of one tile in the log2 domain, masked keys -inf (kMasked: for a tile that reaches the
   // draft keys), and their row maxima.
-  auto softmax_input = [&](auto masked, float (&s)[32], int tile, float (&mx)[2]) {
+  auto softmax_input = [&](auto masked, float(&s)[32], int tile, float(&mx)[2]) {
     constexpr bool kMasked = decltype(masked)::value;
     const int k0 = tile * kTokens;
     const bool tail = kMasked && k0 + kTokens > prefix;
@@ -336,7 +336,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) PairSeesawKernel(const Kerne
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
     }
   };
-  auto scale_o = [&](float (&o)[128], const float (&f)[2]) {
+  auto scale_o = [&](float(&o)[128], const float(&f)[2]) {
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
       o[4 * j] *= f[0];

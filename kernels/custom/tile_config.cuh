@@ -32,10 +32,10 @@ struct TileConfig {
   static constexpr int kStages = kStagesT;
   static constexpr int kWarps = kRows / 8;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kRowGroups = kRows / 16;   // S phase
-  static constexpr int kNTilesS = kTokens / 16;   // 8-key mma tiles per S warp
-  static constexpr int kRowPairs = kRows / 32;    // PV phase
-  static constexpr int kMaskWords = kTokens / 16; // 16-bit words of mask per token and tile
+  static constexpr int kRowGroups = kRows / 16;    // S phase
+  static constexpr int kNTilesS = kTokens / 16;    // 8-key mma tiles per S warp
+  static constexpr int kRowPairs = kRows / 32;     // PV phase
+  static constexpr int kMaskWords = kTokens / 16;  // 16-bit words of mask per token and tile
   static constexpr int kRowBytes = kHeadDimQK * 2;
   static constexpr int kChunksPerRow = kRowBytes / 16;  // 72
   static constexpr int kKSteps = kHeadDimQK / 16;       // 36
@@ -55,8 +55,7 @@ struct TileConfig {
 
   static_assert(kRows % 32 == 0 && kTokens % 16 == 0, "tile sizes");
   static_assert(kRows * kMaskWords <= kThreads * 4, "mask staging work per thread");
-  static_assert(kRows % (kThreads / 8) == 0 && kTokens % (kThreads / 8) == 0,
-                "row loader passes");
+  static_assert(kRows % (kThreads / 8) == 0 && kTokens % (kThreads / 8) == 0, "row loader passes");
   static_assert(kStages >= 2, "pipeline depth");
   static_assert(kTokens <= kThreads && kPageIdOffset % 4 == 0, "page id prefetch");
   static_assert(kKvOffset % 1024 == 0 && kStageBytes % 1024 == 0 && kKvBlockBytes % 1024 == 0 &&

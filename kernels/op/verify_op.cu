@@ -166,8 +166,8 @@ int Blocks(int64_t work, int cap) {
 
 struct VerifydOp {
   VerifydOpGeometry g{};
-  VerifyProblem problem;  // the geometry; each call fills in the pointers
-  CustomConfig config;    // skip = words, unless the kernel checks
+  VerifyProblem problem;       // the geometry; each call fills in the pointers
+  CustomConfig config;         // skip = words, unless the kernel checks
   bool kernel_checks = false;  // the kernel and its combine make the checks (CustomCallChecks)
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
@@ -199,8 +199,8 @@ VerifydOp* verifyd_op_create(const VerifydOpGeometry* geometry, char* error, uin
   p.sm_scale = g.sm_scale;
   // An e4m3 pool goes to the kernel that reads its codes (v3e, kAuto's choice for it), with the
   // checks around it.
-  p.shape.kv_dtype = g.kv_dtype == 1 ? verifyd::kernels::KvDtype::kE4m3
-                                     : verifyd::kernels::KvDtype::kBf16;
+  p.shape.kv_dtype =
+      g.kv_dtype == 1 ? verifyd::kernels::KvDtype::kE4m3 : verifyd::kernels::KvDtype::kBf16;
   p.kv_scale = g.kv_scale;
   p.max_kv_len = static_cast<int64_t>(g.max_kv_len);
   p.total_kv_len = p.max_kv_len * g.batch;

@@ -40,8 +40,8 @@ struct VerifydOpGeometry {
   uint32_t mask_bits;    // 0: uint8 [B, T, T] of 0/1; 1: bit-packed [B, T, ceil(T/8)]
   uint32_t want_lse;     // 1: calls write lse
   float sm_scale;
-  uint32_t kv_dtype;     // 0: a bf16 pool; 1: e4m3 codes, each value e4m3 x kv_scale
-  float kv_scale;        // an e4m3 pool's scale (finite, > 0); a bf16 pool's is 1
+  uint32_t kv_dtype;  // 0: a bf16 pool; 1: e4m3 codes, each value e4m3 x kv_scale
+  float kv_scale;     // an e4m3 pool's scale (finite, > 0); a bf16 pool's is 1
 };
 
 // One call: device pointers, contiguous, on the op's device.

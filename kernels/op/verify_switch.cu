@@ -489,8 +489,9 @@ int verifyd_switch_layer_in_redo_step(VerifydSwitch* sw, uint32_t layer, Verifyd
     return Fail(sw, cudaSuccess, "layer_in_redo_step: op and call are required");
   }
   if (sw->stage != Stage::kOpStep || !sw->redo) {
-    return Fail(sw, cudaSuccess, "layer_in_redo_step: not inside a redo step's op body "
-                                 "(step_op_redo)");
+    return Fail(sw, cudaSuccess,
+                "layer_in_redo_step: not inside a redo step's op body "
+                "(step_op_redo)");
   }
   cudaGraph_t step_graph = nullptr;
   if (const int r = ClaimLayerInStep(sw, layer, "layer_in_redo_step", &step_graph); r != 0) {
@@ -568,7 +569,8 @@ int verifyd_switch_step_redo(VerifydSwitch* sw, void** redo_stream) {
   if (sw == nullptr) return cudaErrorInvalidValue;
   if (sw->stage != Stage::kStackStep || !sw->redo || redo_stream == nullptr) {
     EndBody(sw);
-    return Fail(sw, cudaSuccess, "step_redo: no step_stack of a redo step (step_op_redo) before it");
+    return Fail(sw, cudaSuccess,
+                "step_redo: no step_stack of a redo step (step_op_redo) before it");
   }
   cudaGraph_t ended = nullptr;
   cudaError_t e = cudaStreamEndCapture(sw->body, &ended);

@@ -1,6 +1,6 @@
-#include <cstdint>
-
 #include "kernels/reference/finite_check_kernels.h"
+
+#include <cstdint>
 
 namespace verifyd::kernels {
 namespace {

@@ -52,9 +52,9 @@ unsigned Blocks(int64_t n) {
 
 }  // namespace
 
-cudaError_t LaunchDequantizeE4m3Pages(const uint8_t* src, const int32_t* src_pages,
-                                      int64_t n_pages, int64_t src_num_pages, int64_t page_elems,
-                                      uint16_t* dst, int32_t* dst_pages, cudaStream_t stream) {
+cudaError_t LaunchDequantizeE4m3Pages(const uint8_t* src, const int32_t* src_pages, int64_t n_pages,
+                                      int64_t src_num_pages, int64_t page_elems, uint16_t* dst,
+                                      int32_t* dst_pages, cudaStream_t stream) {
   if (n_pages < 0 || page_elems <= 0 || page_elems % 16 != 0 ||
       reinterpret_cast<uintptr_t>(src) % 16 != 0 || reinterpret_cast<uintptr_t>(dst) % 16 != 0) {
     return cudaErrorInvalidValue;

@@ -13,9 +13,9 @@ namespace verifyd::kernels {
 // dst page i = the bf16 values of src page src_pages[i], for i in [0, n_pages), and
 // dst_pages[i] = i. A page is page_elems elements (a multiple of 16). A page id outside
 // [0, src_num_pages) gives a page of NaN and reads nothing. All pointers are device memory.
-cudaError_t LaunchDequantizeE4m3Pages(const uint8_t* src, const int32_t* src_pages,
-                                      int64_t n_pages, int64_t src_num_pages, int64_t page_elems,
-                                      uint16_t* dst, int32_t* dst_pages, cudaStream_t stream);
+cudaError_t LaunchDequantizeE4m3Pages(const uint8_t* src, const int32_t* src_pages, int64_t n_pages,
+                                      int64_t src_num_pages, int64_t page_elems, uint16_t* dst,
+                                      int32_t* dst_pages, cudaStream_t stream);
 
 // x[i] *= s, in place, rounded to the nearest bf16 (ties to even).
 cudaError_t LaunchScaleBf16(uint16_t* x, int64_t n, float s, cudaStream_t stream);

@@ -30,8 +30,7 @@ __global__ void GatherPagesKernel(const uint4* __restrict__ src, const int32_t* 
 }  // namespace
 
 cudaError_t LaunchGatherPages(const void* src, const int32_t* src_pages, int64_t n_pages,
-                              int64_t page_bytes, void* dst, cudaStream_t stream,
-                              CopyRange also) {
+                              int64_t page_bytes, void* dst, cudaStream_t stream, CopyRange also) {
   if (page_bytes <= 0 || page_bytes % 16 != 0) return cudaErrorInvalidValue;
   if (also.bytes < 0 || also.bytes % 16 != 0 ||
       (also.bytes > 0 && (!CopyAligned(also.src) || !CopyAligned(also.dst)))) {

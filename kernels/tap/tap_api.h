@@ -40,7 +40,7 @@ uint32_t verifyd_tap_args_bytes(void);
 // out[0..7] = slot_bytes, o_offset, kv_offset, record_bytes, mask_row_bytes, the first slot's
 // offset, and the region's bytes for `slots` slots, then 0.
 void verifyd_tap_geometry(uint32_t max_batch, uint32_t draft, uint32_t heads, uint32_t max_pages,
-                          uint32_t page_size, int bits_mask, uint32_t kv_elem_bytes,
-                          uint32_t slots, uint64_t out[8]);
+                          uint32_t page_size, int bits_mask, uint32_t kv_elem_bytes, uint32_t slots,
+                          uint64_t out[8]);
 
 }  // extern "C"

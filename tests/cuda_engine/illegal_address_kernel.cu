@@ -1,6 +1,6 @@
-#include <cstdint>
-
 #include "tests/cuda_engine/illegal_address_kernel.h"
+
+#include <cstdint>
 
 namespace verifyd::testing_kernels {
 namespace {

@@ -55,8 +55,7 @@ cudaError_t LaunchCustomVariant(const VerifyProblem& p, const CustomConfig& c,
   }
   // None of these reads an e4m3 pool's codes (v3e, shipped, does) or makes the op's checks.
   const VariantKernel v = KernelOf(schedule);
-  if (v.kernel == nullptr || c.checks.words != nullptr ||
-      p.shape.kv_dtype != KvDtype::kBf16) {
+  if (v.kernel == nullptr || c.checks.words != nullptr || p.shape.kv_dtype != KvDtype::kBf16) {
     return cudaErrorInvalidValue;
   }
   if (!CheckShape(p.shape).empty() || p.max_kv_len < p.shape.draft ||
@@ -65,7 +64,8 @@ cudaError_t LaunchCustomVariant(const VerifyProblem& p, const CustomConfig& c,
   }
   CustomPlan plan;
   if (cudaError_t e = ResolveCustomPlan(p, c, &plan, schedule); e != cudaSuccess) return e;
-  if (plan.workspace_bytes > 0 && (workspace == nullptr || workspace_bytes < plan.workspace_bytes)) {
+  if (plan.workspace_bytes > 0 &&
+      (workspace == nullptr || workspace_bytes < plan.workspace_bytes)) {
     return cudaErrorInvalidValue;
   }
   if (cudaError_t e = custom::PrepareKernel(v.kernel, plan.tiles); e != cudaSuccess) return e;
