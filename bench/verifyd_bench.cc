@@ -75,7 +75,6 @@ struct InputSet {
   DevPtr<float> lse;
   kernels::VerifyProblem problem, codes_problem;
   bool e4m3 = false;
-  float kv_scale = 1.f;
   int64_t src_pages = 0;
 };
 
@@ -123,10 +122,10 @@ cudaError_t Upload(const BundleView& v, InputSet* s) {
     s->codes_problem.kv_indices = s->indices.p;
     s->codes_problem.sm_scale = v.sm_scale;
     s->codes_problem.kv_scale = v.kv_scale;
-    s->kv_scale = v.kv_scale;
     s->src_pages = v.shape.num_pages;
     p.shape.num_pages = n_named;
     p.shape.kv_dtype = kernels::KvDtype::kBf16;
+    p.o_scale = v.kv_scale;  // onto o before its rounding, as the CUDA engine puts it
   }
   p.max_kv_len = v.max_kv_len;
   p.total_kv_len = v.total_kv_len;
@@ -424,8 +423,8 @@ Bench::Launch Bench::PathLaunch(const std::string& path, const BundleRun& b, Dev
 #endif
 }
 
-// An e4m3 bundle's launch as the CUDA engine makes it: the named pages to bf16, the path on them,
-// then its output times kv_scale.
+// An e4m3 bundle's launch as the CUDA engine makes it: the named pages to bf16, then the path on
+// them (kv_scale on sm_scale, and on o before its rounding: VerifyProblem::o_scale).
 Bench::Launch Bench::WithDequantization(Launch path, const BundleRun& b, BenchRow* row) {
 #if VERIFYD_BENCH_HAVE_REFERENCE
   (void)row;
@@ -435,9 +434,7 @@ Bench::Launch Bench::WithDequantization(Launch path, const BundleRun& b, BenchRo
     cudaError_t e =
         kernels::LaunchDequantizeE4m3Pages(s.kv8.p, s.indices.p, s.problem.shape.num_indices,
                                            s.src_pages, page_elems, s.kv.p, s.dq_ids.p, stream_);
-    if (e == cudaSuccess) e = path(i);
-    if (e == cudaSuccess) e = kernels::LaunchScaleBf16(s.o.p, b.v.o_elems(), s.kv_scale, stream_);
-    return e;
+    return e == cudaSuccess ? path(i) : e;
   };
 #else
   (void)path;

@@ -60,6 +60,8 @@ struct VerifyProblem {
   const uint8_t* tree_mask = nullptr;   // see MaskFormat
   float sm_scale = 0.f;
   float kv_scale = 1.f;      // kE4m3: each pool value is e4m3 x kv_scale
+  float o_scale = 1.f;       // o's factor before its rounding: a dequantised e4m3 pool's kv_scale
+                             // (the engines' bf16 copy of its values, kv_dtype kBf16), else 1
   int64_t max_kv_len = 0;    // host-side max over kv_lens (plans the KV split)
   int64_t total_kv_len = 0;  // host-side sum over kv_lens
   uint16_t* o = nullptr;     // bf16 [B*T, H, 512] out

@@ -179,10 +179,11 @@ cudaError_t LaunchPlanned(KernelFn kernel, bool dependent_combine, const VerifyP
   k.page_shift = Log2(p.shape.page_size);
   k.mask_bits = p.shape.mask_format == MaskFormat::kBits ? 1 : 0;
   k.mask_row_bytes = static_cast<int>(MaskRowBytes(p.shape.mask_format, p.shape.draft));
-  // An e4m3 pool's kernel reads the codes' values: kv_scale goes onto the logits and onto o.
+  // An e4m3 pool's kernel reads the codes' values: kv_scale goes onto the logits and onto o
+  // (a dequantised pool's is already on sm_scale, and comes as o_scale).
   const bool e4m3 = p.shape.kv_dtype == KvDtype::kE4m3;
   k.scale_log2 = p.sm_scale * (e4m3 ? p.kv_scale : 1.f) * 1.4426950408889634f;
-  k.o_scale = e4m3 ? p.kv_scale : 1.f;
+  k.o_scale = (e4m3 ? p.kv_scale : 1.f) * p.o_scale;
   k.splits = plan.splits;
   k.tiles_per_split = static_cast<int>(plan.tiles_per_split);
   k.o = p.o;
@@ -265,7 +266,8 @@ cudaError_t LaunchCustomWith(const VerifyProblem& p, const CustomConfig& c, Cust
       (p.shape.kv_dtype == KvDtype::kE4m3) != ScheduleReadsE4m3(schedule)) {
     return cudaErrorInvalidValue;
   }
-  if (p.shape.kv_dtype == KvDtype::kE4m3 && !(p.kv_scale > 0.f && std::isfinite(p.kv_scale))) {
+  if ((p.shape.kv_dtype == KvDtype::kE4m3 && !(p.kv_scale > 0.f && std::isfinite(p.kv_scale))) ||
+      !(p.o_scale > 0.f && std::isfinite(p.o_scale))) {
     return cudaErrorInvalidValue;
   }
   // The op's checks are made inside v5t and the combine only (chosen by kAuto or by name), never

@@ -37,14 +37,6 @@ __global__ void DequantizeE4m3PagesKernel(const uint8_t* src, const int32_t* src
   }
 }
 
-__global__ void ScaleBf16Kernel(uint16_t* x, int64_t n, float s) {
-  for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * kThreads) {
-    const float v = __uint_as_float(static_cast<uint32_t>(x[i]) << 16) * s;
-    x[i] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
-  }
-}
-
 unsigned Blocks(int64_t n) {
   const int64_t b = (n + kThreads - 1) / kThreads;
   return static_cast<unsigned>(b < 1 ? 1 : (b > kMaxBlocks ? kMaxBlocks : b));
@@ -62,12 +54,6 @@ cudaError_t LaunchDequantizeE4m3Pages(const uint8_t* src, const int32_t* src_pag
   if (n_pages == 0) return cudaSuccess;
   DequantizeE4m3PagesKernel<<<Blocks(n_pages * (page_elems / 16)), kThreads, 0, stream>>>(
       src, src_pages, n_pages, src_num_pages, page_elems, dst, dst_pages);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchScaleBf16(uint16_t* x, int64_t n, float s, cudaStream_t stream) {
-  if (n <= 0) return cudaSuccess;
-  ScaleBf16Kernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, s);
   return cudaGetLastError();
 }
 

@@ -2,7 +2,7 @@
 // An e4m3 KV pool on the device, for kernels that read bf16 (kernels/e4m3.h, README.md "FP8 KV
 // caches"): the pages a bundle names become a compact bf16 pool of the e4m3 values themselves
 // (exact), and the scale goes onto the logits (sm_scale x kv_scale) and onto each served path's
-// output afterwards (LaunchScaleBf16). The oracle reads the e4m3 pool itself.
+// output before its rounding (VerifyProblem::o_scale). The oracle reads the e4m3 pool itself.
 
 #include <cuda_runtime.h>
 
@@ -16,8 +16,5 @@ namespace verifyd::kernels {
 cudaError_t LaunchDequantizeE4m3Pages(const uint8_t* src, const int32_t* src_pages, int64_t n_pages,
                                       int64_t src_num_pages, int64_t page_elems, uint16_t* dst,
                                       int32_t* dst_pages, cudaStream_t stream);
-
-// x[i] *= s, in place, rounded to the nearest bf16 (ties to even).
-cudaError_t LaunchScaleBf16(uint16_t* x, int64_t n, float s, cudaStream_t stream);
 
 }  // namespace verifyd::kernels

@@ -199,7 +199,8 @@ cudaError_t LaunchReferencePlanned(const VerifyProblem& p, const ReferencePlan& 
   if (!CheckShape(s).empty() || p.q == nullptr || p.kv_pool == nullptr || p.o == nullptr ||
       p.kv_indptr == nullptr || p.kv_indices == nullptr || p.kv_lens == nullptr ||
       p.tree_mask == nullptr || p.max_kv_len < s.draft || plan.requests < 1 || plan.rows < 1 ||
-      plan.kv_stride < p.max_kv_len || workspace == nullptr || workspace_bytes < plan.total_bytes) {
+      plan.kv_stride < p.max_kv_len || workspace == nullptr || workspace_bytes < plan.total_bytes ||
+      !(p.o_scale > 0.f && std::isfinite(p.o_scale))) {
     return cudaErrorInvalidValue;
   }
   auto* ws = static_cast<char*>(workspace);
@@ -266,11 +267,13 @@ cudaError_t LaunchReferencePlanned(const VerifyProblem& p, const ReferencePlan& 
           args);
       if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
 
-      // Row-major O [rows, 512] = P [rows, Lp] V [Lp, 512]; V is K's first 512 dims (ld 576).
+      // Row-major O [rows, 512] = o_scale P [rows, Lp] V [Lp, 512]; V is K's first 512 dims
+      // (ld 576). o_scale (a dequantised e4m3 pool's kv_scale) goes on in fp32, before o's
+      // one rounding.
       uint16_t* o0 = p.o + (int64_t{b0} * m_total + r0) * kHeadDimV;
       st = cublasGemmStridedBatchedEx(
           handle, CUBLAS_OP_N, CUBLAS_OP_N, kHeadDimV, static_cast<int>(rows), static_cast<int>(lp),
-          &one, kbuf, CUDA_R_16BF, kHeadDimQK, lp * kHeadDimQK, probs, CUDA_R_16BF,
+          &p.o_scale, kbuf, CUDA_R_16BF, kHeadDimQK, lp * kHeadDimQK, probs, CUDA_R_16BF,
           static_cast<int>(lp), rows * lp, &zero, o0, CUDA_R_16BF, kHeadDimV, m_total * kHeadDimV,
           n_req, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
       if (st != CUBLAS_STATUS_SUCCESS) return FromCublas(st);

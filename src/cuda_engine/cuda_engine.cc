@@ -54,13 +54,6 @@ class ScopedWorkspace {
   size_t bytes_ = 0;
 };
 
-// An e4m3 pool's scale onto a path's bf16 o (CudaPreparedBundle::o_scale): after the kernels,
-// which read the pool's values unscaled.
-absl::Status ScaleOutput(CudaPreparedBundle& b, uint16_t* o, cudaStream_t s, const char* where) {
-  if (b.o_scale() == 1.f) return absl::OkStatus();
-  return b.worker().Check(kernels::LaunchScaleBf16(o, b.o_elems(), b.o_scale(), s), where);
-}
-
 absl::Status RunReference(CudaPreparedBundle& b) {
   DeviceWorker& w = b.worker();
   Lane& lane = b.lane();
@@ -78,7 +71,6 @@ absl::Status RunReference(CudaPreparedBundle& b) {
     VERIFYD_RETURN_IF_ERROR(w.Check(cudaEventRecord(out.start, s), where));
     VERIFYD_RETURN_IF_ERROR(
         w.Check(kernels::LaunchReference(p, ws.get(), ws.bytes(), lane.blas, s), where));
-    VERIFYD_RETURN_IF_ERROR(ScaleOutput(b, p.o, s, where));
     VERIFYD_RETURN_IF_ERROR(w.Check(cudaEventRecord(out.done, s), where));
   }
   b.MarkRan(Path::kReference);
@@ -98,7 +90,6 @@ absl::Status LaunchCustomPath(CudaPreparedBundle& b, const kernels::CustomConfig
   VERIFYD_RETURN_IF_ERROR(w.Check(cudaEventRecord(out.start, s), where));
   VERIFYD_RETURN_IF_ERROR(
       w.Check(kernels::LaunchCustom(p, config, ws.get(), ws.bytes(), s), where));
-  VERIFYD_RETURN_IF_ERROR(ScaleOutput(b, p.o, s, where));
   const int64_t n = b.o_elems();
   if (fault.kind == CustomFault::Kind::kPerturb) {
     VERIFYD_RETURN_IF_ERROR(

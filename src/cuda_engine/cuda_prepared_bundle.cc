@@ -363,6 +363,7 @@ absl::Status CudaPreparedBundle::Dequantize() {
   problem_.shape.kv_dtype = kernels::KvDtype::kBf16;
   problem_.sm_scale = sent_.sm_scale * kv_scale_;  // ValidateBundle: finite and > 0
   problem_.kv_scale = 1.f;  // the pages hold the e4m3 values; the scale is on sm_scale and o
+  problem_.o_scale = kv_scale_;
   sent_.kv_scale = kv_scale_;
   // The paths wait for the pages, not only for the copies before them.
   if (!owns_inputs_ready_) {

@@ -39,10 +39,9 @@ class CudaPreparedBundle : public PreparedBundle {
   Lane& lane() const { return lane_; }
   // Device pointers of the inputs; o and lse are left null for each path to fill in. The pool is
   // bf16: an e4m3 pool's named pages are dequantised on the device after the upload, into a
-  // compact bf16 pool of their exact values, with the scale on sm_scale and on o (o_scale()).
+  // compact bf16 pool of their exact values, with the scale on sm_scale and on o before its
+  // rounding (VerifyProblem::o_scale).
   const kernels::VerifyProblem& problem() const { return problem_; }
-  // Each path multiplies its o by this (an e4m3 pool's kv_scale; 1 for a bf16 pool).
-  float o_scale() const { return dequantized_ ? kv_scale_ : 1.f; }
   // The inputs as the call sent them: problem() but for an e4m3 pool, which this keeps as e4m3
   // (kv_pool then points at e4m3 bytes, shape.kv_dtype says so; its scale is kv_scale()). What a
   // capture writes out.

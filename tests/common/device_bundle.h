@@ -105,6 +105,7 @@ struct DeviceBundle {
     problem.tree_mask = tree_mask.get<uint8_t>();
     problem.sm_scale = v.sm_scale;
     problem.kv_scale = v.kv_scale;
+    problem.o_scale = v.o_scale;
     problem.max_kv_len = v.max_kv_len;
     problem.total_kv_len = v.total_kv_len;
     problem.o = o.get<uint16_t>();

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -19,6 +20,7 @@
 #include "src/common/bf16.h"
 #include "src/compare/compare.h"
 #include "src/cpu_engine/cpu_engine.h"
+#include "tests/common/e4m3_rounding.h"
 
 namespace verifyd {
 namespace {
@@ -176,6 +178,28 @@ TEST(Fp8Pool, AScaledPoolMatchesTheOracleWithinBf16Tolerance) {
       norm += std::pow(scaled.o_f32[i], 2);
     }
     EXPECT_GT(std::sqrt(diff / norm), 0.05) << "scale " << scale;
+  }
+}
+
+// The scale goes onto o before its one rounding (BundleView::o_scale), in the reference and the
+// custom path alike: on a bundle where every row is the scaled mean of 64 V rows, each path's o
+// is the oracle's rounded to bf16 in nearly every element, where scaling the rounded o would
+// miss it in many (tests/common/e4m3_rounding.h).
+TEST(Fp8Pool, TheScaleGoesOnBeforeOsOneRounding) {
+  auto engine = MakeCpuEngine(2, CpuCustomConfig{16, 32, 4});
+  for (float scale : {0.37f, 3.1f}) {
+    for (int page : {1, 16}) {
+      RandomBundle rb(EqualWeightsE4m3Spec(scale, page, 17 + page));
+      const PathOutput oracle = RunPath(*engine, rb.view(), Path::kOracle);
+      const double twice = ShareIfRoundedTwice(oracle.o_f32, scale);
+      EXPECT_LT(twice, 0.9) << "the bundle does not tell one rounding from two";
+      for (Path p : {Path::kReference, Path::kCustom}) {
+        const double once = ShareRoundedOnce(RunPath(*engine, rb.view(), p).o, oracle.o_f32);
+        std::printf("[ metrics  ] %s scale %g page %d: %.4f of o rounded once (%.4f if twice)\n",
+                    PathName(p), scale, page, once, twice);
+        EXPECT_GT(once, 0.97) << PathName(p) << " scale " << scale << " page " << page;
+      }
+    }
   }
 }
 

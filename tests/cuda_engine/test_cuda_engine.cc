@@ -25,6 +25,7 @@
 #include "src/io/bundle_file.h"
 #include "src/region/mapped_region.h"
 #include "src/region/region_registry.h"
+#include "tests/common/e4m3_rounding.h"
 #include "tests/common/gpu_test_support.h"
 
 namespace verifyd {
@@ -389,6 +390,39 @@ TEST(CudaEngine, AnE4m3PoolMatchesTheOracleOfItsValues) {
           c.KvRowFloat(b, t, kernels::kHeadDimQK, y);
           ASSERT_EQ(std::memcmp(x, y, sizeof x), 0) << what << " request " << b << " token " << t;
         }
+      }
+    }
+  }
+}
+
+// The scale goes onto o before its one rounding (VerifyProblem::o_scale) in both served paths on
+// the dequantised pages: on a bundle where every row is the scaled mean of 64 V rows, each path's
+// o is the oracle's rounded to bf16 in nearly every element; a path that scaled its rounded o
+// (as the engine did before) misses it in about a quarter (tests/common/e4m3_rounding.h).
+TEST(CudaEngine, AnE4m3PoolsScaleGoesOnBeforeOsOneRounding) {
+  REQUIRE_GPU_ENGINE();
+  auto cpu = MakeCpuEngine(2);
+  for (float scale : {0.37f, 3.1f}) {
+    for (int page : {1, 64}) {
+      RandomBundle rb(EqualWeightsE4m3Spec(scale, page, 17 + page));
+      const BundleView& v = rb.view();
+      auto want = cpu->Prepare(v, false);
+      ASSERT_TRUE(want.ok()) << want.status();
+      ASSERT_TRUE(cpu->Run(Path::kOracle, **want).ok());
+      PathOutput oracle;
+      ASSERT_TRUE(cpu->Fetch(Path::kOracle, **want, &oracle).ok());
+      const double twice = ShareIfRoundedTwice(oracle.o_f32, scale);
+      EXPECT_LT(twice, 0.9) << "the bundle does not tell one rounding from two";
+      auto pb = Gpu()->Prepare(v, /*detach=*/true);
+      ASSERT_TRUE(pb.ok()) << pb.status();
+      for (Path p : {Path::kReference, Path::kCustom}) {
+        ASSERT_TRUE(Gpu()->Run(p, **pb).ok()) << PathName(p);
+        PathOutput got;
+        ASSERT_TRUE(Gpu()->Fetch(p, **pb, &got).ok()) << PathName(p);
+        const double once = ShareRoundedOnce(got.o, oracle.o_f32);
+        std::printf("[ metrics  ] %s scale %g page %d: %.4f of o rounded once (%.4f if twice)\n",
+                    PathName(p), scale, page, once, twice);
+        EXPECT_GT(once, 0.97) << PathName(p) << " scale " << scale << " page " << page;
       }
     }
   }

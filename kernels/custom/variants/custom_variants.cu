@@ -1,5 +1,7 @@
 #include "kernels/custom/variants/custom_variants.h"
 
+#include <cmath>
+
 #include "kernels/custom/custom_launch.h"
 #include "kernels/custom/custom_launch_plan.h"
 #include "kernels/custom/fused_verify_kernel.cuh"
@@ -55,7 +57,8 @@ cudaError_t LaunchCustomVariant(const VerifyProblem& p, const CustomConfig& c,
   }
   // None of these reads an e4m3 pool's codes (v3e, shipped, does) or makes the op's checks.
   const VariantKernel v = KernelOf(schedule);
-  if (v.kernel == nullptr || c.checks.words != nullptr || p.shape.kv_dtype != KvDtype::kBf16) {
+  if (v.kernel == nullptr || c.checks.words != nullptr || p.shape.kv_dtype != KvDtype::kBf16 ||
+      !(p.o_scale > 0.f && std::isfinite(p.o_scale))) {
     return cudaErrorInvalidValue;
   }
   if (!CheckShape(p.shape).empty() || p.max_kv_len < p.shape.draft ||
