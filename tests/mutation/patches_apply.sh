@@ -2,6 +2,7 @@
 # Every planted bug still applies to today's sources: the CPU patches (patches/) and the CUDA
 # kernel ones (cuda_patches/), each dry-run against a scratch copy of src/ and kernels/. A patch
 # that no longer applies would drop its mutant from the suite at build time, on the GPU machine.
+# (refresh_patches.sh rewrites patches that apply only with an offset or fuzz.)
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
