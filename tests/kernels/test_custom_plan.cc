@@ -2,10 +2,14 @@
 // refusals that need no device. Runs without a GPU.
 
 #include <cstdlib>
+#include <set>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "kernels/custom/custom_attention.h"
+#include "kernels/custom/custom_launch_plan.h"
 #include "kernels/custom/custom_plan.h"
+#include "kernels/custom/custom_schedule.h"
 
 namespace verifyd::kernels {
 namespace {
@@ -20,6 +24,27 @@ VerifyProblem Problem(int batch, int draft, int heads, int64_t prefix) {
   p.max_kv_len = prefix + draft;
   p.total_kv_len = p.max_kv_len * batch;
   return p;
+}
+
+// One shipped schedule per architecture and pool type: kAuto, v5t, v3e and the sm_120 tiles ship;
+// every schedule has a name of its own (verifyd-bench's paths are "custom-" + it); only v3e reads
+// e4m3 codes and only v5t makes the op's checks; the shipped launcher refuses the others.
+TEST(CustomSchedules, ThreeShipAndEachHasItsOwnName) {
+  std::set<std::string> names, shipped;
+  for (int i = 0; i <= static_cast<int>(CustomSchedule::kMmaSync); ++i) {
+    const auto s = static_cast<CustomSchedule>(i);
+    EXPECT_TRUE(names.insert(ScheduleName(s)).second) << ScheduleName(s) << " named twice";
+    if (ScheduleShipped(s)) shipped.insert(ScheduleName(s));
+    EXPECT_EQ(ScheduleReadsE4m3(s), s == CustomSchedule::kV3e) << ScheduleName(s);
+    EXPECT_EQ(ScheduleChecksInKernel(s), s == CustomSchedule::kV5t) << ScheduleName(s);
+    if (!ScheduleShipped(s)) {
+      EXPECT_EQ(LaunchCustomWith(VerifyProblem{}, CustomConfig{}, s, nullptr, 0, nullptr),
+                cudaErrorNotSupported)
+          << ScheduleName(s) << " launched by the shipped library";
+    }
+  }
+  EXPECT_EQ(shipped, (std::set<std::string>{"auto", "v5t", "v3e", "sm120"}));
+  EXPECT_EQ(names.size(), 12u);
 }
 
 TEST(CustomPlan, TileShapesFitTheirTargets) {
