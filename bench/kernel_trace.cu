@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
       e != cudaSuccess) {
     return Fail("trace symbol", e);
   }
-  const size_t ws_bytes = kernels::CustomWorkspaceBytes(dev.problem, config);
+  const size_t ws_bytes = plan.workspace_bytes;
   testing::DeviceBuffer ws(std::max<size_t>(ws_bytes, 16));
   std::vector<uint64_t> stamps(n);
   // [warpgroup][event] -> cycles since warpgroup 0's step start, over steady-state steps.

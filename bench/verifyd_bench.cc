@@ -401,10 +401,11 @@ Bench::Launch Bench::PathLaunch(const std::string& path, const BundleRun& b, Dev
       return codes ? s.codes_problem : s.problem;
     };
     kernels::CustomPlan plan;
+    size_t wsb = 0;  // where the schedule does not run, the launch says why
     if (kernels::ResolveCustomPlan(problem_of(*b.in[0]), cfg, &plan, schedule) == cudaSuccess) {
       row->splits = plan.splits;
+      wsb = plan.workspace_bytes;
     }
-    const size_t wsb = kernels::CustomVariantWorkspaceBytes(problem_of(*b.in[0]), cfg, schedule);
     if (ws->Alloc(wsb) != cudaSuccess) row->error = "workspace";
     return [this, &b, ws, cfg, wsb, schedule, problem_of](int i) {
       return kernels::LaunchCustomVariant(problem_of(*b.in[i % b.sets]), cfg, schedule, ws->p, wsb,

@@ -39,8 +39,8 @@ constexpr custom::KernelFn kV3eKernel =
     custom::FusedVerifyKernel<HopperTiles, true, true, false, false, false, true>;
 constexpr custom::KernelFn kSmallTilesKernel = custom::FusedVerifyKernel<Sm120Tiles, false, false>;
 
-// What a launch needs to know about a device, read once per device: the shipped kernels' shared
-// memory attribute is set at the same time.
+// What a launch needs to know about a device, read once per device: the shipped kernels are
+// prepared (PrepareKernel) at the same time.
 struct DeviceFacts {
   bool ready = false;
   cudaError_t error = cudaSuccess;
@@ -67,16 +67,14 @@ cudaError_t QueryDevice(int dev, DeviceFacts* f) {
   f->hopper_tiles_fit = static_cast<size_t>(optin) >= HopperTiles::kSmemBytes;
   if (f->hopper_tiles_fit && f->wgmma) {
     for (custom::KernelFn k : {kV5tKernel, kV3eKernel}) {
-      e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(HopperTiles::kSmemBytes));
+      e = custom::PrepareKernel(k, HopperTileShape());
       if (e != cudaSuccess) return e;
     }
     e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
         &f->ctas_hopper, kV5tKernel, HopperTiles::kThreads, HopperTiles::kSmemBytes);
     if (e != cudaSuccess) return e;
   }
-  e = cudaFuncSetAttribute(kSmallTilesKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(Sm120Tiles::kSmemBytes));
+  e = custom::PrepareKernel(kSmallTilesKernel, Sm120TileShape());
   if (e != cudaSuccess) return e;
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
       &f->ctas_sm120, kSmallTilesKernel, Sm120Tiles::kThreads, Sm120Tiles::kSmemBytes);
@@ -149,6 +147,18 @@ int Log2(int v) {
 }  // namespace
 
 namespace custom {
+
+bool ProblemRefused(const VerifyProblem& p) {
+  return !CheckShape(p.shape).empty() || p.max_kv_len < p.shape.draft ||
+         p.max_kv_len > kMaxPrefix + kMaxDraft ||
+         (p.shape.kv_dtype == KvDtype::kE4m3 && !(p.kv_scale > 0.f && std::isfinite(p.kv_scale))) ||
+         !(p.o_scale > 0.f && std::isfinite(p.o_scale));
+}
+
+bool WorkspaceShort(const CustomPlan& plan, const void* workspace, size_t workspace_bytes) {
+  return plan.workspace_bytes > 0 &&
+         (workspace == nullptr || workspace_bytes < plan.workspace_bytes);
+}
 
 cudaError_t PrepareKernel(KernelFn kernel, const CustomTileShape& tiles) {
   static std::mutex mu;
@@ -256,18 +266,11 @@ cudaError_t LaunchCustom(const VerifyProblem& p, const CustomConfig& c, void* wo
 cudaError_t LaunchCustomWith(const VerifyProblem& p, const CustomConfig& c, CustomSchedule schedule,
                              void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   if (!ScheduleShipped(schedule)) return cudaErrorNotSupported;
-  if (!CheckShape(p.shape).empty() || p.max_kv_len < p.shape.draft ||
-      p.max_kv_len > kMaxPrefix + kMaxDraft) {
-    return cudaErrorInvalidValue;
-  }
+  if (custom::ProblemRefused(p)) return cudaErrorInvalidValue;
   // Only v3e reads e4m3 codes, and it reads nothing else: any other pairing would read the pool
   // as the wrong type. (The engines dequantise an e4m3 pool's pages for the other schedules.)
   if (schedule != CustomSchedule::kAuto &&
       (p.shape.kv_dtype == KvDtype::kE4m3) != ScheduleReadsE4m3(schedule)) {
-    return cudaErrorInvalidValue;
-  }
-  if ((p.shape.kv_dtype == KvDtype::kE4m3 && !(p.kv_scale > 0.f && std::isfinite(p.kv_scale))) ||
-      !(p.o_scale > 0.f && std::isfinite(p.o_scale))) {
     return cudaErrorInvalidValue;
   }
   // The op's checks are made inside v5t and the combine only (chosen by kAuto or by name), never
@@ -282,10 +285,7 @@ cudaError_t LaunchCustomWith(const VerifyProblem& p, const CustomConfig& c, Cust
   if (c.checks.words != nullptr && !ScheduleChecksInKernel(r.plan.schedule)) {
     return cudaErrorInvalidValue;
   }
-  if (r.plan.workspace_bytes > 0 &&
-      (workspace == nullptr || workspace_bytes < r.plan.workspace_bytes)) {
-    return cudaErrorInvalidValue;
-  }
+  if (custom::WorkspaceShort(r.plan, workspace, workspace_bytes)) return cudaErrorInvalidValue;
   switch (r.plan.schedule) {
     case CustomSchedule::kV5t:
       return custom::LaunchPlanned(kV5tKernel, true, p, r.plan, c, workspace, stream);

@@ -4,6 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
+
 #include "kernels/custom/custom_attention.h"
 #include "kernels/custom/custom_plan.h"
 #include "kernels/custom/kernel_params.h"
@@ -12,6 +14,13 @@
 namespace verifyd::kernels::custom {
 
 using KernelFn = void (*)(KernelParams);
+
+// What every launch refuses before it plans: a shape CheckShape refuses, max_kv_len outside
+// [T, kMaxPrefix + kMaxDraft], an e4m3 pool's kv_scale or the o_scale not finite and > 0.
+bool ProblemRefused(const VerifyProblem& p);
+
+// A workspace short of what `plan` needs.
+bool WorkspaceShort(const CustomPlan& plan, const void* workspace, size_t workspace_bytes);
 
 // Sets `kernel`'s dynamic shared memory to its tiles' on the current device, once per device.
 cudaError_t PrepareKernel(KernelFn kernel, const CustomTileShape& tiles);

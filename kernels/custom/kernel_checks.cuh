@@ -94,7 +94,7 @@ __device__ __forceinline__ void CountCta(const KernelParams& p, bool counts) {
 // thread reports it and counts. Nothing else of the CTA was reported.
 __device__ __forceinline__ void FinishCtaEarly(const KernelParams& p, unsigned bits, bool counts) {
   if (!ChecksOn(p)) return;
-  if (bits != 0 && threadIdx.x == 0 && threadIdx.y == 0) atomicOr(p.checks.words, bits);
+  if (bits != 0 && threadIdx.x == 0 && threadIdx.y == 0) Report(p, bits);
   CountCta(p, counts);
 }
 

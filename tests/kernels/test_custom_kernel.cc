@@ -287,15 +287,14 @@ TEST_P(CustomKernelTest, MatchesOracle) {
   const BundleView& v = d->bundle->view();
   ASSERT_EQ(d->dev.Poison(), cudaSuccess);
 
-  const size_t ws_bytes =
-      kernels::CustomVariantWorkspaceBytes(d->dev.problem, cfg.config, cfg.schedule);
-  DeviceBuffer ws(std::max<size_t>(ws_bytes, 16));
-  ASSERT_EQ(ws.Fill(0xFF), cudaSuccess);
   kernels::CustomPlan plan;
   const cudaError_t planned =
       kernels::ResolveCustomPlan(d->dev.problem, cfg.config, &plan, cfg.schedule);
   if (planned == cudaErrorNotSupported) GTEST_SKIP() << cfg.name << " does not run on this device";
   ASSERT_EQ(planned, cudaSuccess);
+  const size_t ws_bytes = plan.workspace_bytes;
+  DeviceBuffer ws(std::max<size_t>(ws_bytes, 16));
+  ASSERT_EQ(ws.Fill(0xFF), cudaSuccess);
   ASSERT_EQ(kernels::LaunchCustomVariant(d->dev.problem, cfg.config, cfg.schedule, ws.get<void>(),
                                          ws_bytes, nullptr),
             cudaSuccess);

@@ -1,7 +1,5 @@
 #include "kernels/custom/variants/custom_variants.h"
 
-#include <cmath>
-
 #include "kernels/custom/custom_launch.h"
 #include "kernels/custom/custom_launch_plan.h"
 #include "kernels/custom/fused_verify_kernel.cuh"
@@ -58,19 +56,12 @@ cudaError_t LaunchCustomVariant(const VerifyProblem& p, const CustomConfig& c,
   // None of these reads an e4m3 pool's codes (v3e, shipped, does) or makes the op's checks.
   const VariantKernel v = KernelOf(schedule);
   if (v.kernel == nullptr || c.checks.words != nullptr || p.shape.kv_dtype != KvDtype::kBf16 ||
-      !(p.o_scale > 0.f && std::isfinite(p.o_scale))) {
-    return cudaErrorInvalidValue;
-  }
-  if (!CheckShape(p.shape).empty() || p.max_kv_len < p.shape.draft ||
-      p.max_kv_len > kMaxPrefix + kMaxDraft) {
+      custom::ProblemRefused(p)) {
     return cudaErrorInvalidValue;
   }
   CustomPlan plan;
   if (cudaError_t e = ResolveCustomPlan(p, c, &plan, schedule); e != cudaSuccess) return e;
-  if (plan.workspace_bytes > 0 &&
-      (workspace == nullptr || workspace_bytes < plan.workspace_bytes)) {
-    return cudaErrorInvalidValue;
-  }
+  if (custom::WorkspaceShort(plan, workspace, workspace_bytes)) return cudaErrorInvalidValue;
   if (cudaError_t e = custom::PrepareKernel(v.kernel, plan.tiles); e != cudaSuccess) return e;
   return custom::LaunchPlanned(v.kernel, v.dependent_combine, p, plan, c, workspace, stream);
 }
