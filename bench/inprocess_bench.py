@@ -68,36 +68,9 @@ def median_ms(graph, reps):
 
 
 def profile_us(graph, layers, replays=5):
-    """Device time a layer of the custom kernel, its checks and FlashMLA's kernels: the union of
-    each group's kernels' spans (the split combine overlaps the kernel it combines, so summing
-    their times would count the overlap twice)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
-            graph.replay()
-        torch.cuda.synchronize()
-    spans = {"custom": [], "checks": [], "flashmla": []}
-    for e in prof.events():
-        if str(getattr(e, "device_type", "")).split(".")[-1] != "CUDA":
-            continue
-        n = e.name
-        group = ("flashmla" if "flash_fwd" in n else
-                 "checks" if ("CheckCall" in n or "Deliver" in n or "CopyServed" in n) else
-                 "custom" if ("FusedVerify" in n or "PairSeesaw" in n or "CombineSplits" in n)
-                 else None)
-        if group is not None:
-            spans[group].append((e.time_range.start, e.time_range.end))
-    out = {}
-    for group, ivs in spans.items():
-        total, end = 0.0, float("-inf")
-        for a, b in sorted(ivs):
-            if a > end:
-                total += b - a
-                end = b
-            elif b > end:
-                total += b - end
-                end = b
-        out[group] = total / (replays * layers)
-    return out
+    """Device time a layer of the custom kernel, its checks and FlashMLA's kernels (each group's
+    kernels' spans, once where they overlap: cuda_timing.device_us)."""
+    return cuda_timing.device_us(graph.replay, layers, replays)
 
 
 class Shape:

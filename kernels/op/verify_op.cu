@@ -1,7 +1,7 @@
-// libverifyd_kernel.so (verify_op_api.h): the custom kernel and its device checks. With
-// VERIFYD_OP_CHECKS=kernel, where the plan is the shipped schedule (v5t, on sm_90), the kernel and
-// its split combine make the checks themselves (CustomCallChecks,
-// kernels/custom/kernel_checks.cuh): one launch, or two with a split. Otherwise (the default,
+// libverifyd_kernel.so (verify_op_api.h): the custom kernel and its device checks. By default
+// (VERIFYD_OP_CHECKS unset or "kernel"), where the plan is the shipped schedule (v5t, on sm_90),
+// the kernel and its split combine make the checks themselves (CustomCallChecks,
+// kernels/custom/kernel_checks.cuh): one launch, or two with a split. Otherwise (another plan, or
 // VERIFYD_OP_CHECKS=separate) the kernel runs between two small kernels of the op's own: before
 // it, CheckCall looks at the layout, every page id named and the mask and ORs what it finds into
 // the op's verdict word; the custom kernel reads the verdict and writes nothing when it is set.
@@ -38,7 +38,7 @@ using verifyd::kernels::MaskFormat;
 using verifyd::kernels::NonFiniteBf16Pair;
 using verifyd::kernels::VerifyProblem;
 
-constexpr uint32_t kAbiVersion = 3;
+constexpr uint32_t kAbiVersion = 4;
 constexpr int kThreads = 256;
 
 // Verdict bits: why a call's output is not to be served (defined with the kernels' own checks).
@@ -223,10 +223,10 @@ VerifydOp* verifyd_op_create(const VerifydOpGeometry* geometry, char* error, uin
   if (why.empty() && !(std::isfinite(g.sm_scale) && g.sm_scale > 0)) {
     why = "sm_scale: must be finite and > 0";
   }
-  // Where the checks run: "separate" (the default) or "kernel" (inside the shipped schedule's
-  // kernels where the plan is v5t, else separate).
+  // Where the checks run: "kernel" (the default: inside the shipped schedule's kernels where the
+  // plan is v5t, else separate) or "separate".
   const char* checks = std::getenv("VERIFYD_OP_CHECKS");
-  const bool kernel_checks = checks != nullptr && std::strcmp(checks, "kernel") == 0;
+  const bool kernel_checks = checks == nullptr || std::strcmp(checks, "kernel") == 0;
   if (why.empty() && checks != nullptr && !kernel_checks && std::strcmp(checks, "separate") != 0) {
     why = std::string("VERIFYD_OP_CHECKS: '") + checks + "' is neither kernel nor separate";
   }
@@ -374,6 +374,10 @@ uint64_t verifyd_op_device_bytes(const VerifydOp* op) {
   return op == nullptr ? 0
                        : op->workspace_bytes + 2 * sizeof(unsigned) +
                              (op->lse != nullptr ? op->lse_n * sizeof(float) : 0);
+}
+
+uint32_t verifyd_op_checks_in_kernel(const VerifydOp* op) {
+  return op != nullptr && op->kernel_checks ? 1 : 0;
 }
 
 const char* verifyd_op_build(void) { return VERIFYD_GIT_COMMIT; }

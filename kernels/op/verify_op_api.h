@@ -9,12 +9,12 @@
 // bytes, no bits past T) and a finite output: o, and the lse of every row, which is finite since
 // a row sees at least its own token (a NaN in a query leaves its row seeing nothing: o zeros, lse
 // -inf); the op keeps an lse of its own when the caller wants none. By default (the environment's
-// VERIFYD_OP_CHECKS unset or "separate" when the op is made) two kernels of the op's own run
-// around the kernel: the first checks every page id named, and a call that fails it writes
-// nothing to o or lse. With VERIFYD_OP_CHECKS=kernel, where the plan is the shipped schedule
-// (v5t, on sm_90), the kernel makes them as it reads instead: the page ids it reads, each
-// request's layout before anything is read through it, and its rows of the mask; a call that
-// fails may then have written part of o and lse. Either way a failed call's `failed` byte (device
+// VERIFYD_OP_CHECKS unset or "kernel" when the op is made), where the plan is the shipped schedule
+// (v5t, on sm_90), the kernel makes them as it reads: the page ids it reads, each request's layout
+// before anything is read through it, and its rows of the mask; a call that fails may have
+// written part of o and lse. Elsewhere, or with VERIFYD_OP_CHECKS=separate, two kernels of the
+// op's own run around the kernel: the first checks every page id named, and a call that fails it
+// writes nothing to o or lse (verifyd_op_checks_in_kernel says which an op does). Either way a failed call's `failed` byte (device
 // memory) is 1, else 0, and its output is never to be served: the switch that holds the op runs
 // the stack's own attention instead.
 //
@@ -90,6 +90,9 @@ VERIFYD_OP_EXPORT int verifyd_op_attend(VerifydOp* op, const VerifydOpCall* call
 // Device bytes the op holds (its split partials, its lse when the caller wants none, its check
 // words).
 VERIFYD_OP_EXPORT uint64_t verifyd_op_device_bytes(const VerifydOp* op);
+// 1 where the op's checks run inside the kernel (the default on sm_90), 0 where they run in the
+// op's own kernels around it (VERIFYD_OP_CHECKS=separate, or a plan other than v5t).
+VERIFYD_OP_EXPORT uint32_t verifyd_op_checks_in_kernel(const VerifydOp* op);
 // The switch (verify_switch.cu): in a captured step, one IF/ELSE conditional node a layer, so
 // the path not taken launches nothing; where the driver has no conditional nodes (before CUDA
 // 12.8), a kernel-side branch. Its calls, per captured step:

@@ -24,8 +24,9 @@ against the fp64 oracle of the contract (random_bundles.py):
   canary of 0.3 drawn per step (every layer of a step on one path), and a lease that is not
   renewed falling back to the stack within twice its period;
 - the cost in a captured step of 61 layers: the step's time per layer, the kernels' device time
-  (CUPTI, through torch.profiler: the custom kernel's, which overlaps its split combine, and the
-  two check kernels', which run alone before and after it: the op's overhead), and what each
+  (CUPTI, through torch.profiler: the spans of the custom kernel and its split combine, which
+  overlap, counted once (cuda_timing.device_us), and the two check kernels', which run alone
+  before and after it: the op's overhead), and what each
   switch adds to a layer in mode op (over the op called directly) and in mode stack (over a
   stand-in of the stack's attention called directly).
 
@@ -40,11 +41,12 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CLIENT = os.path.normpath(os.path.join(HERE, "..", "..", "clients", "python"))
-sys.path[:0] = [CLIENT, HERE]
+sys.path[:0] = [CLIENT, HERE, os.path.normpath(os.path.join(HERE, "..", "..", "bench"))]
 
 try:
     import numpy as np
     import torch
+    import cuda_timing
     from random_bundles import SM_SCALE, oracle, random_bundle, rel_l2
     from verifyd_client import from_bf16
     from verifyd_client.errors import InvalidBundleError
@@ -131,8 +133,11 @@ SHAPES = [  # batch, draft, heads, page_size, prefixes, mask bits, lse
 def make_op(batch, draft, heads, page_size, pool_pages, max_indices, max_kv_len, bits, lse,
             checks="separate", **kv):
     """The op, its checks where ``checks`` says: "separate", the check kernels around the
-    kernel, or "kernel", inside it (the library reads VERIFYD_OP_CHECKS when an op is made)."""
-    os.environ["VERIFYD_OP_CHECKS"] = checks
+    kernel, or "kernel", inside it (the library reads VERIFYD_OP_CHECKS when an op is made);
+    None leaves the variable unset (the default)."""
+    os.environ.pop("VERIFYD_OP_CHECKS", None)
+    if checks is not None:
+        os.environ["VERIFYD_OP_CHECKS"] = checks
     try:
         return VerifyKernel(batch, draft, heads, page_size, pool_pages, max_indices, max_kv_len,
                             sm_scale=SM_SCALE, mask_format="bits" if bits else "bytes",
@@ -142,7 +147,15 @@ def make_op(batch, draft, heads, page_size, pool_pages, max_indices, max_kv_len,
 
 
 def test_checks_setting():
-    """An unknown VERIFYD_OP_CHECKS is refused when the op is made, naming it."""
+    """An unknown VERIFYD_OP_CHECKS is refused when the op is made, naming it; unset, the checks
+    run inside the kernel on sm_90 (v5t makes them) and in the op's own kernels elsewhere."""
+    sm90 = torch.cuda.get_device_capability() == (9, 0)
+    for checks, want in ((None, "kernel" if sm90 else "separate"),
+                         ("kernel", "kernel" if sm90 else "separate"), ("separate", "separate")):
+        op = make_op(1, 4, 2, 16, 8, 8, 64, False, False, checks)
+        check(op.checks == want, f"VERIFYD_OP_CHECKS={checks}: the checks run {op.checks}, "
+                                 f"expected {want}")
+        op.close()
     try:
         make_op(1, 4, 2, 16, 8, 8, 64, False, False, "fast")
         check(False, "VERIFYD_OP_CHECKS=fast is refused")
@@ -455,22 +468,6 @@ def test_switch(seed, kind, checks="kernel"):
             "canary_share": round(share, 3)}
 
 
-def kernel_times(prof):
-    """Per kind of kernel, the summed device time in µs of a profile."""
-    out = {"custom": 0.0, "checks": 0.0, "other": 0.0}
-    for e in prof.key_averages():
-        us = getattr(e, "self_device_time_total", None)
-        if us is None:
-            us = getattr(e, "self_cuda_time_total", 0.0)
-        if not us:
-            continue
-        n = e.key
-        kind = ("checks" if ("CheckCall" in n or "Deliver" in n) else
-                "custom" if ("Verify" in n or "Seesaw" in n or "Combine" in n) else "other")
-        out[kind] += us
-    return out
-
-
 def timed_per_layer(graph, layers, replays, samples=False):
     for _ in range(3):
         graph.replay()
@@ -534,13 +531,7 @@ def bench_step(seed, layers=61, replays=30):
             for v, g in graphs.items():
                 samples[v] += timed_per_layer(g, layers, replays, samples=True)
         step = {v: statistics.median(t) for v, t in samples.items()}
-        k = {}
-        for v, g in graphs.items():
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                for _ in range(5):
-                    g.replay()
-                torch.cuda.synchronize()
-            k[v] = {kind: us / (5 * layers) for kind, us in kernel_times(prof).items()}
+        k = {v: cuda_timing.device_us(g.replay, layers) for v, g in graphs.items()}
         step_us = step["kernel"]
         stack_us = timed_per_layer(capture(stack_only), layers, replays)
         bare = k["separate"]["custom"]  # the kernel without checks of its own

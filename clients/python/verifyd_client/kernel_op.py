@@ -4,9 +4,10 @@ the contract of a bundle. It allocates nothing per call, never waits for the hos
 captured in a CUDA graph.
 
 The library checks each call on the device: the layout, the page ids, the mask and a finite
-output. By default check kernels run around the kernel (a call that fails before the kernel
-writes nothing); with VERIFYD_OP_CHECKS=kernel in the environment when the op is made, the
-shipped kernel makes the checks as it reads, and a call that fails one may have written part of o.
+output. By default the shipped kernel (v5t, on sm_90) makes the checks as it reads, and a call
+that fails one may have written part of o; with VERIFYD_OP_CHECKS=separate in the environment
+when the op is made, or where the plan is another kernel, check kernels run around the kernel (a
+call that fails before the kernel writes nothing). ``VerifyKernel.checks`` says which.
 ``VerifyKernel.failed`` (a torch.bool tensor of one element on the device, the same tensor every
 call) is True after a call that failed a check, False after one that passed: the output of a
 failed call must not be served.
@@ -24,7 +25,7 @@ from . import _native
 from .bundle import HEAD_DIM_QK, HEAD_DIM_V, checked_kv_scale
 from .errors import InvalidBundleError, VerifydError
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 
 class _Geometry(ctypes.Structure):
@@ -59,6 +60,8 @@ def load_library(path=None):
     lib.verifyd_op_attend.restype = ctypes.c_int
     lib.verifyd_op_device_bytes.argtypes = [ctypes.c_void_p]
     lib.verifyd_op_device_bytes.restype = ctypes.c_uint64
+    lib.verifyd_op_checks_in_kernel.argtypes = [ctypes.c_void_p]
+    lib.verifyd_op_checks_in_kernel.restype = ctypes.c_uint32
     lib.verifyd_op_build.restype = ctypes.c_char_p
     return lib
 
@@ -106,6 +109,8 @@ class VerifyKernel:
             if not self._op:
                 raise InvalidBundleError(error.value.decode())
             self.failed = torch.zeros(1, dtype=torch.bool, device=self.device)
+        # Where the device checks run: "kernel" (inside the shipped kernel) or "separate".
+        self.checks = "kernel" if self._lib.verifyd_op_checks_in_kernel(self._op) else "separate"
         self._call = _Call()
 
     def __enter__(self):
