@@ -9,11 +9,14 @@ benchmark). Per shape, medians of REPS replays of each step:
 - ``step_ms_without``: the GEMMs alone;
 - ``step_ms_stack``: the stack's attention, FlashMLA (its output copied into the layer's o);
 - ``step_ms_op``: the op (libverifyd_kernel.so, VerifyKernel) called directly, its checks in
-  kernels of their own around the kernel (the default); ``step_ms_op_kernel_checks``: the same
-  with the checks inside the kernel (VERIFYD_OP_CHECKS=kernel);
+  kernels of their own around the kernel (VERIFYD_OP_CHECKS=separate);
+  ``step_ms_op_kernel_checks``: the same with the checks inside the kernel (the default);
 - ``step_ms_inprocess``: the op under the switch (Switch.step: one IF/ELSE node a step, the
   stack's attention as each layer's fallback), mode op; ``step_ms_switch_stack``: the same step
   in mode stack; ``step_ms_inprocess_kernel_checks``: mode op with the kernel-checks op;
+- ``step_ms_inprocess_redo`` / ``step_ms_switch_stack_redo``: the kernel-checks op under
+  Switch.step(redo=True) (one IF/ELSE node a step and no fallback node a layer: a step the op
+  failed is redone by the stack), mode op and mode stack;
 - ``step_ms_doorbell``: each layer a doorbell call to verifyd (CUDA engine) in custom mode.
 
 and from a profile of the op's step, the custom kernel's own device time a call, its checks',
@@ -22,7 +25,8 @@ the kernel's own time (the op's checks and launch gaps), and ``..._kernel_checks
 the kernel-checks op (over the same kernel time: the kernel without checks of its own);
 ``switch_cost_us`` = mode stack over
 FlashMLA called directly, a layer (the path not taken); ``switch_cost_us_mode_op`` = mode op over
-the op called directly; ``custom_over_direct`` = step_ms_inprocess / step_ms_op.
+the op called directly; ``custom_over_direct`` = step_ms_inprocess / step_ms_op; the ``_redo``
+twins of the last three for the redo switch (over the kernel-checks op called directly).
 
 Every path's output in each shape is checked against fp32 torch attention over the same pages
 (rel-L2 < 1e-2). Then, under the same verifyd controlling a Switch (a switch channel): the
@@ -193,22 +197,24 @@ def bench_shape(args, shape, peer, client, admin, failures):
         graphs[name] = capture(with_op(the_args), stream)
         checked(name)
 
-    def switched(the_sw, the_args):
+    def switched(the_sw, the_args, redo=False):
         def body():
             def forward():
                 for i in range(layers):
                     gemm()
                     the_sw.attend(i, flashmla, *the_args, o)
-            the_sw.step(forward)
+            the_sw.step(forward, redo=redo)
         return body
 
     sw = Switch(layers, conditional=None)
     sw_k = Switch(layers, conditional=None)
-    sw.set_mode("op")
-    sw_k.set_mode("op")
+    sw_r = Switch(layers, conditional=None)
+    for a_sw in (sw, sw_k, sw_r):
+        a_sw.set_mode("op")
     o.zero_()
     graphs["switch"] = capture(switched(sw, args_op), stream)
     graphs["switch_kernel_checks"] = capture(switched(sw_k, args_k), stream)
+    graphs["switch_redo"] = capture(switched(sw_r, args_k, redo=True), stream)
     row["switch_conditional"] = sw.conditional
 
     for name in ("without", "stack", "op", "op_kernel_checks"):
@@ -224,10 +230,19 @@ def bench_shape(args, shape, peer, client, admin, failures):
     checked("inprocess_kernel_checks")
     if bool(sw_k.layer_failed.any().item()):
         failures.append(f"{shape}: mode op, checks in the kernel, a layer served by the stack")
+    o.zero_()
+    row["step_ms_inprocess_redo"] = median_ms(graphs["switch_redo"], args.reps)
+    checked("inprocess_redo")
+    if bool(sw_r.layer_failed.any().item()):
+        failures.append(f"{shape}: mode op, the redo switch, a layer served by the stack")
     sw.set_mode("stack")
     o.zero_()
     row["step_ms_switch_stack"] = median_ms(graphs["switch"], args.reps)
     checked("switch_stack")
+    sw_r.set_mode("stack")
+    o.zero_()
+    row["step_ms_switch_stack_redo"] = median_ms(graphs["switch_redo"], args.reps)
+    checked("switch_stack_redo")
 
     k_op = profile_us(graphs["op"], layers)
     k_stack = profile_us(graphs["stack"], layers)
@@ -247,8 +262,14 @@ def bench_shape(args, shape, peer, client, admin, failures):
     row["switch_cost_us_mode_op"] = per_layer("step_ms_inprocess", "step_ms_op")
     row["custom_over_direct"] = row["step_ms_inprocess"] / row["step_ms_op"]
     row["inprocess_over_stack"] = row["step_ms_inprocess"] / row["step_ms_stack"]
+    row["switch_cost_us_redo"] = per_layer("step_ms_switch_stack_redo", "step_ms_stack")
+    row["switch_cost_us_mode_op_redo"] = per_layer("step_ms_inprocess_redo",
+                                                   "step_ms_op_kernel_checks")
+    row["custom_over_direct_redo"] = (row["step_ms_inprocess_redo"]
+                                      / row["step_ms_op_kernel_checks"])
     sw.close()
     sw_k.close()
+    sw_r.close()
     op_k.close()
 
     if client is not None:

@@ -26,10 +26,10 @@ def report(rows_path, commit):
            f"to verifyd (CUDA engine, custom) a layer. Per layer, µs: overhead = the op's "
            f"step over the GEMMs minus the custom kernel's own device time; switch = mode "
            f"stack over FlashMLA direct (the path not taken); doorbell overhead likewise over "
-           f"the kernel time verifyd reports. The op's checks run in kernels of their own "
-           f"around the kernel; the last three columns are the op with its checks inside the "
-           f"kernel (VERIFYD_OP_CHECKS=kernel), called directly and under the switch, and its "
-           f"overhead over the same kernel time.",
+           f"the kernel time verifyd reports. In the first columns the op's checks run in "
+           f"kernels of their own around the kernel (VERIFYD_OP_CHECKS=separate); the last "
+           f"three are the op with its checks inside the kernel (the default), called directly "
+           f"and under the switch, and its overhead over the same kernel time.",
            "",
            "| MPS | B,T,H,prefix | GEMMs only | stack (FlashMLA) | op | in-process | "
            "switch, mode stack | doorbell | kernel µs | FlashMLA µs | op overhead µs | "
@@ -49,6 +49,22 @@ def report(rows_path, commit):
             fmt(r.get("doorbell_overhead_us"), 1), fmt(r.get("step_ms_op_kernel_checks")),
             fmt(r.get("step_ms_inprocess_kernel_checks")),
             fmt(r.get("per_call_overhead_us_kernel_checks"), 2)]) + " |")
+    redo = [r for r in shapes if "step_ms_inprocess_redo" in r]
+    if redo:
+        out += ["", "The switch with the redo step (`Switch.step(forward, redo=True)`: one IF/ELSE "
+                "node a step and no fallback node a layer; a step the op failed is redone by the "
+                "stack), the op's checks inside the kernel. ms a step; µs a layer: path not taken "
+                "= mode stack over FlashMLA direct, mode op over the op called directly.", "",
+                "| MPS | B,T,H,prefix | stack (FlashMLA) | op, checks in kernel | redo: mode op | "
+                "redo: mode stack | path not taken µs | mode op over direct µs | "
+                "mode op / op direct |", "|---|---|" + "---:|" * 7]
+        for r in redo:
+            out.append("| " + " | ".join([
+                "yes" if r["mps"] else "no", ",".join(map(str, r["shape"])),
+                fmt(r["step_ms_stack"]), fmt(r["step_ms_op_kernel_checks"]),
+                fmt(r["step_ms_inprocess_redo"]), fmt(r["step_ms_switch_stack_redo"]),
+                fmt(r["switch_cost_us_redo"], 2), fmt(r["switch_cost_us_mode_op_redo"], 2),
+                fmt(r["custom_over_direct_redo"])]) + " |")
     out += ["", "Under verifyd's control (a switch channel, lease as given; B,T,H,prefix "
             "8,16,16,4096): replays from the flip's answer until the op served, from the "
             "rollback's until the stack did, and with verifyd SIGSTOPped, ms until the stack "
