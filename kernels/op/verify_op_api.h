@@ -14,9 +14,9 @@
 // before anything is read through it, and its rows of the mask; a call that fails may have
 // written part of o and lse. Elsewhere, or with VERIFYD_OP_CHECKS=separate, two kernels of the
 // op's own run around the kernel: the first checks every page id named, and a call that fails it
-// writes nothing to o or lse (verifyd_op_checks_in_kernel says which an op does). Either way a failed call's `failed` byte (device
-// memory) is 1, else 0, and its output is never to be served: the switch that holds the op runs
-// the stack's own attention instead.
+// writes nothing to o or lse (verifyd_op_checks_in_kernel says which an op does). Either way a
+// failed call's `failed` byte (device memory) is 1, else 0, and its output is never to be served:
+// the switch that holds the op runs the stack's own attention instead.
 //
 // clients/python/verifyd_client/kernel_op.py binds it with ctypes and mirrors the structs; it
 // checks verifyd_op_abi_version().
