@@ -65,9 +65,10 @@ struct DevPtr {
 };
 
 // One copy of a bundle's inputs and outputs on the device. An e4m3 pool is kept as sent (kv8,
-// named by indices) and every launch first turns its named pages into the compact bf16 pool `kv`
-// (named by dq_ids), as the CUDA engine does; `problem` names that pool. `codes_problem` names
-// the e4m3 pool as sent, for custom-v3e, which reads the codes itself.
+// named by indices) and a launch of a path that does not read the codes itself first turns its
+// named pages into the compact bf16 pool `kv` (named by dq_ids), as the CUDA engine does;
+// `problem` names that pool. `codes_problem` names the e4m3 pool as sent, for the paths that read
+// the codes (v3e: custom-v3e, and custom where it resolves to v3e).
 struct InputSet {
   DevPtr<uint16_t> q, kv, o;
   DevPtr<int32_t> indptr, indices, lens, dq_ids;
@@ -224,8 +225,8 @@ class Bench {
   void BenchRandomShapes();
   void BenchOne(const BundleView& v, const Shape& sh, int page);
   BenchRow RunPath(const std::string& path, BundleRun& b);
-  Launch PathLaunch(const std::string& path, const BundleRun& b, DevPtr<uint8_t>* ws,
-                    BenchRow* row);
+  Launch PathLaunch(const std::string& path, const BundleRun& b, DevPtr<uint8_t>* ws, BenchRow* row,
+                    bool* reads_codes);
   Launch WithDequantization(Launch path, const BundleRun& b, BenchRow* row);
   void TimeRow(const Launch& launch, const std::string& path, BundleRun& b, BenchRow* row);
   bool WriteReport();  // false when a file could not be written
@@ -364,8 +365,9 @@ BenchRow Bench::RunPath(const std::string& path, BundleRun& b) {
   row.floor_ms = std::max(b.t_flop_ms, b.t_byte_ms);
   row.compute_bound = b.t_flop_ms >= b.t_byte_ms;
   DevPtr<uint8_t> ws;
-  Launch launch = PathLaunch(path, b, &ws, &row);
-  if (row.error.empty() && b.in[0]->e4m3 && path != "custom-v3e") {
+  bool reads_codes = false;
+  Launch launch = PathLaunch(path, b, &ws, &row, &reads_codes);
+  if (row.error.empty() && b.in[0]->e4m3 && !reads_codes) {
     launch = WithDequantization(std::move(launch), b, &row);
   }
   if (row.error.empty()) TimeRow(launch, path, b, &row);
@@ -380,9 +382,10 @@ BenchRow Bench::RunPath(const std::string& path, BundleRun& b) {
 }
 
 // One launch of the path on input set i, its workspace in `ws`; sets row->error when the path
-// cannot run, and row->splits for a custom path.
+// cannot run, row->splits for a custom path, and *reads_codes when it reads an e4m3 pool's codes
+// itself (else an e4m3 row's launch dequantises the named pages first).
 Bench::Launch Bench::PathLaunch(const std::string& path, const BundleRun& b, DevPtr<uint8_t>* ws,
-                                BenchRow* row) {
+                                BenchRow* row, bool* reads_codes) {
   if (path.rfind("custom", 0) == 0) {
     kernels::CustomConfig cfg;
     cfg.small_smem = path == "custom-sm120cfg";
@@ -392,11 +395,18 @@ Bench::Launch Bench::PathLaunch(const std::string& path, const BundleRun& b, Dev
       return nullptr;
     }
     // custom-v3e reads an e4m3 pool's codes (no dequantisation first); it runs on e4m3 rows only.
-    const bool codes = kernels::ScheduleReadsE4m3(schedule);
-    if (codes && !b.in[0]->e4m3) {
+    // The shipped choice reads them where it resolves to v3e, as the CUDA engine's custom path
+    // does (CudaPreparedBundle::custom_problem); custom-v5t names the dequantised pages' kernel.
+    if (kernels::ScheduleReadsE4m3(schedule) && !b.in[0]->e4m3) {
       row->error = "custom-v3e reads e4m3 pools only";
       return nullptr;
     }
+    kernels::CustomPlan probe;
+    const bool codes =
+        kernels::ScheduleReadsE4m3(schedule) ||
+        (b.in[0]->e4m3 && schedule == kernels::CustomSchedule::kAuto &&
+         kernels::ResolveCustomPlan(b.in[0]->codes_problem, cfg, &probe) == cudaSuccess);
+    *reads_codes = codes;
     const auto problem_of = [codes](const InputSet& s) -> const kernels::VerifyProblem& {
       return codes ? s.codes_problem : s.problem;
     };
@@ -499,8 +509,8 @@ int main(int argc, char** argv) {
   app.add_option("--commit", opt.commit, "commit the binaries were built from");
   app.add_option("--pages", opt.pages, "page sizes to run");
   app.add_option("--kv-dtypes", opt.kv_dtypes,
-                 "KV pool dtypes of the random shapes: bf16 and/or e4m3 (the pages dequantised "
-                 "to bf16 before each path, as the CUDA engine does)")
+                 "KV pool dtypes of the random shapes: bf16 and/or e4m3 (read as the CUDA engine "
+                 "reads them: the codes by v3e, the dequantised pages by the other paths)")
       ->check(CLI::IsMember({"bf16", "e4m3"}));
   app.add_option("--kv-scale", opt.kv_scale, "the e4m3 rows' pool scale")
       ->check(CLI::PositiveNumber);

@@ -82,7 +82,7 @@ absl::Status LaunchCustomPath(CudaPreparedBundle& b, const kernels::CustomConfig
   DeviceWorker& w = b.worker();
   const cudaStream_t s = b.lane().shadow;
   const char* where = "custom path";
-  kernels::VerifyProblem p = b.problem();
+  kernels::VerifyProblem p = b.custom_problem(config);
   p.o = static_cast<uint16_t*>(out.o);
   p.lse = out.lse;
   ScopedWorkspace ws(s);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/custom/custom_launch_plan.h"
 #include "kernels/reference/input_check_kernels.h"
 #include "kernels/reference/kv_dequantize_kernels.h"
 #include "kernels/reference/page_gather_kernels.h"
@@ -372,6 +373,15 @@ absl::Status CudaPreparedBundle::Dequantize() {
   }
   inputs_done_ = false;
   return worker_.Check(cudaEventRecord(inputs_ready_, lane_.served), where);
+}
+
+const kernels::VerifyProblem& CudaPreparedBundle::custom_problem(
+    const kernels::CustomConfig& config) const {
+  kernels::CustomPlan plan;
+  if (dequantized_ != nullptr && kernels::ResolveCustomPlan(sent_, config, &plan) == cudaSuccess) {
+    return sent_;
+  }
+  return problem_;
 }
 
 absl::Status CudaPreparedBundle::AwaitInputsOn(cudaStream_t s, absl::string_view where) {

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "kernels/custom/custom_attention.h"
 #include "kernels/reference/input_check_kernels.h"
 #include "kernels/verify_problem.h"
 #include "src/cuda_engine/device_layout.h"
@@ -46,6 +47,11 @@ class CudaPreparedBundle : public PreparedBundle {
   // (kv_pool then points at e4m3 bytes, shape.kv_dtype says so; its scale is kv_scale()). What a
   // capture writes out.
   const kernels::VerifyProblem& sent() const { return dequantized_ ? sent_ : problem_; }
+  // What the custom kernel reads: an e4m3 pool's codes as sent where the kernel that reads them
+  // runs under `config` (v3e, on sm_90), as the op in the serving process reads them, so that the
+  // custom path shares no dequantisation with the reference and a wrong one shows per call;
+  // elsewhere problem(), the dequantised pages.
+  const kernels::VerifyProblem& custom_problem(const kernels::CustomConfig& config) const;
   float kv_scale() const { return kv_scale_; }
   cudaEvent_t inputs_ready() const { return inputs_ready_; }
   // Makes `s`'s later work wait for the inputs (none when they are known to be there already: a

@@ -15,6 +15,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kernels/custom/custom_attention.h"
+#include "kernels/custom/custom_launch_plan.h"
 #include "src/bundle/random_bundle.h"
 #include "src/bundle/validate.h"
 #include "src/common/bf16.h"
@@ -25,6 +27,7 @@
 #include "src/io/bundle_file.h"
 #include "src/region/mapped_region.h"
 #include "src/region/region_registry.h"
+#include "tests/common/device_bundle.h"
 #include "tests/common/e4m3_rounding.h"
 #include "tests/common/gpu_test_support.h"
 
@@ -425,6 +428,56 @@ TEST(CudaEngine, AnE4m3PoolsScaleGoesOnBeforeOsOneRounding) {
         EXPECT_GT(once, 0.97) << PathName(p) << " scale " << scale << " page " << page;
       }
     }
+  }
+}
+
+// Where the kernel that reads e4m3 codes runs (v3e, sm_90), the custom path reads an e4m3 pool's
+// codes as sent, not the dequantised pages the reference reads: its output is v3e's on the bundle
+// as sent, bit for bit, so a wrong dequantisation shows as a difference between the paths.
+TEST(CudaEngine, TheCustomPathReadsAnE4m3PoolsCodesWhereV3eRuns) {
+  REQUIRE_GPU_ENGINE();
+  for (int page : {1, 64}) {
+    RandomBundleSpec s;
+    s.batch = 3;
+    s.draft = 7;
+    s.heads = 16;
+    s.page_size = page;
+    s.prefix_lens = {130, 0, 1000};
+    s.traffic = Traffic::kRealistic;
+    s.seed = 60 + page;
+    s.kv_dtype = kernels::KvDtype::kE4m3;
+    s.kv_scale = 0.37f;
+    RandomBundle rb(s);
+    BundleView v = rb.view();
+    ASSERT_TRUE(ValidateBundle(v).ok());
+    testing::DeviceBundle dev;
+    ASSERT_EQ(dev.Upload(v), cudaSuccess);
+    const kernels::CustomConfig config;
+    kernels::CustomPlan plan;
+    if (kernels::ResolveCustomPlan(dev.problem, config, &plan) != cudaSuccess) {
+      GTEST_SKIP() << "v3e does not run on this device: the custom path reads the dequantised "
+                      "pages";
+    }
+    ASSERT_EQ(plan.schedule, kernels::CustomSchedule::kV3e);
+    testing::DeviceBuffer ws(std::max<size_t>(plan.workspace_bytes, 16));
+    ASSERT_EQ(
+        kernels::LaunchCustom(dev.problem, config, ws.get<void>(), plan.workspace_bytes, nullptr),
+        cudaSuccess);
+    std::vector<uint16_t> o(v.o_elems());
+    std::vector<float> lse(v.lse_elems());
+    ASSERT_EQ(cudaMemcpy(o.data(), dev.o.get<void>(), o.size() * 2, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(lse.data(), dev.lse.get<void>(), lse.size() * 4, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    auto pb = Gpu()->Prepare(v, /*detach=*/true);
+    ASSERT_TRUE(pb.ok()) << pb.status();
+    ASSERT_TRUE(Gpu()->Run(Path::kCustom, **pb).ok());
+    PathOutput got;
+    ASSERT_TRUE(Gpu()->Fetch(Path::kCustom, **pb, &got).ok());
+    ASSERT_EQ(got.o.size(), o.size());
+    EXPECT_EQ(std::memcmp(got.o.data(), o.data(), o.size() * 2), 0) << "page " << page;
+    ASSERT_EQ(got.lse.size(), lse.size());
+    EXPECT_EQ(std::memcmp(got.lse.data(), lse.data(), lse.size() * 4), 0) << "page " << page;
   }
 }
 
