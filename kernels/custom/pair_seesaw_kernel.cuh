@@ -77,7 +77,9 @@ __device__ uint64_t* g_kernel_trace = nullptr;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // Issues this warpgroup's cp.async for the 64-dim blocks in `blocks` (a bit per block) of tile
 // `tile`'s 64 rows into `buf`; pid[pass] is the page of row 16 * pass + wt / 8 (clamped to the last
-// key), loaded beforehand. Thread wt of 128 copies 16-byte chunk wt % 8 of four rows.
+// key), loaded beforehand. Thread wt of 128 copies 16-byte chunk wt % 8 of four rows. A page id
+// outside the pool is read as page 0 and reported (kernel_checks.cuh), here where the address
+// needs it: a test where the id is loaded would wait for the load there, a step early.
 template <class Cfg>
 __device__ __forceinline__ void LoadTileBlocks(const KernelParams& p, uint32_t buf, int tile,
                                                int kv_len, int page_mask, uint32_t blocks,
@@ -89,8 +91,9 @@ __device__ __forceinline__ void LoadTileBlocks(const KernelParams& p, uint32_t b
     const int t = tile * Cfg::kTokens + r;
     const bool valid = t < kv_len;
     const int tt = valid ? t : kv_len - 1;
+    const int32_t page = CheckedPage(p, pid[pass]);
     const uint16_t* src =
-        p.kv_pool + ((int64_t{pid[pass]} << p.page_shift) + (tt & page_mask)) * kHeadDimQK;
+        p.kv_pool + ((int64_t{page} << p.page_shift) + (tt & page_mask)) * kHeadDimQK;
     const uint32_t dst = buf + r * 128 + ((sub ^ (r & 7)) << 4);
 #pragma unroll
     for (int kb = 0; kb < Cfg::kChunksPerRow / 8; ++kb) {
@@ -102,14 +105,15 @@ __device__ __forceinline__ void LoadTileBlocks(const KernelParams& p, uint32_t b
 }
 
 // The page ids of the four rows this thread loads of tile `tile` (rows past kv_len: the last
-// key's); one outside the pool is read as page 0 and reported (kernel_checks.cuh).
+// key's), as stored: read a step before LoadTileBlocks uses (and checks) them, and not waited for
+// until then.
 template <class Cfg>
 __device__ __forceinline__ void LoadPageIds(const KernelParams& p, const int32_t* pages, int tile,
                                             int kv_len, int wt, int32_t (&pid)[4]) {
 #pragma unroll
   for (int pass = 0; pass < 4; ++pass) {
     const int t = min(tile * Cfg::kTokens + pass * 16 + (wt >> 3), kv_len - 1);
-    pid[pass] = CheckedPage(p, pages[t >> p.page_shift]);
+    pid[pass] = pages[t >> p.page_shift];
   }
 }
 
