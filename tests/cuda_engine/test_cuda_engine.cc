@@ -335,6 +335,22 @@ TEST(CudaEngine, InfoNamesTheDevice) {
               info.compute_capability.c_str(), VisibleCudaDevices());
 }
 
+// Three requests of 7 draft tokens and 16 heads over an e4m3 pool at `scale` (prefixes 130, 0 and
+// 1000: off the tile, and empty), realistic traffic.
+RandomBundleSpec RaggedE4m3Spec(float scale, int page, uint64_t seed) {
+  RandomBundleSpec s;
+  s.batch = 3;
+  s.draft = 7;
+  s.heads = 16;
+  s.page_size = page;
+  s.prefix_lens = {130, 0, 1000};
+  s.traffic = Traffic::kRealistic;
+  s.seed = seed;
+  s.kv_dtype = kernels::KvDtype::kE4m3;
+  s.kv_scale = scale;
+  return s;
+}
+
 // An e4m3 pool: the named pages dequantised on the device, the scale on the logits and on o. Every
 // path matches the fp64 oracle of the e4m3 values (the CPU engine's, which reads e4m3 x
 // kv_scale), at a scale of 1 and at scales that are not powers of two; a capture of the call
@@ -344,17 +360,7 @@ TEST(CudaEngine, AnE4m3PoolMatchesTheOracleOfItsValues) {
   auto cpu = MakeCpuEngine(2);
   for (float scale : {1.f, 0.37f, 3.1f}) {
     for (int page : {1, 64}) {
-      RandomBundleSpec s;
-      s.batch = 3;
-      s.draft = 7;
-      s.heads = 16;
-      s.page_size = page;
-      s.prefix_lens = {130, 0, 1000};
-      s.traffic = Traffic::kRealistic;
-      s.seed = 40 + page;
-      s.kv_dtype = kernels::KvDtype::kE4m3;
-      s.kv_scale = scale;
-      RandomBundle rb(s);
+      RandomBundle rb(RaggedE4m3Spec(scale, page, 40 + page));
       BundleView v = rb.view();
       ASSERT_TRUE(ValidateBundle(v).ok());
       const std::string what = absl::StrCat("scale ", scale, " page ", page);
@@ -437,17 +443,7 @@ TEST(CudaEngine, AnE4m3PoolsScaleGoesOnBeforeOsOneRounding) {
 TEST(CudaEngine, TheCustomPathReadsAnE4m3PoolsCodesWhereV3eRuns) {
   REQUIRE_GPU_ENGINE();
   for (int page : {1, 64}) {
-    RandomBundleSpec s;
-    s.batch = 3;
-    s.draft = 7;
-    s.heads = 16;
-    s.page_size = page;
-    s.prefix_lens = {130, 0, 1000};
-    s.traffic = Traffic::kRealistic;
-    s.seed = 60 + page;
-    s.kv_dtype = kernels::KvDtype::kE4m3;
-    s.kv_scale = 0.37f;
-    RandomBundle rb(s);
+    RandomBundle rb(RaggedE4m3Spec(0.37f, page, 60 + page));
     BundleView v = rb.view();
     ASSERT_TRUE(ValidateBundle(v).ok());
     testing::DeviceBundle dev;
