@@ -229,7 +229,9 @@ class Bench {
                     bool* reads_codes);
   Launch WithDequantization(Launch path, const BundleRun& b, BenchRow* row);
   void TimeRow(const Launch& launch, const std::string& path, BundleRun& b, BenchRow* row);
-  bool WriteReport();  // false when a file could not be written
+  // Writes `report` as <out>/<date>-<commit>-<device>.{md,json}; `say` prints the table and the
+  // files' names. False when a file could not be written.
+  bool WriteReport(const BenchReport& report, bool say);
 
   const Options& opt_;
   const bool want_ref_ =
@@ -250,7 +252,7 @@ int Bench::Run() {
   }
   report_.rows.insert(report_.rows.end(), ref_rows_.begin(), ref_rows_.end());
   cublasDestroy(handle_);
-  return WriteReport() ? 0 : 1;
+  return WriteReport(report_, true) ? 0 : 1;
 }
 
 // The device, cuBLAS and the ceilings every row is judged against; false without a device or
@@ -351,6 +353,11 @@ void Bench::BenchOne(const BundleView& v, const Shape& sh, int page) {
     if (path != "reference") report_.rows.push_back(RunPath(path, b));
   }
   if (want_ref_) ref_rows_.push_back(ref_row);
+  // The rows so far, written after each bundle: a run cut short (a device call's time limit)
+  // keeps its files; the last write, at the end, has every row.
+  BenchReport so_far = report_;
+  so_far.rows.insert(so_far.rows.end(), ref_rows_.begin(), ref_rows_.end());
+  WriteReport(so_far, false);
 }
 
 BenchRow Bench::RunPath(const std::string& path, BundleRun& b) {
@@ -480,22 +487,22 @@ void Bench::TimeRow(const Launch& launch, const std::string& path, BundleRun& b,
   }
 }
 
-bool Bench::WriteReport() {
+bool Bench::WriteReport(const BenchReport& report, bool say) {
   std::error_code ec;
   std::filesystem::create_directories(opt_.out_dir, ec);
   const std::string base =
-      opt_.out_dir + "/" + report_.date + "-" + report_.commit + "-" + DeviceSlug(report_.device);
+      opt_.out_dir + "/" + report.date + "-" + report.commit + "-" + DeviceSlug(report.device);
   std::ofstream md(base + ".md"), js(base + ".json");
-  md << ToMarkdown(report_);
-  js << ToJson(report_);
+  md << ToMarkdown(report);
+  js << ToJson(report);
   md.close();
   js.close();
-  std::printf("\n%s\n", ToMarkdown(report_).c_str());
+  if (say) std::printf("\n%s\n", ToMarkdown(report).c_str());
   if (!md || !js) {
     std::fprintf(stderr, "verifyd-bench: could not write %s.{md,json}\n", base.c_str());
     return false;
   }
-  std::printf("wrote %s.{md,json}\n", base.c_str());
+  if (say) std::printf("wrote %s.{md,json}\n", base.c_str());
   return true;
 }
 
