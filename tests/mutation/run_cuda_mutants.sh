@@ -107,7 +107,12 @@ run_job() {
   shift 2
   if "$drivers/mutant_driver.$label" --engine "$engine" --label "$label" --commit "$commit" \
       --json "$work/json/$name.json" "$@" "${extra[@]}" >"$work/log/$name.log" 2>&1; then
-    echo "$name ($((SECONDS - t0)) s): $(tail -n 1 "$work/log/$name.log")"
+    # The breaches, and the probe, determinism and invariance verdicts where the set ran them:
+    # a run cut short before its report keeps them in its output.
+    local verdicts
+    verdicts=$(sed -n 's/^.* \(\(probe\|determinism\|invariance\): .*\)$/; \1/p' \
+      "$work/log/$name.log" | tr -d '\n')
+    echo "$name ($((SECONDS - t0)) s): $(tail -n 1 "$work/log/$name.log")$verdicts"
   else
     echo "$name: FAILED (exit $?): $(tail -n 3 "$work/log/$name.log" | tr '\n' ' ')"
     return 1
