@@ -61,7 +61,7 @@ absl::Status RunReference(CudaPreparedBundle& b) {
   const char* where = "reference path";
   // Same stream as the upload: the inputs are there in stream order.
   VERIFYD_ASSIGN_OR_RETURN(const DevicePathOutput out, b.Outputs(Path::kReference, s));
-  kernels::VerifyProblem p = b.problem();
+  VERIFYD_ASSIGN_OR_RETURN(kernels::VerifyProblem p, b.Bf16Problem(s));
   p.o = static_cast<uint16_t*>(out.o);
   p.lse = out.lse;
   ScopedWorkspace ws(s);
@@ -82,7 +82,7 @@ absl::Status LaunchCustomPath(CudaPreparedBundle& b, const kernels::CustomConfig
   DeviceWorker& w = b.worker();
   const cudaStream_t s = b.lane().shadow;
   const char* where = "custom path";
-  kernels::VerifyProblem p = b.custom_problem(config);
+  VERIFYD_ASSIGN_OR_RETURN(kernels::VerifyProblem p, b.CustomProblem(config, s));
   p.o = static_cast<uint16_t*>(out.o);
   p.lse = out.lse;
   ScopedWorkspace ws(s);

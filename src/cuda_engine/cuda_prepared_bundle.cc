@@ -335,53 +335,65 @@ absl::Status CudaPreparedBundle::Upload(const BundleView& v, bool detach) {
                         ? Send(v, worker_, lane_, &plan, &inputs_, inputs_ready_, nullptr)
                         : absl::OkStatus();
   PointProblemAt(plan, v, &problem_);
-  if (st.ok() && v.shape.kv_dtype == kernels::KvDtype::kE4m3) st = Dequantize();
+  // An e4m3 pool stays as sent; Bf16Problem dequantises it for the paths that read bf16.
+  e4m3_ = v.shape.kv_dtype == kernels::KvDtype::kE4m3;
+  if (e4m3_) problem_.kv_scale = kv_scale_;
   return st;
 }
 
-absl::Status CudaPreparedBundle::Dequantize() {
+absl::StatusOr<kernels::VerifyProblem> CudaPreparedBundle::Bf16Problem(cudaStream_t s) {
+  if (!e4m3_) return problem_;
+  absl::MutexLock lock(&dq_mu_);
+  if (!dequantize_tried_) {
+    dequantize_tried_ = true;
+    dequantize_status_ = Dequantize(s);
+  } else if (dequantize_status_.ok() && s != dequantized_on_) {
+    dequantize_status_ = worker_.Check(cudaStreamWaitEvent(s, dequantized_ready_, 0),
+                                       "waiting for the dequantised e4m3 KV pages");
+  }
+  if (!dequantize_status_.ok()) return dequantize_status_;
+  return bf16_;
+}
+
+absl::Status CudaPreparedBundle::Dequantize(cudaStream_t s) {
   const char* where = "dequantising the e4m3 KV pages";
-  sent_ = problem_;
+  VERIFYD_RETURN_IF_ERROR(AwaitInputsOn(s, where));
   const int64_t n = problem_.shape.num_indices;
   const int64_t page_elems = int64_t{problem_.shape.page_size} * kernels::kHeadDimQK;
   const size_t pool_bytes = AlignUp(size_t(n * page_elems) * 2);
-  VERIFYD_RETURN_IF_ERROR(
-      worker_.Check(cudaMallocFromPoolAsync(&dequantized_, pool_bytes + size_t(n) * 4 + 4,
-                                            worker_.pool(), lane_.served),
-                    where));
+  VERIFYD_RETURN_IF_ERROR(worker_.Check(
+      cudaMallocFromPoolAsync(&dequantized_, pool_bytes + size_t(n) * 4 + 4, worker_.pool(), s),
+      where));
+  dequantized_on_ = s;
   auto* pool = static_cast<uint16_t*>(dequantized_);
   auto* ids = reinterpret_cast<int32_t*>(static_cast<char*>(dequantized_) + pool_bytes);
-  // After the upload on the same stream; page ids past the pool read nothing (and the device's
-  // input checks refuse the call).
+  // After the upload; page ids past the pool read nothing (and the device's input checks refuse
+  // the call).
   VERIFYD_RETURN_IF_ERROR(worker_.Check(
-      kernels::LaunchDequantizeE4m3Pages(reinterpret_cast<const uint8_t*>(sent_.kv_pool),
-                                         sent_.kv_indices, n, sent_.shape.num_pages, page_elems,
-                                         pool, ids, lane_.served),
+      kernels::LaunchDequantizeE4m3Pages(reinterpret_cast<const uint8_t*>(problem_.kv_pool),
+                                         problem_.kv_indices, n, problem_.shape.num_pages,
+                                         page_elems, pool, ids, s),
       where));
-  problem_.kv_pool = pool;
-  problem_.kv_indices = ids;
-  problem_.shape.num_pages = n;
-  problem_.shape.kv_dtype = kernels::KvDtype::kBf16;
-  problem_.sm_scale = sent_.sm_scale * kv_scale_;  // ValidateBundle: finite and > 0
-  problem_.kv_scale = 1.f;  // the pages hold the e4m3 values; the scale is on sm_scale and o
-  problem_.o_scale = kv_scale_;
-  sent_.kv_scale = kv_scale_;
-  // The paths wait for the pages, not only for the copies before them.
-  if (!owns_inputs_ready_) {
-    VERIFYD_RETURN_IF_ERROR(TakeEvent(worker_, lane_, &inputs_ready_));
-    owns_inputs_ready_ = true;
-  }
-  inputs_done_ = false;
-  return worker_.Check(cudaEventRecord(inputs_ready_, lane_.served), where);
+  bf16_ = problem_;
+  bf16_.kv_pool = pool;
+  bf16_.kv_indices = ids;
+  bf16_.shape.num_pages = n;
+  bf16_.shape.kv_dtype = kernels::KvDtype::kBf16;
+  bf16_.sm_scale = problem_.sm_scale * kv_scale_;  // ValidateBundle: finite and > 0
+  bf16_.kv_scale = 1.f;  // the pages hold the e4m3 values; the scale is on sm_scale and o
+  bf16_.o_scale = kv_scale_;
+  VERIFYD_RETURN_IF_ERROR(
+      worker_.Check(lane_.events.Take(EventPool::Kind::kOrdering, &dequantized_ready_), where));
+  return worker_.Check(cudaEventRecord(dequantized_ready_, s), where);
 }
 
-const kernels::VerifyProblem& CudaPreparedBundle::custom_problem(
-    const kernels::CustomConfig& config) const {
+absl::StatusOr<kernels::VerifyProblem> CudaPreparedBundle::CustomProblem(
+    const kernels::CustomConfig& config, cudaStream_t s) {
   kernels::CustomPlan plan;
-  if (dequantized_ != nullptr && kernels::ResolveCustomPlan(sent_, config, &plan) == cudaSuccess) {
-    return sent_;
+  if (e4m3_ && kernels::ResolveCustomPlan(problem_, config, &plan) == cudaSuccess) {
+    return problem_;
   }
-  return problem_;
+  return Bf16Problem(s);
 }
 
 absl::Status CudaPreparedBundle::AwaitInputsOn(cudaStream_t s, absl::string_view where) {
@@ -454,7 +466,13 @@ CudaPreparedBundle::~CudaPreparedBundle() {
     lane_.events.Give(EventPool::Kind::kTiming, p.done);
   }
   if (inputs_ != nullptr) cudaFreeAsync(inputs_, lane_.served);
-  if (dequantized_ != nullptr) cudaFreeAsync(dequantized_, lane_.served);
+  {
+    absl::MutexLock dq_lock(&dq_mu_);
+    // Made on the served stream (the reference) or the shadow stream (whose last use the served
+    // stream waited for above).
+    if (dequantized_ != nullptr) cudaFreeAsync(dequantized_, lane_.served);
+    lane_.events.Give(EventPool::Kind::kOrdering, dequantized_ready_);
+  }
   if (owns_inputs_ready_) lane_.events.Give(EventPool::Kind::kOrdering, inputs_ready_);
   lane_.events.Give(EventPool::Kind::kOrdering, shadow_last_);
   cudaGetLastError();  // nothing to report from a destructor

@@ -38,20 +38,23 @@ class CudaPreparedBundle : public PreparedBundle {
 
   DeviceWorker& worker() const { return worker_; }
   Lane& lane() const { return lane_; }
-  // Device pointers of the inputs; o and lse are left null for each path to fill in. The pool is
-  // bf16: an e4m3 pool's named pages are dequantised on the device after the upload, into a
-  // compact bf16 pool of their exact values, with the scale on sm_scale and on o before its
-  // rounding (VerifyProblem::o_scale).
-  const kernels::VerifyProblem& problem() const { return problem_; }
-  // The inputs as the call sent them: problem() but for an e4m3 pool, which this keeps as e4m3
-  // (kv_pool then points at e4m3 bytes, shape.kv_dtype says so; its scale is kv_scale()). What a
-  // capture writes out.
-  const kernels::VerifyProblem& sent() const { return dequantized_ ? sent_ : problem_; }
-  // What the custom kernel reads: an e4m3 pool's codes as sent where the kernel that reads them
-  // runs under `config` (v3e, on sm_90), as the op in the serving process reads them, so that the
-  // custom path shares no dequantisation with the reference and a wrong one shows per call;
-  // elsewhere problem(), the dequantised pages.
-  const kernels::VerifyProblem& custom_problem(const kernels::CustomConfig& config) const;
+  // Device pointers of the inputs as the call sent them (an e4m3 pool as its e4m3 bytes,
+  // shape.kv_dtype and kv_scale saying so); o and lse are left null for each path to fill in. What
+  // the oracle reads and a capture writes out.
+  const kernels::VerifyProblem& sent() const { return problem_; }
+  // The inputs with a bf16 pool, for a path that reads one on stream `s`: sent() for a bf16 pool.
+  // An e4m3 pool's named pages are dequantised on the device into a compact bf16 pool of their
+  // exact values, with the scale on sm_scale and on o before its rounding
+  // (VerifyProblem::o_scale): once, on the first stream that asks, after the upload; a later
+  // stream waits for it. A call no such path reads (custom mode, v3e, the reference not sampled)
+  // never pays for it.
+  absl::StatusOr<kernels::VerifyProblem> Bf16Problem(cudaStream_t s) ABSL_LOCKS_EXCLUDED(dq_mu_);
+  // What the custom kernel reads on `s`: an e4m3 pool's codes as sent where the kernel that reads
+  // them runs under `config` (v3e, on sm_90), as the op in the serving process reads them, so
+  // that the custom path shares no dequantisation with the reference and a wrong one shows per
+  // call; elsewhere Bf16Problem(s).
+  absl::StatusOr<kernels::VerifyProblem> CustomProblem(const kernels::CustomConfig& config,
+                                                       cudaStream_t s);
   float kv_scale() const { return kv_scale_; }
   cudaEvent_t inputs_ready() const { return inputs_ready_; }
   // Makes `s`'s later work wait for the inputs (none when they are known to be there already: a
@@ -88,12 +91,20 @@ class CudaPreparedBundle : public PreparedBundle {
 
   DeviceWorker& worker_;
   Lane& lane_;
-  // The bf16 pages of an e4m3 pool, and their page ids 0, 1, ... (problem_ points at them).
-  absl::Status Dequantize();
+  // The bf16 pages of an e4m3 pool and their page ids 0, 1, ..., made on `s` (bf16_ then points
+  // at them).
+  absl::Status Dequantize(cudaStream_t s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(dq_mu_);
 
-  kernels::VerifyProblem problem_, sent_;
+  kernels::VerifyProblem problem_;
   float kv_scale_ = 1.f;
-  void* dequantized_ = nullptr;
+  bool e4m3_ = false;
+  absl::Mutex dq_mu_;
+  kernels::VerifyProblem bf16_ ABSL_GUARDED_BY(dq_mu_);
+  void* dequantized_ ABSL_GUARDED_BY(dq_mu_) = nullptr;
+  cudaEvent_t dequantized_ready_ ABSL_GUARDED_BY(dq_mu_) = nullptr;
+  cudaStream_t dequantized_on_ ABSL_GUARDED_BY(dq_mu_) = nullptr;
+  absl::Status dequantize_status_ ABSL_GUARDED_BY(dq_mu_);
+  bool dequantize_tried_ ABSL_GUARDED_BY(dq_mu_) = false;
   int64_t o_elems_ = 0, lse_elems_ = 0;
   void* inputs_ = nullptr;
   cudaEvent_t inputs_ready_ = nullptr;
