@@ -549,6 +549,9 @@ def bench_step(seed, layers=61, replays=30):
                "per_call_overhead_us": round(step_us - bare, 2),
                "per_call_overhead_us_separate_checks": round(step["separate"] - bare, 2)}
         args = (op, buf.q, buf.pool, buf.indptr, buf.indices, buf.lens, buf.mask)
+        # Every kind's graph, then two rounds over all of them (mode op and mode stack, beside
+        # the op and the stand-in called directly again), so that each figure has a spread.
+        switches, sgraphs = {}, {}
         for name in SWITCH_KINDS:
             sw = Switch(layers, conditional=name != "branch")
 
@@ -562,19 +565,33 @@ def bench_step(seed, layers=61, replays=30):
                     sw.begin_step()
                     forward()
 
-            sgraph = capture(switched)
-            sw.set_mode("op")
-            op_us = timed_per_layer(sgraph, layers, replays)
-            served_op = not bool(sw.layer_failed.any().item())
-            sw.set_mode("stack")
-            st_us = timed_per_layer(sgraph, layers, replays)
+            switches[name] = sw
+            sgraphs[name] = capture(switched)
+        stack_graph = capture(stack_only)
+        rounds = {key: [] for key in ["direct", "stand_in"] + [f"{n}_{m}" for n in SWITCH_KINDS
+                                                              for m in ("op", "stack")]}
+        served_op = {name: True for name in SWITCH_KINDS}
+        for _ in range(2):
+            rounds["direct"].append(timed_per_layer(graphs["kernel"], layers, replays))
+            rounds["stand_in"].append(timed_per_layer(stack_graph, layers, replays))
+            for name, sw in switches.items():
+                sw.set_mode("op")
+                rounds[f"{name}_op"].append(timed_per_layer(sgraphs[name], layers, replays))
+                served_op[name] &= not bool(sw.layer_failed.any().item())
+                sw.set_mode("stack")
+                rounds[f"{name}_stack"].append(timed_per_layer(sgraphs[name], layers, replays))
+        row["rounds_us"] = {key: [round(v, 2) for v in vals] for key, vals in rounds.items()}
+        for name in SWITCH_KINDS:
+            op_us = statistics.median(rounds[f"{name}_op"])
+            st_us = statistics.median(rounds[f"{name}_stack"])
             row[f"{name}_layer_us_mode_op"] = round(op_us, 2)
             row[f"{name}_layer_us_mode_stack"] = round(st_us, 2)
             # What the switch adds to a layer over calling the served path directly.
             row[f"{name}_switch_cost_us_mode_op"] = round(op_us - step_us, 2)
             row[f"{name}_switch_cost_us_mode_stack"] = round(st_us - stack_us, 2)
-            check(served_op, f"bench {row['shape']}, {name}: mode op served every layer")
-            del sgraph
+            check(served_op[name], f"bench {row['shape']}, {name}: mode op served every layer")
+        del sgraphs, stack_graph
+        for sw in switches.values():
             sw.close()
         row["failed"] = bool(op.failed.item()) or bool(op_sep.failed.item())
         rows.append(row)
@@ -594,9 +611,13 @@ def markdown(info, switch, rows, commit):
            f"(torch {info['torch']}), one run. A captured step of 61 layers, replayed 30 times; "
            "µs per layer, medians. The stack's attention is a stand-in (one fill kernel of o), "
            "so that what the switch adds shows; the op is the shipped kernel with its device "
-           "checks, made inside the kernel (VERIFYD_OP_CHECKS=kernel; the switches use it) or in "
-           "kernels of their own around it (separate), the two alternating over two rounds. "
-           "kernel: the custom kernel's device time (CUPTI) without checks of its own; overhead: "
+           "checks, made inside the kernel (the default; the switches use it) or in "
+           "kernels of their own around it (separate), the two alternating over two rounds; "
+           "each kind of switch, in mode op and mode stack, then timed in two rounds over all "
+           "kinds (the median of the two; each round's in the JSON's `rounds_us`, beside the op "
+           "and the stand-in called directly in the same rounds). "
+           "kernel: the custom kernel's device time (CUPTI spans, overlaps counted once) without "
+           "checks of its own; overhead: "
            "a layer of the op called directly over that. Kinds: " + "; ".join(f"`{k}`: {v}" for k, v in SWITCH_KINDS.items()) + ".",
            "",
            "| B,T,H,prefix | op direct | op direct, separate checks | kernel | kernel with "
