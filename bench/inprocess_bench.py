@@ -71,12 +71,6 @@ def median_ms(graph, reps):
     return cuda_timing.median_ms(graph.replay, reps, warmup=3)
 
 
-def profile_us(graph, layers, replays=5):
-    """Device time a layer of the custom kernel, its checks and FlashMLA's kernels (each group's
-    kernels' spans, once where they overlap: cuda_timing.device_us)."""
-    return cuda_timing.device_us(graph.replay, layers, replays)
-
-
 class Shape:
     """One shape's tensors: a paged pool read through a block table (FlashMLA) and through
     kv_indptr/kv_indices (the op and verifyd), the same pages either way."""
@@ -244,14 +238,15 @@ def bench_shape(args, shape, peer, client, admin, failures):
     row["step_ms_switch_stack_redo"] = median_ms(graphs["switch_redo"], args.reps)
     checked("switch_stack_redo")
 
-    k_op = profile_us(graphs["op"], layers)
-    k_stack = profile_us(graphs["stack"], layers)
+    k_op = cuda_timing.device_us(graphs["op"].replay, layers)
+    k_stack = cuda_timing.device_us(graphs["stack"].replay, layers)
     row["kernel_us"] = k_op["custom"]
     row["checks_us"] = k_op["checks"]
     row["flashmla_kernel_us"] = k_stack["flashmla"]
     per_layer = lambda a, b: (row[a] - row[b]) * 1e3 / layers  # noqa: E731
     row["per_call_overhead_us"] = per_layer("step_ms_op", "step_ms_without") - row["kernel_us"]
-    row["kernel_checks_kernel_us"] = profile_us(graphs["op_kernel_checks"], layers)["custom"]
+    row["kernel_checks_kernel_us"] = cuda_timing.device_us(graphs["op_kernel_checks"].replay,
+                                                           layers)["custom"]
     row["per_call_overhead_us_kernel_checks"] = (
         per_layer("step_ms_op_kernel_checks", "step_ms_without") - row["kernel_us"])
     row["inprocess_overhead_us_kernel_checks"] = (

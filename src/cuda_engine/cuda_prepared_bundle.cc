@@ -344,14 +344,13 @@ absl::Status CudaPreparedBundle::Upload(const BundleView& v, bool detach) {
 absl::StatusOr<kernels::VerifyProblem> CudaPreparedBundle::Bf16Problem(cudaStream_t s) {
   if (!e4m3_) return problem_;
   absl::MutexLock lock(&dq_mu_);
-  if (!dequantize_tried_) {
-    dequantize_tried_ = true;
-    dequantize_status_ = Dequantize(s);
-  } else if (dequantize_status_.ok() && s != dequantized_on_) {
-    dequantize_status_ = worker_.Check(cudaStreamWaitEvent(s, dequantized_ready_, 0),
-                                       "waiting for the dequantised e4m3 KV pages");
+  if (!dequantized_status_) {
+    dequantized_status_ = Dequantize(s);
+  } else if (dequantized_status_->ok() && s != dequantized_on_) {
+    dequantized_status_ = worker_.Check(cudaStreamWaitEvent(s, dequantized_ready_, 0),
+                                        "waiting for the dequantised e4m3 KV pages");
   }
-  if (!dequantize_status_.ok()) return dequantize_status_;
+  if (!dequantized_status_->ok()) return *dequantized_status_;
   return bf16_;
 }
 

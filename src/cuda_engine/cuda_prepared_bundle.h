@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -103,8 +104,7 @@ class CudaPreparedBundle : public PreparedBundle {
   void* dequantized_ ABSL_GUARDED_BY(dq_mu_) = nullptr;
   cudaEvent_t dequantized_ready_ ABSL_GUARDED_BY(dq_mu_) = nullptr;
   cudaStream_t dequantized_on_ ABSL_GUARDED_BY(dq_mu_) = nullptr;
-  absl::Status dequantize_status_ ABSL_GUARDED_BY(dq_mu_);
-  bool dequantize_tried_ ABSL_GUARDED_BY(dq_mu_) = false;
+  std::optional<absl::Status> dequantized_status_ ABSL_GUARDED_BY(dq_mu_);  // once tried
   int64_t o_elems_ = 0, lse_elems_ = 0;
   void* inputs_ = nullptr;
   cudaEvent_t inputs_ready_ = nullptr;
